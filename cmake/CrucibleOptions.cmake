@@ -1,0 +1,41 @@
+# CrucibleOptions.cmake — the knobs a preset turns: sanitizer and contract semantic.
+#
+# CRUCIBLE_SANITIZER: none | asan-ubsan | tsan | ubsan-strict
+# CRUCIBLE_CONTRACTS: enforce | observe | ignore   (see include/crucible/core/Contract.h)
+set(CRUCIBLE_SANITIZER "none" CACHE STRING "none | asan-ubsan | tsan | ubsan-strict")
+set_property(CACHE CRUCIBLE_SANITIZER PROPERTY STRINGS none asan-ubsan tsan ubsan-strict)
+set(CRUCIBLE_CONTRACTS "enforce" CACHE STRING "enforce | observe | ignore")
+set_property(CACHE CRUCIBLE_CONTRACTS PROPERTY STRINGS enforce observe ignore)
+option(CRUCIBLE_BUILD_TESTS "Build the test suite" ON)
+option(CRUCIBLE_BUILD_BENCH "Build the benchmarks" ON)
+
+if(CRUCIBLE_CONTRACTS STREQUAL "enforce")
+  set(_sem 2)
+elseif(CRUCIBLE_CONTRACTS STREQUAL "observe")
+  set(_sem 1)
+elseif(CRUCIBLE_CONTRACTS STREQUAL "ignore")
+  set(_sem 0)
+else()
+  message(FATAL_ERROR "CRUCIBLE_CONTRACTS='${CRUCIBLE_CONTRACTS}': use enforce, observe or ignore")
+endif()
+add_compile_definitions(CRUCIBLE_CONTRACT_SEMANTIC=${_sem})
+
+set(CRUCIBLE_SAN_FLAGS "")
+if(CRUCIBLE_SANITIZER STREQUAL "asan-ubsan")
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+elseif(CRUCIBLE_SANITIZER STREQUAL "tsan")
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+elseif(CRUCIBLE_SANITIZER STREQUAL "ubsan-strict")
+  # Every UBSan check, no recovery; -ftrapv makes signed overflow trap even where UBSan's
+  # instrumentation is elided.
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=undefined -fsanitize=float-divide-by-zero
+      -fno-sanitize-recover=all -ftrapv -fno-omit-frame-pointer)
+elseif(NOT CRUCIBLE_SANITIZER STREQUAL "none")
+  message(FATAL_ERROR "CRUCIBLE_SANITIZER='${CRUCIBLE_SANITIZER}': use none, asan-ubsan, tsan or ubsan-strict")
+endif()
+if(CRUCIBLE_SAN_FLAGS)
+  add_compile_options(${CRUCIBLE_SAN_FLAGS})
+  add_link_options(${CRUCIBLE_SAN_FLAGS})
+endif()
+
+add_compile_options(-Wall -Wextra -Wpedantic -Wno-unused-parameter)

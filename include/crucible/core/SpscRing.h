@@ -1,0 +1,126 @@
+// SpscRing.h — bounded lock-free single-producer / single-consumer ring.
+//
+// Ownership: exactly one producer thread calls try_push / try_push_n; exactly one consumer
+// thread calls try_pop / try_pop_n. Which thread that is may change only across a
+// synchronisation point (thread join, a mutex hand-off). size_approx() and capacity() may be
+// called from any thread.
+//
+// Ordering guarantee: everything the producer wrote (the item and any memory it wrote before
+// the push) happens-before the consumer's reads after the pop that returns that item. Built on
+// one release store per side (head_ by the producer, tail_ by the consumer) and acquire loads
+// of the other side's index. Items come out in the order they went in, none lost or doubled.
+//
+// Layout: head_ and tail_ sit on separate 64-byte lines, and each side keeps a private cached
+// copy of the other's index on its own line, so in steady state a push or pop touches the
+// shared line of the other side only when its cache says the ring looks full (or empty).
+// Capacity is a power of two; indices are free-running 64-bit counters (no wrap in practice:
+// 2^64 items at 1 ns each is 584 years).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+
+#include "crucible/core/Contract.h"
+
+namespace crucible {
+
+inline constexpr std::size_t kCacheLine = 64;
+
+template <class T>
+class SpscRing {
+  static_assert(std::is_trivially_copyable_v<T>, "ring items are copied with plain stores");
+
+ public:
+  // capacity must be a power of two >= 2.
+  explicit SpscRing(std::size_t capacity)
+      : mask_(capacity - 1), slots_(std::make_unique<T[]>(capacity)) {
+    CRUCIBLE_PRE(capacity >= 2 && (capacity & (capacity - 1)) == 0,
+                 "SpscRing capacity must be a power of two >= 2");
+  }
+  SpscRing(const SpscRing&) = delete;
+  SpscRing& operator=(const SpscRing&) = delete;
+
+  std::size_t capacity() const noexcept { return mask_ + 1; }
+
+  // Producer only. False when full (nothing written).
+  bool try_push(const T& item) noexcept {
+    const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
+    if (head - prod_.cached_tail > mask_) {
+      prod_.cached_tail = cons_.tail.load(std::memory_order_acquire);
+      if (head - prod_.cached_tail > mask_) return false;
+    }
+    slots_[head & mask_] = item;
+    prod_.head.store(head + 1, std::memory_order_release);
+    return true;
+  }
+
+  // Producer only. Pushes up to items.size() items, returns how many (all-or-some, in order),
+  // with one release store for the whole batch.
+  std::size_t try_push_n(std::span<const T> items) noexcept {
+    const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
+    std::uint64_t free_slots = capacity() - (head - prod_.cached_tail);
+    if (free_slots < items.size()) {
+      prod_.cached_tail = cons_.tail.load(std::memory_order_acquire);
+      free_slots = capacity() - (head - prod_.cached_tail);
+    }
+    const std::size_t n = items.size() < free_slots ? items.size() : free_slots;
+    for (std::size_t i = 0; i < n; ++i) slots_[(head + i) & mask_] = items[i];
+    if (n != 0) prod_.head.store(head + n, std::memory_order_release);
+    return n;
+  }
+
+  // Consumer only. False when empty.
+  bool try_pop(T& out) noexcept {
+    const std::uint64_t tail = cons_.tail.load(std::memory_order_relaxed);
+    if (tail == cons_.cached_head) {
+      cons_.cached_head = prod_.head.load(std::memory_order_acquire);
+      if (tail == cons_.cached_head) return false;
+    }
+    out = slots_[tail & mask_];
+    cons_.tail.store(tail + 1, std::memory_order_release);
+    return true;
+  }
+
+  // Consumer only. Pops up to out.size() items into out, returns how many.
+  std::size_t try_pop_n(std::span<T> out) noexcept {
+    const std::uint64_t tail = cons_.tail.load(std::memory_order_relaxed);
+    std::uint64_t avail = cons_.cached_head - tail;
+    if (avail < out.size()) {
+      cons_.cached_head = prod_.head.load(std::memory_order_acquire);
+      avail = cons_.cached_head - tail;
+    }
+    const std::size_t n = out.size() < avail ? out.size() : avail;
+    for (std::size_t i = 0; i < n; ++i) out[i] = slots_[(tail + i) & mask_];
+    if (n != 0) cons_.tail.store(tail + n, std::memory_order_release);
+    return n;
+  }
+
+  // Any thread; exact only when both sides are quiescent.
+  std::size_t size_approx() const noexcept {
+    const std::uint64_t t = cons_.tail.load(std::memory_order_acquire);
+    const std::uint64_t h = prod_.head.load(std::memory_order_acquire);
+    return h >= t ? static_cast<std::size_t>(h - t) : 0;
+  }
+
+ private:
+  struct alignas(kCacheLine) ProducerSide {
+    std::atomic<std::uint64_t> head{0};  // written by producer, read by consumer
+    std::uint64_t cached_tail = 0;       // producer's private copy of tail
+  };
+  struct alignas(kCacheLine) ConsumerSide {
+    std::atomic<std::uint64_t> tail{0};  // written by consumer, read by producer
+    std::uint64_t cached_head = 0;       // consumer's private copy of head
+  };
+  static_assert(sizeof(ProducerSide) == kCacheLine && sizeof(ConsumerSide) == kCacheLine);
+
+  const std::uint64_t mask_;
+  const std::unique_ptr<T[]> slots_;
+  ProducerSide prod_;
+  ConsumerSide cons_;
+};
+
+}  // namespace crucible

@@ -1,0 +1,95 @@
+// ContentHash.cpp — the libxxhash calls behind ContentHash.
+#include "crucible/core/ContentHash.h"
+
+#include <cstring>
+#include <new>
+
+#include <xxhash.h>
+
+namespace crucible {
+namespace {
+XXH3_state_t* st(void* p) { return static_cast<XXH3_state_t*>(p); }
+
+void put_le64(unsigned char* out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+}  // namespace
+
+std::string ContentHash::hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    s[15 - i] = kDigits[(hi >> (4 * i)) & 0xF];
+    s[31 - i] = kDigits[(lo >> (4 * i)) & 0xF];
+  }
+  return s;
+}
+
+ContentHasher::ContentHasher(std::uint64_t seed) : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_128bits_reset_withSeed(st(state_), seed);
+}
+
+ContentHasher::~ContentHasher() { XXH3_freeState(st(state_)); }
+
+ContentHasher& ContentHasher::update_bytes(const void* data, std::size_t n) {
+  if (n != 0) XXH3_128bits_update(st(state_), data, n);
+  return *this;
+}
+ContentHasher& ContentHasher::update_bytes(std::span<const std::byte> b) {
+  return update_bytes(b.data(), b.size());
+}
+ContentHasher& ContentHasher::update_u8(std::uint8_t v) { return update_bytes(&v, 1); }
+ContentHasher& ContentHasher::update_u32(std::uint32_t v) {
+  unsigned char b[4] = {static_cast<unsigned char>(v), static_cast<unsigned char>(v >> 8),
+                        static_cast<unsigned char>(v >> 16), static_cast<unsigned char>(v >> 24)};
+  return update_bytes(b, 4);
+}
+ContentHasher& ContentHasher::update_u64(std::uint64_t v) {
+  unsigned char b[8];
+  put_le64(b, v);
+  return update_bytes(b, 8);
+}
+ContentHasher& ContentHasher::update_f64(double v) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  return update_u64(bits);
+}
+ContentHasher& ContentHasher::update_string(std::string_view s) {
+  update_u64(s.size());
+  return update_bytes(s.data(), s.size());
+}
+ContentHasher& ContentHasher::update_hash(const ContentHash& h) {
+  update_u64(h.lo);
+  return update_u64(h.hi);
+}
+
+ContentHash ContentHasher::digest() const {
+  XXH128_hash_t h = XXH3_128bits_digest(st(state_));
+  return ContentHash{h.low64, h.high64};
+}
+
+ContentHash content_hash(std::span<const std::byte> bytes, std::uint64_t seed) {
+  XXH128_hash_t h = XXH3_128bits_withSeed(bytes.data(), bytes.size(), seed);
+  return ContentHash{h.low64, h.high64};
+}
+ContentHash content_hash(std::string_view s, std::uint64_t seed) {
+  XXH128_hash_t h = XXH3_128bits_withSeed(s.data(), s.size(), seed);
+  return ContentHash{h.low64, h.high64};
+}
+
+ContentHash combine(const ContentHash& a, const ContentHash& b) {
+  unsigned char buf[32];
+  put_le64(buf, a.lo);
+  put_le64(buf + 8, a.hi);
+  put_le64(buf + 16, b.lo);
+  put_le64(buf + 24, b.hi);
+  XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
+  return ContentHash{h.low64, h.high64};
+}
+
+std::uint64_t hash64(std::string_view s, std::uint64_t seed) {
+  return XXH3_64bits_withSeed(s.data(), s.size(), seed);
+}
+
+}  // namespace crucible
