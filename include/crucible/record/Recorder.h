@@ -1,0 +1,143 @@
+// Recorder.h — per-thread recording rings and the drain thread that empties them into a Trace.
+//
+// Threads: any number of recording threads (producers) and one drain thread per Recorder.
+// Each producer thread owns its own ThreadLog — three SpscRings (TraceRing of TraceEntry,
+// MetaLog of 64-byte cells, ScalarLog of 16-byte records) — so two threads never share a ring
+// and the foreground takes no lock. The drain thread is the single consumer of every ring.
+//
+// Ordering: a producer pushes an op's meta cells and scalars before its TraceEntry, each with a
+// release store; the drain reads the entry with an acquire load, so everything the op wrote is
+// visible when its entry is. Ops of one thread stay in program order (TraceEntry::seq).
+//
+// Full rings: by default the producer waits for the drain (back-pressure, counted in
+// ThreadStats::waits). With drop_when_full the op is not written, ThreadStats::dropped counts
+// it and the thread's next recorded op carries op_flag::kAfterDrop: never a silent loss.
+//
+// The drain spins briefly when idle, then sleeps with backoff up to 1 ms (a 2-core machine
+// cannot afford a spinning background thread); flush() wakes it and returns only when every
+// op committed before the call is in the Trace.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "crucible/core/SpscRing.h"
+#include "crucible/core/Status.h"
+#include "crucible/record/Trace.h"
+#include "crucible/record/TraceRecord.h"
+
+namespace crucible::record {
+
+struct RecorderConfig {
+  std::uint32_t ring_entries = 1u << 16;  // TraceEntry slots per thread (4 MiB)
+  std::uint32_t meta_cells = 1u << 17;    // MetaLog cells per thread (8 MiB)
+  std::uint32_t scalar_slots = 1u << 16;  // ScalarLog slots per thread (1 MiB)
+  bool drop_when_full = false;            // false: back-pressure; true: count and drop
+};
+
+class ThreadLog {
+ public:
+  ThreadLog(const RecorderConfig& cfg, std::uint32_t index);
+  std::uint32_t index() const { return index_; }
+
+ private:
+  friend class Recorder;
+  SpscRing<TraceEntry> entries_;
+  SpscRing<MetaCell> metas_;
+  SpscRing<ScalarRecord> scalars_;
+  const std::uint32_t index_;
+  // Written by the producer only; read by stats() from any thread (relaxed).
+  std::atomic<std::uint64_t> committed_{0};  // ops pushed (== next seq)
+  std::atomic<std::uint64_t> ops_[kNumPhases] = {};
+  std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<std::uint64_t> waits_{0};
+  bool after_drop_ = false;
+  // Written by the drain only.
+  std::atomic<std::uint64_t> drained_{0};
+  std::vector<MetaCell> meta_stage_;      // cells popped ahead of their entry
+  std::size_t meta_stage_head_ = 0;
+  std::vector<ScalarRecord> scalar_stage_;
+  std::size_t scalar_stage_head_ = 0;
+};
+
+class Recorder {
+ public:
+  // Validates the config (power-of-two ring sizes, room for the largest op the rings can hold).
+  static Result<std::unique_ptr<Recorder>> create(const RecorderConfig& cfg = {});
+  // The process-wide recorder the PyTorch Vessel writes to (created on first use).
+  static Recorder& global();
+
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  const RecorderConfig& config() const { return cfg_; }
+
+  // The calling thread's log, created on its first call. Safe from any thread.
+  ThreadLog& thread_log();
+
+  // Producer: write one op. `cells` are its TensorMeta + DimsCell cells, `scalars` its scalar
+  // records. entry.seq and entry.thread are filled in here. Returns false only when the op
+  // was dropped (drop mode and not enough free room); with back-pressure an op of any size
+  // goes through, in pieces if it is larger than a ring.
+  bool commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell> cells,
+                      std::span<const ScalarRecord> scalars);
+
+  // Name tables, shared by everything in the process that records into this recorder.
+  std::uint64_t intern_schema(std::string_view qualified_name);  // returns hash64(name)
+  std::uint32_t intern_module(std::string_view path);            // "" is 0
+
+  // Returns once every op committed (by any thread) before the call has been drained.
+  void flush();
+  // flush(), then a copy of the trace so far, with current names and per-thread stats.
+  Trace snapshot();
+  // flush(), then forget every drained op (names and counters stay).
+  void clear();
+  std::vector<ThreadStats> thread_stats() const;
+
+  // Switches between back-pressure (false, the default) and counting drops (true).
+  void set_drop_when_full(bool on) { drop_when_full_.store(on, std::memory_order_relaxed); }
+  bool drop_when_full() const { return drop_when_full_.load(std::memory_order_relaxed); }
+  // Sets the ring sizes global() will use; an error once global() exists.
+  static Status configure_global(const RecorderConfig& cfg);
+
+ private:
+  explicit Recorder(const RecorderConfig& cfg);
+  void drain_loop();
+  bool drain_once();  // true if anything was moved
+  bool drain_log(ThreadLog& log);
+  void wake_drain();
+
+  const RecorderConfig cfg_;
+  const std::uint64_t uid_;
+  std::atomic<bool> drop_when_full_;
+
+  mutable std::mutex logs_mu_;  // guards logs_ (registration is rare: once per thread)
+  std::vector<std::shared_ptr<ThreadLog>> logs_;
+
+  std::mutex names_mu_;
+  std::unordered_map<std::uint64_t, std::string> schema_names_;
+  std::unordered_map<std::string, std::uint32_t> module_ids_;
+  std::vector<std::string> module_paths_{""};
+
+  std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies)
+  Trace trace_;
+
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool wake_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread drain_;
+};
+
+}  // namespace crucible::record

@@ -1,0 +1,27 @@
+// TraceFile.h — write and read .crtrace files (format: misc/CRTRACE.md).
+//
+// The reader treats its input as untrusted: every count, offset and length is checked before
+// use, so a truncated or corrupted file yields an error naming the offset and the problem,
+// never undefined behaviour (fuzzed by test/record/fuzz_trace_file.cpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/record/Trace.h"
+
+namespace crucible::record {
+
+inline constexpr std::uint32_t kTraceFormatVersion = 1;
+
+std::vector<std::byte> encode_trace(const Trace& t);
+Result<Trace> decode_trace(std::span<const std::byte> bytes);
+
+// Atomic write: to path + ".tmp", then rename, so a crash never leaves half a trace.
+Status save_trace(const Trace& t, const std::string& path);
+Result<Trace> load_trace(const std::string& path);
+
+}  // namespace crucible::record

@@ -1,0 +1,302 @@
+// Recorder.cpp — producer commit with back-pressure or counted drops, and the drain thread.
+#include "crucible/record/Recorder.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "crucible/core/ContentHash.h"
+#include "crucible/core/Contract.h"
+
+namespace crucible::record {
+namespace {
+std::atomic<std::uint64_t> g_next_uid{1};
+
+bool pow2(std::uint32_t v) { return v >= 2 && (v & (v - 1)) == 0; }
+
+// The calling thread's logs, one per recorder it has recorded into. The cached pair makes
+// the common case (one recorder) a compare and a load.
+struct TlsLogs {
+  std::uint64_t uid = 0;
+  ThreadLog* log = nullptr;
+  std::unordered_map<std::uint64_t, std::shared_ptr<ThreadLog>> all;
+};
+thread_local TlsLogs t_logs;
+
+std::mutex g_global_mu;
+RecorderConfig g_global_cfg;
+Recorder* g_global = nullptr;
+}  // namespace
+
+ThreadLog::ThreadLog(const RecorderConfig& cfg, std::uint32_t index)
+    : entries_(cfg.ring_entries), metas_(cfg.meta_cells), scalars_(cfg.scalar_slots), index_(index) {}
+
+Result<std::unique_ptr<Recorder>> Recorder::create(const RecorderConfig& cfg) {
+  if (!pow2(cfg.ring_entries) || !pow2(cfg.meta_cells) || !pow2(cfg.scalar_slots)) {
+    return invalid_input("ring sizes must be powers of two >= 2 (ring_entries " +
+                             std::to_string(cfg.ring_entries) + ", meta_cells " +
+                             std::to_string(cfg.meta_cells) + ", scalar_slots " +
+                             std::to_string(cfg.scalar_slots) + ")",
+                         "round each up to a power of two, e.g. 65536");
+  }
+  return std::unique_ptr<Recorder>(new Recorder(cfg));
+}
+
+Status Recorder::configure_global(const RecorderConfig& cfg) {
+  std::lock_guard<std::mutex> g(g_global_mu);
+  if (g_global != nullptr)
+    return bad_state("the global recorder already exists", "configure it before recording starts");
+  auto r = create(cfg);  // validates
+  if (!r.ok()) return r.status();
+  g_global_cfg = cfg;
+  return ok_status();
+}
+
+Recorder& Recorder::global() {
+  std::lock_guard<std::mutex> g(g_global_mu);
+  if (g_global == nullptr) {
+    // Never destroyed: threads may still be recording during static destruction.
+    g_global = new Recorder(g_global_cfg);
+  }
+  return *g_global;
+}
+
+Recorder::Recorder(const RecorderConfig& cfg)
+    : cfg_(cfg), uid_(g_next_uid.fetch_add(1)), drop_when_full_(cfg.drop_when_full) {
+  drain_ = std::thread([this] { drain_loop(); });
+}
+
+Recorder::~Recorder() {
+  stop_.store(true, std::memory_order_release);
+  wake_drain();
+  drain_.join();
+}
+
+ThreadLog& Recorder::thread_log() {
+  if (t_logs.uid == uid_) return *t_logs.log;
+  auto it = t_logs.all.find(uid_);
+  if (it == t_logs.all.end()) {
+    std::shared_ptr<ThreadLog> log;
+    {
+      std::lock_guard<std::mutex> g(logs_mu_);
+      log = std::make_shared<ThreadLog>(cfg_, static_cast<std::uint32_t>(logs_.size()));
+      logs_.push_back(log);
+    }
+    it = t_logs.all.emplace(uid_, std::move(log)).first;
+  }
+  t_logs.uid = uid_;
+  t_logs.log = it->second.get();
+  return *t_logs.log;
+}
+
+bool Recorder::commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell> cells,
+                      std::span<const ScalarRecord> scalars) {
+  CRUCIBLE_PRE(cells.size() == entry.n_meta_cells && scalars.size() == entry.n_scalars,
+               "entry counts match the cells and scalars given");
+  const auto bump = [](std::atomic<std::uint64_t>& c, std::uint64_t by) {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  };
+  if (drop_when_full_.load(std::memory_order_relaxed)) {
+    const bool fits = log.entries_.capacity() - log.entries_.size_approx() >= 1 &&
+                      log.metas_.capacity() - log.metas_.size_approx() >= cells.size() &&
+                      log.scalars_.capacity() - log.scalars_.size_approx() >= scalars.size();
+    if (!fits) {
+      bump(log.dropped_, 1);
+      log.after_drop_ = true;
+      wake_drain();
+      return false;
+    }
+  }
+  bool waited = false;
+  auto wait = [&] {
+    if (!waited) {
+      waited = true;
+      bump(log.waits_, 1);
+    }
+    wake_drain();
+    std::this_thread::yield();
+  };
+  auto push_all = [&](auto& ring, auto items) {
+    std::size_t done = 0;
+    while (done < items.size()) {
+      const std::size_t n = ring.try_push_n(items.subspan(done));
+      done += n;
+      if (n == 0) wait();
+    }
+  };
+  push_all(log.metas_, cells);
+  push_all(log.scalars_, scalars);
+  entry.seq = log.committed_.load(std::memory_order_relaxed);
+  entry.thread = log.index_;
+  if (log.after_drop_) {
+    entry.flags |= op_flag::kAfterDrop;
+    log.after_drop_ = false;
+  }
+  while (!log.entries_.try_push(entry)) wait();
+  bump(log.ops_[static_cast<int>(entry.phase) % kNumPhases], 1);
+  bump(log.bytes_, sizeof(TraceEntry) + cells.size() * sizeof(MetaCell) +
+                       scalars.size() * sizeof(ScalarRecord));
+  log.committed_.store(entry.seq + 1, std::memory_order_release);
+  return true;
+}
+
+std::uint64_t Recorder::intern_schema(std::string_view name) {
+  const std::uint64_t h = hash64(name);
+  std::lock_guard<std::mutex> g(names_mu_);
+  schema_names_.try_emplace(h, name);
+  return h;
+}
+
+std::uint32_t Recorder::intern_module(std::string_view path) {
+  if (path.empty()) return 0;
+  std::lock_guard<std::mutex> g(names_mu_);
+  auto [it, inserted] =
+      module_ids_.try_emplace(std::string(path), static_cast<std::uint32_t>(module_paths_.size()));
+  if (inserted) module_paths_.emplace_back(path);
+  return it->second;
+}
+
+void Recorder::wake_drain() {
+  {
+    std::lock_guard<std::mutex> g(wake_mu_);
+    wake_ = true;
+  }
+  wake_cv_.notify_one();
+}
+
+bool Recorder::drain_log(ThreadLog& log) {
+  TraceEntry entries[256];
+  const std::size_t n = log.entries_.try_pop_n(std::span<TraceEntry>(entries));
+  // Pop cells and scalars after the entries: every cell of a popped entry was pushed before
+  // it, so all of them are available now. Cells of later ops may come along; they wait in
+  // the stage (this is also what lets a producer push an op larger than the ring).
+  bool moved = n != 0;
+  MetaCell cells[256];
+  for (std::size_t k; (k = log.metas_.try_pop_n(std::span<MetaCell>(cells))) != 0;) {
+    log.meta_stage_.insert(log.meta_stage_.end(), cells, cells + k);
+    moved = true;
+  }
+  ScalarRecord sc[512];
+  for (std::size_t k; (k = log.scalars_.try_pop_n(std::span<ScalarRecord>(sc))) != 0;) {
+    log.scalar_stage_.insert(log.scalar_stage_.end(), sc, sc + k);
+    moved = true;
+  }
+  if (n != 0) {
+    std::lock_guard<std::mutex> g(trace_mu_);
+    for (std::size_t i = 0; i < n; ++i) {
+      const TraceEntry& e = entries[i];
+      CRUCIBLE_ASSERT(log.meta_stage_.size() - log.meta_stage_head_ >= e.n_meta_cells &&
+                          log.scalar_stage_.size() - log.scalar_stage_head_ >= e.n_scalars,
+                      "an entry's cells and scalars are pushed before it");
+      trace_.append(e,
+                    std::span<const MetaCell>(log.meta_stage_.data() + log.meta_stage_head_,
+                                              e.n_meta_cells),
+                    std::span<const ScalarRecord>(
+                        log.scalar_stage_.data() + log.scalar_stage_head_, e.n_scalars));
+      log.meta_stage_head_ += e.n_meta_cells;
+      log.scalar_stage_head_ += e.n_scalars;
+    }
+  }
+  // Compact the stages once their consumed prefix dominates.
+  if (log.meta_stage_head_ > 4096 && log.meta_stage_head_ * 2 > log.meta_stage_.size()) {
+    log.meta_stage_.erase(log.meta_stage_.begin(), log.meta_stage_.begin() + log.meta_stage_head_);
+    log.meta_stage_head_ = 0;
+  }
+  if (log.scalar_stage_head_ > 4096 && log.scalar_stage_head_ * 2 > log.scalar_stage_.size()) {
+    log.scalar_stage_.erase(log.scalar_stage_.begin(),
+                            log.scalar_stage_.begin() + log.scalar_stage_head_);
+    log.scalar_stage_head_ = 0;
+  }
+  if (n != 0)
+    log.drained_.store(log.drained_.load(std::memory_order_relaxed) + n, std::memory_order_release);
+  return moved;
+}
+
+bool Recorder::drain_once() {
+  std::vector<std::shared_ptr<ThreadLog>> logs;
+  {
+    std::lock_guard<std::mutex> g(logs_mu_);
+    logs = logs_;
+  }
+  bool moved = false;
+  for (auto& l : logs) moved |= drain_log(*l);
+  return moved;
+}
+
+void Recorder::drain_loop() {
+  using namespace std::chrono;
+  int idle = 0;
+  for (;;) {
+    const bool moved = drain_once();
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    if (stop_.load(std::memory_order_acquire)) {
+      if (!drain_once()) return;
+      continue;
+    }
+    ++idle;
+    if (idle < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Park: 50 us doubling to 1 ms, or until a producer or flush() rings.
+    const auto backoff = microseconds(std::min(1000, 50 << std::min(idle - 64, 5)));
+    std::unique_lock<std::mutex> lk(wake_mu_);
+    wake_cv_.wait_for(lk, backoff, [&] { return wake_; });
+    wake_ = false;
+  }
+}
+
+void Recorder::flush() {
+  std::vector<std::pair<std::shared_ptr<ThreadLog>, std::uint64_t>> targets;
+  {
+    std::lock_guard<std::mutex> g(logs_mu_);
+    for (auto& l : logs_) targets.emplace_back(l, l->committed_.load(std::memory_order_acquire));
+  }
+  for (auto& [log, upto] : targets) {
+    while (log->drained_.load(std::memory_order_acquire) < upto) {
+      wake_drain();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+std::vector<ThreadStats> Recorder::thread_stats() const {
+  std::vector<ThreadStats> out;
+  std::lock_guard<std::mutex> g(logs_mu_);
+  for (const auto& l : logs_) {
+    ThreadStats s;
+    s.thread = l->index_;
+    for (int p = 0; p < kNumPhases; ++p) s.ops[p] = l->ops_[p].load(std::memory_order_relaxed);
+    s.dropped = l->dropped_.load(std::memory_order_relaxed);
+    s.bytes = l->bytes_.load(std::memory_order_relaxed);
+    s.waits = l->waits_.load(std::memory_order_relaxed);
+    out.push_back(s);
+  }
+  return out;
+}
+
+Trace Recorder::snapshot() {
+  flush();
+  Trace t;
+  {
+    std::lock_guard<std::mutex> g(trace_mu_);
+    t = trace_;
+  }
+  {
+    std::lock_guard<std::mutex> g(names_mu_);
+    for (const auto& [h, n] : schema_names_) t.schema_names.emplace(h, n);
+    t.module_paths = module_paths_;
+  }
+  t.threads = thread_stats();
+  return t;
+}
+
+void Recorder::clear() {
+  flush();
+  std::lock_guard<std::mutex> g(trace_mu_);
+  trace_.clear();
+}
+
+}  // namespace crucible::record

@@ -1,0 +1,96 @@
+// Trace.cpp — accessors and append for the in-memory trace.
+#include "crucible/record/Trace.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "crucible/core/Contract.h"
+
+namespace crucible::record {
+
+const char* phase_name(Phase p) noexcept {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+  }
+  return "unknown";
+}
+
+std::span<const TensorMeta> Trace::inputs(std::size_t op) const {
+  CRUCIBLE_PRE(op < ops.size(), "op index in range");
+  return {tensors.data() + op_tensor_begin[op], ops[op].n_inputs};
+}
+std::span<const TensorMeta> Trace::outputs(std::size_t op) const {
+  CRUCIBLE_PRE(op < ops.size(), "op index in range");
+  return {tensors.data() + op_tensor_begin[op] + ops[op].n_inputs,
+          ops[op].n_tensors - ops[op].n_inputs};
+}
+std::span<const ScalarRecord> Trace::scalars_of(std::size_t op) const {
+  CRUCIBLE_PRE(op < ops.size(), "op index in range");
+  return {scalars.data() + op_scalar_begin[op], ops[op].n_scalars};
+}
+std::span<const std::int64_t> Trace::sizes(std::size_t t) const {
+  CRUCIBLE_PRE(t < tensors.size(), "tensor index in range");
+  return {dims.data() + tensor_dims_begin[t], tensors[t].ndim};
+}
+std::span<const std::int64_t> Trace::strides(std::size_t t) const {
+  CRUCIBLE_PRE(t < tensors.size(), "tensor index in range");
+  return {dims.data() + tensor_dims_begin[t] + tensors[t].ndim, tensors[t].ndim};
+}
+
+std::string Trace::schema_name(std::uint64_t hash) const {
+  auto it = schema_names.find(hash);
+  if (it != schema_names.end()) return it->second;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "<unknown schema 0x%016llx>", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+const std::string& Trace::module_path(std::uint32_t id) const {
+  static const std::string kUnknown = "<unknown module>";
+  return id < module_paths.size() ? module_paths[id] : kUnknown;
+}
+
+std::uint64_t Trace::total_dropped() const {
+  std::uint64_t n = 0;
+  for (const auto& t : threads) n += t.dropped;
+  return n;
+}
+std::uint64_t Trace::total_ops(Phase p) const {
+  std::uint64_t n = 0;
+  for (const auto& t : threads) n += t.ops[static_cast<int>(p)];
+  return n;
+}
+
+void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
+                   std::span<const ScalarRecord> sc) {
+  op_tensor_begin.push_back(tensors.size());
+  op_scalar_begin.push_back(scalars.size());
+  ops.push_back(e);
+  std::size_t c = 0;
+  for (std::uint32_t t = 0; t < e.n_tensors; ++t) {
+    CRUCIBLE_ASSERT(c < cells.size(), "entry's cell count covers its tensors");
+    const TensorMeta& m = cells[c++].meta;
+    tensors.push_back(m);
+    tensor_dims_begin.push_back(dims.size());
+    const std::uint32_t nd = dims_cells(m.ndim);
+    for (std::uint32_t k = 0; k < 2u * m.ndim; ++k) dims.push_back(cells[c + k / 8].dims.v[k % 8]);
+    c += nd;
+  }
+  scalars.insert(scalars.end(), sc.begin(), sc.end());
+}
+
+void Trace::clear() { *this = Trace{}; }
+
+bool Trace::operator==(const Trace& o) const {
+  auto bytes_eq = [](const auto& a, const auto& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+  };
+  return bytes_eq(ops, o.ops) && bytes_eq(tensors, o.tensors) && dims == o.dims &&
+         bytes_eq(scalars, o.scalars) && schema_names == o.schema_names &&
+         module_paths == o.module_paths && threads == o.threads;
+}
+
+}  // namespace crucible::record

@@ -1,0 +1,162 @@
+// recorder_test.cpp — commit/drain/flush, back-pressure, counted drops, threads, names.
+#include "crucible/record/Recorder.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "test_util.h"
+
+namespace {
+using namespace crucible::record;
+using crucible::record::test_util::add_matrix;
+using crucible::record::test_util::commit_synthetic;
+
+void expect_synthetic(const Trace& t, std::size_t op, std::uint64_t i) {
+  ASSERT_LT(op, t.num_ops());
+  const TraceEntry& e = t.ops[op];
+  EXPECT_EQ(e.n_tensors, 3u);
+  EXPECT_EQ(e.n_inputs, 2u);
+  auto in = t.inputs(op);
+  auto out = t.outputs(op);
+  ASSERT_EQ(in.size(), 2u);
+  ASSERT_EQ(out.size(), 1u);
+  const std::int64_t rows = static_cast<std::int64_t>(i % 7 + 1);
+  auto s0 = t.sizes(t.tensor_index(&in[0]));
+  ASSERT_EQ(s0.size(), 2u);
+  EXPECT_EQ(s0[0], rows);
+  EXPECT_EQ(s0[1], 3);
+  EXPECT_EQ(t.strides(t.tensor_index(&in[0]))[0], 3);
+  EXPECT_EQ(t.sizes(t.tensor_index(&out[0]))[1], 5);
+  EXPECT_EQ(in[0].storage_id, 2 * i + 1);
+  EXPECT_EQ(out[0].storage_id, 2 * i + 3);
+  EXPECT_TRUE(out[0].flags & tensor_flag::kOutput);
+  auto sc = t.scalars_of(op);
+  ASSERT_EQ(sc.size(), 2u);
+  EXPECT_EQ(sc[0].kind, ScalarKind::Int);
+  EXPECT_EQ(static_cast<std::int64_t>(sc[0].bits), static_cast<std::int64_t>(i));
+  EXPECT_EQ(sc[1].kind, ScalarKind::Double);
+}
+
+TEST(Recorder, RejectsNonPowerOfTwoRings) {
+  auto r = Recorder::create(RecorderConfig{1000, 1024, 1024, false});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("powers of two"), absl::string_view::npos);
+}
+
+TEST(Recorder, FlushMakesEveryCommittedOpVisibleInOrder) {
+  auto r = *Recorder::create();
+  OpBuilder b;
+  const auto addmm = r->intern_schema("aten::addmm");
+  for (std::uint64_t i = 0; i < 1000; ++i) ASSERT_TRUE(commit_synthetic(*r, b, addmm, i));
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), 1000u);
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(t.ops[i].seq, i);
+    expect_synthetic(t, i, i);
+  }
+  EXPECT_EQ(t.schema_name(addmm), "aten::addmm");
+  EXPECT_EQ(t.total_ops(Phase::Forward), 1000u);
+  EXPECT_EQ(t.total_dropped(), 0u);
+}
+
+TEST(Recorder, BackPressureLosesNothingWithTinyRings) {
+  auto r = *Recorder::create(RecorderConfig{4, 8, 4, false});
+  OpBuilder b;
+  const auto s = r->intern_schema("aten::mm");
+  constexpr std::uint64_t kOps = 20000;
+  for (std::uint64_t i = 0; i < kOps; ++i) ASSERT_TRUE(commit_synthetic(*r, b, s, i));
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), kOps);
+  for (std::uint64_t i = 0; i < kOps; i += 997) expect_synthetic(t, i, i);
+  EXPECT_GT(t.threads.at(0).waits, 0u) << "4-slot rings must have made the producer wait";
+}
+
+TEST(Recorder, OpLargerThanTheRingGoesThroughWithBackPressure) {
+  auto r = *Recorder::create(RecorderConfig{4, 16, 4, false});
+  OpBuilder b;
+  for (std::uint16_t k = 0; k < 1000; ++k) add_matrix(b, k + 1, 2, k, 0);  // a 1000-long TensorList
+  b.end_inputs();
+  ASSERT_TRUE(r->commit(r->thread_log(), b.entry(r->intern_schema("aten::_foreach_add_.List"), Phase::Optimizer, 0),
+                        b.cells(), b.scalars()));
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), 1u);
+  ASSERT_EQ(t.inputs(0).size(), 1000u);
+  EXPECT_EQ(t.sizes(999)[0], 1000);
+  EXPECT_EQ(t.total_ops(Phase::Optimizer), 1u);
+}
+
+TEST(Recorder, DropModeCountsDropsAndFlagsTheNextOp) {
+  auto r = *Recorder::create(RecorderConfig{4, 16, 4, true});
+  OpBuilder b;
+  const auto s = r->intern_schema("aten::cat");
+  // An op that can never fit a 16-cell ring is dropped, counted, and the next op says so.
+  for (std::uint16_t k = 0; k < 40; ++k) add_matrix(b, 1, 1, k, 0);
+  b.end_inputs();
+  EXPECT_FALSE(r->commit(r->thread_log(), b.entry(s, Phase::Forward, 0), b.cells(), b.scalars()));
+  ASSERT_TRUE(commit_synthetic(*r, b, s, 7));
+  // Many small ops against the drain: recorded + dropped == attempted.
+  std::uint64_t recorded = 1;
+  for (std::uint64_t i = 0; i < 20000; ++i) recorded += commit_synthetic(*r, b, s, i) ? 1 : 0;
+  Trace t = r->snapshot();
+  EXPECT_EQ(t.num_ops(), recorded);
+  EXPECT_EQ(t.total_dropped() + recorded, 20002u);
+  EXPECT_TRUE(t.ops[0].flags & op_flag::kAfterDrop);
+  std::uint64_t flagged = 0;
+  for (const auto& e : t.ops) flagged += (e.flags & op_flag::kAfterDrop) != 0;
+  EXPECT_GE(flagged, 1u);
+  EXPECT_LE(flagged, t.total_dropped());
+}
+
+TEST(Recorder, ThreadsRecordIntoTheirOwnLogsInProgramOrder) {
+  auto r = *Recorder::create();
+  const auto s = r->intern_schema("aten::relu");
+  constexpr int kThreads = 4;
+  constexpr std::uint64_t kOps = 5000;
+  std::vector<std::thread> ts;
+  for (int k = 0; k < kThreads; ++k)
+    ts.emplace_back([&] {
+      OpBuilder b;
+      for (std::uint64_t i = 0; i < kOps; ++i) commit_synthetic(*r, b, s, i, Phase::Backward);
+    });
+  for (auto& t : ts) t.join();
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), kThreads * kOps);
+  std::vector<std::uint64_t> next(kThreads, 0);
+  for (std::size_t op = 0; op < t.num_ops(); ++op) {
+    const auto th = t.ops[op].thread;
+    ASSERT_LT(th, static_cast<std::uint32_t>(kThreads));
+    ASSERT_EQ(t.ops[op].seq, next[th]) << "thread " << th;
+    expect_synthetic(t, op, next[th]);
+    ++next[th];
+  }
+  EXPECT_EQ(t.threads.size(), static_cast<std::size_t>(kThreads));
+  EXPECT_EQ(t.total_ops(Phase::Backward), kThreads * kOps);
+}
+
+TEST(Recorder, ModulePathsAreInternedOnce) {
+  auto r = *Recorder::create();
+  EXPECT_EQ(r->intern_module(""), 0u);
+  const auto a = r->intern_module("layer1.0.conv1");
+  EXPECT_EQ(r->intern_module("layer1.0.conv1"), a);
+  EXPECT_NE(r->intern_module("layer1.0.bn1"), a);
+  Trace t = r->snapshot();
+  ASSERT_GT(t.module_paths.size(), a);
+  EXPECT_EQ(t.module_path(a), "layer1.0.conv1");
+  EXPECT_EQ(t.module_path(999), "<unknown module>");
+}
+
+TEST(Recorder, ClearForgetsDrainedOpsButKeepsCounters) {
+  auto r = *Recorder::create();
+  OpBuilder b;
+  const auto s = r->intern_schema("aten::add.Tensor");
+  for (std::uint64_t i = 0; i < 10; ++i) commit_synthetic(*r, b, s, i);
+  r->clear();
+  EXPECT_EQ(r->snapshot().num_ops(), 0u);
+  commit_synthetic(*r, b, s, 3);
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), 1u);
+  EXPECT_EQ(t.ops[0].seq, 10u);
+  EXPECT_EQ(t.total_ops(Phase::Forward), 11u);
+}
+}  // namespace
