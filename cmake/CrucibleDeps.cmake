@@ -29,3 +29,6 @@ if(CRUCIBLE_BUILD_BENCH)
   find_package(benchmark CONFIG QUIET)
   crucible_require(benchmark_FOUND "Google Benchmark" libbenchmark-dev)
 endif()
+
+# libtorch (libtorch-dev): optional for the torch-free stages, required for the PyTorch Vessel.
+find_package(Torch CONFIG QUIET)

@@ -18,7 +18,18 @@ elseif(CRUCIBLE_CONTRACTS STREQUAL "ignore")
 else()
   message(FATAL_ERROR "CRUCIBLE_CONTRACTS='${CRUCIBLE_CONTRACTS}': use enforce, observe or ignore")
 endif()
-add_compile_definitions(CRUCIBLE_CONTRACT_SEMANTIC=${_sem})
+add_compile_definitions(CRUCIBLE_CONTRACT_SEMANTIC=${_sem} CRUCIBLE_SANITIZER_NAME="${CRUCIBLE_SANITIZER}")
+
+# The interpreter that imports torch (Python tests and the extension). Override with
+# -DCRUCIBLE_PYTHON=... or the CRUCIBLE_PYTHON environment variable.
+if(NOT CRUCIBLE_PYTHON)
+  if(DEFINED ENV{CRUCIBLE_PYTHON})
+    set(_py $ENV{CRUCIBLE_PYTHON})
+  else()
+    set(_py /usr/bin/python3)
+  endif()
+  set(CRUCIBLE_PYTHON ${_py} CACHE FILEPATH "Python interpreter that imports torch")
+endif()
 
 set(CRUCIBLE_SAN_FLAGS "")
 if(CRUCIBLE_SANITIZER STREQUAL "asan-ubsan")

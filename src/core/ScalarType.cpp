@@ -8,7 +8,7 @@
 namespace crucible {
 namespace {
 
-using K = ScalarKind;
+using K = DtypeKind;
 // One row per c10::ScalarType ordinal, in order. The static_assert below pins the count.
 constexpr std::array<ScalarTypeInfo, kNumKnownScalarTypes> kTable{{
     {0, "uint8", 8, K::UnsignedInt},       {1, "int8", 8, K::SignedInt},
@@ -67,7 +67,7 @@ const ScalarTypeInfo& scalar_type_info(std::int8_t ord) noexcept {
 
 Result<std::uint32_t> element_size(std::int8_t ord) {
   const ScalarTypeInfo& info = scalar_type_info(ord);
-  if (info.kind == ScalarKind::Unknown) {
+  if (info.kind == DtypeKind::Unknown) {
     return invalid_input("dtype ordinal " + std::to_string(ord) + " is unknown to this build of Crucible",
                          "upgrade Crucible, or record with a PyTorch whose dtypes it knows");
   }

@@ -155,6 +155,12 @@ std::uint32_t Recorder::intern_module(std::string_view path) {
   return it->second;
 }
 
+void Recorder::classify_external(std::uint64_t storage_id, ExternalKind kind) {
+  if (storage_id == 0) return;
+  std::lock_guard<std::mutex> g(names_mu_);
+  externals_[storage_id] = kind;
+}
+
 void Recorder::wake_drain() {
   {
     std::lock_guard<std::mutex> g(wake_mu_);
@@ -263,6 +269,20 @@ void Recorder::flush() {
 }
 
 std::vector<ThreadStats> Recorder::thread_stats() const {
+  std::vector<ThreadStats> out = raw_thread_stats();
+  std::lock_guard<std::mutex> g(trace_mu_);
+  for (auto& s : out) {
+    if (s.thread >= baseline_.size()) continue;
+    const ThreadStats& b = baseline_[s.thread];
+    for (int p = 0; p < kNumPhases; ++p) s.ops[p] -= b.ops[p];
+    s.dropped -= b.dropped;
+    s.bytes -= b.bytes;
+    s.waits -= b.waits;
+  }
+  return out;
+}
+
+std::vector<ThreadStats> Recorder::raw_thread_stats() const {
   std::vector<ThreadStats> out;
   std::lock_guard<std::mutex> g(logs_mu_);
   for (const auto& l : logs_) {
@@ -288,6 +308,7 @@ Trace Recorder::snapshot() {
     std::lock_guard<std::mutex> g(names_mu_);
     for (const auto& [h, n] : schema_names_) t.schema_names.emplace(h, n);
     t.module_paths = module_paths_;
+    t.externals = externals_;
   }
   t.threads = thread_stats();
   return t;
@@ -295,8 +316,10 @@ Trace Recorder::snapshot() {
 
 void Recorder::clear() {
   flush();
+  std::vector<ThreadStats> now = raw_thread_stats();
   std::lock_guard<std::mutex> g(trace_mu_);
   trace_.clear();
+  baseline_ = std::move(now);
 }
 
 }  // namespace crucible::record

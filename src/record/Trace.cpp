@@ -17,6 +17,18 @@ const char* phase_name(Phase p) noexcept {
   return "unknown";
 }
 
+const char* external_kind_name(ExternalKind k) noexcept {
+  switch (k) {
+    case ExternalKind::Parameter: return "parameter";
+    case ExternalKind::Buffer: return "buffer";
+    case ExternalKind::Gradient: return "gradient";
+    case ExternalKind::OptimizerState: return "optimizer_state";
+    case ExternalKind::Input: return "input";
+    case ExternalKind::Constant: return "constant";
+  }
+  return "unknown";
+}
+
 std::span<const TensorMeta> Trace::inputs(std::size_t op) const {
   CRUCIBLE_PRE(op < ops.size(), "op index in range");
   return {tensors.data() + op_tensor_begin[op], ops[op].n_inputs};
@@ -90,7 +102,7 @@ bool Trace::operator==(const Trace& o) const {
   };
   return bytes_eq(ops, o.ops) && bytes_eq(tensors, o.tensors) && dims == o.dims &&
          bytes_eq(scalars, o.scalars) && schema_names == o.schema_names &&
-         module_paths == o.module_paths && threads == o.threads;
+         module_paths == o.module_paths && threads == o.threads && externals == o.externals;
 }
 
 }  // namespace crucible::record

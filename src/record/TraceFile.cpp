@@ -22,9 +22,16 @@ constexpr std::uint32_t kMaxSections = 16;
 
 enum Section : std::uint32_t {
   kOps = 1, kTensors = 2, kDims = 3, kScalars = 4, kSchemaNames = 5, kModulePaths = 6,
-  kThreadStats = 7,
+  kThreadStats = 7, kExternals = 8,
 };
-constexpr int kNumSections = 7;
+constexpr int kNumSections = 8;
+
+struct ExternalRecord {
+  std::uint64_t storage_id;
+  std::uint8_t kind;
+  std::uint8_t reserved[7];
+};
+static_assert(sizeof(ExternalRecord) == 16);
 
 struct Header {
   char magic[8];
@@ -92,6 +99,13 @@ std::vector<std::byte> encode_trace(const Trace& t) {
     r.waits = s.waits;
     put_pod(stats, r);
   }
+  std::vector<std::byte> externals;
+  for (const auto& [sid, kind] : t.externals) {
+    ExternalRecord r{};
+    r.storage_id = sid;
+    r.kind = static_cast<std::uint8_t>(kind);
+    put_pod(externals, r);
+  }
   struct Part { Section kind; std::uint32_t rec; std::uint64_t count; const void* data; std::size_t len; };
   const Part parts[kNumSections] = {
       {kOps, sizeof(TraceEntry), t.ops.size(), t.ops.data(), t.ops.size() * sizeof(TraceEntry)},
@@ -101,6 +115,7 @@ std::vector<std::byte> encode_trace(const Trace& t) {
       {kSchemaNames, 1, t.schema_names.size(), names.data(), names.size()},
       {kModulePaths, 1, t.module_paths.size(), modules.data(), modules.size()},
       {kThreadStats, sizeof(ThreadStatsRecord), t.threads.size(), stats.data(), stats.size()},
+      {kExternals, sizeof(ExternalRecord), t.externals.size(), externals.data(), externals.size()},
   };
   std::vector<std::byte> out;
   Header h{};
@@ -163,7 +178,8 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
     found[e.kind] = &e;
   }
   const std::uint32_t expect_rec[kNumSections + 1] = {0, sizeof(TraceEntry), sizeof(TensorMeta), 8,
-                                                      sizeof(ScalarRecord), 1, 1, sizeof(ThreadStatsRecord)};
+                                                      sizeof(ScalarRecord), 1, 1, sizeof(ThreadStatsRecord),
+                                                      sizeof(ExternalRecord)};
   for (int k = 1; k <= kNumSections; ++k) {
     if (found[k] == nullptr) return corrupt(kHeaderSize, "required section " + std::to_string(k) + " missing");
     if (found[k]->record_size != expect_rec[k])
@@ -226,6 +242,16 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
       s.bytes = r.bytes;
       s.waits = r.waits;
       t.threads.push_back(s);
+    }
+  }
+
+  {
+    std::vector<ExternalRecord> recs;
+    copy_records(kExternals, recs);
+    for (std::size_t i = 0; i < recs.size(); ++i) {
+      if (recs[i].kind < 1 || recs[i].kind > kMaxExternalKind)
+        return corrupt(found[kExternals]->offset + i * sizeof(ExternalRecord), "unknown external kind");
+      t.externals[recs[i].storage_id] = static_cast<ExternalKind>(recs[i].kind);
     }
   }
 

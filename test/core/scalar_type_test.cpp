@@ -8,17 +8,17 @@ namespace {
 using namespace crucible;
 
 TEST(ScalarType, CommonDtypesHavePyTorchSizesAndNames) {
-  struct Row { std::int8_t ord; const char* name; std::uint32_t bytes; ScalarKind kind; };
+  struct Row { std::int8_t ord; const char* name; std::uint32_t bytes; DtypeKind kind; };
   // Sizes as torch.tensor([], dtype=...).element_size() reports them.
   const Row rows[] = {
-      {0, "uint8", 1, ScalarKind::UnsignedInt}, {1, "int8", 1, ScalarKind::SignedInt},
-      {2, "int16", 2, ScalarKind::SignedInt},   {3, "int32", 4, ScalarKind::SignedInt},
-      {4, "int64", 8, ScalarKind::SignedInt},   {5, "float16", 2, ScalarKind::Float},
-      {6, "float32", 4, ScalarKind::Float},     {7, "float64", 8, ScalarKind::Float},
-      {8, "complex32", 4, ScalarKind::Complex}, {9, "complex64", 8, ScalarKind::Complex},
-      {10, "complex128", 16, ScalarKind::Complex}, {11, "bool", 1, ScalarKind::Bool},
-      {15, "bfloat16", 2, ScalarKind::Float},   {23, "float8_e5m2", 1, ScalarKind::Opaque},
-      {29, "uint64", 8, ScalarKind::UnsignedInt},
+      {0, "uint8", 1, DtypeKind::UnsignedInt}, {1, "int8", 1, DtypeKind::SignedInt},
+      {2, "int16", 2, DtypeKind::SignedInt},   {3, "int32", 4, DtypeKind::SignedInt},
+      {4, "int64", 8, DtypeKind::SignedInt},   {5, "float16", 2, DtypeKind::Float},
+      {6, "float32", 4, DtypeKind::Float},     {7, "float64", 8, DtypeKind::Float},
+      {8, "complex32", 4, DtypeKind::Complex}, {9, "complex64", 8, DtypeKind::Complex},
+      {10, "complex128", 16, DtypeKind::Complex}, {11, "bool", 1, DtypeKind::Bool},
+      {15, "bfloat16", 2, DtypeKind::Float},   {23, "float8_e5m2", 1, DtypeKind::Opaque},
+      {29, "uint64", 8, DtypeKind::UnsignedInt},
   };
   for (const Row& r : rows) {
     const auto& info = scalar_type_info(r.ord);
@@ -35,7 +35,7 @@ TEST(ScalarType, EveryKnownOrdinalIsNamedAndSized) {
     const auto& info = scalar_type_info(static_cast<std::int8_t>(i));
     EXPECT_EQ(info.ordinal, i);
     EXPECT_FALSE(info.name.empty());
-    EXPECT_NE(info.kind, ScalarKind::Unknown);
+    EXPECT_NE(info.kind, DtypeKind::Unknown);
     EXPECT_TRUE(element_size(static_cast<std::int8_t>(i)).ok());
   }
 }
@@ -43,7 +43,7 @@ TEST(ScalarType, EveryKnownOrdinalIsNamedAndSized) {
 TEST(ScalarType, UnknownOrdinalIsAnErrorValueNotACrash) {
   for (std::int8_t ord : {std::int8_t{-1}, std::int8_t{46}, std::int8_t{127}, std::int8_t{-128}}) {
     const auto& info = scalar_type_info(ord);
-    EXPECT_EQ(info.kind, ScalarKind::Unknown);
+    EXPECT_EQ(info.kind, DtypeKind::Unknown);
     EXPECT_EQ(info.name, "unknown");
     auto sz = element_size(ord);
     ASSERT_FALSE(sz.ok());

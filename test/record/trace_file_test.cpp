@@ -32,6 +32,8 @@ Trace sample_trace() {
   b.add_string(3, "mean");
   b.add_scalar(ScalarKind::None, 4, 0);
   r->commit(r->thread_log(), b.entry(mm, Phase::Forward, op_flag::kMutable), b.cells(), b.scalars());
+  r->classify_external(1, ExternalKind::Parameter);
+  r->classify_external(2, ExternalKind::Input);
   return r->snapshot();
 }
 
@@ -46,6 +48,7 @@ TEST(TraceFile, RoundTripIsLossless) {
   EXPECT_EQ(back->strides(big)[0], 9);
   EXPECT_EQ(back->scalars_of(50)[0].aux, 2u);
   EXPECT_EQ(back->module_paths.at(1), "encoder.layer0");
+  EXPECT_EQ(back->externals.at(2), ExternalKind::Input);
 }
 
 TEST(TraceFile, SaveAndLoadThroughAFile) {

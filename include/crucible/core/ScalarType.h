@@ -3,7 +3,7 @@
 // Ordinals are PyTorch's own (c10::ScalarType, c10::Layout), which PyTorch only ever appends
 // to: 0..17 are identical in 1.13 and 2.x, 2.x appends 18..45. A trace therefore stores the
 // raw c10 ordinal and this table names it. A value past the table (a dtype newer than this
-// build) is not a crash and not `unreachable`: lookup returns ScalarKind::Unknown with size 0,
+// build) is not a crash and not `unreachable`: lookup returns DtypeKind::Unknown with size 0,
 // and callers that need a size get an error Status saying which ordinal was unknown.
 //
 // Device types are NOT stored as c10 ordinals: PrivateUse1 is 19 in 1.13 and 20 in 2.x. The
@@ -20,13 +20,13 @@ namespace crucible {
 
 // What the bits of an element mean. Opaque: named and sized, but Crucible does no arithmetic
 // on it (quantized, float8/float4, bit containers, sub-byte ints).
-enum class ScalarKind : std::uint8_t { Unknown, Bool, SignedInt, UnsignedInt, Float, Complex, Opaque };
+enum class DtypeKind : std::uint8_t { Unknown, Bool, SignedInt, UnsignedInt, Float, Complex, Opaque };
 
 struct ScalarTypeInfo {
   std::int8_t ordinal;        // c10::ScalarType value
   std::string_view name;      // PyTorch's name without "torch.": "float32", "bfloat16", ...
   std::uint8_t element_bits;  // 0 for Unknown; 4 for packed float4 pairs' half
-  ScalarKind kind;
+  DtypeKind kind;
 };
 
 // The table. Index = c10 ordinal. kNumKnownScalarTypes = 46 (through Float4_e2m1fn_x2).

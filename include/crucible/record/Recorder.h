@@ -97,11 +97,14 @@ class Recorder {
   std::uint64_t intern_schema(std::string_view qualified_name);  // returns hash64(name)
   std::uint32_t intern_module(std::string_view path);            // "" is 0
 
+  // Records why a storage is an input of the trace without being produced by a recorded op.
+  void classify_external(std::uint64_t storage_id, ExternalKind kind);
+
   // Returns once every op committed (by any thread) before the call has been drained.
   void flush();
   // flush(), then a copy of the trace so far, with current names and per-thread stats.
   Trace snapshot();
-  // flush(), then forget every drained op (names and counters stay).
+  // flush(), then forget every drained op; stats restart from zero (names stay).
   void clear();
   std::vector<ThreadStats> thread_stats() const;
 
@@ -117,6 +120,7 @@ class Recorder {
   bool drain_once();  // true if anything was moved
   bool drain_log(ThreadLog& log);
   void wake_drain();
+  std::vector<ThreadStats> raw_thread_stats() const;  // since creation
 
   const RecorderConfig cfg_;
   const std::uint64_t uid_;
@@ -129,9 +133,11 @@ class Recorder {
   std::unordered_map<std::uint64_t, std::string> schema_names_;
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
+  std::map<std::uint64_t, ExternalKind> externals_;
 
-  std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies)
+  mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
+  std::vector<ThreadStats> baseline_;  // counters at the last clear(), per thread index
 
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;

@@ -24,6 +24,13 @@ struct ThreadStats {
   bool operator==(const ThreadStats&) const = default;
 };
 
+// Why a tensor that no recorded op produced is an input of the trace.
+enum class ExternalKind : std::uint8_t {
+  Parameter = 1, Buffer = 2, Gradient = 3, OptimizerState = 4, Input = 5, Constant = 6,
+};
+inline constexpr std::uint8_t kMaxExternalKind = 6;
+const char* external_kind_name(ExternalKind k) noexcept;
+
 class Trace {
  public:
   std::vector<TraceEntry> ops;
@@ -33,6 +40,7 @@ class Trace {
   std::map<std::uint64_t, std::string> schema_names;  // schema_hash -> "aten::add.Tensor"
   std::vector<std::string> module_paths;              // module_id -> "layer1.0.conv1"; [0] = ""
   std::vector<ThreadStats> threads;
+  std::map<std::uint64_t, ExternalKind> externals;    // storage_id -> why it is external
 
   // Derived offsets (rebuilt by append/validate): first tensor / scalar / dim of each op/tensor.
   std::vector<std::uint64_t> op_tensor_begin, op_scalar_begin, tensor_dims_begin;

@@ -1,0 +1,73 @@
+"""The four test models of the Vessel and pipeline tests, each with one training step."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x, 2)
+        x = F.relu(self.conv2(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class SmallTransformer(nn.Module):
+    def __init__(self, vocab=50, d=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.enc = nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=64, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.enc(self.emb(tokens)))
+
+
+class Setup:
+    """A model, its optimizer, one batch, and step() doing zero_grad/forward/backward/step."""
+
+    def __init__(self, name, model, opt, x, y, loss):
+        self.name, self.model, self.opt, self.x, self.y, self.loss = name, model, opt, x, y, loss
+
+    def step(self):
+        self.opt.zero_grad()
+        out = self.model(self.x)
+        loss = self.loss(out, self.y)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def make(name, seed=0):
+    torch.manual_seed(seed)
+    if name == "mlp":
+        m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                     torch.randn(32, 64), torch.randint(0, 10, (32,)), F.cross_entropy)
+    if name == "cnn":
+        m = SmallCNN()
+        return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
+                     torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)), F.cross_entropy)
+    if name == "resnet18":
+        import torchvision
+        m = torchvision.models.resnet18(num_classes=10)
+        return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                     torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)), F.cross_entropy)
+    if name == "transformer":
+        m = SmallTransformer()
+        tok = torch.randint(0, 50, (4, 12))
+        return Setup(name, m, torch.optim.AdamW(m.parameters(), lr=1e-3),
+                     tok, torch.randint(0, 50, (4, 12)),
+                     lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
+    raise ValueError(name)
+
+
+MODELS = ["mlp", "cnn", "resnet18", "transformer"]

@@ -1,0 +1,311 @@
+"""The PyTorch Vessel against eager PyTorch: what it records, at which level, with no loss."""
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import crucible_native as crucible
+import models
+
+ITERS = 3
+
+
+def record_iterations(s, iters=ITERS):
+    """Records `iters` steps; returns the trace and the op count of each iteration."""
+    crucible.track_modules(s.model)
+    crucible.mark_inputs(s.x, s.y)
+    counts, before = [], 0
+    crucible.enable()
+    try:
+        for _ in range(iters):
+            s.step()
+            crucible.flush()
+            total = crucible.stats()["total"]
+            counts.append(total - before)
+            before = total
+    finally:
+        crucible.disable()
+    return crucible.trace(), counts
+
+
+class Reference(TorchDispatchMode):
+    """Independent reference: PyTorch's own Python dispatch mode, below Autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        s = func._schema
+        name = s.name + ("." + s.overload_name if s.overload_name else "")
+        outs = [(tuple(o.shape), str(o.dtype).replace("torch.", ""))
+                for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        self.ops.append((name, outs))
+        return out
+
+
+def _functional(name):
+    base, _, overload = name.partition(".")
+    return (base[:-1] if base.endswith("_") else base) + ("." + overload if overload else "")
+
+
+def comparable(seq):
+    # detach: autograd bookkeeping that differs between the two levels; to*: no-op composites
+    # that return their input (no kernel runs, so the Python mode never sees them). In-place
+    # names are compared as functional ones: under a Python mode, aten::linear takes its
+    # "tensor subclass" path and uses add where eager uses add_.
+    return [(_functional(op[0]), op[1]) for op in seq
+            if op[0] != "aten::detach" and not op[0].startswith("aten::to.")
+            and not op[0].startswith("profiler::")]
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_all_three_phases_and_stable_counts(name):
+    s = models.make(name)
+    trace, counts = record_iterations(s)
+    st = crucible.stats()
+    for phase in ("forward", "backward", "optimizer"):
+        assert st["ops"][phase] > 0, (phase, st)
+    assert st["dropped"] == 0
+    assert counts[1] == counts[2], f"iterations after the first must record the same ops: {counts}"
+    assert counts[0] >= counts[1] // 2
+    assert len(trace) == sum(counts)
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_ops_and_output_shapes_match_eager_reference(name):
+    s = models.make(name)
+    s.step()  # past the first iteration (state creation) for both recorders
+    torch.manual_seed(1)
+    ref = Reference()
+    with ref:
+        s.step()
+    torch.manual_seed(1)
+    crucible.enable()
+    s.step()
+    crucible.disable()
+    got = [(o["name"], [(tuple(t["shape"]), t["dtype"]) for t in o["outputs"]])
+           for o in crucible.trace().ops()]
+    assert comparable(got) == comparable(ref.ops)
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_every_input_is_produced_or_classified(name):
+    s = models.make(name)
+    trace, _ = record_iterations(s)
+    externals = trace.externals
+    produced = set()
+    unexplained = []
+    for i, op in enumerate(trace.ops()):
+        for t in op["inputs"]:
+            if t["wrapped_number"] or not t["has_storage"]:
+                continue
+            sid = t["storage_id"]
+            if sid not in produced and sid not in externals:
+                unexplained.append((i, op["name"], op["phase"], t["shape"]))
+        for t in op["outputs"]:
+            produced.add(t["storage_id"])
+    assert unexplained == []
+    kinds = set(externals.values())
+    assert {"parameter", "input"} <= kinds
+
+
+def test_recorded_level_is_the_decomposed_one():
+    s = models.make("mlp")
+    crucible.enable()
+    s.model(s.x)
+    crucible.disable()
+    names = [o["name"] for o in crucible.trace().ops()]
+    assert names == ["aten::t", "aten::addmm", "aten::relu", "aten::t", "aten::addmm"]
+    assert crucible.stats()["skipped"]["decomposed"] >= 2  # the two aten::linear
+
+
+def test_module_paths_and_phases_are_attached():
+    s = models.make("cnn")
+    trace, _ = record_iterations(s, iters=1)
+    ops = trace.ops()
+    convs = [o for o in ops if o["name"].startswith("aten::convolution") or o["name"].startswith("aten::_convolution")
+             or o["name"].startswith("aten::mkldnn_convolution") or o["name"] == "aten::conv2d"]
+    assert convs and {o["module"] for o in convs if o["phase"] == "forward"} == {"conv1", "conv2"}
+    bn = [o for o in ops if "batch_norm" in o["name"] and o["phase"] == "forward"]
+    assert bn and all(o["module"] == "bn1" for o in bn)
+    assert [o["phase"] for o in ops].count("optimizer") > 0
+    mutable = [o for o in ops if o["mutable"]]
+    assert any(o["name"].endswith("_") or ".out" in o["name"] or "add_" in o["name"] for o in mutable)
+
+
+def test_no_grad_and_inference_mode():
+    s = models.make("mlp")
+    with torch.no_grad():
+        crucible.enable()
+        s.model(s.x)
+        crucible.disable()
+    ops = crucible.trace().ops()
+    assert [o["name"] for o in ops] == ["aten::t", "aten::addmm", "aten::relu", "aten::t", "aten::addmm"]
+    assert all(not o["grad_mode"] and o["phase"] == "forward" for o in ops)
+    crucible.clear()
+    with torch.inference_mode():
+        crucible.enable()
+        out = s.model(s.x)
+        crucible.disable()
+    ops = crucible.trace().ops()
+    assert [o["name"] for o in ops] == ["aten::t", "aten::addmm", "aten::relu", "aten::t", "aten::addmm"]
+    assert all(o["inference_mode"] for o in ops)
+    assert ops[-1]["outputs"][0]["inference"] and tuple(ops[-1]["outputs"][0]["shape"]) == tuple(out.shape)
+
+
+def test_recording_off_records_nothing():
+    s = models.make("mlp")
+    s.step()
+    crucible.flush()
+    assert crucible.stats()["total"] == 0
+    assert len(crucible.trace()) == 0
+
+
+def test_two_threads_record_concurrently():
+    single = models.make("mlp")
+    single.step()
+    ref, _ = record_iterations(single, iters=1)
+    expect = [o["name"] for o in ref.ops()]
+    crucible.clear()
+    errors = []
+
+    def worker(seed):
+        try:
+            s = models.make("mlp", seed=seed)
+            s.step()
+            crucible.enable()
+            for _ in range(2):
+                s.step()
+            crucible.disable()
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    trace = crucible.trace()
+    by_thread = {}
+    for o in trace.ops():
+        by_thread.setdefault(o["thread"], []).append(o)
+    assert len(by_thread) == 2
+    for ops in by_thread.values():
+        assert [o["seq"] for o in ops] == sorted(o["seq"] for o in ops)
+        assert [o["name"] for o in ops] == expect * 2
+
+
+def test_export_load_round_trip_is_lossless(tmp_path):
+    s = models.make("transformer")
+    live, _ = record_iterations(s, iters=2)
+    path = tmp_path / "run.crtrace"
+    st = crucible.export(str(path))
+    assert st["total"] == len(live)
+    back = crucible.load_trace(str(path))
+    assert back == live
+    assert back.ops() == live.ops()
+    assert back.externals == live.externals
+
+
+def test_corrupted_trace_is_a_clear_error(tmp_path):
+    s = models.make("mlp")
+    record_iterations(s, iters=1)
+    path = tmp_path / "run.crtrace"
+    crucible.export(str(path))
+    data = path.read_bytes()
+    (tmp_path / "cut.crtrace").write_bytes(data[: len(data) // 2])
+    with pytest.raises(crucible.CrucibleError, match="corrupt or truncated"):
+        crucible.load_trace(str(tmp_path / "cut.crtrace"))
+    with pytest.raises(crucible.CrucibleError, match="cannot open"):
+        crucible.load_trace(str(tmp_path / "missing.crtrace"))
+
+
+def test_foreach_tensor_lists_are_recorded_without_cap():
+    params = [torch.randn(3) for _ in range(300)]
+    others = [torch.randn(3) for _ in range(300)]
+    crucible.enable()
+    torch._foreach_add_(params, others)
+    crucible.disable()
+    ops = crucible.trace().ops()
+    assert len(ops) == 1 and ops[0]["name"] == "aten::_foreach_add_.List"
+    assert len(ops[0]["inputs"]) == 600
+    assert [t["list_index"] for t in ops[0]["inputs"][:300]] == list(range(300))
+    assert ("tensor_list", 0, 300, 0) in ops[0]["scalars"]
+
+
+def test_scalars_of_every_kind():
+    x = torch.randn(4, 6)
+    crucible.enable()
+    torch.sum(x, dim=[0, 1], keepdim=True)
+    torch.div(x, 2.0, rounding_mode="floor")
+    x.clamp(min=None, max=0.5)
+    crucible.disable()
+    ops = crucible.trace().ops()
+    by_name = {o["name"]: o for o in ops}
+    s = by_name["aten::sum.dim_IntList"]["scalars"]
+    assert ("list", 1, 2, 0) in s and ("int", 1, 0, 0) in s and ("int", 1, 0, 1) in s
+    assert ("bool", 2, 0, True) in s and ("none", 3, 0, None) in s
+    d = by_name["aten::div.Tensor_mode"]
+    assert d["inputs"][1]["wrapped_number"] and d["inputs"][1]["wrapped_value"] == 2.0
+    assert any(k == "string" and aux == len("floor") for k, _, aux, _ in d["scalars"])
+    c = by_name["aten::clamp"]["scalars"]
+    assert ("none", 1, 0, None) in c and ("float", 2, 0, 0.5) in c
+
+
+DROP_SCRIPT = """
+import sys, torch, crucible_native as crucible, models
+crucible.configure(ring_entries=4, meta_cells=8, scalar_slots=4)
+s = models.make("resnet18")
+s.step()
+crucible.enable()                     # back-pressure: nothing lost, however small the rings
+s.step()
+crucible.disable()
+full = crucible.stats()
+assert full["dropped"] == 0 and full["waits"] > 0, full
+crucible.clear()
+crucible.enable(drop_when_full=True)  # same step again, counting what does not fit
+s.step()
+crucible.disable()
+st = crucible.stats()
+t = crucible.trace()
+flagged = sum(1 for o in t.ops() if o["after_drop"])
+print(full["total"], st["total"], st["dropped"], len(t), flagged)
+crucible.export(sys.argv[1])
+"""
+
+
+def test_drop_mode_counts_and_reports_every_dropped_op(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    r = subprocess.run([sys.executable, "-c", DROP_SCRIPT, str(tmp_path / "d.crtrace")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    full, recorded, dropped, in_trace, flagged = map(int, r.stdout.split())
+    assert dropped > 0, "4-entry rings in drop mode must drop some of resnet18's ops"
+    assert recorded + dropped == full, "every op is either recorded or counted as dropped"
+    assert in_trace == recorded
+    assert 1 <= flagged <= dropped
+    assert "ops were dropped" in r.stderr and "incomplete" in r.stderr
+    back = crucible.load_trace(str(tmp_path / "d.crtrace"))
+    assert back.stats()["dropped"] == dropped
+
+
+def test_sanitizer_build_is_refused_with_instructions(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "crucible_build.json").write_text('{"sanitizer": "asan-ubsan"}')
+    env = dict(os.environ, CRUCIBLE_BUILD_DIR=str(tmp_path),
+               PYTHONPATH=os.path.dirname(crucible.__file__))
+    env.pop("LD_PRELOAD", None)
+    r = subprocess.run([sys.executable, "-c", "import crucible_native"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "sanitizer build" in r.stderr and "LD_PRELOAD" in r.stderr and "--preset release" in r.stderr

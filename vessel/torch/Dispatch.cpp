@@ -1,0 +1,430 @@
+// Dispatch.cpp — the boxed recording fallback: capture, redispatch, commit.
+#include "Dispatch.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "crucible/core/ScalarType.h"
+#include "crucible/record/OpBuilder.h"
+#include "crucible/record/Recorder.h"
+
+namespace crucible::vessel {
+namespace {
+
+using record::MetaCell;
+using record::OpBuilder;
+using record::Phase;
+using record::ScalarKind;
+using record::TensorMeta;
+
+#if defined(CRUCIBLE_HAS_CRUCIBLE_KEY)
+constexpr c10::DispatchKey kKey = c10::DispatchKey::Crucible;
+constexpr const char* kKeyName = "Crucible";
+#else
+constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Storage identity. Note [Storage ids]: the caching allocator reuses addresses, and so does
+// malloc for StorageImpl objects. Holding a weak reference to a StorageImpl keeps its object
+// (not its data) allocated, so while we hold one no other storage can have that address:
+// pointer equality then means identity. Each new StorageImpl gets a fresh 64-bit id; entries
+// whose storage died are swept, after which the address may be reused — and gets a new id.
+class StorageIds {
+ public:
+  std::uint64_t id(const c10::Storage& s) {
+    c10::StorageImpl* p = s.unsafeGetStorageImpl();
+    if (p == nullptr) return 0;
+    Slot& slot = cache_[(reinterpret_cast<std::uintptr_t>(p) >> 4) & (kCacheSize - 1)];
+    if (slot.key == p) return slot.id;  // held weakly by this slot: same storage
+    const std::uint64_t id = global_id(s, p);
+    slot.key = p;
+    slot.weak.emplace(s.getWeakStorageImpl());
+    slot.id = id;
+    return id;
+  }
+
+ private:
+  static constexpr std::size_t kCacheSize = 256;
+  struct Slot {
+    c10::StorageImpl* key = nullptr;
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
+    std::uint64_t id = 0;
+  };
+  struct Global {
+    std::mutex mu;
+    std::unordered_map<c10::StorageImpl*, std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, std::uint64_t>> map;
+    std::uint64_t next = 1;
+    std::uint64_t inserts = 0;
+  };
+  static Global& global() {
+    static Global* g = new Global();  // leaked: threads may record during static destruction
+    return *g;
+  }
+  static std::uint64_t global_id(const c10::Storage& s, c10::StorageImpl* p) {
+    Global& g = global();
+    std::lock_guard<std::mutex> lock(g.mu);
+    auto it = g.map.find(p);
+    if (it != g.map.end()) return it->second.second;  // weakly held: same storage
+    if (++g.inserts % 4096 == 0) {
+      for (auto i = g.map.begin(); i != g.map.end();)
+        i = i->second.first.expired() ? g.map.erase(i) : std::next(i);
+    }
+    const std::uint64_t id = g.next++;
+    g.map.emplace(p, std::make_pair(s.getWeakStorageImpl(), id));
+    return id;
+  }
+  Slot cache_[kCacheSize];
+};
+
+// ---------------------------------------------------------------------------------------
+struct SchemaInfo {
+  std::uint64_t hash = 0;
+  std::uint16_t n_args = 0;
+  bool is_mutable = false;
+  bool composite_implicit = false;  // has a CompositeImplicitAutograd kernel
+  bool lifts_constant = false;      // aten::lift_fresh: its input is data from Python
+  enum class Kind : std::uint8_t { Normal, ProfilerEnter, ProfilerExit } kind = Kind::Normal;
+};
+
+const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
+  // Keyed by the schema's address (stable for the operator's life; the handle is not).
+  thread_local std::unordered_map<const c10::FunctionSchema*, SchemaInfo> cache;
+  const c10::FunctionSchema& schema = op.schema();
+  auto it = cache.find(&schema);
+  if (it != cache.end()) return it->second;
+  SchemaInfo si;
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  si.hash = record::Recorder::global().intern_schema(name);
+  si.n_args = static_cast<std::uint16_t>(schema.arguments().size());
+  si.is_mutable = schema.is_mutable();
+  si.composite_implicit = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  si.lifts_constant = schema.name() == "aten::lift_fresh";
+  if (schema.name().rfind("profiler::_record_function_enter", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerEnter;
+  else if (schema.name().rfind("profiler::_record_function_exit", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerExit;
+  return cache.emplace(&schema, si).first->second;
+}
+
+DeviceKind device_kind(c10::DeviceType t) {
+  switch (t) {
+    case c10::DeviceType::CPU: return DeviceKind::CPU;
+    case c10::DeviceType::CUDA: return DeviceKind::CUDA;
+    case c10::DeviceType::MKLDNN: return DeviceKind::MKLDNN;
+    case c10::DeviceType::OPENGL: return DeviceKind::OpenGL;
+    case c10::DeviceType::OPENCL: return DeviceKind::OpenCL;
+    case c10::DeviceType::IDEEP: return DeviceKind::IDEEP;
+    case c10::DeviceType::HIP: return DeviceKind::HIP;
+    case c10::DeviceType::FPGA: return DeviceKind::FPGA;
+    case c10::DeviceType::ORT: return DeviceKind::ORT;
+    case c10::DeviceType::XLA: return DeviceKind::XLA;
+    case c10::DeviceType::Vulkan: return DeviceKind::Vulkan;
+    case c10::DeviceType::Metal: return DeviceKind::Metal;
+    case c10::DeviceType::XPU: return DeviceKind::XPU;
+    case c10::DeviceType::MPS: return DeviceKind::MPS;
+    case c10::DeviceType::Meta: return DeviceKind::Meta;
+    case c10::DeviceType::HPU: return DeviceKind::HPU;
+    case c10::DeviceType::VE: return DeviceKind::VE;
+    case c10::DeviceType::Lazy: return DeviceKind::Lazy;
+    case c10::DeviceType::IPU: return DeviceKind::IPU;
+    case c10::DeviceType::PrivateUse1: return DeviceKind::PrivateUse1;
+    default: break;
+  }
+  // Device types newer than this build's headers (MTIA in 2.x): match by name.
+  const std::string n = c10::DeviceTypeName(t, /*lower_case=*/true);
+  for (int k = 0; k < kNumDeviceKinds; ++k)
+    if (device_kind_name(static_cast<DeviceKind>(k)) == n) return static_cast<DeviceKind>(k);
+  return DeviceKind::Unknown;
+}
+
+// ---------------------------------------------------------------------------------------
+struct Frame {
+  OpBuilder b;
+  bool had_child = false;
+  bool composite_implicit = false;
+};
+
+struct ThreadState {
+  int depth = 0;
+  bool outer_below_autograd = false;  // ADInplaceOrView already excluded at the outermost op
+  std::deque<Frame> frames;           // one per nesting depth; deque keeps references stable
+  std::vector<bool> rf_is_optimizer;  // record_function scopes: is it Optimizer.*?
+  int optimizer_depth = 0;
+  std::vector<std::uint32_t> modules{0};
+  StorageIds storage_ids;
+  record::ThreadLog* log = nullptr;
+};
+thread_local ThreadState t_state;
+
+// What the fallback saw and did not record, all threads (relaxed: counters only).
+std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_profiler{0};
+
+Phase current_phase(ThreadState& ts) {
+  if (ts.optimizer_depth > 0) return Phase::Optimizer;
+  // The engine sets the current graph task on every thread while it runs backward nodes.
+  if (torch::autograd::get_current_graph_task_exec_info() != nullptr) return Phase::Backward;
+  return Phase::Forward;
+}
+
+double wrapped_value(const at::Tensor& t) {
+  // A wrapped number is a 0-d CPU tensor; read it without dispatching (item() would recurse).
+  const void* p = t.unsafeGetTensorImpl()->data();
+  if (p == nullptr) return 0;
+  switch (t.scalar_type()) {
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kFloat: return *static_cast<const float*>(p);
+    case at::kLong: return static_cast<double>(*static_cast<const std::int64_t*>(p));
+    case at::kInt: return *static_cast<const std::int32_t*>(p);
+    case at::kBool: return *static_cast<const bool*>(p) ? 1.0 : 0.0;
+    case at::kComplexDouble: return static_cast<const c10::complex<double>*>(p)->real();
+    default: return 0;
+  }
+}
+
+void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
+                std::uint32_t list_index, bool output) {
+  TensorMeta m;
+  m.arg_index = arg;
+  m.list_index = list_index;
+  m.dtype = static_cast<std::int8_t>(t.scalar_type());
+  m.device_kind = static_cast<std::uint8_t>(device_kind(t.device().type()));
+  m.device_index = t.device().index();
+  m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(t.layout())));
+  std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
+  if (t.requires_grad()) f |= record::tensor_flag::kRequiresGrad;
+  if (t.is_view()) f |= record::tensor_flag::kIsView;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_wrapped_number()) {
+    f |= record::tensor_flag::kWrappedNumber;
+    m.wrapped_value = wrapped_value(t);
+  }
+  if (t.is_inference()) f |= record::tensor_flag::kInference;
+  else m.version = t._version();
+  const bool strided = t.layout() == at::kStrided;
+  if (strided && impl->has_storage()) {
+    const c10::Storage& s = impl->storage();
+    m.storage_id = ts.storage_ids.id(s);
+    m.storage_offset = t.storage_offset();
+    m.storage_nbytes = s.nbytes();
+    const auto* base = static_cast<const char*>(s.data());
+    m.data_ptr = base == nullptr ? 0
+                                 : reinterpret_cast<std::uint64_t>(base) +
+                                       static_cast<std::uint64_t>(m.storage_offset) * t.element_size();
+  } else {
+    f |= record::tensor_flag::kNoStorage;
+  }
+  m.flags = f;
+  if (strided) {
+    b.add_tensor(m, t.sizes(), t.strides());
+  } else {
+    std::vector<std::int64_t> zeros(t.dim(), 0);  // non-strided layouts have no strides
+    b.add_tensor(m, t.sizes(), zeros);
+  }
+}
+
+void add_ivalue(ThreadState& ts, OpBuilder& b, const c10::IValue& v, std::uint16_t arg, bool output) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined()) add_tensor(ts, b, t, arg, 0, output);
+    else b.add_scalar(ScalarKind::None, arg, 0);
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    b.add_scalar(ScalarKind::TensorList, arg, 0, static_cast<std::uint32_t>(list.size()));
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const at::Tensor t = list.get(k);
+      if (t.defined()) add_tensor(ts, b, t, arg, static_cast<std::uint32_t>(k), output);
+      else b.add_scalar(ScalarKind::None, arg, 0, static_cast<std::uint32_t>(k));
+    }
+  } else if (v.isNone()) {
+    b.add_scalar(ScalarKind::None, arg, 0);
+  } else if (v.isInt()) {
+    b.add_int(arg, v.toInt());
+  } else if (v.isDouble()) {
+    b.add_double(arg, v.toDouble());
+  } else if (v.isBool()) {
+    b.add_scalar(ScalarKind::Bool, arg, v.toBool() ? 1 : 0);
+  } else if (v.isComplexDouble()) {
+    const c10::complex<double> c = v.toComplexDouble();
+    double re = c.real(), im = c.imag();
+    std::uint64_t br, bi;
+    std::memcpy(&br, &re, 8);
+    std::memcpy(&bi, &im, 8);
+    b.add_scalar(ScalarKind::ComplexReal, arg, br);
+    b.add_scalar(ScalarKind::ComplexImag, arg, bi);
+  } else if (v.isString()) {
+    b.add_string(arg, v.toStringRef());
+  } else if (v.isDevice()) {
+    const c10::Device d = v.toDevice();
+    b.add_scalar(ScalarKind::Device, arg,
+                 (std::uint64_t{static_cast<std::uint8_t>(device_kind(d.type()))} << 8) |
+                     static_cast<std::uint8_t>(d.index()));
+  } else if (v.isList()) {  // int[], float[], bool[], Tensor?[] ...: no cap on length
+    const auto& elems = v.toListRef();
+    b.add_scalar(ScalarKind::ListBegin, arg, 0, static_cast<std::uint32_t>(elems.size()));
+    for (std::size_t k = 0; k < elems.size(); ++k) {
+      const c10::IValue& e = elems[k];
+      // A tensor element goes to the meta log (list_index k); anything else is a record here.
+      if (e.isTensor() && e.toTensor().defined()) add_tensor(ts, b, e.toTensor(), arg, static_cast<std::uint32_t>(k), output);
+      else if (e.isNone() || (e.isTensor() && !e.toTensor().defined())) b.add_scalar(ScalarKind::None, arg, 0, static_cast<std::uint32_t>(k));
+      else add_ivalue(ts, b, e, arg, output);
+    }
+  } else {  // generators, custom classes, SymInts of newer versions, ...: named by tag
+    b.add_scalar(ScalarKind::Other, arg, hash64(v.tagKind()));
+  }
+}
+
+void passthrough_excluding_key(const c10::OperatorHandle& op, c10::DispatchKeySet after,
+                               torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard guard(kKey);
+  op.redispatchBoxed(after, stack);
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  ThreadState& ts = t_state;
+  const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+  const SchemaInfo& si = schema_info(op);
+
+  if (si.kind != SchemaInfo::Kind::Normal) {  // profiler markers: phase bookkeeping only
+    g_skip_profiler.fetch_add(1, std::memory_order_relaxed);
+    if (si.kind == SchemaInfo::Kind::ProfilerEnter) {
+      const auto& args = torch::jit::last(*stack, si.n_args);
+      const bool is_opt = !args.empty() && args[0].isString() &&
+                          args[0].toStringRef().rfind("Optimizer.", 0) == 0;
+      ts.rf_is_optimizer.push_back(is_opt);
+      ts.optimizer_depth += is_opt;
+    } else if (!ts.rf_is_optimizer.empty()) {
+      ts.optimizer_depth -= ts.rf_is_optimizer.back();
+      ts.rf_is_optimizer.pop_back();
+    }
+    passthrough_excluding_key(op, after, stack);
+    return;
+  }
+
+  // Note [One op level]: see misc/CRUCIBLE.md.
+  const bool below_autograd =
+      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
+  if (ts.depth == 0) {
+    ts.outer_below_autograd = below_autograd;
+  } else {
+    Frame& parent = ts.frames[ts.depth - 1];
+    // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded), or from a
+    // parent that is not a CompositeImplicitAutograd op (its nested calls are its kernel's own,
+    // e.g. the per-tensor loop of a foreach op that has no autograd formula).
+    const bool internal =
+        (below_autograd && !ts.outer_below_autograd) || !parent.composite_implicit;
+    if (internal) {
+      g_skip_internal.fetch_add(1, std::memory_order_relaxed);
+      passthrough_excluding_key(op, after, stack);
+      return;
+    }
+    parent.had_child = true;
+  }
+
+  if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) ts.frames.emplace_back();
+  Frame& f = ts.frames[ts.depth];
+  f.b.reset();
+  f.had_child = false;
+  f.composite_implicit = si.composite_implicit;
+  const Phase phase = current_phase(ts);
+  std::uint8_t flags = 0;
+  if (si.is_mutable) flags |= record::op_flag::kMutable;
+  if (c10::GradMode::is_enabled()) flags |= record::op_flag::kGradMode;
+  if (c10::InferenceMode::is_enabled()) flags |= record::op_flag::kInferenceMode;
+  {
+    const auto args = torch::jit::last(*stack, si.n_args);
+    for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);
+  }
+  f.b.end_inputs();
+
+  ++ts.depth;
+  try {
+    op.redispatchBoxed(after, stack);
+  } catch (...) {
+    --ts.depth;
+    throw;
+  }
+  --ts.depth;
+  Frame& done = ts.frames[ts.depth];  // same frame; deque references are stable
+  if (done.had_child) {
+    g_skip_decomposed.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const std::size_t n_ret = op.schema().returns().size();
+  const auto rets = torch::jit::last(*stack, n_ret);
+  for (std::size_t i = 0; i < rets.size(); ++i) add_ivalue(ts, done.b, rets[i], static_cast<std::uint16_t>(i), true);
+
+  record::Recorder& rec = record::Recorder::global();
+  if (ts.log == nullptr) ts.log = &rec.thread_log();
+  if (si.lifts_constant && done.b.n_inputs() != 0) {
+    // torch.tensor(data) builds its tensor below the dispatcher, then lifts it: a constant.
+    rec.classify_external(done.b.cells()[0].meta.storage_id, record::ExternalKind::Constant);
+  }
+  record::TraceEntry e = done.b.entry(si.hash, phase, flags);
+  e.module_id = ts.modules.back();
+  e.n_args = si.n_args;
+  rec.commit(*ts.log, e, done.b.cells(), done.b.scalars());
+}
+
+std::mutex g_install_mu;
+std::unique_ptr<torch::Library> g_library;
+
+}  // namespace
+
+Status install() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  if (g_library) return ok_status();
+  try {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    g_library = std::move(lib);
+  } catch (const c10::Error& e) {
+    return bad_state(std::string("cannot register Crucible's fallback on DispatchKey::") + kKeyName +
+                         ": another library already holds that key (" +
+                         e.what_without_backtrace() + ")",
+                     "unload the library that registered it (only one recorder can own the key), "
+                     "or build PyTorch with patches/ so Crucible gets its own DispatchKey::Crucible");
+  }
+  return ok_status();
+}
+
+bool installed() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  return g_library != nullptr;
+}
+
+const char* dispatch_key_name() { return kKeyName; }
+
+void set_enabled(bool on) { c10::impl::tls_set_dispatch_key_included(kKey, on); }
+bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
+
+void push_module(const std::string& path) {
+  t_state.modules.push_back(record::Recorder::global().intern_module(path));
+}
+void pop_module() {
+  if (t_state.modules.size() > 1) t_state.modules.pop_back();
+}
+
+std::uint64_t storage_id(const c10::Storage& s) { return t_state.storage_ids.id(s); }
+
+SkipCounters skip_counters() {
+  return SkipCounters{g_skip_internal.load(std::memory_order_relaxed),
+                      g_skip_decomposed.load(std::memory_order_relaxed),
+                      g_skip_profiler.load(std::memory_order_relaxed)};
+}
+
+}  // namespace crucible::vessel

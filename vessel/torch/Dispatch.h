@@ -1,0 +1,47 @@
+// Dispatch.h — the PyTorch Vessel's dispatcher side (libcrucible_dispatch.so).
+//
+// A boxed fallback on one dispatch key sees every op the calling thread dispatches while the
+// key is in its thread-local included set: forward ops above Autograd, backward ops from the
+// autograd engine (whose GraphTask carries the TLS to its workers), optimizer ops, factory
+// functions. See misc/CRUCIBLE.md, Note [One op level], for which ops are recorded.
+//
+// The key: DispatchKey::Crucible when the PyTorch headers have it (patches/), else
+// DispatchKey::TESTING_ONLY_GenericMode, which stock PyTorch leaves unregistered.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Storage.h>
+
+#include "crucible/core/Status.h"
+
+namespace crucible::vessel {
+
+// Registers the fallback (once per process). Refuses with a clear error if another library
+// already registered a fallback on the key.
+Status install();
+bool installed();
+// Name of the key in use ("Crucible" or "TESTING_ONLY_GenericMode").
+const char* dispatch_key_name();
+
+// Recording on/off for the calling thread (a thread-local dispatch key toggle).
+void set_enabled(bool on);
+bool is_enabled();
+
+// Module scope of the calling thread (forward pre/post hooks call these).
+void push_module(const std::string& path);
+void pop_module();
+
+// Crucible's id of a storage (the same id recorded tensor metadata carries).
+std::uint64_t storage_id(const c10::Storage& s);
+
+// Counters (all threads) of what the fallback saw but did not record, for stats().
+struct SkipCounters {
+  std::uint64_t internal = 0;   // ops called from inside another op's kernel
+  std::uint64_t decomposed = 0; // composite ops recorded as the ops they decompose into
+  std::uint64_t profiler = 0;   // profiler::_record_function_* markers
+};
+SkipCounters skip_counters();
+
+}  // namespace crucible::vessel

@@ -1,0 +1,226 @@
+// Ext.cpp — _crucible_ext, the pybind11 module behind crucible_native.py.
+//
+// It passes no tensors across the boundary (so it needs no libtorch_python): storages are
+// named by their StorageImpl address, which Python reads as `storage._cdata`.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstring>
+
+#include "Dispatch.h"
+#include "crucible/core/ScalarType.h"
+#include "crucible/record/Recorder.h"
+#include "crucible/record/TraceFile.h"
+
+namespace py = pybind11;
+using namespace crucible;
+using namespace crucible::record;
+
+namespace {
+
+void check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+}
+
+py::dict tensor_dict(const Trace& t, std::size_t idx) {
+  const TensorMeta& m = t.tensors[idx];
+  py::dict d;
+  auto sz = t.sizes(idx);
+  auto st = t.strides(idx);
+  d["shape"] = py::tuple(py::cast(std::vector<std::int64_t>(sz.begin(), sz.end())));
+  d["stride"] = py::tuple(py::cast(std::vector<std::int64_t>(st.begin(), st.end())));
+  d["dtype"] = std::string(scalar_type_info(m.dtype).name);
+  d["dtype_ordinal"] = static_cast<int>(m.dtype);
+  d["device"] = std::string(device_kind_name(static_cast<DeviceKind>(m.device_kind)));
+  d["device_index"] = static_cast<int>(m.device_index);
+  d["layout"] = std::string(layout_kind_name(static_cast<LayoutKind>(m.layout)));
+  d["storage_id"] = m.storage_id;
+  d["storage_offset"] = m.storage_offset;
+  d["storage_nbytes"] = m.storage_nbytes;
+  d["version"] = m.version;
+  d["data_ptr"] = m.data_ptr;
+  d["arg"] = m.arg_index;
+  d["list_index"] = m.list_index;
+  d["requires_grad"] = (m.flags & tensor_flag::kRequiresGrad) != 0;
+  d["is_view"] = (m.flags & tensor_flag::kIsView) != 0;
+  d["wrapped_number"] = (m.flags & tensor_flag::kWrappedNumber) != 0;
+  d["wrapped_value"] = m.wrapped_value;
+  d["inference"] = (m.flags & tensor_flag::kInference) != 0;
+  d["has_storage"] = (m.flags & tensor_flag::kNoStorage) == 0;
+  return d;
+}
+
+py::object scalar_value(const ScalarRecord& s) {
+  switch (s.kind) {
+    case ScalarKind::None: return py::none();
+    case ScalarKind::Int: return py::int_(static_cast<std::int64_t>(s.bits));
+    case ScalarKind::Bool: return py::bool_(s.bits != 0);
+    case ScalarKind::Double:
+    case ScalarKind::ComplexReal:
+    case ScalarKind::ComplexImag: {
+      double d;
+      std::memcpy(&d, &s.bits, 8);
+      return py::float_(d);
+    }
+    default: return py::int_(s.bits);
+  }
+}
+
+const char* scalar_kind_name(ScalarKind k) {
+  static const char* names[] = {"none", "int", "float", "bool", "complex_real", "complex_imag",
+                                "string", "list", "device", "tensor_list", "other", "unknown"};
+  const auto i = static_cast<std::size_t>(k);
+  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
+}
+
+py::dict op_dict(const Trace& t, std::size_t i) {
+  const TraceEntry& e = t.ops[i];
+  py::dict d;
+  d["name"] = t.schema_name(e.schema_hash);
+  d["schema_hash"] = e.schema_hash;
+  d["phase"] = std::string(phase_name(e.phase));
+  d["seq"] = e.seq;
+  d["thread"] = e.thread;
+  d["module"] = t.module_path(e.module_id);
+  d["mutable"] = (e.flags & op_flag::kMutable) != 0;
+  d["grad_mode"] = (e.flags & op_flag::kGradMode) != 0;
+  d["inference_mode"] = (e.flags & op_flag::kInferenceMode) != 0;
+  d["after_drop"] = (e.flags & op_flag::kAfterDrop) != 0;
+  py::list ins, outs, scalars;
+  const std::size_t base = t.op_tensor_begin[i];
+  for (std::size_t k = 0; k < e.n_tensors; ++k) (k < e.n_inputs ? ins : outs).append(tensor_dict(t, base + k));
+  for (const ScalarRecord& s : t.scalars_of(i))
+    scalars.append(py::make_tuple(scalar_kind_name(s.kind), s.arg_index, s.aux, scalar_value(s)));
+  d["inputs"] = ins;
+  d["outputs"] = outs;
+  d["scalars"] = scalars;
+  return d;
+}
+
+py::dict stats_dict(const std::vector<ThreadStats>& threads) {
+  py::dict d, per_phase;
+  std::uint64_t ops[kNumPhases] = {}, dropped = 0, bytes = 0, waits = 0;
+  py::list per_thread;
+  for (const auto& s : threads) {
+    py::dict td;
+    td["thread"] = s.thread;
+    for (int p = 0; p < kNumPhases; ++p) {
+      td[phase_name(static_cast<Phase>(p))] = s.ops[p];
+      ops[p] += s.ops[p];
+    }
+    td["dropped"] = s.dropped;
+    td["bytes"] = s.bytes;
+    td["waits"] = s.waits;
+    dropped += s.dropped;
+    bytes += s.bytes;
+    waits += s.waits;
+    per_thread.append(td);
+  }
+  std::uint64_t total = 0;
+  for (int p = 0; p < kNumPhases; ++p) {
+    per_phase[phase_name(static_cast<Phase>(p))] = ops[p];
+    total += ops[p];
+  }
+  d["ops"] = per_phase;
+  d["total"] = total;
+  d["dropped"] = dropped;
+  d["bytes"] = bytes;
+  d["waits"] = waits;
+  d["threads"] = per_thread;
+  return d;
+}
+
+// Storage id of a live storage given its StorageImpl address (Python: storage._cdata).
+// Shares the recorder's id table, so ids match the ones in recorded tensor metadata.
+std::uint64_t storage_id_of(std::uintptr_t cdata) {
+  if (cdata == 0) return 0;
+  auto* impl = reinterpret_cast<c10::StorageImpl*>(cdata);
+  c10::Storage s(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  return vessel::storage_id(s);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_crucible_ext, m) {
+  m.doc() = "Crucible's PyTorch Vessel (native part); use crucible_native instead";
+  m.def("install", [] { check(vessel::install()); });
+  m.def("installed", &vessel::installed);
+  m.def("dispatch_key", &vessel::dispatch_key_name);
+  m.def("set_enabled", &vessel::set_enabled);
+  m.def("is_enabled", &vessel::is_enabled);
+  m.def("push_module", &vessel::push_module);
+  m.def("pop_module", &vessel::pop_module);
+  m.def("configure", [](std::uint32_t entries, std::uint32_t cells, std::uint32_t scalars) {
+    RecorderConfig cfg;
+    cfg.ring_entries = entries;
+    cfg.meta_cells = cells;
+    cfg.scalar_slots = scalars;
+    check(Recorder::configure_global(cfg));
+  });
+  m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
+  m.def("flush", [] {
+    py::gil_scoped_release nogil;
+    Recorder::global().flush();
+  });
+  m.def("clear", [] {
+    py::gil_scoped_release nogil;
+    Recorder::global().clear();
+  });
+  m.def("stats", [] {
+    py::dict d = stats_dict(Recorder::global().thread_stats());
+    const auto sk = vessel::skip_counters();
+    py::dict skipped;
+    skipped["internal"] = sk.internal;
+    skipped["decomposed"] = sk.decomposed;
+    skipped["profiler"] = sk.profiler;
+    d["skipped"] = skipped;
+    return d;
+  });
+  m.def("storage_id", &storage_id_of);
+  m.def("classify_external", [](std::uint64_t sid, int kind) {
+    if (kind < 1 || kind > kMaxExternalKind) throw std::invalid_argument("unknown external kind " + std::to_string(kind));
+    Recorder::global().classify_external(sid, static_cast<ExternalKind>(kind));
+  });
+
+  py::class_<Trace>(m, "Trace")
+      .def("__len__", &Trace::num_ops)
+      .def("op", [](const Trace& t, std::size_t i) {
+        if (i >= t.num_ops()) throw py::index_error("op index " + std::to_string(i) + " out of range");
+        return op_dict(t, i);
+      })
+      .def("ops", [](const Trace& t) {
+        py::list l;
+        for (std::size_t i = 0; i < t.num_ops(); ++i) l.append(op_dict(t, i));
+        return l;
+      })
+      .def("stats", [](const Trace& t) { return stats_dict(t.threads); })
+      .def_property_readonly("schema_names", [](const Trace& t) { return t.schema_names; })
+      .def_property_readonly("module_paths", [](const Trace& t) { return t.module_paths; })
+      .def_property_readonly("externals", [](const Trace& t) {
+        py::dict d;
+        for (const auto& [sid, k] : t.externals) d[py::int_(sid)] = external_kind_name(k);
+        return d;
+      })
+      .def("save", [](const Trace& t, const std::string& path) { check(save_trace(t, path)); })
+      .def("__eq__", [](const Trace& a, const Trace& b) { return a == b; });
+
+  m.def("snapshot", [] {
+    py::gil_scoped_release nogil;
+    return Recorder::global().snapshot();
+  });
+  m.def("load_trace", [](const std::string& path) {
+    auto r = load_trace(path);
+    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    return std::move(*r);
+  });
+  m.def("build_info", [] {
+    py::dict d;
+    d["sanitizer"] = CRUCIBLE_SANITIZER_NAME;
+    d["contracts"] = CRUCIBLE_CONTRACT_SEMANTIC;
+    d["dispatch_key"] = vessel::dispatch_key_name();
+    return d;
+  });
+}
