@@ -3,11 +3,12 @@
 # CRUCIBLE_SANITIZER: none | asan-ubsan | tsan | ubsan-strict
 # CRUCIBLE_CONTRACTS: enforce | observe | ignore   (see include/crucible/core/Contract.h)
 set(CRUCIBLE_SANITIZER "none" CACHE STRING "none | asan-ubsan | tsan | ubsan-strict")
-set_property(CACHE CRUCIBLE_SANITIZER PROPERTY STRINGS none asan-ubsan tsan ubsan-strict)
+set_property(CACHE CRUCIBLE_SANITIZER PROPERTY STRINGS none asan-ubsan tsan ubsan-strict fuzzer)
 set(CRUCIBLE_CONTRACTS "enforce" CACHE STRING "enforce | observe | ignore")
 set_property(CACHE CRUCIBLE_CONTRACTS PROPERTY STRINGS enforce observe ignore)
 option(CRUCIBLE_BUILD_TESTS "Build the test suite" ON)
 option(CRUCIBLE_BUILD_BENCH "Build the benchmarks" ON)
+option(CRUCIBLE_BUILD_FUZZ "Build the libFuzzer harnesses (clang only: the fuzz preset)" OFF)
 
 if(CRUCIBLE_CONTRACTS STREQUAL "enforce")
   set(_sem 2)
@@ -41,6 +42,9 @@ elseif(CRUCIBLE_SANITIZER STREQUAL "ubsan-strict")
   # instrumentation is elided.
   set(CRUCIBLE_SAN_FLAGS -fsanitize=undefined -fsanitize=float-divide-by-zero
       -fno-sanitize-recover=all -ftrapv -fno-omit-frame-pointer)
+elseif(CRUCIBLE_SANITIZER STREQUAL "fuzzer")
+  # Libraries get coverage instrumentation; harnesses add -fsanitize=fuzzer (with main).
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
 elseif(NOT CRUCIBLE_SANITIZER STREQUAL "none")
   message(FATAL_ERROR "CRUCIBLE_SANITIZER='${CRUCIBLE_SANITIZER}': use none, asan-ubsan, tsan or ubsan-strict")
 endif()

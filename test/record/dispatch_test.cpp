@@ -76,8 +76,10 @@ TEST_F(Dispatch, ReusedAddressesGetDistinctStorageIds) {
     distinct_ptr.insert(t.outputs(i)[0].data_ptr);
     distinct_id.insert(t.outputs(i)[0].storage_id);
   }
-  EXPECT_LT(distinct_ptr.size(), 50u) << "the allocator reused addresses (the case under test)";
   EXPECT_EQ(distinct_id.size(), 50u) << "every new storage has its own id";
+  if (distinct_ptr.size() == 50u)
+    GTEST_SKIP() << "the allocator never reused an address here (ASan's quarantine does that), "
+                    "so the reuse case was not exercised in this build";
 }
 
 TEST_F(Dispatch, DisabledThreadRecordsNothing) {

@@ -13,9 +13,9 @@
 // ThreadStats::waits). With drop_when_full the op is not written, ThreadStats::dropped counts
 // it and the thread's next recorded op carries op_flag::kAfterDrop: never a silent loss.
 //
-// The drain spins briefly when idle, then sleeps with backoff up to 1 ms (a 2-core machine
-// cannot afford a spinning background thread); flush() wakes it and returns only when every
-// op committed before the call is in the Trace.
+// The drain empties every ring, then sleeps 200 us (up to 3.2 ms when idle) rather than
+// spinning: see Note [Drain pacing] in Recorder.cpp. A full ring, flush() and destruction wake
+// it at once; flush() returns only when every op committed before the call is in the Trace.
 #pragma once
 
 #include <atomic>

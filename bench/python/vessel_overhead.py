@@ -1,0 +1,131 @@
+"""Vessel recording overhead vs eager, side by side with a Python TorchDispatchMode recorder.
+
+MLP step (Linear 64->128, ReLU, Linear 128->10, batch 32, cross-entropy, SGD momentum 0.9) and
+a resnet18 step (batch 8, 64x64). For each: eager step time, recorded step time, added time
+per op, and the same for a TorchDispatchMode recorder that keeps (op name, output shapes).
+Prints the ratios and writes bench/baselines/vessel_overhead.json.
+"""
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
+import crucible_native as crucible  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class PyRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.__name__, [tuple(o.shape) for o in tree_flatten(out)[0]
+                                         if isinstance(o, torch.Tensor)]))
+        return out
+
+
+def make_mlp():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    return m, opt, x, y
+
+
+def make_resnet():
+    import torchvision
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(num_classes=10)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+    return m, opt, x, y
+
+
+def step(m, opt, x, y):
+    opt.zero_grad()
+    F.cross_entropy(m(x), y).backward()
+    opt.step()
+
+
+def time_block(fn, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def measure(make, steps, rounds):
+    m, opt, x, y = make()
+    for _ in range(5):
+        step(m, opt, x, y)
+    crucible.clear()
+    crucible.enable()
+    step(m, opt, x, y)
+    crucible.disable()
+    ops_per_step = crucible.stats()["total"]
+    crucible.clear()
+    eager, rec, pyrec = [], [], []
+    for _ in range(rounds):  # interleaved, so drift hits all three alike
+        eager.append(time_block(lambda: step(m, opt, x, y), steps))
+        crucible.enable()
+        rec.append(time_block(lambda: step(m, opt, x, y), steps))
+        crucible.disable()
+        crucible.clear()
+        r = PyRecorder()
+        with r:
+            pyrec.append(time_block(lambda: step(m, opt, x, y), steps))
+    e, c, p = statistics.median(eager), statistics.median(rec), statistics.median(pyrec)
+    return {
+        "ops_per_step": ops_per_step,
+        "eager_step_us": e * 1e6,
+        "crucible_step_us": c * 1e6,
+        "dispatch_mode_step_us": p * 1e6,
+        "crucible_added_pct": (c - e) / e * 100,
+        "crucible_added_us_per_op": (c - e) / ops_per_step * 1e6,
+        "dispatch_mode_added_us_per_op": (p - e) / ops_per_step * 1e6,
+        "added_per_op_ratio_dispatch_mode_over_crucible": (p - e) / max(c - e, 1e-12),
+    }
+
+
+def main():
+    quick = "--quick" in sys.argv
+    results = {
+        "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 15),
+        "resnet18": measure(make_resnet, steps=2 if quick else 5, rounds=3 if quick else 7),
+    }
+    for name, r in results.items():
+        print(f"{name}: {r['ops_per_step']} ops/step; eager {r['eager_step_us']:.1f} us, "
+              f"crucible {r['crucible_step_us']:.1f} us (+{r['crucible_added_pct']:.1f}%, "
+              f"{r['crucible_added_us_per_op']:.3f} us/op), TorchDispatchMode "
+              f"{r['dispatch_mode_step_us']:.1f} us ({r['dispatch_mode_added_us_per_op']:.3f} us/op); "
+              f"crucible adds {r['added_per_op_ratio_dispatch_mode_over_crucible']:.1f}x less per op")
+    out = {
+        "benchmark": "vessel_overhead",
+        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+                   f"{platform.platform()}",
+        "torch": torch.__version__,
+        "threads": 1,
+        "build": crucible.build_dir(),
+        "results": results,
+    }
+    if not quick:
+        path = os.path.join(os.path.dirname(__file__), "..", "baselines", "vessel_overhead.json")
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"wrote {os.path.normpath(path)}")
+
+
+if __name__ == "__main__":
+    main()
