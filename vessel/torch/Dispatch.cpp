@@ -1,5 +1,6 @@
 // Dispatch.cpp — the boxed recording fallback: capture, redispatch, commit.
 #include "Dispatch.h"
+#include "Capture.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -24,82 +25,17 @@
 #include "crucible/record/Recorder.h"
 
 namespace crucible::vessel {
+namespace detail {
+thread_local ThreadState t_state;
+}  // namespace detail
 namespace {
+using namespace detail;
 
 using record::MetaCell;
 using record::OpBuilder;
 using record::Phase;
 using record::ScalarKind;
 using record::TensorMeta;
-
-#if defined(CRUCIBLE_HAS_CRUCIBLE_KEY)
-constexpr c10::DispatchKey kKey = c10::DispatchKey::Crucible;
-constexpr const char* kKeyName = "Crucible";
-#else
-constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
-#endif
-
-// ---------------------------------------------------------------------------------------
-// Storage identity. Note [Storage ids]: the caching allocator reuses addresses, and so does
-// malloc for StorageImpl objects. The global table holds a weak reference to every StorageImpl
-// it has named: that keeps the object (not its data) allocated, so while the entry exists no
-// other storage can have that address and pointer equality means identity. New StorageImpls
-// get fresh 64-bit ids. Every 4096 new storages the table drops entries whose storage died
-// (after which the address may be reused, and gets a new id) and bumps an epoch; each thread's
-// direct-mapped cache (no references of its own) trusts only entries of the current epoch.
-class StorageIds {
- public:
-  std::uint64_t id(const c10::Storage& s) {
-    c10::StorageImpl* p = s.unsafeGetStorageImpl();
-    if (p == nullptr) return 0;
-    Slot& slot = cache_[(reinterpret_cast<std::uintptr_t>(p) >> 4) & (kCacheSize - 1)];
-    const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
-    if (slot.key == p && slot.epoch == epoch) return slot.id;
-    const std::uint64_t id = global_id(s, p, &slot.epoch);
-    slot.key = p;
-    slot.id = id;
-    return id;
-  }
-
- private:
-  static constexpr std::size_t kCacheSize = 1024;
-  struct Slot {
-    c10::StorageImpl* key = nullptr;
-    std::uint64_t id = 0;
-    std::uint64_t epoch = 0;
-  };
-  struct Entry {
-    c10::weak_intrusive_ptr<c10::StorageImpl> weak;
-    std::uint64_t id;
-  };
-  struct Global {
-    std::mutex mu;
-    absl::flat_hash_map<c10::StorageImpl*, Entry> map;
-    std::uint64_t next = 1;
-    std::uint64_t inserts = 0;
-  };
-  static inline std::atomic<std::uint64_t> g_epoch{1};
-  static Global& global() {
-    static Global* g = new Global();  // leaked: threads may record during static destruction
-    return *g;
-  }
-  static std::uint64_t global_id(const c10::Storage& s, c10::StorageImpl* p, std::uint64_t* epoch_out) {
-    Global& g = global();
-    std::lock_guard<std::mutex> lock(g.mu);
-    *epoch_out = g_epoch.load(std::memory_order_relaxed);  // stable: only changed under mu
-    auto it = g.map.find(p);
-    if (it != g.map.end()) return it->second.id;  // weakly held: same storage
-    if (++g.inserts % 4096 == 0) {
-      absl::erase_if(g.map, [](const auto& kv) { return kv.second.weak.expired(); });
-      *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
-    }
-    const std::uint64_t id = g.next++;
-    g.map.emplace(p, Entry{s.getWeakStorageImpl(), id});
-    return id;
-  }
-  Slot cache_[kCacheSize];
-};
 
 // ---------------------------------------------------------------------------------------
 struct SchemaInfo {
@@ -161,28 +97,11 @@ DeviceKind device_kind(c10::DeviceType t) {
   return DeviceKind::Unknown;
 }
 
-// ---------------------------------------------------------------------------------------
-struct Frame {
-  OpBuilder b;
-  bool had_child = false;
-  bool composite_implicit = false;
-};
-
-struct ThreadState {
-  int depth = 0;
-  bool outer_below_autograd = false;  // ADInplaceOrView already excluded at the outermost op
-  std::deque<Frame> frames;           // one per nesting depth; deque keeps references stable
-  std::vector<bool> rf_is_optimizer;  // record_function scopes: is it Optimizer.*?
-  int optimizer_depth = 0;
-  std::vector<std::uint32_t> modules{0};
-  StorageIds storage_ids;
-  record::ThreadLog* log = nullptr;
-};
-thread_local ThreadState t_state;
-
 // What the fallback saw and did not record, all threads (relaxed: counters only).
 std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_profiler{0};
 
+}  // namespace
+namespace detail {
 Phase current_phase(ThreadState& ts) {
   if (ts.optimizer_depth > 0) return Phase::Optimizer;
   // The engine sets the current graph task on every thread while it runs backward nodes.
@@ -190,6 +109,8 @@ Phase current_phase(ThreadState& ts) {
   return Phase::Forward;
 }
 
+}  // namespace detail
+namespace {
 double wrapped_value(const at::Tensor& t) {
   // A wrapped number is a 0-d CPU tensor; read it without dispatching (item() would recurse).
   const void* p = t.unsafeGetTensorImpl()->data();
@@ -205,6 +126,8 @@ double wrapped_value(const at::Tensor& t) {
   }
 }
 
+}  // namespace
+namespace detail {
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output) {
   TensorMeta m;
@@ -246,6 +169,48 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   }
 }
 
+std::uint8_t op_flags(bool is_mutable) {
+  std::uint8_t flags = is_mutable ? record::op_flag::kMutable : 0;
+  if (c10::GradMode::is_enabled()) flags |= record::op_flag::kGradMode;
+  if (c10::InferenceMode::is_enabled()) flags |= record::op_flag::kInferenceMode;
+  return flags;
+}
+
+Frame* enter_op(ThreadState& ts, bool composite_implicit) {
+  const bool below_autograd =
+      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
+  if (ts.depth == 0) {
+    ts.outer_below_autograd = below_autograd;
+  } else {
+    Frame& parent = ts.frames[ts.depth - 1];
+    // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded), or from a
+    // parent that is not a CompositeImplicitAutograd op (its nested calls are its kernel's own,
+    // e.g. the per-tensor loop of a foreach op that has no autograd formula).
+    const bool internal =
+        (below_autograd && !ts.outer_below_autograd) || !parent.composite_implicit;
+    if (internal) return nullptr;
+    parent.had_child = true;
+  }
+  if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) ts.frames.emplace_back();
+  Frame& f = ts.frames[ts.depth];
+  f.b.reset();
+  f.had_child = false;
+  f.composite_implicit = composite_implicit;
+  return &f;
+}
+
+void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
+               Phase phase, std::uint8_t flags) {
+  record::Recorder& rec = record::Recorder::global();
+  if (ts.log == nullptr) ts.log = &rec.thread_log();
+  record::TraceEntry e = f.b.entry(schema_hash, phase, flags);
+  e.module_id = ts.modules.back();
+  e.n_args = n_args;
+  rec.commit(*ts.log, e, f.b.cells(), f.b.scalars());
+}
+
+}  // namespace detail
+namespace {
 void add_ivalue(ThreadState& ts, OpBuilder& b, const c10::IValue& v, std::uint16_t arg, bool output) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
@@ -324,36 +289,15 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     return;
   }
 
-  // Note [One op level]: see misc/CRUCIBLE.md.
-  const bool below_autograd =
-      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
-  if (ts.depth == 0) {
-    ts.outer_below_autograd = below_autograd;
-  } else {
-    Frame& parent = ts.frames[ts.depth - 1];
-    // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded), or from a
-    // parent that is not a CompositeImplicitAutograd op (its nested calls are its kernel's own,
-    // e.g. the per-tensor loop of a foreach op that has no autograd formula).
-    const bool internal =
-        (below_autograd && !ts.outer_below_autograd) || !parent.composite_implicit;
-    if (internal) {
-      g_skip_internal.fetch_add(1, std::memory_order_relaxed);
-      passthrough_excluding_key(op, after, stack);
-      return;
-    }
-    parent.had_child = true;
+  Frame* fp = enter_op(ts, si.composite_implicit);
+  if (fp == nullptr) {
+    g_skip_internal.fetch_add(1, std::memory_order_relaxed);
+    passthrough_excluding_key(op, after, stack);
+    return;
   }
-
-  if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) ts.frames.emplace_back();
-  Frame& f = ts.frames[ts.depth];
-  f.b.reset();
-  f.had_child = false;
-  f.composite_implicit = si.composite_implicit;
+  Frame& f = *fp;
   const Phase phase = current_phase(ts);
-  std::uint8_t flags = 0;
-  if (si.is_mutable) flags |= record::op_flag::kMutable;
-  if (c10::GradMode::is_enabled()) flags |= record::op_flag::kGradMode;
-  if (c10::InferenceMode::is_enabled()) flags |= record::op_flag::kInferenceMode;
+  const std::uint8_t flags = op_flags(si.is_mutable);
   {
     const auto args = torch::jit::last(*stack, si.n_args);
     for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);
@@ -385,16 +329,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   const auto rets = torch::jit::last(*stack, n_ret);
   for (std::size_t i = 0; i < rets.size(); ++i) add_ivalue(ts, done.b, rets[i], static_cast<std::uint16_t>(i), true);
 
-  record::Recorder& rec = record::Recorder::global();
-  if (ts.log == nullptr) ts.log = &rec.thread_log();
   if (si.lifts_constant && done.b.n_inputs() != 0) {
     // torch.tensor(data) builds its tensor below the dispatcher, then lifts it: a constant.
-    rec.classify_external(done.b.cells()[0].meta.storage_id, record::ExternalKind::Constant);
+    record::Recorder::global().classify_external(done.b.cells()[0].meta.storage_id,
+                                                 record::ExternalKind::Constant);
   }
-  record::TraceEntry e = done.b.entry(si.hash, phase, flags);
-  e.module_id = ts.modules.back();
-  e.n_args = si.n_args;
-  rec.commit(*ts.log, e, done.b.cells(), done.b.scalars());
+  commit_op(ts, done, si.hash, si.n_args, phase, flags);
 }
 
 std::mutex g_install_mu;

@@ -1,0 +1,128 @@
+// Capture.h — internal to libcrucible_dispatch.so: the per-thread recording state and the
+// capture helpers shared by the boxed fallback (Dispatch.cpp) and the unboxed recording
+// kernels of hot ops (Unboxed.cpp). Both must write byte-identical records for the same op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKey.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "crucible/record/OpBuilder.h"
+#include "crucible/record/Recorder.h"
+
+namespace crucible::vessel::detail {
+
+using record::OpBuilder;
+using record::Phase;
+
+#if defined(CRUCIBLE_HAS_CRUCIBLE_KEY)
+inline constexpr c10::DispatchKey kKey = c10::DispatchKey::Crucible;
+inline constexpr const char* kKeyName = "Crucible";
+#else
+inline constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Storage identity. Note [Storage ids]: the caching allocator reuses addresses, and so does
+// malloc for StorageImpl objects. The global table holds a weak reference to every StorageImpl
+// it has named: that keeps the object (not its data) allocated, so while the entry exists no
+// other storage can have that address and pointer equality means identity. New StorageImpls
+// get fresh 64-bit ids. Every 4096 new storages the table drops entries whose storage died
+// (after which the address may be reused, and gets a new id) and bumps an epoch; each thread's
+// direct-mapped cache (no references of its own) trusts only entries of the current epoch.
+class StorageIds {
+ public:
+  std::uint64_t id(const c10::Storage& s) {
+    c10::StorageImpl* p = s.unsafeGetStorageImpl();
+    if (p == nullptr) return 0;
+    Slot& slot = cache_[(reinterpret_cast<std::uintptr_t>(p) >> 4) & (kCacheSize - 1)];
+    const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
+    if (slot.key == p && slot.epoch == epoch) return slot.id;
+    const std::uint64_t id = global_id(s, p, &slot.epoch);
+    slot.key = p;
+    slot.id = id;
+    return id;
+  }
+
+ private:
+  static constexpr std::size_t kCacheSize = 1024;
+  struct Slot {
+    c10::StorageImpl* key = nullptr;
+    std::uint64_t id = 0;
+    std::uint64_t epoch = 0;
+  };
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+    std::uint64_t id;
+  };
+  struct Global {
+    std::mutex mu;
+    absl::flat_hash_map<c10::StorageImpl*, Entry> map;
+    std::uint64_t next = 1;
+    std::uint64_t inserts = 0;
+  };
+  static inline std::atomic<std::uint64_t> g_epoch{1};
+  static Global& global() {
+    static Global* g = new Global();  // leaked: threads may record during static destruction
+    return *g;
+  }
+  static std::uint64_t global_id(const c10::Storage& s, c10::StorageImpl* p, std::uint64_t* epoch_out) {
+    Global& g = global();
+    std::lock_guard<std::mutex> lock(g.mu);
+    *epoch_out = g_epoch.load(std::memory_order_relaxed);  // stable: only changed under mu
+    auto it = g.map.find(p);
+    if (it != g.map.end()) return it->second.id;  // weakly held: same storage
+    if (++g.inserts % 4096 == 0) {
+      absl::erase_if(g.map, [](const auto& kv) { return kv.second.weak.expired(); });
+      *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
+    }
+    const std::uint64_t id = g.next++;
+    g.map.emplace(p, Entry{s.getWeakStorageImpl(), id});
+    return id;
+  }
+  Slot cache_[kCacheSize];
+};
+
+// ---------------------------------------------------------------------------------------
+struct Frame {
+  OpBuilder b;
+  bool had_child = false;
+  bool composite_implicit = false;
+};
+
+struct ThreadState {
+  int depth = 0;
+  bool outer_below_autograd = false;  // ADInplaceOrView already excluded at the outermost op
+  std::deque<Frame> frames;           // one per nesting depth; deque keeps references stable
+  std::vector<bool> rf_is_optimizer;  // record_function scopes: is it Optimizer.*?
+  int optimizer_depth = 0;
+  std::vector<std::uint32_t> modules{0};
+  StorageIds storage_ids;
+  record::ThreadLog* log = nullptr;
+};
+
+extern thread_local ThreadState t_state;
+
+Phase current_phase(ThreadState& ts);
+std::uint8_t op_flags(bool is_mutable);
+void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
+                std::uint32_t list_index, bool output);
+
+// Entering an op at the current depth: false if it is a kernel internal (the caller passes it
+// through unrecorded), else marks the parent as decomposed and returns the op's frame, reset.
+// See Note [One op level] in misc/CRUCIBLE.md.
+Frame* enter_op(ThreadState& ts, bool composite_implicit);
+// Commits the op in `f` (inputs and outputs added) to the global recorder.
+void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
+               Phase phase, std::uint8_t flags);
+
+}  // namespace crucible::vessel::detail
