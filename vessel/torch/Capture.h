@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "crucible/core/ScalarType.h"
 #include "crucible/record/OpBuilder.h"
 #include "crucible/record/Recorder.h"
 
@@ -113,6 +114,7 @@ struct ThreadState {
 extern thread_local ThreadState t_state;
 
 Phase current_phase(ThreadState& ts);
+DeviceKind device_kind_of(c10::DeviceType t);
 std::uint8_t op_flags(bool is_mutable);
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output);

@@ -1,6 +1,7 @@
 // Dispatch.cpp — the boxed recording fallback: capture, redispatch, commit.
 #include "Dispatch.h"
 #include "Capture.h"
+#include "Unboxed.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -66,7 +67,9 @@ const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
   return cache.emplace(&schema, si).first->second;
 }
 
-DeviceKind device_kind(c10::DeviceType t) {
+}  // namespace
+namespace detail {
+DeviceKind device_kind_of(c10::DeviceType t) {
   switch (t) {
     case c10::DeviceType::CPU: return DeviceKind::CPU;
     case c10::DeviceType::CUDA: return DeviceKind::CUDA;
@@ -96,6 +99,8 @@ DeviceKind device_kind(c10::DeviceType t) {
     if (device_kind_name(static_cast<DeviceKind>(k)) == n) return static_cast<DeviceKind>(k);
   return DeviceKind::Unknown;
 }
+}  // namespace detail
+namespace {
 
 // What the fallback saw and did not record, all threads (relaxed: counters only).
 std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_profiler{0};
@@ -134,7 +139,7 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   m.arg_index = arg;
   m.list_index = list_index;
   m.dtype = static_cast<std::int8_t>(t.scalar_type());
-  m.device_kind = static_cast<std::uint8_t>(device_kind(t.device().type()));
+  m.device_kind = static_cast<std::uint8_t>(device_kind_of(t.device().type()));
   m.device_index = t.device().index();
   m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(t.layout())));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
@@ -240,12 +245,14 @@ void add_ivalue(ThreadState& ts, OpBuilder& b, const c10::IValue& v, std::uint16
     std::memcpy(&bi, &im, 8);
     b.add_scalar(ScalarKind::ComplexReal, arg, br);
     b.add_scalar(ScalarKind::ComplexImag, arg, bi);
+  } else if (v.isSymInt()) {
+    b.add_int(arg, v.toSymInt().expect_int());
   } else if (v.isString()) {
     b.add_string(arg, v.toStringRef());
   } else if (v.isDevice()) {
     const c10::Device d = v.toDevice();
     b.add_scalar(ScalarKind::Device, arg,
-                 (std::uint64_t{static_cast<std::uint8_t>(device_kind(d.type()))} << 8) |
+                 (std::uint64_t{static_cast<std::uint8_t>(device_kind_of(d.type()))} << 8) |
                      static_cast<std::uint8_t>(d.index()));
   } else if (v.isList()) {  // int[], float[], bool[], Tensor?[] ...: no cap on length
     const auto& elems = v.toListRef();
@@ -339,15 +346,21 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 
 std::mutex g_install_mu;
 std::unique_ptr<torch::Library> g_library;
+std::unique_ptr<torch::Library> g_unboxed;
 
 }  // namespace
 
-Status install() {
+Status install(bool unboxed_kernels) {
   std::lock_guard<std::mutex> g(g_install_mu);
   if (g_library) return ok_status();
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
     lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    if (unboxed_kernels) {
+      auto ops = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+      detail::register_unboxed(*ops);
+      g_unboxed = std::move(ops);
+    }
     g_library = std::move(lib);
   } catch (const c10::Error& e) {
     return bad_state(std::string("cannot register Crucible's fallback on DispatchKey::") + kKeyName +
@@ -357,6 +370,11 @@ Status install() {
                      "or build PyTorch with patches/ so Crucible gets its own DispatchKey::Crucible");
   }
   return ok_status();
+}
+
+std::size_t unboxed_kernel_count() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  return g_unboxed ? detail::unboxed_op_count() : 0;
 }
 
 bool installed() {

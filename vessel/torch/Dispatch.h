@@ -9,6 +9,7 @@
 // DispatchKey::TESTING_ONLY_GenericMode, which stock PyTorch leaves unregistered.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -18,9 +19,11 @@
 
 namespace crucible::vessel {
 
-// Registers the fallback (once per process). Refuses with a clear error if another library
-// already registered a fallback on the key.
-Status install();
+// Registers the fallback (once per process) and, with unboxed_kernels, a typed recording
+// kernel for each hot op (Unboxed.cpp), which records the same bytes faster. Refuses with a
+// clear error if another library already registered a fallback on the key.
+Status install(bool unboxed_kernels = true);
+std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
 bool installed();
 // Name of the key in use ("Crucible" or "TESTING_ONLY_GenericMode").
 const char* dispatch_key_name();

@@ -146,7 +146,8 @@ std::uint64_t storage_id_of(std::uintptr_t cdata) {
 
 PYBIND11_MODULE(_crucible_ext, m) {
   m.doc() = "Crucible's PyTorch Vessel (native part); use crucible_native instead";
-  m.def("install", [] { check(vessel::install()); });
+  m.def("install", [](bool unboxed) { check(vessel::install(unboxed)); }, py::arg("unboxed") = true);
+  m.def("unboxed_kernel_count", &vessel::unboxed_kernel_count);
   m.def("installed", &vessel::installed);
   m.def("dispatch_key", &vessel::dispatch_key_name);
   m.def("set_enabled", &vessel::set_enabled);

@@ -116,12 +116,21 @@ def _classify(tensors: Iterable, kind: str) -> int:
     return n
 
 
-def configure(ring_entries: int = 1 << 16, meta_cells: int = 1 << 17, scalar_slots: int = 1 << 16) -> None:
-    """Sets the per-thread ring sizes (powers of two). Only before the first op is recorded."""
+_unboxed_kernels = True
+
+
+def configure(ring_entries: int = 1 << 16, meta_cells: int = 1 << 17, scalar_slots: int = 1 << 16,
+              unboxed_kernels: bool = True) -> None:
+    """Sets the per-thread ring sizes (powers of two) and whether hot ops record through typed
+    (unboxed) kernels — the same records, less overhead. Only before recording starts."""
+    global _unboxed_kernels
+    if _ext.installed():
+        raise CrucibleError("crucible.configure() after recording started; call it first")
     try:
         _ext.configure(ring_entries, meta_cells, scalar_slots)
     except (RuntimeError, TypeError) as e:
         raise CrucibleError(str(e)) from None
+    _unboxed_kernels = bool(unboxed_kernels)
 
 
 def enable(drop_when_full: bool = False) -> None:
@@ -131,7 +140,7 @@ def enable(drop_when_full: bool = False) -> None:
     True: the op is counted as dropped (stats()['dropped']) and the next op is flagged.
     """
     try:
-        _ext.install()
+        _ext.install(_unboxed_kernels)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
     _ext.set_drop_when_full(bool(drop_when_full))

@@ -309,3 +309,41 @@ def test_sanitizer_build_is_refused_with_instructions(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "sanitizer build" in r.stderr and "LD_PRELOAD" in r.stderr and "--preset release" in r.stderr
+
+
+EQUIV_SCRIPT = """
+import sys, torch, crucible_native as crucible, models
+crucible.configure(unboxed_kernels=sys.argv[2] == "1")
+for name in ("mlp", "cnn", "transformer"):
+    s = models.make(name)
+    crucible.track_modules(s.model)
+    crucible.enable()
+    for _ in range(2):
+        s.step()
+    crucible.disable()
+crucible.export(sys.argv[1])
+print(crucible._ext.unboxed_kernel_count())
+"""
+
+
+def test_unboxed_kernels_record_exactly_what_the_boxed_fallback_records(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    counts = {}
+    for mode in ("0", "1"):
+        r = subprocess.run([sys.executable, "-c", EQUIV_SCRIPT, str(tmp_path / f"{mode}.crtrace"), mode],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        counts[mode] = int(r.stdout.split()[-1])
+    assert counts["0"] == 0 and counts["1"] > 20
+    boxed = crucible.load_trace(str(tmp_path / "0.crtrace")).ops()
+    unboxed = crucible.load_trace(str(tmp_path / "1.crtrace")).ops()
+    assert len(boxed) == len(unboxed) > 500
+
+    def strip(op):  # addresses differ between processes; everything else must not
+        for t in op["inputs"] + op["outputs"]:
+            t.pop("data_ptr")
+        return op
+
+    for b, u in zip(boxed, unboxed):
+        assert strip(b) == strip(u), b["name"]

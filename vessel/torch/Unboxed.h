@@ -1,0 +1,13 @@
+// Unboxed.h — registration of the unboxed recording kernels (Unboxed.cpp).
+#pragma once
+
+#include <cstddef>
+
+namespace torch { class Library; }
+
+namespace crucible::vessel::detail {
+// Registers one typed recording kernel per hot op on `lib` (an IMPL library for "aten" on the
+// recording key). Throws c10::Error if another kernel is registered there.
+void register_unboxed(torch::Library& lib);
+std::size_t unboxed_op_count();
+}  // namespace crucible::vessel::detail
