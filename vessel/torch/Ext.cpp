@@ -8,11 +8,15 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "Dispatch.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/record/Recorder.h"
+#include "crucible/graph/Analysis.h"
+#include "crucible/graph/Dot.h"
 #include "crucible/record/TraceFile.h"
 
 namespace py = pybind11;
@@ -217,6 +221,61 @@ PYBIND11_MODULE(_crucible_ext, m) {
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
     return std::move(*r);
   });
+  m.def("iteration", [](const Trace& t, int thread, std::uint64_t budget, std::uint64_t alignment) {
+    graph::PlanOptions opt;
+    opt.budget = budget;
+    opt.alignment = alignment;
+    auto r = graph::analyze_latest_iteration(t, thread, opt);
+    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    const graph::Iteration& it = **r;
+    py::dict d, phases;
+    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase[p];
+    d["thread"] = it.thread;
+    d["ops"] = phases;
+    d["total_ops"] = it.ops.size();
+    d["first_op"] = it.ops.empty() ? 0 : it.ops.front();
+    d["iterations"] = it.report.segments.size();
+    d["steady_iterations"] = it.report.steady_count();
+    d["first_differs"] = it.report.first_differs;
+    d["variant_every"] = it.report.variant_every;
+    d["summary"] = it.report.reason;
+    d["root_hash"] = it.dag.root().hex();
+    d["edges"] = it.graph.num_edges();
+    d["externals"] = it.graph.externals().size();
+    py::list regions;
+    for (const auto& rg : it.dag.regions()) {
+      py::dict rd;
+      rd["kind"] = rg.kind == graph::RegionKind::Phase ? "phase" : "module";
+      rd["name"] = rg.kind == graph::RegionKind::Phase ? std::string(phase_name(static_cast<Phase>(rg.label))) : rg.module_path;
+      rd["begin"] = rg.begin;
+      rd["end"] = rg.end;
+      rd["hash"] = rg.hash.hex();
+      regions.append(rd);
+    }
+    d["regions"] = regions;
+    if (it.plan) {
+      d["arena_bytes"] = it.plan->arena_bytes;
+      d["lower_bound_bytes"] = it.plan->lower_bound;
+      d["plan_ratio"] = it.plan->ratio();
+      d["persistent_bytes"] = it.plan->persistent_bytes;
+      d["plan_blocks"] = it.plan->blocks.size();
+      d["plan_ok"] = graph::check_plan(*it.plan).ok();
+      d["plan_error"] = py::none();
+    } else {
+      d["plan_error"] = std::string(it.plan_status.message());
+    }
+    return d;
+  }, py::arg("trace"), py::arg("thread") = -1, py::arg("budget") = 0, py::arg("alignment") = 64);
+  m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
+    auto r = graph::analyze_latest_iteration(t, thread);
+    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    const std::string dot = graph::to_dot(t, (*r)->graph);
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+    if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    return (*r)->ops.size();
+  }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
   m.def("build_info", [] {
     py::dict d;
     d["sanitizer"] = CRUCIBLE_SANITIZER_NAME;

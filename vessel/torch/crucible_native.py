@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 __all__ = [
     "configure", "enable", "disable", "is_enabled", "recording", "track_modules", "track_optimizer",
     "mark_inputs", "mark_constants", "flush", "stats", "export", "load_trace", "trace",
-    "clear", "storage_id", "build_dir", "CrucibleError",
+    "clear", "storage_id", "iteration", "export_graph", "build_dir", "CrucibleError",
 ]
 
 
@@ -252,6 +252,27 @@ def load_trace(path: str):
     """Reads a .crtrace file. A truncated or corrupted file raises CrucibleError."""
     try:
         return _ext.load_trace(os.fspath(path))
+    except RuntimeError as e:
+        raise CrucibleError(str(e)) from None
+
+
+def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64) -> dict:
+    """The latest steady iteration of the recording (or of `trace`): op counts per phase, the
+    Merkle root hash, region hashes, and the static memory plan (arena bytes, lower bound,
+    ratio). budget > 0 checks persistent state + arena against that many bytes: a plan that
+    does not fit comes back with plan_error naming what is live at the peak.
+    Raises CrucibleError when no iteration can be found (and says why)."""
+    try:
+        return _ext.iteration(trace if trace is not None else _ext.snapshot(), thread, budget, alignment)
+    except RuntimeError as e:
+        raise CrucibleError(str(e)) from None
+
+
+def export_graph(path: str, trace=None, thread: int = -1) -> int:
+    """Writes the latest iteration's dataflow graph as Graphviz DOT (nodes coloured by phase,
+    clustered by module). Returns the number of nodes. Render: dot -Tsvg path -o graph.svg"""
+    try:
+        return _ext.export_graph(trace if trace is not None else _ext.snapshot(), os.fspath(path), thread)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
 

@@ -1,0 +1,34 @@
+// Analysis.h — from a recorded trace to the latest iteration's graph, DAG and memory plan.
+//
+// This is the build step the background pipeline runs (and what crucible.iteration() reports):
+// pick the recording thread, detect iterations on its op signatures, take the last steady
+// iteration, build its TraceGraph, MerkleDag and MemoryPlan.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "crucible/graph/IterationDetector.h"
+#include "crucible/graph/MemoryPlan.h"
+#include "crucible/graph/MerkleDag.h"
+#include "crucible/graph/TraceGraph.h"
+
+namespace crucible::graph {
+
+struct Iteration {
+  std::uint32_t thread = 0;
+  IterationReport report;
+  std::vector<std::size_t> ops;         // trace op indices of the last steady iteration
+  std::uint64_t ops_per_phase[record::kNumPhases] = {};
+  TraceGraph graph;
+  MerkleDag dag;
+  std::optional<MemoryPlan> plan;       // empty if planning failed: see plan_status
+  Status plan_status;
+};
+
+// thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
+// trace with no periodic iteration (the message carries the detector's reason).
+Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::Trace& t, int thread,
+                                                                  const PlanOptions& plan = {});
+
+}  // namespace crucible::graph

@@ -1,0 +1,53 @@
+// KernelCache.h — compiled artefacts keyed by (content hash, target/recipe hash).
+//
+// Threads: any number of readers call find() concurrently with one writer calling insert()
+// (more writers are also safe, they serialise). A reader sees either the state before an insert
+// or after it, never a torn entry: entries are immutable once inserted and published under a
+// reader/writer lock (std::shared_mutex: readers share it, a writer holds it alone for one
+// hash-map insert, ~100 ns). Values are shared_ptr<const V>, so a reader keeps its value alive
+// even if the entry is later replaced.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "crucible/core/ContentHash.h"
+
+namespace crucible::graph {
+
+struct KernelKey {
+  ContentHash content;  // what is computed (a MerkleDag node or region hash)
+  ContentHash target;   // for which target and numerical recipe
+  bool operator==(const KernelKey&) const = default;
+  template <class H>
+  friend H AbslHashValue(H h, const KernelKey& k) {
+    return H::combine(std::move(h), k.content.lo, k.content.hi, k.target.lo, k.target.hi);
+  }
+};
+
+template <class V>
+class KernelCache {
+ public:
+  std::shared_ptr<const V> find(const KernelKey& k) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  // Inserts or replaces; returns true if the key was new.
+  bool insert(const KernelKey& k, std::shared_ptr<const V> v) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    return map_.insert_or_assign(k, std::move(v)).second;
+  }
+  std::size_t size() const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return map_.size();
+  }
+
+ private:
+  mutable std::shared_mutex mu_;
+  absl::flat_hash_map<KernelKey, std::shared_ptr<const V>> map_;
+};
+
+}  // namespace crucible::graph

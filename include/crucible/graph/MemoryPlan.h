@@ -1,0 +1,53 @@
+// MemoryPlan.h — static offsets for every intermediate tensor of an iteration, in one arena.
+//
+// A block is one storage produced inside the graph (views and in-place ops of a storage share
+// its block: they are the same storage id). Persistent storages — anything the graph reads
+// before producing it (parameters, gradients, optimizer state, batch inputs) or that the trace
+// classifies as external — live outside the arena. Lifetimes run from the first node that
+// produces a storage to the last node that touches it.
+//
+// Placement: blocks by decreasing size, each at the lowest aligned offset that overlaps no
+// already placed block whose lifetime intersects its own (greedy by size; the live set at each
+// node comes from a sweep over the nodes). The lower bound is the largest total of bytes live
+// at one node; arena / lower bound is reported. A budget turns an over-size plan into an error
+// that lists what is live at the peak — before anything runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/graph/TraceGraph.h"
+
+namespace crucible::graph {
+
+struct PlanOptions {
+  std::uint64_t alignment = 64;  // bytes, power of two
+  std::uint64_t budget = 0;      // device bytes for persistent state + arena; 0 = no check
+};
+
+struct Block {
+  std::uint64_t storage_id = 0;
+  std::uint64_t bytes = 0;       // aligned size
+  std::uint32_t first = 0, last = 0;  // node lifetime, inclusive
+  std::uint64_t offset = 0;
+  std::uint32_t producer = 0;    // node that first produced it
+};
+
+struct MemoryPlan {
+  std::vector<Block> blocks;
+  std::uint64_t arena_bytes = 0;
+  std::uint64_t lower_bound = 0;     // max over nodes of live bytes
+  std::uint32_t peak_node = 0;       // where the lower bound is reached
+  std::uint64_t persistent_bytes = 0;
+  double ratio() const { return lower_bound == 0 ? 1.0 : static_cast<double>(arena_bytes) / lower_bound; }
+};
+
+Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt = {});
+
+// The property every plan must have: no two blocks with intersecting lifetimes overlap in the
+// arena, and every block lies inside it. An error names the first offending pair.
+Status check_plan(const MemoryPlan& p);
+
+}  // namespace crucible::graph

@@ -1,0 +1,66 @@
+// PickleValue.h — the object tree a restricted .pt unpickle produces (immutable, shared).
+//
+// Only what torch.save's protocol-2 pickles can hold after the allowlist: None, bool, int
+// (int64, or BigInt for wider LONG1 values, kept as little-endian two's-complement bytes),
+// float, str, tuple, list, set, dict (plain or OrderedDict, with BUILD attributes such as a
+// state_dict's `_metadata`), tensor, dtype. torch.Size becomes a tuple. Values are handles to
+// shared immutable nodes: an object the pickle references twice (memo) is one node.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "crucible/ptload/TensorView.h"
+
+namespace crucible::ptload {
+
+class PickleValue {
+ public:
+  enum class Kind : std::uint8_t {
+    None, Bool, Int, BigInt, Float, String, Tuple, List, Set, Dict, Tensor, Dtype,
+  };
+  using Entry = std::pair<PickleValue, PickleValue>;
+
+  PickleValue();  // None
+  static PickleValue boolean(bool v);
+  static PickleValue integer(std::int64_t v);
+  static PickleValue big_integer(std::string le_twos_complement);
+  static PickleValue floating(double v);
+  static PickleValue string(std::string v);
+  static PickleValue sequence(Kind kind, std::vector<PickleValue> items);  // Tuple, List, Set
+  static PickleValue dict(std::vector<Entry> entries, bool ordered, PickleValue attributes);
+  static PickleValue tensor(TensorView t);
+  static PickleValue dtype(std::int8_t c10_ordinal);
+
+  Kind kind() const;
+  bool is(Kind k) const { return kind() == k; }
+  static std::string_view kind_name(Kind k);
+
+  bool as_bool() const;
+  std::int64_t as_int() const;
+  double as_float() const;
+  const std::string& as_string() const;         // String, or BigInt's bytes
+  std::span<const PickleValue> items() const;   // Tuple, List, Set
+  std::span<const Entry> entries() const;       // Dict, in insertion order
+  bool is_ordered_dict() const;
+  const PickleValue& attributes() const;        // Dict: BUILD state, None when absent
+  const PickleValue* get(std::string_view key) const;  // Dict entry with a str key, or nullptr
+  const TensorView& as_tensor() const;
+  std::int8_t as_dtype() const;
+
+  // Python-like text for names and messages: 'a', 3, True, (1, 2), ...
+  std::string repr() const;
+
+ private:
+  struct Rep;
+  static std::shared_ptr<Rep> make_rep(Kind k);
+  explicit PickleValue(std::shared_ptr<const Rep> rep) : rep_(std::move(rep)) {}
+  std::shared_ptr<const Rep> rep_;  // nullptr is None
+};
+
+}  // namespace crucible::ptload

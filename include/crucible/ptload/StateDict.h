@@ -1,0 +1,59 @@
+// StateDict.h — opens a torch.save .pt file without torch: tensors by name, plus the object tree.
+//
+// open() maps the file, validates the ZIP (ZipArchive), refuses TorchScript archives and legacy
+// (pre-1.6, non-zip) files, runs the restricted unpickler (Unpickler) and resolves storages:
+// stored records are viewed in place, deflated ones inflated, big-endian ones byte-swapped into
+// an owned copy. Either the whole load succeeds or only an error comes back.
+//
+// Names: tensors anywhere in the tree are listed depth-first with their path joined by '.':
+// {'model': {'fc.weight': t}, 'step': 3} lists "model.fc.weight"; list and tuple items are
+// numbered ("layers.0"); a top-level tensor is named "". Two tensors whose paths spell the same
+// name are refused (find() could not tell them apart).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/ptload/PickleValue.h"
+#include "crucible/ptload/TensorView.h"
+
+namespace crucible::ptload {
+
+struct LoadOptions {
+  // CRC-32 of every storage record is checked (zlib crc32, several GB/s); turn off to keep
+  // stored records lazily paged in for very large files.
+  bool verify_checksums = true;
+};
+
+struct NamedTensor {
+  std::string name;
+  TensorView tensor;
+};
+
+class StateDict {
+ public:
+  static Result<StateDict> open(const std::string& path, const LoadOptions& options = {});
+  // The same from bytes in memory; `owner` keeps them alive for the views (may be null when the
+  // caller guarantees the bytes outlive every view).
+  static Result<StateDict> from_bytes(std::span<const std::byte> bytes,
+                                      std::shared_ptr<const void> owner,
+                                      const LoadOptions& options = {});
+
+  const PickleValue& root() const { return root_; }
+  const std::vector<NamedTensor>& tensors() const { return tensors_; }
+  const TensorView* find(std::string_view name) const;
+  // True when the file's byteorder record said "big" (storages were swapped on load).
+  bool big_endian_source() const { return big_endian_; }
+
+ private:
+  PickleValue root_;
+  std::vector<NamedTensor> tensors_;  // in tree order
+  bool big_endian_ = false;
+};
+
+}  // namespace crucible::ptload

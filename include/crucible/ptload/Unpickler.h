@@ -1,0 +1,49 @@
+// Unpickler.h — a restricted pickle VM for the data.pkl of a torch.save file.
+//
+// Not a Python unpickler: it cannot import or call anything. It runs exactly the protocol-2
+// opcodes torch.load(weights_only=True) allows (PROTO STOP GLOBAL REDUCE NEWOBJ BUILD MARK TUPLE
+// TUPLE1-3 EMPTY_{TUPLE,LIST,DICT,SET} APPEND(S) SETITEM(S) NONE NEWTRUE NEWFALSE BININT BININT1
+// BININT2 LONG1 BINFLOAT BINUNICODE SHORT_BINSTRING BINPERSID BINGET LONG_BINGET BINPUT
+// LONG_BINPUT); GLOBAL is an exact lookup in a fixed table (collections.OrderedDict,
+// torch._utils._rebuild_tensor_v2 / _rebuild_parameter / _rebuild_parameter_with_state,
+// torch.<T>Storage for the ten supported dtypes, torch.Size, torch.<dtype>), and
+// REDUCE/NEWOBJ/BUILD apply only to the callables that table marks as such. Anything else —
+// another opcode, another global, SETITEM on a non-dict, a malformed persistent id, a memo
+// miss, a stack underflow, a length past the end — is an error naming the data.pkl offset and
+// the reason. A failed run returns only the error. See Note [Why an arena] in Unpickler.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "crucible/core/Status.h"
+#include "crucible/ptload/PickleValue.h"
+#include "crucible/ptload/TensorStorage.h"
+
+namespace crucible::ptload {
+
+// A BINPERSID ('storage', torch.<T>Storage, key, location, numel), already checked for shape.
+struct StorageRequest {
+  std::string_view key;
+  std::string_view location;
+  std::int8_t dtype;
+  std::uint64_t numel;
+};
+// Maps a request to the record's bytes; must check numel * itemsize against the record size.
+using StorageResolver =
+    std::function<Result<std::shared_ptr<const TensorStorage>>(const StorageRequest&)>;
+
+struct UnpickleLimits {
+  // Nesting of containers in the result. Real checkpoints nest 2-4 deep; the cap bounds the
+  // recursion that turns the VM's objects into PickleValues (about 200 bytes of stack a level).
+  std::size_t max_depth = 256;
+};
+
+Result<PickleValue> unpickle(std::span<const std::byte> pickle, const StorageResolver& storages,
+                             const UnpickleLimits& limits = {});
+
+}  // namespace crucible::ptload

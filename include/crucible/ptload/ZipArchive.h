@@ -1,0 +1,55 @@
+// ZipArchive.h — a validating reader of the ZIP container torch.save writes (untrusted input).
+//
+// The central directory is parsed here; deflate is zlib's inflate (raw, windowBits -15).
+// Every entry is checked before any is used: local header present and agreeing with the central
+// one, data inside the file and before the central directory, no two entries overlapping, no
+// duplicate names, no path traversal ("..", absolute, backslash, NUL), no encryption, method
+// stored or deflate only, sizes that cannot overflow. ZIP64 (files over 4 GiB) is supported:
+// the ZIP64 end record, its locator and the per-entry extra field are validated like the rest.
+// Errors name the byte offset and the reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "crucible/core/Status.h"
+
+namespace crucible::ptload {
+
+struct ZipEntry {
+  std::string name;
+  std::uint64_t local_header_offset = 0;
+  std::uint64_t data_offset = 0;        // first byte of the (compressed) data
+  std::uint64_t compressed_size = 0;
+  std::uint64_t uncompressed_size = 0;
+  std::uint32_t crc32 = 0;
+  std::uint16_t method = 0;             // 0 stored, 8 deflate
+  bool stored() const { return method == 0; }
+};
+
+class ZipArchive {
+ public:
+  // `bytes` must outlive the archive and every view it hands out.
+  static Result<ZipArchive> parse(std::span<const std::byte> bytes);
+
+  const std::vector<ZipEntry>& entries() const { return entries_; }
+  // nullptr when absent. Names are compared exactly (case-sensitive).
+  const ZipEntry* find(std::string_view name) const;
+
+  // The stored bytes of a stored entry, in place (no copy, no checksum).
+  std::span<const std::byte> stored_view(const ZipEntry& e) const;
+  // CRC-32 of `data` against the entry's recorded checksum.
+  Status check_crc(const ZipEntry& e, std::span<const std::byte> data) const;
+  // A copy of the uncompressed bytes (inflated for deflate), checksum verified.
+  Result<std::vector<std::byte>> extract(const ZipEntry& e) const;
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::vector<ZipEntry> entries_;   // sorted by name, for find()
+};
+
+}  // namespace crucible::ptload

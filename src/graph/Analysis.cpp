@@ -1,0 +1,44 @@
+// Analysis.cpp — detect, build, plan.
+#include "crucible/graph/Analysis.h"
+
+#include <algorithm>
+
+namespace crucible::graph {
+
+Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::Trace& t, int thread,
+                                                                  const PlanOptions& plan_opt) {
+  if (t.num_ops() == 0) return bad_state("the trace has no ops", "record some training steps first");
+  std::uint32_t th = 0;
+  if (thread < 0) {
+    std::vector<std::size_t> per_thread;
+    for (const auto& e : t.ops) {
+      if (e.thread >= per_thread.size()) per_thread.resize(e.thread + 1, 0);
+      ++per_thread[e.thread];
+    }
+    th = static_cast<std::uint32_t>(std::max_element(per_thread.begin(), per_thread.end()) - per_thread.begin());
+  } else {
+    th = static_cast<std::uint32_t>(thread);
+  }
+  const std::vector<std::size_t> ops = ops_of_thread(t, th);
+  if (ops.empty())
+    return invalid_input("thread " + std::to_string(th) + " recorded no ops", "pick a thread that recorded");
+  std::vector<std::uint64_t> sig(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) sig[i] = op_signature(t, ops[i]);
+  auto it = std::make_shared<Iteration>();
+  it->thread = th;
+  it->report = detect_iterations(sig);
+  if (!it->report.periodic)
+    return bad_state("no iteration found on thread " + std::to_string(th) + ": " + it->report.reason,
+                     "record two or more identical training steps");
+  const Segment& s = it->report.segments[static_cast<std::size_t>(it->report.last_steady())];
+  it->ops.assign(ops.begin() + static_cast<long>(s.begin), ops.begin() + static_cast<long>(s.end));
+  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  it->graph = TraceGraph::build(t, it->ops);
+  it->dag = MerkleDag::build(t, it->graph);
+  auto plan = plan_memory(t, it->graph, plan_opt);
+  if (plan.ok()) it->plan = std::move(*plan);
+  else it->plan_status = plan.status();
+  return std::shared_ptr<const Iteration>(std::move(it));
+}
+
+}  // namespace crucible::graph

@@ -1,0 +1,142 @@
+// MemoryPlan.cpp — lifetimes, greedy-by-size placement, lower bound, budget check.
+#include "crucible/graph/MemoryPlan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+
+namespace crucible::graph {
+namespace {
+std::string mib(std::uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+}  // namespace
+
+Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt) {
+  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0)
+    return invalid_input("plan alignment " + std::to_string(opt.alignment) + " is not a power of two",
+                         "use 16, 64, 256, ...");
+  MemoryPlan plan;
+  const auto n = static_cast<std::uint32_t>(g.num_nodes());
+  // Persistent: storages read before produced (graph externals) or classified external.
+  absl::flat_hash_set<std::uint64_t> persistent;
+  absl::flat_hash_map<std::uint64_t, std::uint64_t> persistent_size;
+  for (const auto& x : g.externals()) persistent.insert(x.storage_id);
+  absl::flat_hash_map<std::uint64_t, std::size_t> index;  // storage -> block
+  for (std::uint32_t node = 0; node < n; ++node) {
+    const std::size_t op = g.trace_op(node);
+    auto touch = [&](const record::TensorMeta& m, bool output) {
+      if (m.flags & record::tensor_flag::kNoStorage || m.storage_id == 0) return;
+      if (persistent.contains(m.storage_id) || t.externals.contains(m.storage_id)) {
+        auto& sz = persistent_size[m.storage_id];
+        sz = std::max(sz, m.storage_nbytes);
+        return;
+      }
+      auto it = index.find(m.storage_id);
+      if (it == index.end()) {
+        if (!output) return;  // unreachable: a non-persistent input was produced earlier
+        index.emplace(m.storage_id, plan.blocks.size());
+        Block b;
+        b.storage_id = m.storage_id;
+        b.bytes = m.storage_nbytes;
+        b.first = b.last = node;
+        b.producer = node;
+        plan.blocks.push_back(b);
+        return;
+      }
+      Block& b = plan.blocks[it->second];
+      b.bytes = std::max(b.bytes, m.storage_nbytes);
+      b.last = node;
+    };
+    for (const auto& m : t.inputs(op)) touch(m, false);
+    for (const auto& m : t.outputs(op)) touch(m, true);
+  }
+  for (const auto& [sid, sz] : persistent_size) plan.persistent_bytes += sz;
+  for (Block& b : plan.blocks) {
+    b.bytes = (b.bytes + opt.alignment - 1) & ~(opt.alignment - 1);
+    if (b.bytes == 0) b.bytes = opt.alignment;  // empty tensors still get a distinct address
+  }
+  // Lower bound by a sweep: +bytes at first, -bytes after last.
+  std::vector<std::int64_t> delta(n + 1, 0);
+  for (const Block& b : plan.blocks) {
+    delta[b.first] += static_cast<std::int64_t>(b.bytes);
+    delta[b.last + 1] -= static_cast<std::int64_t>(b.bytes);
+  }
+  std::int64_t live = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    live += delta[i];
+    if (static_cast<std::uint64_t>(live) > plan.lower_bound) {
+      plan.lower_bound = static_cast<std::uint64_t>(live);
+      plan.peak_node = i;
+    }
+  }
+  // Greedy by size.
+  std::vector<std::size_t> order(plan.blocks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const Block &x = plan.blocks[a], &y = plan.blocks[b];
+    if (x.bytes != y.bytes) return x.bytes > y.bytes;
+    if (x.first != y.first) return x.first < y.first;
+    return x.storage_id < y.storage_id;
+  });
+  std::vector<std::size_t> placed;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;  // [offset, end) of overlapping
+  for (std::size_t bi : order) {
+    Block& b = plan.blocks[bi];
+    busy.clear();
+    for (std::size_t pi : placed) {
+      const Block& p = plan.blocks[pi];
+      if (p.first <= b.last && b.first <= p.last) busy.emplace_back(p.offset, p.offset + p.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    std::uint64_t off = 0;
+    for (const auto& [s, e] : busy) {
+      if (off + b.bytes <= s) break;
+      off = std::max(off, e);  // blocks are aligned sizes at aligned offsets: off stays aligned
+    }
+    b.offset = off;
+    plan.arena_bytes = std::max(plan.arena_bytes, off + b.bytes);
+    placed.push_back(bi);
+  }
+  if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
+    std::vector<const Block*> at_peak;
+    for (const Block& b : plan.blocks)
+      if (b.first <= plan.peak_node && plan.peak_node <= b.last) at_peak.push_back(&b);
+    std::sort(at_peak.begin(), at_peak.end(), [](const Block* a, const Block* b) { return a->bytes > b->bytes; });
+    std::string report = "memory plan does not fit: persistent " + mib(plan.persistent_bytes) +
+                         " + arena " + mib(plan.arena_bytes) + " > budget " + mib(opt.budget) +
+                         "; at the peak (node " + std::to_string(plan.peak_node) + ", op '" +
+                         t.schema_name(t.ops[g.trace_op(plan.peak_node)].schema_hash) + "') " +
+                         std::to_string(at_peak.size()) + " tensors are live, largest:";
+    for (std::size_t i = 0; i < at_peak.size() && i < 8; ++i)
+      report += " [" + mib(at_peak[i]->bytes) + " from node " + std::to_string(at_peak[i]->producer) +
+                " '" + t.schema_name(t.ops[g.trace_op(at_peak[i]->producer)].schema_hash) + "']";
+    return exhausted(report, "use a smaller batch, or raise the budget if the device has more memory");
+  }
+  return plan;
+}
+
+Status check_plan(const MemoryPlan& p) {
+  for (std::size_t i = 0; i < p.blocks.size(); ++i) {
+    const Block& a = p.blocks[i];
+    if (a.offset + a.bytes > p.arena_bytes)
+      return invalid_input("block of storage " + std::to_string(a.storage_id) + " ends past the arena",
+                           "this is a planner bug: report it with the trace");
+    for (std::size_t j = i + 1; j < p.blocks.size(); ++j) {
+      const Block& b = p.blocks[j];
+      const bool live_together = a.first <= b.last && b.first <= a.last;
+      const bool overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+      if (live_together && overlap)
+        return invalid_input("blocks of storages " + std::to_string(a.storage_id) + " and " +
+                                 std::to_string(b.storage_id) + " are live together and overlap",
+                             "this is a planner bug: report it with the trace");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace crucible::graph

@@ -1,0 +1,192 @@
+// StateDict.cpp — ties the zip reader, the storage records and the restricted unpickler together.
+#include "crucible/ptload/StateDict.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "crucible/core/Contract.h"
+#include "crucible/core/ScalarType.h"
+#include "crucible/ptload/MappedFile.h"
+#include "crucible/ptload/Unpickler.h"
+#include "crucible/ptload/ZipArchive.h"
+
+namespace crucible::ptload {
+namespace {
+
+constexpr std::string_view kResave = "re-save it with torch.save in a current PyTorch";
+
+// Walking the tree to list tensors visits shared subtrees once per path, so a crafted DAG could
+// ask for 2^depth visits. Real trees are visited about once per pickle byte or less: the budget
+// is 64 visits per pickle byte (plus 4096 for tiny pickles); past it the load is refused.
+constexpr std::uint64_t kVisitsPerPickleByte = 64, kMinVisits = 4096;
+
+Status in_file(const Status& s, std::string_view path) {
+  return Status(s.code(), std::string(path) + ": " + std::string(s.message()));
+}
+
+void swap_bytes(std::vector<std::byte>& v, std::uint32_t item) {
+  if (item == 1) return;
+  for (std::size_t i = 0; i + item <= v.size(); i += item) std::reverse(v.begin() + i, v.begin() + i + item);
+}
+
+struct Flattener {
+  std::vector<NamedTensor>& out;
+  std::unordered_set<std::string> names;
+  std::uint64_t budget;
+
+  Status walk(const PickleValue& v, const std::string& path) {
+    if (budget-- == 0)
+      return exhausted("pt: listing the tensors revisits shared containers too often (a crafted "
+                       "object graph?)", "load root() and walk it yourself, or re-save the file "
+                       "without shared nested containers");
+    auto child = [&](const std::string& part) { return path.empty() ? part : path + "." + part; };
+    switch (v.kind()) {
+      case PickleValue::Kind::Tensor:
+        if (!names.insert(path).second)
+          return invalid_input("pt: two tensors are both named '" + path + "' ('.'-joined keys collide)",
+                               "re-save with keys that stay unique when joined with '.'");
+        out.push_back(NamedTensor{path, v.as_tensor()});
+        return ok_status();
+      case PickleValue::Kind::Tuple: case PickleValue::Kind::List: case PickleValue::Kind::Set: {
+        const auto items = v.items();
+        for (std::size_t i = 0; i < items.size(); ++i)
+          CRUCIBLE_RETURN_IF_ERROR(walk(items[i], child(std::to_string(i))));
+        return ok_status();
+      }
+      case PickleValue::Kind::Dict:
+        for (const auto& [k, val] : v.entries()) CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
+        if (v.attributes().is(PickleValue::Kind::Dict))
+          for (const auto& [k, val] : v.attributes().entries())
+            CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
+        return ok_status();
+      default:
+        return ok_status();
+    }
+  }
+};
+
+}  // namespace
+
+Result<StateDict> StateDict::open(const std::string& path, const LoadOptions& options) {
+  auto file = MappedFile::open(path);
+  if (!file.ok()) return file.status();
+  auto sd = from_bytes((*file)->bytes(), *file, options);
+  if (!sd.ok()) return in_file(sd.status(), path);
+  return sd;
+}
+
+Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
+                                        std::shared_ptr<const void> owner,
+                                        const LoadOptions& options) {
+  auto starts = [&](std::string_view magic) {
+    return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
+  };
+  if (!starts("PK\x03\x04")) {
+    if (starts("\x80"))
+      return unsupported("pt: a legacy (PyTorch < 1.6, non-zip) torch.save file: its pickle stream "
+                         "is not read here (at byte offset 0)",
+                         std::string(kResave) + " (torch.save writes the zip format by default since 1.6)");
+    return invalid_input("pt: not a torch.save zip archive: no zip local header at byte offset 0",
+                         "pass a file written by torch.save (PyTorch >= 1.6)");
+  }
+  auto zip = ZipArchive::parse(bytes);
+  if (!zip.ok()) return zip.status();
+  const auto& entries = zip->entries();
+  if (entries.empty()) return invalid_input("pt: the zip archive is empty", "pass a file written by torch.save");
+
+  // Every record lives under one folder, <archive>/ (torch names it after the file).
+  const std::string& first = entries.front().name;
+  const auto slash = first.find('/');
+  if (slash == std::string::npos)
+    return invalid_input("pt: entry '" + first + "' is not inside an archive folder (at byte offset " +
+                             std::to_string(entries.front().local_header_offset) + ")",
+                         "pass a file written by torch.save");
+  const std::string prefix = first.substr(0, slash + 1);
+  for (const auto& e : entries) {
+    if (e.name.compare(0, prefix.size(), prefix) != 0)
+      return invalid_input("pt: entry '" + e.name + "' is outside the archive folder '" + prefix +
+                               "' (at byte offset " + std::to_string(e.local_header_offset) + ")",
+                           "pass a file written by torch.save");
+    if (e.name.compare(prefix.size(), 5, "code/") == 0 || e.name == prefix + "constants.pkl")
+      return unsupported("pt: a TorchScript archive (torch.jit.save; entry '" + e.name +
+                             "' at byte offset " + std::to_string(e.local_header_offset) +
+                             "): it holds code, which is never run here",
+                         "load it with torch.jit.load in PyTorch, then torch.save(model.state_dict(), path)");
+  }
+
+  bool big = false;
+  if (const ZipEntry* bo = zip->find(prefix + "byteorder")) {
+    auto text = zip->extract(*bo);
+    if (!text.ok()) return text.status();
+    const std::string_view s(reinterpret_cast<const char*>(text->data()), text->size());
+    if (s == "big") {
+      big = true;
+    } else if (s != "little") {
+      std::string shown;
+      for (char c : s.substr(0, 32)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+      return invalid_input("pt: byteorder record says '" + shown + "' (at byte offset " +
+                               std::to_string(bo->data_offset) + "), not 'little' or 'big'",
+                           std::string(kResave));
+    }
+  }
+
+  const ZipEntry* pkl = zip->find(prefix + "data.pkl");
+  if (pkl == nullptr)
+    return invalid_input("pt: no '" + prefix + "data.pkl' record in the archive",
+                         "pass a file written by torch.save");
+  auto pickle = zip->extract(*pkl);
+  if (!pickle.ok()) return pickle.status();
+
+  const ZipArchive& z = *zip;
+  StorageResolver resolve = [&](const StorageRequest& r) -> Result<std::shared_ptr<const TensorStorage>> {
+    const std::string name = prefix + "data/" + std::string(r.key);
+    const ZipEntry* e = z.find(name);
+    if (e == nullptr)
+      return invalid_input("storage record '" + name + "' named by the pickle is missing",
+                           "the file is truncated or crafted; " + std::string(kResave));
+    const std::uint32_t item = *element_size(r.dtype);
+    std::uint64_t want = 0;
+    if (__builtin_mul_overflow(r.numel, std::uint64_t{item}, &want) || want != e->uncompressed_size)
+      return invalid_input("storage record '" + name + "' (at byte offset " + std::to_string(e->data_offset) +
+                               ") holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
+                               std::to_string(r.numel) + " elements of " +
+                               std::string(scalar_type_info(r.dtype).name) + " (" + std::to_string(item) +
+                               " bytes each)",
+                           "the file is corrupt or crafted; " + std::string(kResave));
+    auto s = std::make_shared<TensorStorage>();
+    s->key = std::string(r.key);
+    s->location = std::string(r.location);
+    s->dtype = r.dtype;
+    s->numel = r.numel;
+    if (e->stored() && !big) {
+      s->bytes = z.stored_view(*e);
+      if (options.verify_checksums) CRUCIBLE_RETURN_IF_ERROR(z.check_crc(*e, s->bytes));
+      s->owner = owner;
+    } else {
+      auto copy = z.extract(*e);
+      if (!copy.ok()) return copy.status();
+      if (big) swap_bytes(*copy, item);
+      auto held = std::make_shared<std::vector<std::byte>>(std::move(*copy));
+      s->bytes = *held;
+      s->owner = held;
+    }
+    return std::shared_ptr<const TensorStorage>(std::move(s));
+  };
+  auto root = unpickle(*pickle, resolve);
+  if (!root.ok()) return root.status();
+
+  StateDict sd;
+  sd.root_ = std::move(*root);
+  sd.big_endian_ = big;
+  Flattener f{sd.tensors_, {}, kMinVisits + kVisitsPerPickleByte * pickle->size()};
+  CRUCIBLE_RETURN_IF_ERROR(f.walk(sd.root_, ""));
+  return sd;
+}
+
+const TensorView* StateDict::find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t.tensor;
+  return nullptr;
+}
+
+}  // namespace crucible::ptload

@@ -1,0 +1,108 @@
+// memory_plan_test.cpp — arena placement: lifetimes, sharing, alignment, budget refusal, and
+// the no-overlap property on many random graphs.
+#include "crucible/graph/MemoryPlan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "synth.h"
+
+namespace {
+using namespace crucible::graph;
+using synth::T;
+
+MemoryPlan plan_of(const synth::Builder& b, PlanOptions opt = {}) {
+  const auto ops = b.all();
+  auto g = TraceGraph::build(b.trace, ops);
+  auto p = plan_memory(b.trace, g, opt);
+  EXPECT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(check_plan(*p).ok()) << check_plan(*p);
+  return *p;
+}
+
+TEST(MemoryPlan, ChainReusesMemoryAndMeetsTheLowerBound) {
+  // x(ext) -> a -> b -> c -> d: each intermediate dies after its consumer; float32 [256].
+  synth::Builder b;
+  b.op("aten::relu", {T{1, 0, {256}}}, {T{2, 0, {256}}});
+  b.op("aten::neg", {T{2, 0, {256}}}, {T{3, 0, {256}}});
+  b.op("aten::exp", {T{3, 0, {256}}}, {T{4, 0, {256}}});
+  b.op("aten::sin", {T{4, 0, {256}}}, {T{5, 0, {256}}});
+  auto p = plan_of(b);
+  EXPECT_EQ(p.blocks.size(), 4u) << "storage 1 is external: outside the arena";
+  EXPECT_EQ(p.persistent_bytes, 1024u);
+  EXPECT_EQ(p.lower_bound, 2048u) << "two 1 KiB tensors are live at each op";
+  EXPECT_EQ(p.arena_bytes, 2048u);
+  EXPECT_DOUBLE_EQ(p.ratio(), 1.0);
+}
+
+TEST(MemoryPlan, ViewsAndInPlaceOpsShareTheirBaseBlock) {
+  synth::Builder b;
+  b.op("aten::zeros", {}, {T{2, 0, {64}}});
+  b.op("aten::view", {T{2, 0, {64}}}, {T{2, 0, {8, 8}, 6, 0, true}});
+  b.op("aten::add_", {T{2, 0, {8, 8}, 6, 0, true}, T{1, 0, {8, 8}}}, {T{2, 1, {8, 8}, 6, 0, true}});
+  b.op("aten::sum", {T{2, 1, {8, 8}}}, {T{3, 0, {}}});
+  auto p = plan_of(b);
+  ASSERT_EQ(p.blocks.size(), 2u);
+  const auto& base = p.blocks[0].storage_id == 2 ? p.blocks[0] : p.blocks[1];
+  EXPECT_EQ(base.first, 0u);
+  EXPECT_EQ(base.last, 3u) << "the base lives as long as its last view";
+}
+
+TEST(MemoryPlan, OffsetsAreAligned) {
+  synth::Builder b;
+  b.op("aten::a", {}, {T{1, 0, {3}}});
+  b.op("aten::b", {T{1, 0, {3}}}, {T{2, 0, {5}}});
+  b.op("aten::c", {T{1, 0, {3}}, T{2, 0, {5}}}, {T{3, 0, {7}}});
+  for (std::uint64_t align : {16u, 64u, 256u}) {
+    auto p = plan_of(b, PlanOptions{align, 0});
+    for (const auto& blk : p.blocks) {
+      EXPECT_EQ(blk.offset % align, 0u);
+      EXPECT_EQ(blk.bytes % align, 0u);
+    }
+  }
+  synth::Builder bad;
+  bad.op("aten::a", {}, {T{1}});
+  auto g = TraceGraph::build(bad.trace, bad.all());
+  EXPECT_FALSE(plan_memory(bad.trace, g, PlanOptions{48, 0}).ok());
+}
+
+TEST(MemoryPlan, OverBudgetIsRefusedWithWhatIsLiveAtThePeak) {
+  synth::Builder b;
+  b.op("aten::randn", {}, {T{1, 0, {1024, 1024}}});
+  b.op("aten::randn", {}, {T{2, 0, {1024, 1024}}});
+  b.op("aten::mm", {T{1, 0, {1024, 1024}}, T{2, 0, {1024, 1024}}}, {T{3, 0, {1024, 1024}}});
+  auto g = TraceGraph::build(b.trace, b.all());
+  auto p = plan_memory(b.trace, g, PlanOptions{64, 8u << 20});
+  ASSERT_FALSE(p.ok());
+  const std::string msg(p.status().message());
+  EXPECT_NE(msg.find("does not fit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at the peak"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("aten::mm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("smaller batch"), std::string::npos) << msg;
+  EXPECT_TRUE(plan_memory(b.trace, g, PlanOptions{64, 16u << 20}).ok());
+}
+
+TEST(MemoryPlan, RandomGraphsNeverOverlapAndStayNearTheBound) {
+  std::mt19937 rng(42);
+  double worst = 1.0;
+  for (int trial = 0; trial < 200; ++trial) {
+    synth::Builder b;
+    const int n = 5 + static_cast<int>(rng() % 60);
+    std::vector<T> live;
+    std::uint64_t next = 1;
+    for (int i = 0; i < n; ++i) {
+      std::vector<T> ins;
+      for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
+      T out{next++, 0, {static_cast<std::int64_t>(1 + rng() % 4096)}};
+      b.op("aten::op" + std::to_string(i % 5), ins, {out});
+      live.push_back(out);
+      if (live.size() > 6) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
+    }
+    auto p = plan_of(b);
+    EXPECT_GE(p.arena_bytes, p.lower_bound);
+    worst = std::max(worst, p.ratio());
+  }
+  EXPECT_LT(worst, 2.0) << "greedy-by-size stays within 2x of the lower bound on these graphs";
+}
+}  // namespace

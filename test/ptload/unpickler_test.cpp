@@ -1,0 +1,166 @@
+// unpickler_test.cpp — the restricted pickle VM on hand-assembled protocol-2 bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "crucible/ptload/Unpickler.h"
+#include "zip_writer.h"
+
+namespace {
+using namespace crucible::ptload;
+using crucible::Result;
+using test::global;
+using test::uni;
+using K = PickleValue::Kind;
+
+// Float32 storages of numel elements 0, 1, 2, ... (the VM checks views against numel).
+Result<std::shared_ptr<const TensorStorage>> resolve(const StorageRequest& r) {
+  auto data = std::make_shared<std::vector<float>>(r.numel);
+  for (std::size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<float>(i);
+  auto s = std::make_shared<TensorStorage>();
+  s->key = std::string(r.key);
+  s->dtype = r.dtype;
+  s->numel = r.numel;
+  s->bytes = std::as_bytes(std::span<const float>(*data));
+  s->owner = data;
+  return std::shared_ptr<const TensorStorage>(s);
+}
+
+Result<PickleValue> run(const std::string& body, const UnpickleLimits& limits = {}) {
+  const std::string p = "\x80\x02" + body + ".";
+  return unpickle(std::as_bytes(std::span<const char>(p.data(), p.size())), resolve, limits);
+}
+
+std::string error_of(const std::string& body) {
+  auto r = run(body);
+  EXPECT_FALSE(r.ok()) << "accepted: " << r->repr();
+  return r.ok() ? "" : std::string(r.status().message());
+}
+
+TEST(Unpickler, Scalars) {
+  EXPECT_TRUE(run("N")->is(K::None));
+  EXPECT_EQ(run("K\xff")->as_int(), 255);
+  EXPECT_EQ(run(std::string("M\x01\x02", 3))->as_int(), 0x0201);
+  EXPECT_EQ(run("J\xfe\xff\xff\xff")->as_int(), -2);
+  EXPECT_TRUE(run("\x88")->as_bool());
+  EXPECT_FALSE(run("\x89")->as_bool());
+  EXPECT_EQ(run(std::string("G\x40\x04\x00\x00\x00\x00\x00\x00", 9))->as_float(), 2.5);
+  EXPECT_EQ(run(uni("h\xc3\xa9"))->as_string(), "h\xc3\xa9");
+  EXPECT_EQ(run("U\x02hi")->as_string(), "hi");
+}
+
+TEST(Unpickler, Long1FitsInt64OrStaysBig) {
+  EXPECT_EQ(run(std::string("\x8a\x00", 2))->as_int(), 0);
+  EXPECT_EQ(run("\x8a\x01\xff")->as_int(), -1);
+  EXPECT_EQ(run(std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80", 10))->as_int(), INT64_MIN);
+  // Nine bytes whose ninth is only sign extension still fit.
+  EXPECT_EQ(run("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff")->as_int(), -1);
+  auto big = run(std::string("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01", 11));  // 2^64
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->is(K::BigInt));
+  EXPECT_EQ(big->as_string().size(), 9u);
+}
+
+TEST(Unpickler, MemoSharesAndSeesLaterMutation) {
+  // MARK, L, L (BINGET), APPEND 5 to the top L, TUPLE -> (L, L) with L == [5].
+  auto r = run(std::string("(]q\x00h\x00K\x05" "at", 10));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->items().size(), 2u);
+  EXPECT_EQ(r->items()[0].items().size(), 1u);
+  EXPECT_EQ(r->items()[0].items().data(), r->items()[1].items().data()) << "one node, shared";
+}
+
+TEST(Unpickler, DictKeysFollowPythonEquality) {
+  // {1: 2, True: 3, 1.0: 4} is {1: 4} in Python.
+  auto r = run(std::string("}(K\x01K\x02\x88K\x03G\x3f\xf0\x00\x00\x00\x00\x00\x00K\x04u", 21));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->entries().size(), 1u);
+  EXPECT_EQ(r->entries()[0].first.as_int(), 1);
+  EXPECT_EQ(r->entries()[0].second.as_int(), 4);
+  EXPECT_NE(error_of("}]K\x01s").find("unhashable"), std::string::npos);
+}
+
+TEST(Unpickler, OrderedDictWithMetadataAttributes) {
+  const std::string p = global("collections", "OrderedDict") + ")R" + uni("w") +
+                        test::tensor_f32("0", 6, 2, 3) + "s}" + uni("_metadata") + "K\x07sb";
+  auto r = run(p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->is_ordered_dict());
+  const PickleValue* w = r->get("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->as_tensor().storage_offset(), 2);
+  EXPECT_EQ(w->as_tensor().materialize_f32(), (std::vector<float>{2, 3, 4}));
+  ASSERT_NE(r->attributes().get("_metadata"), nullptr);
+  EXPECT_EQ(r->attributes().get("_metadata")->as_int(), 7);
+}
+
+TEST(Unpickler, TorchSizeAndDtypeGlobals) {
+  auto r = run(global("torch", "Size") + "(K\x02K\x03t\x85R" + global("torch", "bfloat16") + "\x86");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->items()[0].repr(), "(2, 3)");
+  EXPECT_EQ(r->items()[1].as_dtype(), 15);
+  // Aliases are not the canonical names torch pickles: refused like any other unknown global.
+  EXPECT_NE(error_of(global("torch", "float")).find("torch.float is not on the allowlist"), std::string::npos);
+}
+
+TEST(Unpickler, ErrorsNameOpcodeAndOffset) {
+  const std::string e = error_of("N\x93");
+  EXPECT_NE(e.find("STACK_GLOBAL"), std::string::npos) << e;
+  EXPECT_NE(e.find("offset 3"), std::string::npos) << e;
+  EXPECT_NE(error_of("\xfe").find("unknown opcode byte 254"), std::string::npos);
+  EXPECT_NE(error_of(global("os", "system")).find("os.system is not on the allowlist"), std::string::npos);
+  EXPECT_NE(error_of(global("builtins\x01", "eval")).find("builtins\\x01.eval"), std::string::npos)
+      << "attacker text is escaped in messages";
+}
+
+TEST(Unpickler, StructuralErrors) {
+  EXPECT_NE(error_of("h\x03").find("memo index 3 was never stored"), std::string::npos);
+  EXPECT_NE(error_of("R").find("stack underflow"), std::string::npos);
+  EXPECT_NE(error_of("K\x01(\x85").find("past a MARK"), std::string::npos);
+  EXPECT_NE(error_of("NN").find("2 objects on the stack"), std::string::npos);
+  EXPECT_NE(error_of("\x80\x02N").find("PROTO after the first byte"), std::string::npos);
+  EXPECT_NE(error_of("U\x02\xff\xfe").find("not valid UTF-8"), std::string::npos);
+  EXPECT_NE(error_of("}(K\x01K\x02K\x03u").find("SETITEMS with an odd number"), std::string::npos);
+  EXPECT_NE(error_of(std::string("X\x10\x00\x00\x00", 5)).find("needs 16 bytes but only 1 are left"), std::string::npos);
+  EXPECT_NE(error_of(std::string("]q\x00h\x00" "a", 6)).find("contains itself"), std::string::npos);
+  const std::string trailing = "\x80\x02N.junk";
+  auto t = unpickle(std::as_bytes(std::span<const char>(trailing.data(), trailing.size())), resolve);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("4 bytes after STOP"), std::string::npos);
+  const std::string p4 = "\x80\x04N.";
+  auto r4 = unpickle(std::as_bytes(std::span<const char>(p4.data(), p4.size())), resolve);
+  ASSERT_FALSE(r4.ok());
+  EXPECT_NE(r4.status().message().find("pickle protocol 4"), std::string::npos);
+}
+
+TEST(Unpickler, NestingDeeperThanTheLimitIsReportedNotCrashed) {
+  const std::string deep = std::string(300, ']') + std::string(299, 'a');
+  auto r = run(deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("deeper than 256"), std::string::npos);
+  UnpickleLimits roomy;
+  roomy.max_depth = 400;
+  EXPECT_TRUE(run(deep, roomy).ok());
+}
+
+TEST(Unpickler, SharedDagConvertsInLinearTime) {
+  // 60 levels, each a tuple of the previous twice: 2^60 paths, 61 nodes.
+  std::string p("]Nq\x00" "a", 5);
+  for (int i = 0; i < 60; ++i) p += std::string("h\x00h\x00\x86q\x00" "a", 8);
+  auto r = run(p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->items().size(), 61u);
+}
+
+TEST(Unpickler, ParameterKeepsRequiresGrad) {
+  const std::string p = global("torch._utils", "_rebuild_parameter") + "(" +
+                        test::tensor_f32("0", 4, 0, 4) + "\x88" + global("collections", "OrderedDict") + ")RtR";
+  auto r = run(p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->as_tensor().is_parameter());
+  EXPECT_TRUE(r->as_tensor().requires_grad());
+}
+
+}  // namespace
