@@ -13,7 +13,7 @@ void hash_meta(ContentHasher& h, const record::Trace& t, std::size_t tensor_inde
   const auto& m = t.tensors[tensor_index];
   h.update_u8(static_cast<std::uint8_t>(m.dtype)).update_u8(m.device_kind).update_u8(m.layout);
   h.update_u8(static_cast<std::uint8_t>(m.device_index));
-  h.update_u8(m.flags & (record::tensor_flag::kRequiresGrad | record::tensor_flag::kWrappedNumber));
+  h.update_u8(m.flags & record::tensor_flag::kWrappedNumber);  // not requires_grad: see header
   h.update_u32(m.arg_index).update_u32(m.list_index);
   h.update_i64(m.storage_offset);
   for (std::int64_t d : t.sizes(tensor_index)) h.update_i64(d);

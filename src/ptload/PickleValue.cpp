@@ -36,21 +36,34 @@ const PickleValue kNone;
 
 PickleValue::PickleValue() = default;
 
-PickleValue PickleValue::boolean(bool v) { auto r = make_rep(Kind::Bool); r->b = v; return PickleValue(r); }
-PickleValue PickleValue::integer(std::int64_t v) { auto r = make_rep(Kind::Int); r->i = v; return PickleValue(r); }
+PickleValue PickleValue::boolean(bool v) {
+  auto r = make_rep(Kind::Bool);
+  r->b = v;
+  return PickleValue(r);
+}
+PickleValue PickleValue::integer(std::int64_t v) {
+  auto r = make_rep(Kind::Int);
+  r->i = v;
+  return PickleValue(r);
+}
 PickleValue PickleValue::big_integer(std::string b) {
   auto r = make_rep(Kind::BigInt);
   r->s = std::move(b);
   return PickleValue(r);
 }
-PickleValue PickleValue::floating(double v) { auto r = make_rep(Kind::Float); r->f = v; return PickleValue(r); }
+PickleValue PickleValue::floating(double v) {
+  auto r = make_rep(Kind::Float);
+  r->f = v;
+  return PickleValue(r);
+}
 PickleValue PickleValue::string(std::string v) {
   auto r = make_rep(Kind::String);
   r->s = std::move(v);
   return PickleValue(r);
 }
 PickleValue PickleValue::sequence(Kind kind, std::vector<PickleValue> items) {
-  CRUCIBLE_PRE(kind == Kind::Tuple || kind == Kind::List || kind == Kind::Set, "not a sequence kind");
+  CRUCIBLE_PRE(kind == Kind::Tuple || kind == Kind::List || kind == Kind::Set,
+               "not a sequence kind");
   auto r = make_rep(kind);
   r->items = std::move(items);
   return PickleValue(r);
@@ -77,18 +90,30 @@ PickleValue::Kind PickleValue::kind() const { return rep_ ? rep_->kind : Kind::N
 
 std::string_view PickleValue::kind_name(Kind k) {
   switch (k) {
-    case Kind::None: return "None";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::BigInt: return "int (wider than 64 bits)";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::Tuple: return "tuple";
-    case Kind::List: return "list";
-    case Kind::Set: return "set";
-    case Kind::Dict: return "dict";
-    case Kind::Tensor: return "tensor";
-    case Kind::Dtype: return "dtype";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::BigInt:
+      return "int (wider than 64 bits)";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::Tuple:
+      return "tuple";
+    case Kind::List:
+      return "list";
+    case Kind::Set:
+      return "set";
+    case Kind::Dict:
+      return "dict";
+    case Kind::Tensor:
+      return "tensor";
+    case Kind::Dtype:
+      return "dtype";
   }
   return "?";
 }
@@ -139,17 +164,24 @@ std::int8_t PickleValue::as_dtype() const {
 
 std::string PickleValue::repr() const {
   switch (kind()) {
-    case Kind::None: return "None";
-    case Kind::Bool: return rep_->b ? "True" : "False";
-    case Kind::Int: return std::to_string(rep_->i);
-    case Kind::BigInt: return "<int of " + std::to_string(rep_->s.size()) + " bytes>";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return rep_->b ? "True" : "False";
+    case Kind::Int:
+      return std::to_string(rep_->i);
+    case Kind::BigInt:
+      return "<int of " + std::to_string(rep_->s.size()) + " bytes>";
     case Kind::Float: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.17g", rep_->f);
       return buf;
     }
-    case Kind::String: return rep_->s;
-    case Kind::Tuple: case Kind::List: case Kind::Set: {
+    case Kind::String:
+      return rep_->s;
+    case Kind::Tuple:
+    case Kind::List:
+    case Kind::Set: {
       const char* open = is(Kind::Tuple) ? "(" : is(Kind::List) ? "[" : "{";
       const char* close = is(Kind::Tuple) ? ")" : is(Kind::List) ? "]" : "}";
       std::string out = open;
@@ -160,9 +192,12 @@ std::string PickleValue::repr() const {
       if (is(Kind::Tuple) && rep_->items.size() == 1) out += ",";
       return out + close;
     }
-    case Kind::Dict: return "{dict of " + std::to_string(rep_->entries.size()) + "}";
-    case Kind::Tensor: return "<tensor " + std::string(rep_->tensor->dtype_name()) + ">";
-    case Kind::Dtype: return "torch." + std::string(scalar_type_info(rep_->dtype).name);
+    case Kind::Dict:
+      return "{dict of " + std::to_string(rep_->entries.size()) + "}";
+    case Kind::Tensor:
+      return "<tensor " + std::string(rep_->tensor->dtype_name()) + ">";
+    case Kind::Dtype:
+      return "torch." + std::string(scalar_type_info(rep_->dtype).name);
   }
   return "?";
 }

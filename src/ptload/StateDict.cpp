@@ -26,7 +26,8 @@ Status in_file(const Status& s, std::string_view path) {
 
 void swap_bytes(std::vector<std::byte>& v, std::uint32_t item) {
   if (item == 1) return;
-  for (std::size_t i = 0; i + item <= v.size(); i += item) std::reverse(v.begin() + i, v.begin() + i + item);
+  for (std::size_t i = 0; i + item <= v.size(); i += item)
+    std::reverse(v.begin() + i, v.begin() + i + item);
 }
 
 struct Flattener {
@@ -36,25 +37,31 @@ struct Flattener {
 
   Status walk(const PickleValue& v, const std::string& path) {
     if (budget-- == 0)
-      return exhausted("pt: listing the tensors revisits shared containers too often (a crafted "
-                       "object graph?)", "load root() and walk it yourself, or re-save the file "
-                       "without shared nested containers");
+      return exhausted(
+          "pt: listing the tensors revisits shared containers too often (a crafted "
+          "object graph?)",
+          "load root() and walk it yourself, or re-save the file "
+          "without shared nested containers");
     auto child = [&](const std::string& part) { return path.empty() ? part : path + "." + part; };
     switch (v.kind()) {
       case PickleValue::Kind::Tensor:
         if (!names.insert(path).second)
-          return invalid_input("pt: two tensors are both named '" + path + "' ('.'-joined keys collide)",
-                               "re-save with keys that stay unique when joined with '.'");
+          return invalid_input(
+              "pt: two tensors are both named '" + path + "' ('.'-joined keys collide)",
+              "re-save with keys that stay unique when joined with '.'");
         out.push_back(NamedTensor{path, v.as_tensor()});
         return ok_status();
-      case PickleValue::Kind::Tuple: case PickleValue::Kind::List: case PickleValue::Kind::Set: {
+      case PickleValue::Kind::Tuple:
+      case PickleValue::Kind::List:
+      case PickleValue::Kind::Set: {
         const auto items = v.items();
         for (std::size_t i = 0; i < items.size(); ++i)
           CRUCIBLE_RETURN_IF_ERROR(walk(items[i], child(std::to_string(i))));
         return ok_status();
       }
       case PickleValue::Kind::Dict:
-        for (const auto& [k, val] : v.entries()) CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
+        for (const auto& [k, val] : v.entries())
+          CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
         if (v.attributes().is(PickleValue::Kind::Dict))
           for (const auto& [k, val] : v.attributes().entries())
             CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
@@ -79,26 +86,30 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
                                         std::shared_ptr<const void> owner,
                                         const LoadOptions& options) {
   auto starts = [&](std::string_view magic) {
-    return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
+    return bytes.size() >= magic.size() &&
+           std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
   };
   if (!starts("PK\x03\x04")) {
     if (starts("\x80"))
-      return unsupported("pt: a legacy (PyTorch < 1.6, non-zip) torch.save file: its pickle stream "
-                         "is not read here (at byte offset 0)",
-                         std::string(kResave) + " (torch.save writes the zip format by default since 1.6)");
+      return unsupported(
+          "pt: a legacy (PyTorch < 1.6, non-zip) torch.save file: its pickle stream "
+          "is not read here (at byte offset 0)",
+          std::string(kResave) + " (torch.save writes the zip format by default since 1.6)");
     return invalid_input("pt: not a torch.save zip archive: no zip local header at byte offset 0",
                          "pass a file written by torch.save (PyTorch >= 1.6)");
   }
   auto zip = ZipArchive::parse(bytes);
   if (!zip.ok()) return zip.status();
   const auto& entries = zip->entries();
-  if (entries.empty()) return invalid_input("pt: the zip archive is empty", "pass a file written by torch.save");
+  if (entries.empty())
+    return invalid_input("pt: the zip archive is empty", "pass a file written by torch.save");
 
   // Every record lives under one folder, <archive>/ (torch names it after the file).
   const std::string& first = entries.front().name;
   const auto slash = first.find('/');
   if (slash == std::string::npos)
-    return invalid_input("pt: entry '" + first + "' is not inside an archive folder (at byte offset " +
+    return invalid_input("pt: entry '" + first +
+                             "' is not inside an archive folder (at byte offset " +
                              std::to_string(entries.front().local_header_offset) + ")",
                          "pass a file written by torch.save");
   const std::string prefix = first.substr(0, slash + 1);
@@ -108,10 +119,10 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
                                "' (at byte offset " + std::to_string(e.local_header_offset) + ")",
                            "pass a file written by torch.save");
     if (e.name.compare(prefix.size(), 5, "code/") == 0 || e.name == prefix + "constants.pkl")
-      return unsupported("pt: a TorchScript archive (torch.jit.save; entry '" + e.name +
-                             "' at byte offset " + std::to_string(e.local_header_offset) +
-                             "): it holds code, which is never run here",
-                         "load it with torch.jit.load in PyTorch, then torch.save(model.state_dict(), path)");
+      return unsupported(
+          "pt: a TorchScript archive (torch.jit.save; entry '" + e.name + "' at byte offset " +
+              std::to_string(e.local_header_offset) + "): it holds code, which is never run here",
+          "load it with torch.jit.load in PyTorch, then torch.save(model.state_dict(), path)");
   }
 
   bool big = false;
@@ -138,7 +149,8 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
   if (!pickle.ok()) return pickle.status();
 
   const ZipArchive& z = *zip;
-  StorageResolver resolve = [&](const StorageRequest& r) -> Result<std::shared_ptr<const TensorStorage>> {
+  StorageResolver resolve =
+      [&](const StorageRequest& r) -> Result<std::shared_ptr<const TensorStorage>> {
     const std::string name = prefix + "data/" + std::string(r.key);
     const ZipEntry* e = z.find(name);
     if (e == nullptr)
@@ -147,11 +159,12 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
     const std::uint32_t item = *element_size(r.dtype);
     std::uint64_t want = 0;
     if (__builtin_mul_overflow(r.numel, std::uint64_t{item}, &want) || want != e->uncompressed_size)
-      return invalid_input("storage record '" + name + "' (at byte offset " + std::to_string(e->data_offset) +
-                               ") holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
-                               std::to_string(r.numel) + " elements of " +
-                               std::string(scalar_type_info(r.dtype).name) + " (" + std::to_string(item) +
-                               " bytes each)",
+      return invalid_input("storage record '" + name + "' (at byte offset " +
+                               std::to_string(e->data_offset) + ") holds " +
+                               std::to_string(e->uncompressed_size) +
+                               " bytes but the pickle says " + std::to_string(r.numel) +
+                               " elements of " + std::string(scalar_type_info(r.dtype).name) +
+                               " (" + std::to_string(item) + " bytes each)",
                            "the file is corrupt or crafted; " + std::string(kResave));
     auto s = std::make_shared<TensorStorage>();
     s->key = std::string(r.key);

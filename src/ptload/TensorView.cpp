@@ -16,8 +16,16 @@ static_assert(std::endian::native == std::endian::little,
 bool is_supported_dtype(std::int8_t d) noexcept {
   using namespace dtype;
   switch (d) {
-    case kFloat32: case kFloat64: case kFloat16: case kBFloat16: case kInt64: case kInt32:
-    case kInt16: case kInt8: case kUInt8: case kBool:
+    case kFloat32:
+    case kFloat64:
+    case kFloat16:
+    case kBFloat16:
+    case kInt64:
+    case kInt32:
+    case kInt16:
+    case kInt8:
+    case kUInt8:
+    case kBool:
       return true;
     default:
       return false;
@@ -43,7 +51,10 @@ float half_to_float(std::uint16_t h) {
     bits = sign;
   } else {  // subnormal: normalise
     exp = 113;
-    while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
     bits = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
   }
   return std::bit_cast<float>(bits);
@@ -59,17 +70,29 @@ T load(const std::byte* p) {
 float element_to_f32(std::int8_t d, const std::byte* p) {
   using namespace dtype;
   switch (d) {
-    case kFloat32: return load<float>(p);
-    case kFloat64: return static_cast<float>(load<double>(p));
-    case kFloat16: return half_to_float(load<std::uint16_t>(p));
-    case kBFloat16: return std::bit_cast<float>(static_cast<std::uint32_t>(load<std::uint16_t>(p)) << 16);
-    case kInt64: return static_cast<float>(load<std::int64_t>(p));
-    case kInt32: return static_cast<float>(load<std::int32_t>(p));
-    case kInt16: return static_cast<float>(load<std::int16_t>(p));
-    case kInt8: return static_cast<float>(load<std::int8_t>(p));
-    case kUInt8: return static_cast<float>(load<std::uint8_t>(p));
-    case kBool: return load<std::uint8_t>(p) != 0 ? 1.0f : 0.0f;
-    default: CRUCIBLE_ASSERT(false, "dtype was checked in make()"); return 0.0f;
+    case kFloat32:
+      return load<float>(p);
+    case kFloat64:
+      return static_cast<float>(load<double>(p));
+    case kFloat16:
+      return half_to_float(load<std::uint16_t>(p));
+    case kBFloat16:
+      return std::bit_cast<float>(static_cast<std::uint32_t>(load<std::uint16_t>(p)) << 16);
+    case kInt64:
+      return static_cast<float>(load<std::int64_t>(p));
+    case kInt32:
+      return static_cast<float>(load<std::int32_t>(p));
+    case kInt16:
+      return static_cast<float>(load<std::int16_t>(p));
+    case kInt8:
+      return static_cast<float>(load<std::int8_t>(p));
+    case kUInt8:
+      return static_cast<float>(load<std::uint8_t>(p));
+    case kBool:
+      return load<std::uint8_t>(p) != 0 ? 1.0f : 0.0f;
+    default:
+      CRUCIBLE_ASSERT(false, "dtype was checked in make()");
+      return 0.0f;
   }
 }
 
@@ -89,25 +112,32 @@ Result<TensorView> TensorView::make(std::shared_ptr<const TensorStorage> storage
   CRUCIBLE_PRE(s.bytes.size() / item == s.numel && s.bytes.size() % item == 0,
                "the storage resolver checks numel * itemsize against the record size");
   if (sizes.size() != strides.size())
-    return bad_view(s, std::to_string(sizes.size()) + " sizes but " + std::to_string(strides.size()) + " strides");
+    return bad_view(s, std::to_string(sizes.size()) + " sizes but " +
+                           std::to_string(strides.size()) + " strides");
   if (sizes.size() > kMaxDims)
     return bad_view(s, std::to_string(sizes.size()) + " dimensions, more than the " +
                            std::to_string(kMaxDims) + " this loader accepts");
-  if (storage_offset < 0) return bad_view(s, "negative storage offset " + std::to_string(storage_offset));
+  if (storage_offset < 0)
+    return bad_view(s, "negative storage offset " + std::to_string(storage_offset));
   // numel, and the last element the view reaches: offset + sum((size_i - 1) * stride_i).
   std::int64_t numel = 1, last = storage_offset;
   bool overflow = false;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] < 0) return bad_view(s, "negative size " + std::to_string(sizes[i]) + " in dim " + std::to_string(i));
-    if (strides[i] < 0) return bad_view(s, "negative stride " + std::to_string(strides[i]) + " in dim " + std::to_string(i));
+    if (sizes[i] < 0)
+      return bad_view(s,
+                      "negative size " + std::to_string(sizes[i]) + " in dim " + std::to_string(i));
+    if (strides[i] < 0)
+      return bad_view(
+          s, "negative stride " + std::to_string(strides[i]) + " in dim " + std::to_string(i));
     overflow |= __builtin_mul_overflow(numel, sizes[i], &numel);
   }
   if (overflow) return bad_view(s, "the product of the sizes overflows 64 bits");
   const auto storage_numel = static_cast<std::int64_t>(s.numel);  // <= bytes, < 2^63
   if (numel == 0) {
     if (storage_offset > storage_numel)
-      return bad_view(s, "storage offset " + std::to_string(storage_offset) + " is past the storage's " +
-                             std::to_string(storage_numel) + " elements");
+      return bad_view(s, "storage offset " + std::to_string(storage_offset) +
+                             " is past the storage's " + std::to_string(storage_numel) +
+                             " elements");
   } else {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       std::int64_t reach = 0;
@@ -116,8 +146,8 @@ Result<TensorView> TensorView::make(std::shared_ptr<const TensorStorage> storage
     }
     if (overflow) return bad_view(s, "offset + (size - 1) * stride overflows 64 bits");
     if (last >= storage_numel)
-      return bad_view(s, "the view reaches element " + std::to_string(last) + " but the storage has " +
-                             std::to_string(storage_numel) + " elements");
+      return bad_view(s, "the view reaches element " + std::to_string(last) +
+                             " but the storage has " + std::to_string(storage_numel) + " elements");
   }
   TensorView v;
   v.storage_ = std::move(storage);
@@ -178,7 +208,8 @@ void TensorView::materialize_f32(std::span<float> out) const {
   bool done = false;
   while (!done) {
     for (std::int64_t j = 0; j < inner; ++j)
-      out[o++] = element_to_f32(d, base + static_cast<std::size_t>(pos + j * inner_stride) * itemsize_);
+      out[o++] =
+          element_to_f32(d, base + static_cast<std::size_t>(pos + j * inner_stride) * itemsize_);
     // Advance the outer indices. Only (size - 1) * stride is ever added or removed: that much was
     // checked against the storage, while size * stride may overflow (a size-1 dim may carry any
     // stride).

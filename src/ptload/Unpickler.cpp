@@ -24,17 +24,30 @@ namespace crucible::ptload {
 namespace {
 
 enum class NodeKind : std::uint8_t {
-  None, Bool, Int, BigInt, Float, String, Tuple, List, Set, Dict, Tensor, Dtype, Global, Storage,
+  None,
+  Bool,
+  Int,
+  BigInt,
+  Float,
+  String,
+  Tuple,
+  List,
+  Set,
+  Dict,
+  Tensor,
+  Dtype,
+  Global,
+  Storage,
 };
 
 // What a GLOBAL from the allowlist may be used for.
 enum class Callable : std::uint8_t {
-  None,               // a value only (storage classes as persistent-id tags, dtypes)
-  OrderedDict,        // REDUCE or NEWOBJ with () -> empty ordered dict; BUILD target
-  RebuildTensorV2,    // (storage, offset, size, stride, requires_grad, hooks[, metadata])
-  RebuildParameter,   // (tensor, requires_grad, hooks)
+  None,                       // a value only (storage classes as persistent-id tags, dtypes)
+  OrderedDict,                // REDUCE or NEWOBJ with () -> empty ordered dict; BUILD target
+  RebuildTensorV2,            // (storage, offset, size, stride, requires_grad, hooks[, metadata])
+  RebuildParameter,           // (tensor, requires_grad, hooks)
   RebuildParameterWithState,  // (tensor, requires_grad, hooks, state)
-  Size,               // ((ints...),) -> tuple
+  Size,                       // ((ints...),) -> tuple
 };
 
 struct Allowed {
@@ -61,7 +74,8 @@ constexpr Allowed kAllowed[] = {
     {"torch", "ByteStorage", Callable::None, dtype::kUInt8},
     {"torch", "BoolStorage", Callable::None, dtype::kBool},
 };
-static_assert(std::size(kAllowed) == 15, "5 callables + 10 storage classes; dtypes come from ScalarType");
+static_assert(std::size(kAllowed) == 15,
+              "5 callables + 10 storage classes; dtypes come from ScalarType");
 
 constexpr std::uint32_t kNoNode = 0xFFFFFFFFu;
 // A dict key's canonical text (what makes 1 and True the same key, as in Python) is capped: a
@@ -72,45 +86,159 @@ constexpr std::size_t kMaxStorageKey = 64;
 
 struct Node {
   NodeKind kind = NodeKind::None;
-  bool flag = false;            // Bool value; Dict: is an OrderedDict
-  std::int8_t dtype = -1;       // Dtype; Global: storage class dtype
+  bool flag = false;       // Bool value; Dict: is an OrderedDict
+  std::int8_t dtype = -1;  // Dtype; Global: storage class dtype
   Callable call = Callable::None;
   std::int64_t i = 0;
   double f = 0.0;
-  std::string s;                // String, BigInt bytes, Global "module.name"
-  std::vector<std::uint32_t> items;                     // Tuple/List/Set; Dict: k0 v0 k1 v1 ...
-  std::unordered_map<std::string, std::size_t> keys;    // Dict: canonical key -> pair index
-  std::uint32_t attrs = kNoNode;                        // Dict: BUILD state
+  std::string s;                                      // String, BigInt bytes, Global "module.name"
+  std::vector<std::uint32_t> items;                   // Tuple/List/Set; Dict: k0 v0 k1 v1 ...
+  std::unordered_map<std::string, std::size_t> keys;  // Dict: canonical key -> pair index
+  std::uint32_t attrs = kNoNode;                      // Dict: BUILD state
   std::shared_ptr<const TensorStorage> storage;
   std::optional<TensorView> tensor;
 };
 
 const char* opcode_name(std::uint8_t op) {
   switch (op) {
-    case '(': return "MARK"; case '.': return "STOP"; case '0': return "POP";
-    case '1': return "POP_MARK"; case '2': return "DUP"; case 'F': return "FLOAT";
-    case 'I': return "INT"; case 'J': return "BININT"; case 'K': return "BININT1";
-    case 'L': return "LONG"; case 'M': return "BININT2"; case 'N': return "NONE";
-    case 'P': return "PERSID"; case 'Q': return "BINPERSID"; case 'R': return "REDUCE";
-    case 'S': return "STRING"; case 'T': return "BINSTRING"; case 'U': return "SHORT_BINSTRING";
-    case 'V': return "UNICODE"; case 'X': return "BINUNICODE"; case 'a': return "APPEND";
-    case 'b': return "BUILD"; case 'c': return "GLOBAL"; case 'd': return "DICT";
-    case '}': return "EMPTY_DICT"; case 'e': return "APPENDS"; case 'g': return "GET";
-    case 'h': return "BINGET"; case 'i': return "INST"; case 'j': return "LONG_BINGET";
-    case 'l': return "LIST"; case ']': return "EMPTY_LIST"; case 'o': return "OBJ";
-    case 'p': return "PUT"; case 'q': return "BINPUT"; case 'r': return "LONG_BINPUT";
-    case 's': return "SETITEM"; case 't': return "TUPLE"; case ')': return "EMPTY_TUPLE";
-    case 'u': return "SETITEMS"; case 'G': return "BINFLOAT"; case 'B': return "BINBYTES";
-    case 'C': return "SHORT_BINBYTES"; case 0x80: return "PROTO"; case 0x81: return "NEWOBJ";
-    case 0x82: return "EXT1"; case 0x83: return "EXT2"; case 0x84: return "EXT4";
-    case 0x85: return "TUPLE1"; case 0x86: return "TUPLE2"; case 0x87: return "TUPLE3";
-    case 0x88: return "NEWTRUE"; case 0x89: return "NEWFALSE"; case 0x8a: return "LONG1";
-    case 0x8b: return "LONG4"; case 0x8c: return "SHORT_BINUNICODE"; case 0x8d: return "BINUNICODE8";
-    case 0x8e: return "BINBYTES8"; case 0x8f: return "EMPTY_SET"; case 0x90: return "ADDITEMS";
-    case 0x91: return "FROZENSET"; case 0x92: return "NEWOBJ_EX"; case 0x93: return "STACK_GLOBAL";
-    case 0x94: return "MEMOIZE"; case 0x95: return "FRAME"; case 0x96: return "BYTEARRAY8";
-    case 0x97: return "NEXT_BUFFER"; case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
+    case '(':
+      return "MARK";
+    case '.':
+      return "STOP";
+    case '0':
+      return "POP";
+    case '1':
+      return "POP_MARK";
+    case '2':
+      return "DUP";
+    case 'F':
+      return "FLOAT";
+    case 'I':
+      return "INT";
+    case 'J':
+      return "BININT";
+    case 'K':
+      return "BININT1";
+    case 'L':
+      return "LONG";
+    case 'M':
+      return "BININT2";
+    case 'N':
+      return "NONE";
+    case 'P':
+      return "PERSID";
+    case 'Q':
+      return "BINPERSID";
+    case 'R':
+      return "REDUCE";
+    case 'S':
+      return "STRING";
+    case 'T':
+      return "BINSTRING";
+    case 'U':
+      return "SHORT_BINSTRING";
+    case 'V':
+      return "UNICODE";
+    case 'X':
+      return "BINUNICODE";
+    case 'a':
+      return "APPEND";
+    case 'b':
+      return "BUILD";
+    case 'c':
+      return "GLOBAL";
+    case 'd':
+      return "DICT";
+    case '}':
+      return "EMPTY_DICT";
+    case 'e':
+      return "APPENDS";
+    case 'g':
+      return "GET";
+    case 'h':
+      return "BINGET";
+    case 'i':
+      return "INST";
+    case 'j':
+      return "LONG_BINGET";
+    case 'l':
+      return "LIST";
+    case ']':
+      return "EMPTY_LIST";
+    case 'o':
+      return "OBJ";
+    case 'p':
+      return "PUT";
+    case 'q':
+      return "BINPUT";
+    case 'r':
+      return "LONG_BINPUT";
+    case 's':
+      return "SETITEM";
+    case 't':
+      return "TUPLE";
+    case ')':
+      return "EMPTY_TUPLE";
+    case 'u':
+      return "SETITEMS";
+    case 'G':
+      return "BINFLOAT";
+    case 'B':
+      return "BINBYTES";
+    case 'C':
+      return "SHORT_BINBYTES";
+    case 0x80:
+      return "PROTO";
+    case 0x81:
+      return "NEWOBJ";
+    case 0x82:
+      return "EXT1";
+    case 0x83:
+      return "EXT2";
+    case 0x84:
+      return "EXT4";
+    case 0x85:
+      return "TUPLE1";
+    case 0x86:
+      return "TUPLE2";
+    case 0x87:
+      return "TUPLE3";
+    case 0x88:
+      return "NEWTRUE";
+    case 0x89:
+      return "NEWFALSE";
+    case 0x8a:
+      return "LONG1";
+    case 0x8b:
+      return "LONG4";
+    case 0x8c:
+      return "SHORT_BINUNICODE";
+    case 0x8d:
+      return "BINUNICODE8";
+    case 0x8e:
+      return "BINBYTES8";
+    case 0x8f:
+      return "EMPTY_SET";
+    case 0x90:
+      return "ADDITEMS";
+    case 0x91:
+      return "FROZENSET";
+    case 0x92:
+      return "NEWOBJ_EX";
+    case 0x93:
+      return "STACK_GLOBAL";
+    case 0x94:
+      return "MEMOIZE";
+    case 0x95:
+      return "FRAME";
+    case 0x96:
+      return "BYTEARRAY8";
+    case 0x97:
+      return "NEXT_BUFFER";
+    case 0x98:
+      return "READONLY_BUFFER";
+    default:
+      return nullptr;
   }
 }
 
@@ -138,11 +266,21 @@ bool valid_utf8(std::string_view s) {
     const auto c = static_cast<unsigned char>(s[i]);
     std::size_t n;
     std::uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else
+      return false;
     if (s.size() - i - 1 < n) return false;
     for (std::size_t k = 1; k <= n; ++k) {
       const auto cc = static_cast<unsigned char>(s[i + k]);
@@ -223,14 +361,16 @@ class Vm {
   std::size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
   Result<std::uint32_t> pop() {
     if (stack_.size() <= fence())
-      return corrupt(marks_.empty() ? "stack underflow" : "stack underflow (would pop past a MARK)");
+      return corrupt(marks_.empty() ? "stack underflow"
+                                    : "stack underflow (would pop past a MARK)");
     const std::uint32_t v = stack_.back();
     stack_.pop_back();
     return v;
   }
   Result<std::uint32_t> top() {
     if (stack_.size() <= fence())
-      return corrupt(marks_.empty() ? "stack underflow" : "stack underflow (would read past a MARK)");
+      return corrupt(marks_.empty() ? "stack underflow"
+                                    : "stack underflow (would read past a MARK)");
     return stack_.back();
   }
   Result<std::vector<std::uint32_t>> pop_mark() {
@@ -244,10 +384,15 @@ class Vm {
   std::string describe(std::uint32_t id) const {
     const Node& n = nodes_[id];
     switch (n.kind) {
-      case NodeKind::Global: return "global " + printable(n.s);
-      case NodeKind::Storage: return "a storage";
-      case NodeKind::Dict: return n.flag ? "an OrderedDict" : "a dict";
-      default: return std::string("a ") + std::string(PickleValue::kind_name(static_cast<PickleValue::Kind>(n.kind)));
+      case NodeKind::Global:
+        return "global " + printable(n.s);
+      case NodeKind::Storage:
+        return "a storage";
+      case NodeKind::Dict:
+        return n.flag ? "an OrderedDict" : "a dict";
+      default:
+        return std::string("a ") +
+               std::string(PickleValue::kind_name(static_cast<PickleValue::Kind>(n.kind)));
     }
   }
 
@@ -326,21 +471,26 @@ Status Vm::step() {
       if (!v.ok()) return v.status();
       if (op_pos_ != 0) return corrupt("PROTO after the first byte");
       if (*v != 2)
-        return refuse("pickle protocol " + std::to_string(*v) +
-                      "; only protocol 2, torch.save's default, is read (do not pass pickle_protocol)");
+        return refuse(
+            "pickle protocol " + std::to_string(*v) +
+            "; only protocol 2, torch.save's default, is read (do not pass pickle_protocol)");
       return ok_status();
     }
     case '.': {  // STOP
-      if (!marks_.empty()) return corrupt(std::to_string(marks_.size()) + " MARK(s) still open at STOP");
+      if (!marks_.empty())
+        return corrupt(std::to_string(marks_.size()) + " MARK(s) still open at STOP");
       if (stack_.size() != 1)
-        return corrupt("STOP with " + std::to_string(stack_.size()) + " objects on the stack (want 1)");
+        return corrupt("STOP with " + std::to_string(stack_.size()) +
+                       " objects on the stack (want 1)");
       if (pos_ != in_.size())
         return corrupt(std::to_string(in_.size() - pos_) + " bytes after STOP");
       stopped_ = true;
       return ok_status();
     }
-    case 'c': return op_global();
-    case 'R': return op_reduce();
+    case 'c':
+      return op_global();
+    case 'R':
+      return op_reduce();
     case 0x81: {  // NEWOBJ: cls.__new__(cls, *args); only OrderedDict() here
       auto args = pop();
       if (!args.ok()) return args.status();
@@ -372,13 +522,17 @@ Status Vm::step() {
       o.attrs = *state;
       return ok_status();
     }
-    case '(': marks_.push_back(stack_.size()); return ok_status();
+    case '(':
+      marks_.push_back(stack_.size());
+      return ok_status();
     case 't': {
       auto items = pop_mark();
       if (!items.ok()) return items.status();
       return make_tuple(std::move(*items));
     }
-    case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
       const std::size_t n = op_ - 0x84u;
       std::vector<std::uint32_t> items(n);
       for (std::size_t k = n; k-- > 0;) {
@@ -388,16 +542,24 @@ Status Vm::step() {
       }
       return make_tuple(std::move(items));
     }
-    case ')': return make_tuple({});
-    case ']': stack_.push_back(add_kind(NodeKind::List)); return ok_status();
-    case '}': stack_.push_back(add_kind(NodeKind::Dict)); return ok_status();
-    case 0x8f: stack_.push_back(add_kind(NodeKind::Set)); return ok_status();
+    case ')':
+      return make_tuple({});
+    case ']':
+      stack_.push_back(add_kind(NodeKind::List));
+      return ok_status();
+    case '}':
+      stack_.push_back(add_kind(NodeKind::Dict));
+      return ok_status();
+    case 0x8f:
+      stack_.push_back(add_kind(NodeKind::Set));
+      return ok_status();
     case 'a': {  // APPEND
       auto v = pop();
       if (!v.ok()) return v.status();
       auto l = top();
       if (!l.ok()) return l.status();
-      if (nodes_[*l].kind != NodeKind::List) return refuse("APPEND to " + describe(*l) + " (only a list)");
+      if (nodes_[*l].kind != NodeKind::List)
+        return refuse("APPEND to " + describe(*l) + " (only a list)");
       nodes_[*l].items.push_back(*v);
       return ok_status();
     }
@@ -406,7 +568,8 @@ Status Vm::step() {
       if (!items.ok()) return items.status();
       auto l = top();
       if (!l.ok()) return l.status();
-      if (nodes_[*l].kind != NodeKind::List) return refuse("APPENDS to " + describe(*l) + " (only a list)");
+      if (nodes_[*l].kind != NodeKind::List)
+        return refuse("APPENDS to " + describe(*l) + " (only a list)");
       auto& dst = nodes_[*l].items;
       dst.insert(dst.end(), items->begin(), items->end());
       return ok_status();
@@ -430,8 +593,11 @@ Status Vm::step() {
         CRUCIBLE_RETURN_IF_ERROR(set_item(*d, (*items)[k], (*items)[k + 1]));
       return ok_status();
     }
-    case 'N': stack_.push_back(add_kind(NodeKind::None)); return ok_status();
-    case 0x88: case 0x89: {
+    case 'N':
+      stack_.push_back(add_kind(NodeKind::None));
+      return ok_status();
+    case 0x88:
+    case 0x89: {
       Node n;
       n.kind = NodeKind::Bool;
       n.flag = op_ == 0x88;
@@ -461,7 +627,8 @@ Status Vm::step() {
       const auto* b = reinterpret_cast<const std::uint8_t*>(*p);
       // It fits int64 when every byte past the 8th is the sign extension of byte 7.
       bool fits = true;
-      const std::uint8_t ext = (*n > 0 && (b[std::min<std::size_t>(*n, 8) - 1] & 0x80)) ? 0xFF : 0x00;
+      const std::uint8_t ext =
+          (*n > 0 && (b[std::min<std::size_t>(*n, 8) - 1] & 0x80)) ? 0xFF : 0x00;
       for (std::size_t k = 8; k < *n; ++k) fits &= b[k] == ext;
       if (!fits) {
         Node big;
@@ -496,8 +663,10 @@ Status Vm::step() {
       if (!len.ok()) return len.status();
       return push_string(*len);
     }
-    case 'Q': return op_persid();
-    case 'h': case 'j': {  // BINGET, LONG_BINGET
+    case 'Q':
+      return op_persid();
+    case 'h':
+    case 'j': {  // BINGET, LONG_BINGET
       std::uint32_t idx;
       if (op_ == 'h') {
         auto v = take_le<std::uint8_t>();
@@ -510,11 +679,13 @@ Status Vm::step() {
       }
       auto it = memo_.find(idx);
       if (it == memo_.end())
-        return corrupt("memo index " + std::to_string(idx) + " was never stored (BINPUT) before this get");
+        return corrupt("memo index " + std::to_string(idx) +
+                       " was never stored (BINPUT) before this get");
       stack_.push_back(it->second);
       return ok_status();
     }
-    case 'q': case 'r': {  // BINPUT, LONG_BINPUT
+    case 'q':
+    case 'r': {  // BINPUT, LONG_BINPUT
       std::uint32_t idx;
       if (op_ == 'q') {
         auto v = take_le<std::uint8_t>();
@@ -565,7 +736,8 @@ Status Vm::op_global() {
       return ok_status();
     }
   }
-  return refuse("GLOBAL " + printable(*module) + "." + printable(*name) + " is not on the allowlist");
+  return refuse("GLOBAL " + printable(*module) + "." + printable(*name) +
+                " is not on the allowlist");
 }
 
 Status Vm::op_reduce() {
@@ -610,7 +782,8 @@ Result<std::uint32_t> Vm::call(const Node& fn, const Node& args) {
   const auto& a = args.items;
   switch (fn.call) {
     case Callable::OrderedDict: {
-      if (!a.empty()) return refuse("collections.OrderedDict called with arguments (torch.save passes none)");
+      if (!a.empty())
+        return refuse("collections.OrderedDict called with arguments (torch.save passes none)");
       Node d;
       d.kind = NodeKind::Dict;
       d.flag = true;
@@ -625,14 +798,18 @@ Result<std::uint32_t> Vm::call(const Node& fn, const Node& args) {
       t.items = nodes_[a[0]].items;
       return add(std::move(t));
     }
-    case Callable::RebuildTensorV2: return rebuild_tensor(args);
+    case Callable::RebuildTensorV2:
+      return rebuild_tensor(args);
     case Callable::RebuildParameter:
     case Callable::RebuildParameterWithState: {
       const std::size_t want = fn.call == Callable::RebuildParameter ? 3 : 4;
       if (a.size() != want)
-        return refuse(fn.s + " takes " + std::to_string(want) + " arguments, got " + std::to_string(a.size()));
-      if (nodes_[a[0]].kind != NodeKind::Tensor) return refuse(fn.s + " data is " + describe(a[0]) + ", not a tensor");
-      if (nodes_[a[1]].kind != NodeKind::Bool) return refuse(fn.s + " requires_grad is " + describe(a[1]) + ", not a bool");
+        return refuse(fn.s + " takes " + std::to_string(want) + " arguments, got " +
+                      std::to_string(a.size()));
+      if (nodes_[a[0]].kind != NodeKind::Tensor)
+        return refuse(fn.s + " data is " + describe(a[0]) + ", not a tensor");
+      if (nodes_[a[1]].kind != NodeKind::Bool)
+        return refuse(fn.s + " requires_grad is " + describe(a[1]) + ", not a bool");
       if (!empty_dict(a[2])) return refuse(fn.s + " with backward hooks (hooks are code)");
       if (want == 4 && nodes_[a[3]].kind != NodeKind::None && !empty_dict(a[3]))
         return refuse(fn.s + " with Python state on the parameter (not loaded without torch)");
@@ -641,7 +818,8 @@ Result<std::uint32_t> Vm::call(const Node& fn, const Node& args) {
       t.tensor.emplace(nodes_[a[0]].tensor->as_parameter(nodes_[a[1]].flag));
       return add(std::move(t));
     }
-    case Callable::None: break;
+    case Callable::None:
+      break;
   }
   CRUCIBLE_ASSERT(false, "op_reduce() refuses non-callables");
   return refuse("call of a non-callable");
@@ -650,7 +828,8 @@ Result<std::uint32_t> Vm::call(const Node& fn, const Node& args) {
 Result<std::uint32_t> Vm::rebuild_tensor(const Node& args) {
   const auto& a = args.items;
   if (a.size() != 6 && a.size() != 7)
-    return refuse("torch._utils._rebuild_tensor_v2 takes 6 or 7 arguments, got " + std::to_string(a.size()));
+    return refuse("torch._utils._rebuild_tensor_v2 takes 6 or 7 arguments, got " +
+                  std::to_string(a.size()));
   if (nodes_[a[0]].kind != NodeKind::Storage)
     return refuse("_rebuild_tensor_v2 storage is " + describe(a[0]) + ", not a persistent storage");
   auto offset = int_arg(a[1], "_rebuild_tensor_v2 storage_offset");
@@ -663,9 +842,10 @@ Result<std::uint32_t> Vm::rebuild_tensor(const Node& args) {
     return refuse("_rebuild_tensor_v2 requires_grad is " + describe(a[4]) + ", not a bool");
   if (!empty_dict(a[5])) return refuse("_rebuild_tensor_v2 with backward hooks (hooks are code)");
   if (a.size() == 7 && !empty_dict(a[6]) && nodes_[a[6]].kind != NodeKind::None)
-    return refuse("_rebuild_tensor_v2 with tensor metadata (Python attributes on a tensor are not loaded)");
-  auto view = TensorView::make(nodes_[a[0]].storage, *offset, std::move(*sizes), std::move(*strides),
-                               nodes_[a[4]].flag);
+    return refuse(
+        "_rebuild_tensor_v2 with tensor metadata (Python attributes on a tensor are not loaded)");
+  auto view = TensorView::make(nodes_[a[0]].storage, *offset, std::move(*sizes),
+                               std::move(*strides), nodes_[a[4]].flag);
   if (!view.ok()) return corrupt(std::string(view.status().message()));
   Node t;
   t.kind = NodeKind::Tensor;
@@ -679,19 +859,25 @@ Status Vm::op_persid() {
   const Node& t = nodes_[*pid];
   const std::string want = "is not ('storage', torch.<T>Storage, key, location, numel)";
   if (t.kind != NodeKind::Tuple || t.items.size() != 5)
-    return refuse("persistent id " + describe(*pid) +
-                  (t.kind == NodeKind::Tuple ? " of " + std::to_string(t.items.size()) + " items " : " ") + want);
+    return refuse(
+        "persistent id " + describe(*pid) +
+        (t.kind == NodeKind::Tuple ? " of " + std::to_string(t.items.size()) + " items " : " ") +
+        want);
   const auto& it = t.items;
   if (nodes_[it[0]].kind != NodeKind::String || nodes_[it[0]].s != "storage")
     return refuse("persistent id tag is " + describe(it[0]) + ", not 'storage'");
   const Node& cls = nodes_[it[1]];
   if (cls.kind != NodeKind::Global || cls.dtype < 0)
-    return refuse("persistent id storage type is " + describe(it[1]) + ", not a torch.<T>Storage class");
-  if (nodes_[it[2]].kind != NodeKind::String) return refuse("persistent id key is " + describe(it[2]) + ", not a str");
+    return refuse("persistent id storage type is " + describe(it[1]) +
+                  ", not a torch.<T>Storage class");
+  if (nodes_[it[2]].kind != NodeKind::String)
+    return refuse("persistent id key is " + describe(it[2]) + ", not a str");
   const std::string& key = nodes_[it[2]].s;
   if (key.empty() || key.size() > kMaxStorageKey ||
-      key.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_") != std::string::npos)
-    return refuse("persistent id key '" + printable(key) + "' is not a plain record name (letters, digits, _)");
+      key.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_") !=
+          std::string::npos)
+    return refuse("persistent id key '" + printable(key) +
+                  "' is not a plain record name (letters, digits, _)");
   if (nodes_[it[3]].kind != NodeKind::String)
     return refuse("persistent id location is " + describe(it[3]) + ", not a str");
   if (nodes_[it[4]].kind != NodeKind::Int || nodes_[it[4]].i < 0)
@@ -706,7 +892,8 @@ Status Vm::op_persid() {
     auto r = resolver_(StorageRequest{key, nodes_[it[3]].s, cls.dtype, numel});
     if (!r.ok()) return corrupt(std::string(r.status().message()));
     s = *r;
-    CRUCIBLE_ASSERT(s && s->numel == numel && s->dtype == cls.dtype, "resolver honours the request");
+    CRUCIBLE_ASSERT(s && s->numel == numel && s->dtype == cls.dtype,
+                    "resolver honours the request");
     storages_.emplace(key, s);
   }
   Node n;
@@ -718,37 +905,52 @@ Status Vm::op_persid() {
 
 // Canonical text of a hashable key; Python's equal keys (1, 1.0, True) give equal text.
 Status Vm::key_text(std::uint32_t id, std::string& out, std::size_t depth) const {
-  if (depth > limits_.max_depth) return refuse("dict key nests deeper than " + std::to_string(limits_.max_depth));
+  if (depth > limits_.max_depth)
+    return refuse("dict key nests deeper than " + std::to_string(limits_.max_depth));
   if (out.size() > kMaxKeyBytes) return refuse("dict key longer than 64 KiB");
   const Node& n = nodes_[id];
   switch (n.kind) {
-    case NodeKind::None: out += 'n'; return ok_status();
-    case NodeKind::Bool: out += 'i'; out += n.flag ? '1' : '0'; out += ';'; return ok_status();
-    case NodeKind::Int: out += 'i' + std::to_string(n.i) + ';'; return ok_status();
+    case NodeKind::None:
+      out += 'n';
+      return ok_status();
+    case NodeKind::Bool:
+      out += 'i';
+      out += n.flag ? '1' : '0';
+      out += ';';
+      return ok_status();
+    case NodeKind::Int:
+      out += 'i' + std::to_string(n.i) + ';';
+      return ok_status();
     case NodeKind::Float: {
-      if (n.f == static_cast<double>(static_cast<std::int64_t>(n.f)) && n.f > -9.2e18 && n.f < 9.2e18) {
+      if (n.f == static_cast<double>(static_cast<std::int64_t>(n.f)) && n.f > -9.2e18 &&
+          n.f < 9.2e18) {
         out += 'i' + std::to_string(static_cast<std::int64_t>(n.f)) + ';';
       } else {
         out += 'f' + std::to_string(std::bit_cast<std::uint64_t>(n.f)) + ';';
       }
       return ok_status();
     }
-    case NodeKind::BigInt: case NodeKind::String:
+    case NodeKind::BigInt:
+    case NodeKind::String:
       out += n.kind == NodeKind::String ? 's' : 'b';
       out += std::to_string(n.s.size()) + ':' + n.s;
       return ok_status();
-    case NodeKind::Dtype: out += 'd' + std::to_string(n.dtype) + ';'; return ok_status();
+    case NodeKind::Dtype:
+      out += 'd' + std::to_string(n.dtype) + ';';
+      return ok_status();
     case NodeKind::Tuple:
       out += "t(";
       for (std::uint32_t item : n.items) CRUCIBLE_RETURN_IF_ERROR(key_text(item, out, depth + 1));
       out += ')';
       return ok_status();
-    default: return refuse("dict key of type " + describe(id) + " (unhashable or not supported)");
+    default:
+      return refuse("dict key of type " + describe(id) + " (unhashable or not supported)");
   }
 }
 
 Status Vm::set_item(std::uint32_t dict, std::uint32_t key, std::uint32_t value) {
-  if (nodes_[dict].kind != NodeKind::Dict) return refuse("SETITEM(S) on " + describe(dict) + " (only a dict)");
+  if (nodes_[dict].kind != NodeKind::Dict)
+    return refuse("SETITEM(S) on " + describe(dict) + " (only a dict)");
   std::string k;
   CRUCIBLE_RETURN_IF_ERROR(key_text(key, k, 0));
   Node& d = nodes_[dict];
@@ -765,22 +967,40 @@ Status Vm::set_item(std::uint32_t dict, std::uint32_t key, std::uint32_t value) 
 Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
   if (converted_[id]) return *converted_[id];
   if (depth > limits_.max_depth)
-    return exhausted("pt pickle: containers nest deeper than " + std::to_string(limits_.max_depth) + where(),
-                     "flatten the saved object; real checkpoints nest a few levels");
+    return exhausted(
+        "pt pickle: containers nest deeper than " + std::to_string(limits_.max_depth) + where(),
+        "flatten the saved object; real checkpoints nest a few levels");
   if (on_path_[id]) return refuse("an object that contains itself (a reference cycle)");
   on_path_[id] = true;
   const Node& n = nodes_[id];
   PickleValue v;
   switch (n.kind) {
-    case NodeKind::None: break;
-    case NodeKind::Bool: v = PickleValue::boolean(n.flag); break;
-    case NodeKind::Int: v = PickleValue::integer(n.i); break;
-    case NodeKind::BigInt: v = PickleValue::big_integer(n.s); break;
-    case NodeKind::Float: v = PickleValue::floating(n.f); break;
-    case NodeKind::String: v = PickleValue::string(n.s); break;
-    case NodeKind::Dtype: v = PickleValue::dtype(n.dtype); break;
-    case NodeKind::Tensor: v = PickleValue::tensor(*n.tensor); break;
-    case NodeKind::Tuple: case NodeKind::List: case NodeKind::Set: {
+    case NodeKind::None:
+      break;
+    case NodeKind::Bool:
+      v = PickleValue::boolean(n.flag);
+      break;
+    case NodeKind::Int:
+      v = PickleValue::integer(n.i);
+      break;
+    case NodeKind::BigInt:
+      v = PickleValue::big_integer(n.s);
+      break;
+    case NodeKind::Float:
+      v = PickleValue::floating(n.f);
+      break;
+    case NodeKind::String:
+      v = PickleValue::string(n.s);
+      break;
+    case NodeKind::Dtype:
+      v = PickleValue::dtype(n.dtype);
+      break;
+    case NodeKind::Tensor:
+      v = PickleValue::tensor(*n.tensor);
+      break;
+    case NodeKind::Tuple:
+    case NodeKind::List:
+    case NodeKind::Set: {
       std::vector<PickleValue> items;
       items.reserve(n.items.size());
       for (std::uint32_t item : n.items) {  // nodes_ does not grow here: n stays valid
@@ -810,8 +1030,10 @@ Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
       v = PickleValue::dict(std::move(entries), n.flag, std::move(attrs));
       break;
     }
-    case NodeKind::Global: case NodeKind::Storage:
-      return refuse("the result holds " + describe(id) + " outside a tensor (only tensors carry storages)");
+    case NodeKind::Global:
+    case NodeKind::Storage:
+      return refuse("the result holds " + describe(id) +
+                    " outside a tensor (only tensors carry storages)");
   }
   on_path_[id] = false;
   converted_[id] = v;

@@ -48,7 +48,8 @@ bool fits(std::span<const std::byte> b, std::uint64_t at, std::uint64_t len) {
 std::string unsafe_name_reason(std::string_view n) {
   if (n.empty()) return "an empty entry name";
   if (n.find('\0') != std::string_view::npos) return "a NUL byte in entry name";
-  if (n.find('\\') != std::string_view::npos) return "a backslash in entry name '" + std::string(n) + "'";
+  if (n.find('\\') != std::string_view::npos)
+    return "a backslash in entry name '" + std::string(n) + "'";
   if (n.front() == '/') return "absolute entry name '" + std::string(n) + "'";
   std::size_t start = 0;
   while (start <= n.size()) {
@@ -68,15 +69,17 @@ struct Central {
 };
 
 Result<Central> find_central(std::span<const std::byte> b) {
-  if (b.size() < kEndSize) return bad(0, "file of " + std::to_string(b.size()) +
-                                         " bytes is too short for a zip end record (22 bytes)");
+  if (b.size() < kEndSize)
+    return bad(0, "file of " + std::to_string(b.size()) +
+                      " bytes is too short for a zip end record (22 bytes)");
   // The end record is the last 22 bytes plus a comment of up to 65535 bytes. The one whose
   // comment length reaches exactly the end of the file is taken, scanning from the end.
   const std::uint64_t last = b.size() - kEndSize;
   const std::uint64_t first = last > kMaxComment ? last - kMaxComment : 0;
   std::uint64_t eocd = std::numeric_limits<std::uint64_t>::max();
   for (std::uint64_t p = last + 1; p-- > first;) {
-    if (le<std::uint32_t>(b, p) == kEndSig && p + kEndSize + le<std::uint16_t>(b, p + 20) == b.size()) {
+    if (le<std::uint32_t>(b, p) == kEndSig &&
+        p + kEndSize + le<std::uint16_t>(b, p + 20) == b.size()) {
       eocd = p;
       break;
     }
@@ -95,18 +98,22 @@ Result<Central> find_central(std::span<const std::byte> b) {
     if (disk != 0 || cd_disk != 0 || n_disk != n_total)
       return bad(eocd, "multi-disk zip (disk " + std::to_string(disk) + ")");
   } else {
-    if (eocd < kZip64LocatorSize || le<std::uint32_t>(b, eocd - kZip64LocatorSize) != kZip64LocatorSig)
+    if (eocd < kZip64LocatorSize ||
+        le<std::uint32_t>(b, eocd - kZip64LocatorSize) != kZip64LocatorSig)
       return bad(eocd, "end record says ZIP64 but no ZIP64 locator precedes it");
     const std::uint64_t loc = eocd - kZip64LocatorSize;
     if (le<std::uint32_t>(b, loc + 4) != 0 || le<std::uint32_t>(b, loc + 16) != 1)
       return bad(loc, "multi-disk ZIP64 locator");
     const std::uint64_t rec = le<std::uint64_t>(b, loc + 8);
     if (rec > loc || loc - rec < kZip64EndSize)
-      return bad(loc, "ZIP64 end record offset " + std::to_string(rec) + " does not end before its locator");
-    if (le<std::uint32_t>(b, rec) != kZip64EndSig) return bad(rec, "missing ZIP64 end record signature");
+      return bad(loc, "ZIP64 end record offset " + std::to_string(rec) +
+                          " does not end before its locator");
+    if (le<std::uint32_t>(b, rec) != kZip64EndSig)
+      return bad(rec, "missing ZIP64 end record signature");
     const std::uint64_t rec_size = le<std::uint64_t>(b, rec + 4);
     if (rec_size < kZip64EndSize - 12 || rec_size > loc - rec - 12)
-      return bad(rec, "ZIP64 end record size " + std::to_string(rec_size) + " overlaps its locator");
+      return bad(rec,
+                 "ZIP64 end record size " + std::to_string(rec_size) + " overlaps its locator");
     if (le<std::uint32_t>(b, rec + 16) != 0 || le<std::uint32_t>(b, rec + 20) != 0 ||
         le<std::uint64_t>(b, rec + 24) != le<std::uint64_t>(b, rec + 32))
       return bad(rec, "multi-disk ZIP64 end record");
@@ -119,7 +126,8 @@ Result<Central> find_central(std::span<const std::byte> b) {
     return bad(c.end_of_region, "central directory [" + std::to_string(c.offset) + ", +" +
                                     std::to_string(c.size) + ") lies outside the file");
   if (c.entries > c.size / kCentralSize)
-    return bad(c.end_of_region, std::to_string(c.entries) + " entries cannot fit a central directory of " +
+    return bad(c.end_of_region, std::to_string(c.entries) +
+                                    " entries cannot fit a central directory of " +
                                     std::to_string(c.size) + " bytes");
   return c;
 }
@@ -133,16 +141,26 @@ Status apply_zip64_extra(std::span<const std::byte> b, std::uint64_t at, std::ui
   while (p < end) {
     if (end - p < 4) return bad(p, "extra field header runs past the extra area");
     const auto id = le<std::uint16_t>(b, p), sz = le<std::uint16_t>(b, p + 2);
-    if (sz > end - p - 4) return bad(p, "extra field of " + std::to_string(sz) + " bytes runs past the extra area");
+    if (sz > end - p - 4)
+      return bad(p, "extra field of " + std::to_string(sz) + " bytes runs past the extra area");
     if (id == 0x0001) {
       if (found) return bad(p, "two ZIP64 extra fields in one entry");
       found = true;
       std::uint64_t q = p + 4;
       const std::uint64_t need = 8u * (need_u + need_c + need_o);
       if (sz < need) return bad(p, "ZIP64 extra field too short for the sizes it must hold");
-      if (need_u) { e.uncompressed_size = le<std::uint64_t>(b, q); q += 8; }
-      if (need_c) { e.compressed_size = le<std::uint64_t>(b, q); q += 8; }
-      if (need_o) { e.local_header_offset = le<std::uint64_t>(b, q); q += 8; }
+      if (need_u) {
+        e.uncompressed_size = le<std::uint64_t>(b, q);
+        q += 8;
+      }
+      if (need_c) {
+        e.compressed_size = le<std::uint64_t>(b, q);
+        q += 8;
+      }
+      if (need_o) {
+        e.local_header_offset = le<std::uint64_t>(b, q);
+        q += 8;
+      }
     }
     p += 4 + static_cast<std::uint64_t>(sz);
   }
@@ -163,8 +181,10 @@ Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
   std::uint64_t p = c.offset;
   const std::uint64_t cd_end = c.offset + c.size;
   for (std::uint64_t i = 0; i < c.entries; ++i) {
-    if (cd_end - p < kCentralSize) return bad(p, "central directory entry " + std::to_string(i) + " is truncated");
-    if (le<std::uint32_t>(b, p) != kCentralSig) return bad(p, "bad central directory entry signature");
+    if (cd_end - p < kCentralSize)
+      return bad(p, "central directory entry " + std::to_string(i) + " is truncated");
+    if (le<std::uint32_t>(b, p) != kCentralSig)
+      return bad(p, "bad central directory entry signature");
     const auto flags = le<std::uint16_t>(b, p + 8);
     ZipEntry e;
     e.method = le<std::uint16_t>(b, p + 10);
@@ -176,7 +196,8 @@ Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
     const auto disk = le<std::uint16_t>(b, p + 34);
     e.local_header_offset = le<std::uint32_t>(b, p + 42);
     if (cd_end - p - kCentralSize < nlen + xlen + clen)
-      return bad(p, "central directory entry " + std::to_string(i) + " name/extra/comment run past the directory");
+      return bad(p, "central directory entry " + std::to_string(i) +
+                        " name/extra/comment run past the directory");
     e.name.assign(reinterpret_cast<const char*>(b.data() + p + kCentralSize), nlen);
     if (auto why = unsafe_name_reason(e.name); !why.empty()) return bad(p, why);
     if (flags & kEncryptedFlags) return bad(p, "entry '" + e.name + "' is encrypted");
@@ -184,20 +205,24 @@ Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
       return bad(p, "entry '" + e.name + "' uses compression method " + std::to_string(e.method) +
                         " (only stored 0 and deflate 8 are read)");
     if (disk != 0 && disk != 0xFFFF) return bad(p, "entry '" + e.name + "' is on another disk");
-    CRUCIBLE_RETURN_IF_ERROR(apply_zip64_extra(b, p + kCentralSize + nlen, xlen, e,
-                                               e.uncompressed_size == 0xFFFFFFFF,
-                                               e.compressed_size == 0xFFFFFFFF,
-                                               e.local_header_offset == 0xFFFFFFFF));
+    CRUCIBLE_RETURN_IF_ERROR(
+        apply_zip64_extra(b, p + kCentralSize + nlen, xlen, e, e.uncompressed_size == 0xFFFFFFFF,
+                          e.compressed_size == 0xFFFFFFFF, e.local_header_offset == 0xFFFFFFFF));
     if (e.stored() && e.compressed_size != e.uncompressed_size)
-      return bad(p, "stored entry '" + e.name + "' has compressed size " + std::to_string(e.compressed_size) +
-                        " != uncompressed size " + std::to_string(e.uncompressed_size));
+      return bad(p, "stored entry '" + e.name + "' has compressed size " +
+                        std::to_string(e.compressed_size) + " != uncompressed size " +
+                        std::to_string(e.uncompressed_size));
     // The local header must be where the directory says, inside the file, before the directory.
     const std::uint64_t lh = e.local_header_offset;
     if (lh > c.offset || c.offset - lh < kLocalSize || le<std::uint32_t>(b, lh) != kLocalSig)
-      return bad(lh, "entry '" + e.name + "' has no local header at its offset (or it lies outside the file)");
-    const std::uint64_t lnlen = le<std::uint16_t>(b, lh + 26), lxlen = le<std::uint16_t>(b, lh + 28);
-    if (le<std::uint16_t>(b, lh + 8) != e.method || (le<std::uint16_t>(b, lh + 6) & kEncryptedFlags))
-      return bad(lh, "local header of '" + e.name + "' disagrees with the central directory (method or encryption)");
+      return bad(lh, "entry '" + e.name +
+                         "' has no local header at its offset (or it lies outside the file)");
+    const std::uint64_t lnlen = le<std::uint16_t>(b, lh + 26),
+                        lxlen = le<std::uint16_t>(b, lh + 28);
+    if (le<std::uint16_t>(b, lh + 8) != e.method ||
+        (le<std::uint16_t>(b, lh + 6) & kEncryptedFlags))
+      return bad(lh, "local header of '" + e.name +
+                         "' disagrees with the central directory (method or encryption)");
     if (lnlen != nlen || c.offset - lh - kLocalSize < lnlen + lxlen ||
         std::memcmp(b.data() + lh + kLocalSize, e.name.data(), nlen) != 0)
       return bad(lh, "local header name of '" + e.name + "' disagrees with the central directory");
@@ -230,7 +255,8 @@ Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
             [](const ZipEntry& a, const ZipEntry& b2) { return a.name < b2.name; });
   for (std::size_t i = 1; i < z.entries_.size(); ++i)
     if (z.entries_[i].name == z.entries_[i - 1].name)
-      return bad(z.entries_[i].local_header_offset, "duplicate entry name '" + z.entries_[i].name + "'");
+      return bad(z.entries_[i].local_header_offset,
+                 "duplicate entry name '" + z.entries_[i].name + "'");
   return z;
 }
 
@@ -277,7 +303,8 @@ Result<std::vector<std::byte>> ZipArchive::extract(const ZipEntry& e) const {
     while (rc == Z_OK) {
       if (zs.avail_in == 0 && in_done < e.compressed_size) {
         const std::uint64_t n = std::min(kChunk, e.compressed_size - in_done);
-        zs.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(bytes_.data() + e.data_offset + in_done));
+        zs.next_in = reinterpret_cast<Bytef*>(
+            const_cast<std::byte*>(bytes_.data() + e.data_offset + in_done));
         zs.avail_in = static_cast<uInt>(n);
         in_done += n;
       }
@@ -297,14 +324,16 @@ Result<std::vector<std::byte>> ZipArchive::extract(const ZipEntry& e) const {
     if (rc != Z_STREAM_END) {
       if (rc == Z_OK || rc == Z_BUF_ERROR)
         return bad(e.data_offset, "deflate data of '" + e.name + "' does not end within its " +
-                                      std::to_string(e.compressed_size) + " bytes / declared size " +
+                                      std::to_string(e.compressed_size) +
+                                      " bytes / declared size " +
                                       std::to_string(e.uncompressed_size));
       return bad(e.data_offset, "deflate data of '" + e.name + "' is corrupt: " +
                                     (zmsg ? zmsg : "zlib error " + std::to_string(rc)));
     }
     if (produced != e.uncompressed_size || input_left)
-      return bad(e.data_offset, "deflate data of '" + e.name + "' inflates to " + std::to_string(produced) +
-                                    " bytes, directory says " + std::to_string(e.uncompressed_size) +
+      return bad(e.data_offset, "deflate data of '" + e.name + "' inflates to " +
+                                    std::to_string(produced) + " bytes, directory says " +
+                                    std::to_string(e.uncompressed_size) +
                                     (input_left ? " (and input is left over)" : ""));
   }
   CRUCIBLE_RETURN_IF_ERROR(check_crc(e, out));

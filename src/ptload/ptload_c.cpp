@@ -24,7 +24,8 @@ int fail(std::string msg) {
 extern "C" {
 
 int crucible_ptload_open(const char* path, crucible_ptload** out) {
-  if (path == nullptr || out == nullptr) return fail("crucible_ptload_open: path and out must not be NULL");
+  if (path == nullptr || out == nullptr)
+    return fail("crucible_ptload_open: path and out must not be NULL");
   try {
     auto sd = crucible::ptload::StateDict::open(path);
     if (!sd.ok()) return fail(std::string(sd.status().message()));
@@ -61,7 +62,8 @@ int crucible_ptload_tensor_at(const crucible_ptload* f, size_t index, crucible_p
 }
 
 int crucible_ptload_find(const crucible_ptload* f, const char* name, size_t* index) {
-  if (f == nullptr || name == nullptr || index == nullptr) return fail("crucible_ptload_find: NULL argument");
+  if (f == nullptr || name == nullptr || index == nullptr)
+    return fail("crucible_ptload_find: NULL argument");
   const auto& ts = f->sd.tensors();
   for (size_t i = 0; i < ts.size(); ++i) {
     if (ts[i].name == name) {
@@ -72,9 +74,12 @@ int crucible_ptload_find(const crucible_ptload* f, const char* name, size_t* ind
   return fail(std::string("crucible_ptload_find: no tensor named '") + name + "'");
 }
 
-int crucible_ptload_materialize_f32(const crucible_ptload* f, size_t index, float* out, size_t out_len) {
-  if (f == nullptr || out == nullptr) return fail("crucible_ptload_materialize_f32: NULL handle or out");
-  if (index >= f->sd.tensors().size()) return fail("crucible_ptload_materialize_f32: index out of range");
+int crucible_ptload_materialize_f32(const crucible_ptload* f, size_t index, float* out,
+                                    size_t out_len) {
+  if (f == nullptr || out == nullptr)
+    return fail("crucible_ptload_materialize_f32: NULL handle or out");
+  if (index >= f->sd.tensors().size())
+    return fail("crucible_ptload_materialize_f32: index out of range");
   const auto& t = f->sd.tensors()[index].tensor;
   const auto n = static_cast<size_t>(t.numel());
   if (out_len < n)

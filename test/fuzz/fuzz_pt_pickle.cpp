@@ -32,8 +32,12 @@ crucible::Result<std::shared_ptr<const TensorStorage>> resolve(const StorageRequ
 void touch(const PickleValue& v, int depth) {
   if (depth > 300) __builtin_trap();  // the VM caps nesting at 256
   switch (v.kind()) {
-    case PickleValue::Kind::Tensor: (void)v.as_tensor().materialize_f32(); break;
-    case PickleValue::Kind::Tuple: case PickleValue::Kind::List: case PickleValue::Kind::Set:
+    case PickleValue::Kind::Tensor:
+      (void)v.as_tensor().materialize_f32();
+      break;
+    case PickleValue::Kind::Tuple:
+    case PickleValue::Kind::List:
+    case PickleValue::Kind::Set:
       for (const auto& i : v.items()) touch(i, depth + 1);
       break;
     case PickleValue::Kind::Dict:
@@ -42,7 +46,8 @@ void touch(const PickleValue& v, int depth) {
         touch(val, depth + 1);
       }
       break;
-    default: break;
+    default:
+      break;
   }
 }
 }  // namespace

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < 2; ++b)
       for (int64_t c = 0; c < 3; ++c, ++k) {
         float v;
-        const char* p = (const char*)s.data + (a * s.strides[0] + b * s.strides[1] + c * s.strides[2]) * 4;
+        const char* p =
+            (const char*)s.data + (a * s.strides[0] + b * s.strides[1] + c * s.strides[2]) * 4;
         memcpy(&v, p, sizeof v);
         const float want = (float)(20 * (a + 1) + 5 * (b + 1) + 2 * c);
         if (v != want || dense[k] != want) return fail("sliced value differs from arange");
@@ -56,7 +57,8 @@ int main(int argc, char** argv) {
   crucible_ptload* g = sentinel;
   if (crucible_ptload_open(argv[2], &g) != -1) return fail("bad file was accepted");
   if (g != sentinel) return fail("a failed open wrote *out");
-  if (strstr(crucible_ptload_last_error(), "not on the allowlist") == NULL) return fail("unexpected error");
+  if (strstr(crucible_ptload_last_error(), "not on the allowlist") == NULL)
+    return fail("unexpected error");
   printf("c_host: %zu tensors, strided walk ok, refusal ok: %s\n", n, crucible_ptload_last_error());
   return 0;
 }

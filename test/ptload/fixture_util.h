@@ -4,15 +4,16 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace crucible::ptload::test {
 
 // CRUCIBLE_PTLOAD_FIXTURES is the generator's output directory (a compile definition).
-inline std::string fixture(const std::string& rel) { return std::string(CRUCIBLE_PTLOAD_FIXTURES) + "/" + rel; }
+inline std::string fixture(const std::string& rel) {
+  return std::string(CRUCIBLE_PTLOAD_FIXTURES) + "/" + rel;
+}
 
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

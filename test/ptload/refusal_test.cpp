@@ -33,8 +33,9 @@ void expect_refused(const std::vector<std::pair<std::string, std::string>>& case
 }
 
 TEST(Refuse, GlobalsNotOnTheAllowlist) {
-  expect_refused({{"global_os_system", "GLOBAL os.system is not on the allowlist"},
-                  {"global_near_miss", "GLOBAL torch._utils._rebuild_tensor is not on the allowlist"}});
+  expect_refused(
+      {{"global_os_system", "GLOBAL os.system is not on the allowlist"},
+       {"global_near_miss", "GLOBAL torch._utils._rebuild_tensor is not on the allowlist"}});
 }
 
 TEST(Refuse, ReduceNewobjBuildOnAnythingButAllowedCallables) {
@@ -45,7 +46,8 @@ TEST(Refuse, ReduceNewobjBuildOnAnythingButAllowedCallables) {
 }
 
 TEST(Refuse, SetitemOnNonDictAppendOnNonList) {
-  expect_refused({{"setitem_on_list", "SETITEM(S) on a list"}, {"append_on_dict", "APPEND to a dict"}});
+  expect_refused(
+      {{"setitem_on_list", "SETITEM(S) on a list"}, {"append_on_dict", "APPEND to a dict"}});
 }
 
 TEST(Refuse, MalformedPersistentIds) {
@@ -105,7 +107,8 @@ TEST(Refuse, ByteorderOtherThanLittleOrBig) {
 TEST(Refuse, LegacyNonZipStreams) {
   expect_refused({{"legacy", "a legacy (PyTorch < 1.6, non-zip) torch.save file"}});
   auto sd = StateDict::open(test::fixture("bad/legacy.pt"));
-  EXPECT_NE(sd.status().message().find("re-save it with torch.save in a current PyTorch"), std::string::npos);
+  EXPECT_NE(sd.status().message().find("re-save it with torch.save in a current PyTorch"),
+            std::string::npos);
 }
 
 TEST(Refuse, SharedObjectGraphsThatExplodeWhenListed) {

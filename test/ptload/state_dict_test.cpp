@@ -47,7 +47,8 @@ void expect_matches_torch(const StateDict& sd, const std::string& manifest_name)
     const auto want = test::expected_f32(row);
     const auto got = t->materialize_f32();
     ASSERT_EQ(got.size(), want.size());
-    EXPECT_TRUE(got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+    EXPECT_TRUE(got.empty() ||
+                std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
         << "float32 values differ from PyTorch's";
     const auto ptr = row["storage"].get<std::int64_t>();
     auto [it, fresh] = storage_of_ptr.emplace(ptr, &t->storage());
@@ -77,12 +78,14 @@ TEST(StateDict, StridedOffsetExpandedAndSharedViewsMatchTorch) {
 
 TEST(StateDict, StoredRecordsAreViewedInPlaceWithoutCopy) {
   auto bytes = std::make_shared<std::string>(test::read_file(fixture("views.pt")));
-  auto sd = StateDict::from_bytes(std::as_bytes(std::span<const char>(bytes->data(), bytes->size())), bytes);
+  auto sd = StateDict::from_bytes(
+      std::as_bytes(std::span<const char>(bytes->data(), bytes->size())), bytes);
   ASSERT_TRUE(sd.ok()) << sd.status();
   for (const auto& nt : sd->tensors()) {
     const auto* p = reinterpret_cast<const char*>(nt.tensor.storage().bytes.data());
     EXPECT_TRUE(p >= bytes->data() && p < bytes->data() + bytes->size()) << nt.name;
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, reinterpret_cast<std::uintptr_t>(bytes->data()) % 64)
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64,
+              reinterpret_cast<std::uintptr_t>(bytes->data()) % 64)
         << "torch aligns records to 64 bytes in the file";
   }
 }
@@ -120,7 +123,8 @@ TEST(StateDict, Resnet18SpotChecksAndEveryShape) {
     ASSERT_EQ(t.name, row["name"].get<std::string>());
     EXPECT_EQ(t.tensor.dtype_name(), row["dtype"].get<std::string>()) << t.name;
     EXPECT_EQ(std::vector<std::int64_t>(t.tensor.sizes().begin(), t.tensor.sizes().end()),
-              row["sizes"].get<std::vector<std::int64_t>>()) << t.name;
+              row["sizes"].get<std::vector<std::int64_t>>())
+        << t.name;
     double sum = 0;
     for (float v : t.tensor.materialize_f32()) sum += v;
     const double want = row["sum"];
@@ -144,7 +148,8 @@ TEST(StateDict, BigEndianFilesAreSwappedOnLoad) {
   expect_matches_torch(d, "dtypes");
   const StateDict v = open_ok("views_big.pt");
   expect_matches_torch(v, "views");
-  EXPECT_EQ(&v.find("base")->storage(), &v.find("transposed")->storage()) << "swapped once, still shared";
+  EXPECT_EQ(&v.find("base")->storage(), &v.find("transposed")->storage())
+      << "swapped once, still shared";
 }
 
 TEST(StateDict, DeflatedZip64AndHandMadeArchives) {

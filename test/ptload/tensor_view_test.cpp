@@ -26,13 +26,14 @@ std::shared_ptr<const TensorStorage> storage_of(std::int8_t dtype, std::vector<T
 }
 
 TEST(TensorView, HalfConvertsExactlyIncludingSubnormals) {
-  const std::vector<std::uint16_t> h = {0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0x7C00, 0xFC00, 0x8000, 0xC000};
+  const std::vector<std::uint16_t> h = {0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF,
+                                        0x7C00, 0xFC00, 0x8000, 0xC000};
   auto v = TensorView::make(storage_of(dt::kFloat16, h), 0, {9}, {1}, false);
   ASSERT_TRUE(v.ok()) << v.status();
   const auto f = v->materialize_f32();
-  EXPECT_EQ(f[0], std::ldexp(1.0f, -24));               // smallest subnormal
-  EXPECT_EQ(f[1], std::ldexp(1023.0f, -24));            // largest subnormal
-  EXPECT_EQ(f[2], std::ldexp(1.0f, -14));               // smallest normal
+  EXPECT_EQ(f[0], std::ldexp(1.0f, -24));     // smallest subnormal
+  EXPECT_EQ(f[1], std::ldexp(1023.0f, -24));  // largest subnormal
+  EXPECT_EQ(f[2], std::ldexp(1.0f, -14));     // smallest normal
   EXPECT_EQ(f[3], 1.0f);
   EXPECT_EQ(f[4], 65504.0f);
   EXPECT_EQ(f[5], std::numeric_limits<float>::infinity());
@@ -67,8 +68,10 @@ TEST(TensorView, RefusesViewsOutsideTheStorage) {
   EXPECT_NE(err(-1, {1}, {1}).find("negative storage offset"), std::string::npos);
   EXPECT_NE(err(0, {2}, {-1}).find("negative stride"), std::string::npos);
   EXPECT_NE(err(0, {-2}, {1}).find("negative size"), std::string::npos);
-  EXPECT_NE(err(0, {3, 3}, {INT64_MAX / 2, INT64_MAX / 2}).find("overflows 64 bits"), std::string::npos);
-  EXPECT_NE(err(0, {1LL << 32, 1LL << 32}, {0, 0}).find("product of the sizes overflows"), std::string::npos);
+  EXPECT_NE(err(0, {3, 3}, {INT64_MAX / 2, INT64_MAX / 2}).find("overflows 64 bits"),
+            std::string::npos);
+  EXPECT_NE(err(0, {1LL << 32, 1LL << 32}, {0, 0}).find("product of the sizes overflows"),
+            std::string::npos);
   EXPECT_NE(err(0, {2}, {1, 1}).find("1 sizes but 2 strides"), std::string::npos);
   EXPECT_NE(err(11, {0}, {1}).find("past the storage"), std::string::npos);
   EXPECT_EQ(err(10, {0, 4}, {4, 1}), "accepted") << "an empty slice at the very end is valid";

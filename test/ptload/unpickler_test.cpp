@@ -1,10 +1,11 @@
 // unpickler_test.cpp — the restricted pickle VM on hand-assembled protocol-2 bytes.
+#include "crucible/ptload/Unpickler.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 
-#include "crucible/ptload/Unpickler.h"
 #include "zip_writer.h"
 
 namespace {
@@ -64,7 +65,10 @@ TEST(Unpickler, Long1FitsInt64OrStaysBig) {
 
 TEST(Unpickler, MemoSharesAndSeesLaterMutation) {
   // MARK, L, L (BINGET), APPEND 5 to the top L, TUPLE -> (L, L) with L == [5].
-  auto r = run(std::string("(]q\x00h\x00K\x05" "at", 10));
+  auto r =
+      run(std::string("(]q\x00h\x00K\x05"
+                      "at",
+                      10));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->items().size(), 2u);
   EXPECT_EQ(r->items()[0].items().size(), 1u);
@@ -96,12 +100,14 @@ TEST(Unpickler, OrderedDictWithMetadataAttributes) {
 }
 
 TEST(Unpickler, TorchSizeAndDtypeGlobals) {
-  auto r = run(global("torch", "Size") + "(K\x02K\x03t\x85R" + global("torch", "bfloat16") + "\x86");
+  auto r =
+      run(global("torch", "Size") + "(K\x02K\x03t\x85R" + global("torch", "bfloat16") + "\x86");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->items()[0].repr(), "(2, 3)");
   EXPECT_EQ(r->items()[1].as_dtype(), 15);
   // Aliases are not the canonical names torch pickles: refused like any other unknown global.
-  EXPECT_NE(error_of(global("torch", "float")).find("torch.float is not on the allowlist"), std::string::npos);
+  EXPECT_NE(error_of(global("torch", "float")).find("torch.float is not on the allowlist"),
+            std::string::npos);
 }
 
 TEST(Unpickler, ErrorsNameOpcodeAndOffset) {
@@ -109,7 +115,8 @@ TEST(Unpickler, ErrorsNameOpcodeAndOffset) {
   EXPECT_NE(e.find("STACK_GLOBAL"), std::string::npos) << e;
   EXPECT_NE(e.find("offset 3"), std::string::npos) << e;
   EXPECT_NE(error_of("\xfe").find("unknown opcode byte 254"), std::string::npos);
-  EXPECT_NE(error_of(global("os", "system")).find("os.system is not on the allowlist"), std::string::npos);
+  EXPECT_NE(error_of(global("os", "system")).find("os.system is not on the allowlist"),
+            std::string::npos);
   EXPECT_NE(error_of(global("builtins\x01", "eval")).find("builtins\\x01.eval"), std::string::npos)
       << "attacker text is escaped in messages";
 }
@@ -122,10 +129,17 @@ TEST(Unpickler, StructuralErrors) {
   EXPECT_NE(error_of("\x80\x02N").find("PROTO after the first byte"), std::string::npos);
   EXPECT_NE(error_of("U\x02\xff\xfe").find("not valid UTF-8"), std::string::npos);
   EXPECT_NE(error_of("}(K\x01K\x02K\x03u").find("SETITEMS with an odd number"), std::string::npos);
-  EXPECT_NE(error_of(std::string("X\x10\x00\x00\x00", 5)).find("needs 16 bytes but only 1 are left"), std::string::npos);
-  EXPECT_NE(error_of(std::string("]q\x00h\x00" "a", 6)).find("contains itself"), std::string::npos);
+  EXPECT_NE(
+      error_of(std::string("X\x10\x00\x00\x00", 5)).find("needs 16 bytes but only 1 are left"),
+      std::string::npos);
+  EXPECT_NE(error_of(std::string("]q\x00h\x00"
+                                 "a",
+                                 6))
+                .find("contains itself"),
+            std::string::npos);
   const std::string trailing = "\x80\x02N.junk";
-  auto t = unpickle(std::as_bytes(std::span<const char>(trailing.data(), trailing.size())), resolve);
+  auto t =
+      unpickle(std::as_bytes(std::span<const char>(trailing.data(), trailing.size())), resolve);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("4 bytes after STOP"), std::string::npos);
   const std::string p4 = "\x80\x04N.";
@@ -147,8 +161,15 @@ TEST(Unpickler, NestingDeeperThanTheLimitIsReportedNotCrashed) {
 
 TEST(Unpickler, SharedDagConvertsInLinearTime) {
   // 60 levels, each a tuple of the previous twice: 2^60 paths, 61 nodes.
-  std::string p("]Nq\x00" "a", 5);
-  for (int i = 0; i < 60; ++i) p += std::string("h\x00h\x00\x86q\x00" "a", 8);
+  std::string p(
+      "]Nq\x00"
+      "a",
+      5);
+  for (int i = 0; i < 60; ++i)
+    p += std::string(
+        "h\x00h\x00\x86q\x00"
+        "a",
+        8);
   auto r = run(p);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->items().size(), 61u);
@@ -156,7 +177,8 @@ TEST(Unpickler, SharedDagConvertsInLinearTime) {
 
 TEST(Unpickler, ParameterKeepsRequiresGrad) {
   const std::string p = global("torch._utils", "_rebuild_parameter") + "(" +
-                        test::tensor_f32("0", 4, 0, 4) + "\x88" + global("collections", "OrderedDict") + ")RtR";
+                        test::tensor_f32("0", 4, 0, 4) + "\x88" +
+                        global("collections", "OrderedDict") + ")RtR";
   auto r = run(p);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->as_tensor().is_parameter());

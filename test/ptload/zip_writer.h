@@ -19,8 +19,14 @@ struct ZipItem {
   bool deflate = false;
 };
 
-inline void put16(std::string& o, std::uint32_t v) { o += char(v & 0xFF); o += char((v >> 8) & 0xFF); }
-inline void put32(std::string& o, std::uint32_t v) { put16(o, v & 0xFFFF); put16(o, v >> 16); }
+inline void put16(std::string& o, std::uint32_t v) {
+  o += char(v & 0xFF);
+  o += char((v >> 8) & 0xFF);
+}
+inline void put32(std::string& o, std::uint32_t v) {
+  put16(o, v & 0xFFFF);
+  put16(o, v >> 16);
+}
 
 inline std::string raw_deflate(std::string_view in) {
   z_stream zs{};
@@ -40,41 +46,62 @@ inline std::string make_zip(const std::vector<ZipItem>& items, std::string_view 
   std::string out, central;
   for (const auto& it : items) {
     const std::string payload = it.deflate ? raw_deflate(it.data) : it.data;
-    const auto crc = static_cast<std::uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(it.data.data()), static_cast<uInt>(it.data.size())));
+    const auto crc = static_cast<std::uint32_t>(crc32(
+        0, reinterpret_cast<const Bytef*>(it.data.data()), static_cast<uInt>(it.data.size())));
     const auto off = static_cast<std::uint32_t>(out.size());
     const std::uint32_t method = it.deflate ? 8 : 0;
-    put32(out, 0x04034b50); put16(out, 20); put16(out, 0); put16(out, method); put32(out, 0);
-    put32(out, crc); put32(out, static_cast<std::uint32_t>(payload.size()));
+    put32(out, 0x04034b50);
+    put16(out, 20);
+    put16(out, 0);
+    put16(out, method);
+    put32(out, 0);
+    put32(out, crc);
+    put32(out, static_cast<std::uint32_t>(payload.size()));
     put32(out, static_cast<std::uint32_t>(it.data.size()));
-    put16(out, static_cast<std::uint32_t>(it.name.size())); put16(out, 0);
+    put16(out, static_cast<std::uint32_t>(it.name.size()));
+    put16(out, 0);
     out += it.name;
     out += payload;
-    put32(central, 0x02014b50); put16(central, 20); put16(central, 20); put16(central, 0);
-    put16(central, method); put32(central, 0); put32(central, crc);
+    put32(central, 0x02014b50);
+    put16(central, 20);
+    put16(central, 20);
+    put16(central, 0);
+    put16(central, method);
+    put32(central, 0);
+    put32(central, crc);
     put32(central, static_cast<std::uint32_t>(payload.size()));
     put32(central, static_cast<std::uint32_t>(it.data.size()));
     put16(central, static_cast<std::uint32_t>(it.name.size()));
-    put16(central, 0); put16(central, 0); put16(central, 0); put16(central, 0); put32(central, 0);
+    put16(central, 0);
+    put16(central, 0);
+    put16(central, 0);
+    put16(central, 0);
+    put32(central, 0);
     put32(central, off);
     central += it.name;
   }
   const auto cd_off = static_cast<std::uint32_t>(out.size());
   out += central;
-  put32(out, 0x06054b50); put16(out, 0); put16(out, 0);
-  put16(out, static_cast<std::uint32_t>(items.size())); put16(out, static_cast<std::uint32_t>(items.size()));
-  put32(out, static_cast<std::uint32_t>(central.size())); put32(out, cd_off);
+  put32(out, 0x06054b50);
+  put16(out, 0);
+  put16(out, 0);
+  put16(out, static_cast<std::uint32_t>(items.size()));
+  put16(out, static_cast<std::uint32_t>(items.size()));
+  put32(out, static_cast<std::uint32_t>(central.size()));
+  put32(out, cd_off);
   put16(out, static_cast<std::uint32_t>(comment.size()));
   out += comment;
   return out;
 }
 
 // A torch.save-shaped archive around one pickle and float32 storages "0", "1", ...
-inline std::string make_pt(std::string_view pickle, const std::vector<std::vector<float>>& storages = {}) {
+inline std::string make_pt(std::string_view pickle,
+                           const std::vector<std::vector<float>>& storages = {}) {
   std::vector<ZipItem> items{{"a/data.pkl", std::string(pickle)}};
   for (std::size_t i = 0; i < storages.size(); ++i)
-    items.push_back({"a/data/" + std::to_string(i),
-                     std::string(reinterpret_cast<const char*>(storages[i].data()), storages[i].size() * 4)});
+    items.push_back(
+        {"a/data/" + std::to_string(i),
+         std::string(reinterpret_cast<const char*>(storages[i].data()), storages[i].size() * 4)});
   items.push_back({"a/version", "3\n"});
   return make_zip(items);
 }
@@ -93,7 +120,8 @@ inline std::string tensor_f32(std::string_view key, int numel, int offset, int s
   auto i1 = [](int v) { return std::string("K") + char(v); };
   return global("torch._utils", "_rebuild_tensor_v2") + "((" + uni("storage") +
          global("torch", "FloatStorage") + uni(key) + uni("cpu") + i1(numel) + "tQ" + i1(offset) +
-         i1(size) + "\x85" + i1(1) + "\x85" + "\x89" + global("collections", "OrderedDict") + ")RtR";
+         i1(size) + "\x85" + i1(1) + "\x85" + "\x89" + global("collections", "OrderedDict") +
+         ")RtR";
 }
 
 }  // namespace crucible::ptload::test

@@ -1,7 +1,8 @@
 // MerkleDag.h — content hashes of a TraceGraph's nodes and of its regions.
 //
 // Node hash (Merkle): schema, every input's (shape, stride, dtype, device, layout), every
-// output's metadata, the scalar arguments, and for each input the hash of the node that
+// output's metadata (requires_grad is not part of it: the first layer's input needs no grad,
+// the second layer's does, and they still compute the same thing), the scalar arguments, and for each input the hash of the node that
 // produced it (or, for an external input, its classification and metadata). Data pointers,
 // storage ids and versions are never hashed: the same model recorded in two processes gets the
 // same hashes, and changing one shape or dtype changes the hash of that node and everything

@@ -22,7 +22,18 @@ namespace crucible::ptload {
 class PickleValue {
  public:
   enum class Kind : std::uint8_t {
-    None, Bool, Int, BigInt, Float, String, Tuple, List, Set, Dict, Tensor, Dtype,
+    None,
+    Bool,
+    Int,
+    BigInt,
+    Float,
+    String,
+    Tuple,
+    List,
+    Set,
+    Dict,
+    Tensor,
+    Dtype,
   };
   using Entry = std::pair<PickleValue, PickleValue>;
 
@@ -44,11 +55,11 @@ class PickleValue {
   bool as_bool() const;
   std::int64_t as_int() const;
   double as_float() const;
-  const std::string& as_string() const;         // String, or BigInt's bytes
-  std::span<const PickleValue> items() const;   // Tuple, List, Set
-  std::span<const Entry> entries() const;       // Dict, in insertion order
+  const std::string& as_string() const;        // String, or BigInt's bytes
+  std::span<const PickleValue> items() const;  // Tuple, List, Set
+  std::span<const Entry> entries() const;      // Dict, in insertion order
   bool is_ordered_dict() const;
-  const PickleValue& attributes() const;        // Dict: BUILD state, None when absent
+  const PickleValue& attributes() const;               // Dict: BUILD state, None when absent
   const PickleValue* get(std::string_view key) const;  // Dict entry with a str key, or nullptr
   const TensorView& as_tensor() const;
   std::int8_t as_dtype() const;

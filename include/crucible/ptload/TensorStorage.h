@@ -14,10 +14,10 @@
 namespace crucible::ptload {
 
 struct TensorStorage {
-  std::string key;                    // record name under <archive>/data/
-  std::string location;               // as saved: "cpu", "cuda:0", ... (data is always on CPU here)
-  std::int8_t dtype = 0;              // c10::ScalarType ordinal
-  std::uint64_t numel = 0;            // elements; bytes.size() == numel * itemsize
+  std::string key;          // record name under <archive>/data/
+  std::string location;     // as saved: "cpu", "cuda:0", ... (data is always on CPU here)
+  std::int8_t dtype = 0;    // c10::ScalarType ordinal
+  std::uint64_t numel = 0;  // elements; bytes.size() == numel * itemsize
   std::span<const std::byte> bytes;
   std::shared_ptr<const void> owner;  // the MappedFile or the owned copy
 };

@@ -32,7 +32,7 @@ class TensorView {
                                  std::vector<std::int64_t> strides, bool requires_grad);
 
   std::int8_t dtype() const { return storage_->dtype; }
-  std::string_view dtype_name() const;       // "float32", "bfloat16", ...
+  std::string_view dtype_name() const;  // "float32", "bfloat16", ...
   std::uint32_t itemsize() const { return itemsize_; }
   std::size_t ndim() const { return sizes_.size(); }
   std::span<const std::int64_t> sizes() const { return sizes_; }

@@ -23,11 +23,11 @@ namespace crucible::ptload {
 struct ZipEntry {
   std::string name;
   std::uint64_t local_header_offset = 0;
-  std::uint64_t data_offset = 0;        // first byte of the (compressed) data
+  std::uint64_t data_offset = 0;  // first byte of the (compressed) data
   std::uint64_t compressed_size = 0;
   std::uint64_t uncompressed_size = 0;
   std::uint32_t crc32 = 0;
-  std::uint16_t method = 0;             // 0 stored, 8 deflate
+  std::uint16_t method = 0;  // 0 stored, 8 deflate
   bool stored() const { return method == 0; }
 };
 
@@ -49,7 +49,7 @@ class ZipArchive {
 
  private:
   std::span<const std::byte> bytes_;
-  std::vector<ZipEntry> entries_;   // sorted by name, for find()
+  std::vector<ZipEntry> entries_;  // sorted by name, for find()
 };
 
 }  // namespace crucible::ptload

@@ -16,15 +16,15 @@ extern "C" {
 typedef struct crucible_ptload crucible_ptload;
 
 typedef struct crucible_ptload_tensor {
-  const char* name;           /* NUL-terminated, '.'-joined path */
-  int32_t dtype;              /* c10::ScalarType ordinal: 6 float32, 7 float64, ... */
-  const char* dtype_name;     /* "float32", ... */
-  uint32_t itemsize;          /* bytes per element */
+  const char* name;       /* NUL-terminated, '.'-joined path */
+  int32_t dtype;          /* c10::ScalarType ordinal: 6 float32, 7 float64, ... */
+  const char* dtype_name; /* "float32", ... */
+  uint32_t itemsize;      /* bytes per element */
   uint32_t ndim;
-  const int64_t* shape;       /* ndim entries */
-  const int64_t* strides;     /* ndim entries, in elements */
+  const int64_t* shape;   /* ndim entries */
+  const int64_t* strides; /* ndim entries, in elements */
   int64_t numel;
-  const void* data;           /* element [0,...,0]; may be unaligned: read with memcpy */
+  const void* data; /* element [0,...,0]; may be unaligned: read with memcpy */
 } crucible_ptload_tensor;
 
 /* Opens a .pt file; *out is set on success only. */

@@ -1,0 +1,156 @@
+"""Iterations, dataflow graph, Merkle hashes and memory plans of real PyTorch training steps."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import crucible_native as crucible
+import models
+
+
+def record(s, steps=4):
+    crucible.track_modules(s.model)
+    crucible.mark_inputs(s.x, s.y)
+    counts, before = [], 0
+    crucible.enable()
+    try:
+        for _ in range(steps):
+            s.step()
+            crucible.flush()
+            total = crucible.stats()["total"]
+            counts.append(total - before)
+            before = total
+    finally:
+        crucible.disable()
+    return counts
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_iteration_matches_the_recorded_steps(name):
+    s = models.make(name)
+    counts = record(s)
+    it = crucible.iteration()
+    assert it["total_ops"] == counts[-1], (it["summary"], counts)
+    assert it["steady_iterations"] >= 2
+    assert it["first_differs"]  # step 1 creates gradients and optimizer state
+    assert all(it["ops"][p] > 0 for p in ("forward", "backward", "optimizer"))
+    assert it["plan_ok"] and it["plan_error"] is None
+    assert it["arena_bytes"] >= it["lower_bound_bytes"] > 0
+    assert it["edges"] > it["total_ops"] // 2
+
+
+def test_not_periodic_is_reported_not_guessed():
+    x = torch.randn(4)
+    crucible.enable()
+    for k in range(1, 12):  # a different shape every step
+        torch.cat([x] * k).sum()
+    crucible.disable()
+    with pytest.raises(crucible.CrucibleError, match="not periodic"):
+        crucible.iteration()
+
+
+def test_an_op_every_third_step_is_a_variant_not_a_new_loop():
+    s = models.make("mlp")
+    crucible.enable()
+    for step in range(9):
+        s.step()
+        if step % 3 == 2:
+            s.model[0].weight.detach().norm()  # "logging" every third step
+    crucible.disable()
+    it = crucible.iteration()
+    assert it["variant_every"] == 3, it["summary"]
+    assert it["total_ops"] == 48
+
+
+ROOT_SCRIPT = """
+import torch, crucible_native as crucible, models
+s = models.make(NAME)
+crucible.track_modules(s.model)
+crucible.mark_inputs(s.x, s.y)
+crucible.enable()
+for _ in range(3):
+    s.step()
+crucible.disable()
+it = crucible.iteration()
+print(it["root_hash"], it["arena_bytes"])
+"""
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet18"])
+def test_root_hash_is_the_same_in_two_processes(name):
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(crucible.__file__), os.path.join(here, "..", "..", "record", "python")]))
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", ROOT_SCRIPT.replace("NAME", repr(name))],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.split())
+    assert outs[0] == outs[1]
+    s = models.make(name)
+    record(s, 3)
+    assert crucible.iteration()["root_hash"] == outs[0][0], "and the same as in this process"
+
+
+def test_shape_or_dtype_change_changes_the_root_hash():
+    def root(batch, dtype=torch.float32):
+        crucible.clear()
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(dtype)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        x, y = torch.randn(batch, 8, dtype=dtype), torch.randint(0, 2, (batch,))
+        crucible.enable()
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+        crucible.disable()
+        return crucible.iteration()["root_hash"]
+
+    base = root(4)
+    assert root(4) == base
+    assert root(5) != base
+    assert root(4, torch.float64) != base
+
+
+def test_identical_transformer_layers_have_identical_region_hashes():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 5, 16)
+    crucible.track_modules(model)
+    crucible.enable()
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    crucible.disable()
+    regions = {r["name"]: r["hash"] for r in crucible.iteration()["regions"] if r["kind"] == "module"}
+    assert "layers.0" in regions and "layers.1" in regions, sorted(regions)
+    assert regions["layers.0"] == regions["layers.1"]
+    assert regions["layers.0.linear1"] == regions["layers.1.linear1"]
+    assert regions["layers.0.linear1"] != regions["layers.0.linear2"]
+
+
+def test_budget_refusal_names_what_is_live_at_the_peak():
+    s = models.make("cnn")
+    record(s, 3)
+    it = crucible.iteration(budget=1024)
+    assert it["plan_error"] and "does not fit" in it["plan_error"] and "at the peak" in it["plan_error"]
+    assert crucible.iteration(budget=1 << 30)["plan_error"] is None
+
+
+def test_export_graph_writes_dot(tmp_path):
+    s = models.make("cnn")
+    record(s, 3)
+    path = tmp_path / "g.dot"
+    n = crucible.export_graph(str(path))
+    text = path.read_text()
+    assert text.startswith("digraph crucible {") and text.rstrip().endswith("}")
+    assert text.count("[label=") == n
+    assert 'label="conv1"' in text and "#f8d7da" in text and "->" in text
