@@ -44,7 +44,8 @@ elseif(CRUCIBLE_SANITIZER STREQUAL "ubsan-strict")
       -fno-sanitize-recover=all -ftrapv -fno-omit-frame-pointer)
 elseif(CRUCIBLE_SANITIZER STREQUAL "fuzzer")
   # Libraries get coverage instrumentation; harnesses add -fsanitize=fuzzer (with main).
-  set(CRUCIBLE_SAN_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+      -fno-omit-frame-pointer)
 elseif(NOT CRUCIBLE_SANITIZER STREQUAL "none")
   message(FATAL_ERROR "CRUCIBLE_SANITIZER='${CRUCIBLE_SANITIZER}': use none, asan-ubsan, tsan or ubsan-strict")
 endif()

@@ -5,6 +5,20 @@
 
 namespace crucible::graph {
 
+std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
+                                           const PlanOptions& plan_opt) {
+  auto it = std::make_shared<Iteration>();
+  it->ops = std::move(ops);
+  if (!it->ops.empty()) it->thread = t.ops[it->ops.front()].thread;
+  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  it->graph = TraceGraph::build(t, it->ops);
+  it->dag = MerkleDag::build(t, it->graph);
+  auto plan = plan_memory(t, it->graph, plan_opt);
+  if (plan.ok()) it->plan = std::move(*plan);
+  else it->plan_status = plan.status();
+  return it;
+}
+
 Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::Trace& t, int thread,
                                                                   const PlanOptions& plan_opt) {
   if (t.num_ops() == 0) return bad_state("the trace has no ops", "record some training steps first");
@@ -24,20 +38,16 @@ Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::
     return invalid_input("thread " + std::to_string(th) + " recorded no ops", "pick a thread that recorded");
   std::vector<std::uint64_t> sig(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) sig[i] = op_signature(t, ops[i]);
-  auto it = std::make_shared<Iteration>();
-  it->thread = th;
-  it->report = detect_iterations(sig);
-  if (!it->report.periodic)
-    return bad_state("no iteration found on thread " + std::to_string(th) + ": " + it->report.reason,
+  IterationReport report = detect_iterations(sig);
+  if (!report.periodic)
+    return bad_state("no iteration found on thread " + std::to_string(th) + ": " + report.reason,
                      "record two or more identical training steps");
-  const Segment& s = it->report.segments[static_cast<std::size_t>(it->report.last_steady())];
-  it->ops.assign(ops.begin() + static_cast<long>(s.begin), ops.begin() + static_cast<long>(s.end));
-  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
-  it->graph = TraceGraph::build(t, it->ops);
-  it->dag = MerkleDag::build(t, it->graph);
-  auto plan = plan_memory(t, it->graph, plan_opt);
-  if (plan.ok()) it->plan = std::move(*plan);
-  else it->plan_status = plan.status();
+  const Segment& s = report.segments[static_cast<std::size_t>(report.last_steady())];
+  auto it = build_iteration(t, std::vector<std::size_t>(ops.begin() + static_cast<long>(s.begin),
+                                                        ops.begin() + static_cast<long>(s.end)),
+                            plan_opt);
+  it->thread = th;
+  it->report = std::move(report);
   return std::shared_ptr<const Iteration>(std::move(it));
 }
 

@@ -58,10 +58,20 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
   // the P whose repetition covers the most ops (L + P), the smallest such P on ties (a
   // multiple of the period covers the same stretch), and require it to cover a third of the
   // sequence and at least two whole blocks.
+  // L(P) for every P at once: the Z-array of the reversed sequence (O(n), no quadratic scan).
+  std::vector<std::uint64_t> rev(sig.rbegin(), sig.rend());
+  std::vector<std::size_t> z(n, 0);
+  for (std::size_t i = 1, lo = 0, hi = 0; i < n; ++i) {
+    if (i < hi) z[i] = std::min(hi - i, z[i - lo]);
+    while (i + z[i] < n && rev[z[i]] == rev[i + z[i]]) ++z[i];
+    if (i + z[i] > hi) {
+      lo = i;
+      hi = i + z[i];
+    }
+  }
   std::size_t period = 0, coverage = 0;
   for (std::size_t p = 1; 2 * p <= n; ++p) {
-    std::size_t l = 0;
-    while (l < n - p && sig[n - 1 - l] == sig[n - 1 - l - p]) ++l;
+    const std::size_t l = z[p];
     if (l < p) continue;
     if (l + p > coverage) {
       coverage = l + p;

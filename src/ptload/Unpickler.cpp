@@ -922,8 +922,9 @@ Status Vm::key_text(std::uint32_t id, std::string& out, std::size_t depth) const
       out += 'i' + std::to_string(n.i) + ';';
       return ok_status();
     case NodeKind::Float: {
-      if (n.f == static_cast<double>(static_cast<std::int64_t>(n.f)) && n.f > -9.2e18 &&
-          n.f < 9.2e18) {
+      // Range first: casting a double outside int64 (or NaN) to an integer is undefined.
+      if (n.f > -9.2e18 && n.f < 9.2e18 &&
+          n.f == static_cast<double>(static_cast<std::int64_t>(n.f))) {
         out += 'i' + std::to_string(static_cast<std::int64_t>(n.f)) + ';';
       } else {
         out += 'f' + std::to_string(std::bit_cast<std::uint64_t>(n.f)) + ';';

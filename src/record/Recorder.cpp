@@ -192,6 +192,7 @@ bool Recorder::drain_log(ThreadLog& log) {
   }
   if (n != 0) {
     std::lock_guard<std::mutex> g(trace_mu_);
+    const std::size_t first = trace_.num_ops();
     for (std::size_t i = 0; i < n; ++i) {
       const TraceEntry& e = entries[i];
       CRUCIBLE_ASSERT(log.meta_stage_.size() - log.meta_stage_head_ >= e.n_meta_cells &&
@@ -205,6 +206,7 @@ bool Recorder::drain_log(ThreadLog& log) {
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
     }
+    if (DrainSink* sink = sink_.load(std::memory_order_acquire)) sink->on_ops(trace_, log.index_, first, n);
   }
   // Compact the stages once their consumed prefix dominates.
   if (log.meta_stage_head_ > 4096 && log.meta_stage_head_ * 2 > log.meta_stage_.size()) {
@@ -244,6 +246,7 @@ void Recorder::drain_loop() {
   for (;;) {
     bool moved = false;
     while (drain_once()) moved = true;
+    deliver_tokens();
     if (stop_.load(std::memory_order_acquire)) {
       if (!drain_once()) return;
       continue;
@@ -254,6 +257,81 @@ void Recorder::drain_loop() {
     wake_cv_.wait_for(lk, pause, [&] { return wake_; });
     wake_ = false;
   }
+}
+
+void Recorder::deliver_tokens() {
+  std::vector<Event> events;
+  {
+    std::lock_guard<std::mutex> g(token_mu_);
+    events.swap(pending_events_);
+  }
+  if (events.empty()) return;
+  DrainSink* sink = sink_.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> g(trace_mu_);
+    for (const Event& ev : events) {
+      if (ev.clear) {
+        trace_.clear();
+        baseline_ = ev.baseline;
+        if (sink != nullptr) sink->on_clear();
+      } else if (sink != nullptr) {
+        sink->on_barrier(ev.token);
+      }
+    }
+  }
+  events_done_.fetch_add(events.size(), std::memory_order_release);
+}
+
+void Recorder::run_event(Event ev) {
+  std::uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> g(token_mu_);
+    pending_events_.push_back(std::move(ev));
+    ticket = ++events_queued_;
+  }
+  while (events_done_.load(std::memory_order_acquire) < ticket) {
+    wake_drain();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void Recorder::flush_token(std::uint64_t token) {
+  flush();
+  Event ev;
+  ev.token = token;
+  run_event(std::move(ev));
+}
+
+void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_release); }
+
+Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
+  Trace out;
+  {
+    std::lock_guard<std::mutex> g(trace_mu_);
+    for (std::size_t op : ops) {
+      if (op >= trace_.num_ops()) continue;
+      const TraceEntry& e = trace_.ops[op];
+      out.op_tensor_begin.push_back(out.tensors.size());
+      out.op_scalar_begin.push_back(out.scalars.size());
+      out.ops.push_back(e);
+      for (std::size_t k = 0; k < e.n_tensors; ++k) {
+        const std::size_t ti = trace_.op_tensor_begin[op] + k;
+        out.tensors.push_back(trace_.tensors[ti]);
+        out.tensor_dims_begin.push_back(out.dims.size());
+        const auto sz = trace_.sizes(ti);
+        const auto st = trace_.strides(ti);
+        out.dims.insert(out.dims.end(), sz.begin(), sz.end());
+        out.dims.insert(out.dims.end(), st.begin(), st.end());
+      }
+      const auto sc = trace_.scalars_of(op);
+      out.scalars.insert(out.scalars.end(), sc.begin(), sc.end());
+    }
+  }
+  std::lock_guard<std::mutex> g(names_mu_);
+  for (const auto& [h, n] : schema_names_) out.schema_names.emplace(h, n);
+  out.module_paths = module_paths_;
+  out.externals = externals_;
+  return out;
 }
 
 void Recorder::flush() {
@@ -317,11 +395,12 @@ Trace Recorder::snapshot() {
 }
 
 void Recorder::clear() {
+  // Done by the drain thread, so the sink sees clear in order with the ops around it.
   flush();
-  std::vector<ThreadStats> now = raw_thread_stats();
-  std::lock_guard<std::mutex> g(trace_mu_);
-  trace_.clear();
-  baseline_ = std::move(now);
+  Event ev;
+  ev.clear = true;
+  ev.baseline = raw_thread_stats();
+  run_event(std::move(ev));
 }
 
 }  // namespace crucible::record

@@ -83,6 +83,11 @@ TEST(Unpickler, DictKeysFollowPythonEquality) {
   EXPECT_EQ(r->entries()[0].first.as_int(), 1);
   EXPECT_EQ(r->entries()[0].second.as_int(), 4);
   EXPECT_NE(error_of("}]K\x01s").find("unhashable"), std::string::npos);
+  // Huge and NaN float keys stay floats (found by fuzz_pt_pickle: no int cast out of range).
+  auto f = run(
+      std::string("}(G\x7f\xef\xff\xff\xff\xff\xff\xffNG\x7f\xf8\x00\x00\x00\x00\x00\x00Nu", 23));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->entries().size(), 2u);
 }
 
 TEST(Unpickler, OrderedDictWithMetadataAttributes) {

@@ -17,6 +17,7 @@
 #include "crucible/record/Recorder.h"
 #include "crucible/graph/Analysis.h"
 #include "crucible/graph/Dot.h"
+#include "crucible/pipeline/Pipeline.h"
 #include "crucible/record/TraceFile.h"
 
 namespace py = pybind11;
@@ -146,6 +147,52 @@ std::uint64_t storage_id_of(std::uintptr_t cdata) {
   return vessel::storage_id(s);
 }
 
+py::dict iteration_dict(const graph::Iteration& it) {
+    py::dict d, phases;
+    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase[p];
+    d["thread"] = it.thread;
+    d["ops"] = phases;
+    d["total_ops"] = it.ops.size();
+    d["first_op"] = it.ops.empty() ? 0 : it.ops.front();
+    d["iterations"] = it.report.segments.size();
+    d["steady_iterations"] = it.report.steady_count();
+    d["first_differs"] = it.report.first_differs;
+    d["variant_every"] = it.report.variant_every;
+    d["summary"] = it.report.reason;
+    d["root_hash"] = it.dag.root().hex();
+    d["edges"] = it.graph.num_edges();
+    d["externals"] = it.graph.externals().size();
+    py::list regions;
+    for (const auto& rg : it.dag.regions()) {
+      py::dict rd;
+      rd["kind"] = rg.kind == graph::RegionKind::Phase ? "phase" : "module";
+      rd["name"] = rg.kind == graph::RegionKind::Phase ? std::string(phase_name(static_cast<Phase>(rg.label))) : rg.module_path;
+      rd["begin"] = rg.begin;
+      rd["end"] = rg.end;
+      rd["hash"] = rg.hash.hex();
+      regions.append(rd);
+    }
+    d["regions"] = regions;
+    if (it.plan) {
+      d["arena_bytes"] = it.plan->arena_bytes;
+      d["lower_bound_bytes"] = it.plan->lower_bound;
+      d["plan_ratio"] = it.plan->ratio();
+      d["persistent_bytes"] = it.plan->persistent_bytes;
+      d["plan_blocks"] = it.plan->blocks.size();
+      d["plan_ok"] = graph::check_plan(*it.plan).ok();
+      d["plan_error"] = py::none();
+    } else {
+      d["plan_error"] = std::string(it.plan_status.message());
+    }
+  return d;
+}
+
+pipeline::Pipeline& global_pipeline() {
+  // Leaked on purpose, like the global recorder: recording threads may outlive main().
+  static pipeline::Pipeline* p = new pipeline::Pipeline(Recorder::global());
+  return *p;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_crucible_ext, m) {
@@ -227,45 +274,23 @@ PYBIND11_MODULE(_crucible_ext, m) {
     opt.alignment = alignment;
     auto r = graph::analyze_latest_iteration(t, thread, opt);
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
-    const graph::Iteration& it = **r;
-    py::dict d, phases;
-    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase[p];
-    d["thread"] = it.thread;
-    d["ops"] = phases;
-    d["total_ops"] = it.ops.size();
-    d["first_op"] = it.ops.empty() ? 0 : it.ops.front();
-    d["iterations"] = it.report.segments.size();
-    d["steady_iterations"] = it.report.steady_count();
-    d["first_differs"] = it.report.first_differs;
-    d["variant_every"] = it.report.variant_every;
-    d["summary"] = it.report.reason;
-    d["root_hash"] = it.dag.root().hex();
-    d["edges"] = it.graph.num_edges();
-    d["externals"] = it.graph.externals().size();
-    py::list regions;
-    for (const auto& rg : it.dag.regions()) {
-      py::dict rd;
-      rd["kind"] = rg.kind == graph::RegionKind::Phase ? "phase" : "module";
-      rd["name"] = rg.kind == graph::RegionKind::Phase ? std::string(phase_name(static_cast<Phase>(rg.label))) : rg.module_path;
-      rd["begin"] = rg.begin;
-      rd["end"] = rg.end;
-      rd["hash"] = rg.hash.hex();
-      regions.append(rd);
-    }
-    d["regions"] = regions;
-    if (it.plan) {
-      d["arena_bytes"] = it.plan->arena_bytes;
-      d["lower_bound_bytes"] = it.plan->lower_bound;
-      d["plan_ratio"] = it.plan->ratio();
-      d["persistent_bytes"] = it.plan->persistent_bytes;
-      d["plan_blocks"] = it.plan->blocks.size();
-      d["plan_ok"] = graph::check_plan(*it.plan).ok();
-      d["plan_error"] = py::none();
-    } else {
-      d["plan_error"] = std::string(it.plan_status.message());
-    }
-    return d;
+    return iteration_dict(**r);
   }, py::arg("trace"), py::arg("thread") = -1, py::arg("budget") = 0, py::arg("alignment") = 64);
+  m.def("published_iteration", [] {
+    pipeline::Pipeline& p = global_pipeline();
+    {
+      py::gil_scoped_release nogil;
+      p.flush();
+    }
+    auto it = p.latest();
+    if (!it) throw std::runtime_error("no iteration published yet: " + p.last_reason());
+    py::dict d = iteration_dict(*it);
+    const auto st = p.stats();
+    d["pipeline_builds"] = st.builds;
+    d["pipeline_build_us"] = static_cast<double>(st.last_build_ns) / 1000.0;
+    return d;
+  });
+  m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));

@@ -144,6 +144,7 @@ def enable(drop_when_full: bool = False) -> None:
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
     _ext.set_drop_when_full(bool(drop_when_full))
+    _ext.start_pipeline()
     _ext.set_enabled(True)
 
 
@@ -263,6 +264,8 @@ def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64
     does not fit comes back with plan_error naming what is live at the peak.
     Raises CrucibleError when no iteration can be found (and says why)."""
     try:
+        if trace is None and thread == -1 and budget == 0 and alignment == 64:
+            return _ext.published_iteration()  # what the background pipeline published
         return _ext.iteration(trace if trace is not None else _ext.snapshot(), thread, budget, alignment)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None

@@ -16,6 +16,7 @@
 namespace crucible::graph {
 
 struct Iteration {
+  std::shared_ptr<const record::Trace> trace;  // set when the iteration owns a copy of its ops
   std::uint32_t thread = 0;
   IterationReport report;
   std::vector<std::size_t> ops;         // trace op indices of the last steady iteration
@@ -25,6 +26,10 @@ struct Iteration {
   std::optional<MemoryPlan> plan;       // empty if planning failed: see plan_status
   Status plan_status;
 };
+
+// Builds graph, DAG and plan for the given ops (indices into t) of one iteration.
+std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
+                                           const PlanOptions& plan = {});
 
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
 // trace with no periodic iteration (the message carries the detector's reason).

@@ -70,6 +70,21 @@ class ThreadLog {
   std::size_t scalar_stage_head_ = 0;
 };
 
+// Receives what the drain thread appends, in the drain thread, in order. The pipeline stage
+// implements it to feed iteration detection. Calls come with the trace locked: read it, do not
+// keep references into it.
+class DrainSink {
+ public:
+  virtual ~DrainSink() = default;
+  // Ops [first, first + count) were appended to `t`; all of them belong to recording thread
+  // `thread` (one call per thread per drain pass).
+  virtual void on_ops(const Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) = 0;
+  // Every op committed before flush_token(token) was called has been passed to on_ops.
+  virtual void on_barrier(std::uint64_t token) = 0;
+  // clear() dropped every op: indices restart at 0.
+  virtual void on_clear() = 0;
+};
+
 class Recorder {
  public:
   // Validates the config (power-of-two ring sizes, room for the largest op the rings can hold).
@@ -102,6 +117,13 @@ class Recorder {
 
   // Returns once every op committed (by any thread) before the call has been drained.
   void flush();
+  // flush(), then has the drain thread call sink->on_barrier(token) (after every on_ops for
+  // those ops). Without a sink it is flush().
+  void flush_token(std::uint64_t token);
+  // Attaches the sink (nullptr detaches). Call while no flush_token() is in progress.
+  void set_sink(DrainSink* sink);
+  // A copy of the given ops (trace indices) with their tensors, scalars, names, externals.
+  Trace copy_ops(std::span<const std::size_t> ops);
   // flush(), then a copy of the trace so far, with current names and per-thread stats.
   Trace snapshot();
   // flush(), then forget every drained op; stats restart from zero (names stay).
@@ -120,6 +142,7 @@ class Recorder {
   bool drain_once();  // true if anything was moved
   bool drain_log(ThreadLog& log);
   void wake_drain();
+  void deliver_tokens();  // drain thread: runs every queued Event
   std::vector<ThreadStats> raw_thread_stats() const;  // since creation
 
   const RecorderConfig cfg_;
@@ -138,6 +161,19 @@ class Recorder {
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
   std::vector<ThreadStats> baseline_;  // counters at the last clear(), per thread index
+
+  std::atomic<DrainSink*> sink_{nullptr};
+  // Barriers and clears run on the drain thread, in order with the ops it drains.
+  struct Event {
+    bool clear = false;
+    std::uint64_t token = 0;
+    std::vector<ThreadStats> baseline;  // for clear
+  };
+  void run_event(Event ev);  // queues it and waits until the drain thread has run it
+  std::mutex token_mu_;
+  std::vector<Event> pending_events_;  // guarded by token_mu_
+  std::uint64_t events_queued_ = 0;    // guarded by token_mu_
+  std::atomic<std::uint64_t> events_done_{0};
 
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;

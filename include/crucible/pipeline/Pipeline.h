@@ -1,0 +1,95 @@
+// Pipeline.h — the background stages behind a Recorder: drain -> detect -> build -> publish.
+//
+// Threads (each stage one thread; SPSC Channels between them, consumers park when idle):
+//   drain    the Recorder's own drain thread; as a DrainSink it computes each new op's
+//            signature and sends (thread, op index, signature) to detect;
+//   detect   keeps each recording thread's signatures, runs the IterationDetector when enough
+//            new ops arrived (or at a barrier), and sends the latest steady iteration's op
+//            range to build when it is a new one;
+//   build    copies those ops out of the trace and builds TraceGraph, MerkleDag, MemoryPlan;
+//   publish  swaps the result into an atomic shared_ptr that readers load without locks.
+// flush() is exact: it returns once every op recorded before the call has gone through all
+// four stages and whatever iteration they complete is published.
+//
+// Detection looks at the last kWindow ops of a thread (65536; iterations longer than half of
+// that are not found and the report says so).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "crucible/graph/Analysis.h"
+#include "crucible/pipeline/Channel.h"
+#include "crucible/record/Recorder.h"
+
+namespace crucible::pipeline {
+
+struct PipelineStats {
+  std::uint64_t ops_seen = 0;        // signatures received by detect
+  std::uint64_t detections = 0;      // detector runs
+  std::uint64_t builds = 0;          // iterations built
+  std::uint64_t published = 0;       // iterations published
+  std::uint64_t last_build_ns = 0;   // wall time of the last build
+};
+
+class Pipeline final : public record::DrainSink {
+ public:
+  static constexpr std::size_t kWindow = 65536;
+
+  // Attaches to `rec` (which must outlive the pipeline) and starts detect, build, publish.
+  explicit Pipeline(record::Recorder& rec, graph::PlanOptions plan = {});
+  ~Pipeline() override;
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // The latest published iteration, or nullptr. Any thread, lock-free.
+  std::shared_ptr<const graph::Iteration> latest() const { return latest_.load(std::memory_order_acquire); }
+  // Why nothing is published yet (the detector's last reason), for error messages.
+  std::string last_reason() const;
+  void flush();
+  PipelineStats stats() const;
+
+  // DrainSink (drain thread).
+  void on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) override;
+  void on_barrier(std::uint64_t token) override;
+  void on_clear() override;
+
+ private:
+  struct SigMsg {
+    enum Kind : std::uint8_t { Op, Barrier, Clear } kind;
+    std::uint32_t thread;
+    std::uint64_t op;   // trace index (Op) or token (Barrier)
+    std::uint64_t sig;
+  };
+  struct BuildMsg {
+    enum Kind : std::uint8_t { Build, Barrier, Clear } kind;
+    std::uint32_t thread;
+    std::uint64_t token;
+    std::vector<std::size_t>* ops;  // owned by the message (Build)
+    graph::IterationReport* report;
+  };
+  struct PublishMsg {
+    enum Kind : std::uint8_t { Publish, Barrier, Clear } kind;
+    std::uint64_t token;
+    const graph::Iteration* it;  // owned by the message (Publish)
+  };
+  void detect_loop();
+  void build_loop();
+  void publish_loop();
+
+  record::Recorder& rec_;
+  const graph::PlanOptions plan_;
+  Channel<SigMsg> to_detect_{1 << 16};
+  Channel<BuildMsg> to_build_{64};
+  Channel<PublishMsg> to_publish_{64};
+  std::atomic<std::shared_ptr<const graph::Iteration>> latest_;
+  std::atomic<std::uint64_t> next_token_{1};
+  std::atomic<std::uint64_t> published_token_{0};
+  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, published_{0}, last_build_ns_{0};
+  mutable std::mutex reason_mu_;
+  std::string last_reason_ = "no ops recorded yet";
+  std::thread detect_, build_, publish_;
+};
+
+}  // namespace crucible::pipeline

@@ -1,0 +1,151 @@
+// Pipeline.cpp — the detect, build and publish stage threads.
+#include "crucible/pipeline/Pipeline.h"
+
+#include <chrono>
+#include <unordered_map>
+
+namespace crucible::pipeline {
+
+Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), plan_(plan) {
+  detect_ = std::thread([this] { detect_loop(); });
+  build_ = std::thread([this] { build_loop(); });
+  publish_ = std::thread([this] { publish_loop(); });
+  rec_.set_sink(this);
+}
+
+Pipeline::~Pipeline() {
+  rec_.set_sink(nullptr);
+  rec_.flush_token(0);  // returns after the drain thread's last call into this sink
+  to_detect_.close();
+  detect_.join();
+  to_build_.close();
+  build_.join();
+  to_publish_.close();
+  publish_.join();
+}
+
+void Pipeline::on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) {
+  for (std::size_t i = first; i < first + count; ++i)
+    to_detect_.push(SigMsg{SigMsg::Op, thread, i, graph::op_signature(t, i)});
+}
+void Pipeline::on_barrier(std::uint64_t token) { to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, 0}); }
+void Pipeline::on_clear() { to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, 0}); }
+
+void Pipeline::detect_loop() {
+  struct PerThread {
+    std::vector<std::uint64_t> sigs, ops;  // last kWindow..2*kWindow ops of the thread
+    std::size_t new_ops = 0;
+    std::size_t last_sent_first = SIZE_MAX;  // trace index of the last iteration sent to build
+  };
+  std::unordered_map<std::uint32_t, PerThread> threads;
+  auto detect = [&](PerThread& pt) {
+    pt.new_ops = 0;
+    detections_.fetch_add(1, std::memory_order_relaxed);
+    graph::IterationReport r = graph::detect_iterations(pt.sigs);
+    {
+      std::lock_guard<std::mutex> g(reason_mu_);
+      last_reason_ = r.reason;
+    }
+    if (!r.periodic) return;
+    const graph::Segment& s = r.segments[static_cast<std::size_t>(r.last_steady())];
+    const std::size_t first = pt.ops[s.begin];
+    if (first == pt.last_sent_first) return;
+    pt.last_sent_first = first;
+    auto* ops = new std::vector<std::size_t>(pt.ops.begin() + static_cast<long>(s.begin),
+                                             pt.ops.begin() + static_cast<long>(s.end));
+    to_build_.push(BuildMsg{BuildMsg::Build, 0, 0, ops, new graph::IterationReport(std::move(r))});
+  };
+  SigMsg m;
+  while (to_detect_.pop(m)) {
+    switch (m.kind) {
+      case SigMsg::Op: {
+        ops_seen_.fetch_add(1, std::memory_order_relaxed);
+        PerThread& pt = threads[m.thread];
+        pt.sigs.push_back(m.sig);
+        pt.ops.push_back(m.op);
+        if (pt.sigs.size() > 2 * kWindow) {
+          pt.sigs.erase(pt.sigs.begin(), pt.sigs.end() - static_cast<long>(kWindow));
+          pt.ops.erase(pt.ops.begin(), pt.ops.end() - static_cast<long>(kWindow));
+        }
+        // Re-detect once the thread's ops grew by half (amortised O(1) per op).
+        if (++pt.new_ops >= std::max<std::size_t>(4096, pt.sigs.size() / 2)) detect(pt);
+        break;
+      }
+      case SigMsg::Barrier:
+        for (auto& [th, pt] : threads)
+          if (pt.new_ops != 0) detect(pt);
+        to_build_.push(BuildMsg{BuildMsg::Barrier, 0, m.op, nullptr, nullptr});
+        break;
+      case SigMsg::Clear:  // recorder.clear(): forget everything, unpublish
+        threads.clear();
+        {
+          std::lock_guard<std::mutex> g(reason_mu_);
+          last_reason_ = "no ops recorded since the last clear()";
+        }
+        to_build_.push(BuildMsg{BuildMsg::Clear, 0, 0, nullptr, nullptr});
+        break;
+    }
+  }
+}
+
+void Pipeline::build_loop() {
+  BuildMsg m;
+  while (to_build_.pop(m)) {
+    if (m.kind != BuildMsg::Build) {
+      to_publish_.push(PublishMsg{m.kind == BuildMsg::Barrier ? PublishMsg::Barrier : PublishMsg::Clear,
+                                  m.token, nullptr});
+      continue;
+    }
+    std::unique_ptr<std::vector<std::size_t>> ops(m.ops);
+    std::unique_ptr<graph::IterationReport> report(m.report);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto trace = std::make_shared<record::Trace>(rec_.copy_ops(*ops));
+    std::vector<std::size_t> local(trace->num_ops());
+    for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
+    std::shared_ptr<graph::Iteration> it = graph::build_iteration(*trace, std::move(local), plan_);
+    it->trace = std::move(trace);
+    it->report = std::move(*report);
+    last_build_ns_.store(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    builds_.fetch_add(1, std::memory_order_relaxed);
+    to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new graph::Iteration(std::move(*it))});
+  }
+}
+
+void Pipeline::publish_loop() {
+  PublishMsg m;
+  while (to_publish_.pop(m)) {
+    if (m.kind == PublishMsg::Publish) {
+      latest_.store(std::shared_ptr<const graph::Iteration>(m.it), std::memory_order_release);
+      published_.fetch_add(1, std::memory_order_relaxed);
+    } else if (m.kind == PublishMsg::Clear) {
+      latest_.store(nullptr, std::memory_order_release);
+    } else {
+      published_token_.store(m.token, std::memory_order_release);
+      published_token_.notify_all();
+    }
+  }
+}
+
+void Pipeline::flush() {
+  static std::mutex flush_mu;  // tokens must reach publish in the order they are issued
+  std::lock_guard<std::mutex> g(flush_mu);
+  const std::uint64_t token = next_token_.fetch_add(1);
+  rec_.flush_token(token);
+  for (std::uint64_t seen = published_token_.load(std::memory_order_acquire); seen < token;
+       seen = published_token_.load(std::memory_order_acquire))
+    published_token_.wait(seen, std::memory_order_acquire);
+}
+
+std::string Pipeline::last_reason() const {
+  std::lock_guard<std::mutex> g(reason_mu_);
+  return last_reason_;
+}
+
+PipelineStats Pipeline::stats() const {
+  return PipelineStats{ops_seen_.load(std::memory_order_relaxed), detections_.load(std::memory_order_relaxed),
+                       builds_.load(std::memory_order_relaxed), published_.load(std::memory_order_relaxed),
+                       last_build_ns_.load(std::memory_order_relaxed)};
+}
+
+}  // namespace crucible::pipeline
