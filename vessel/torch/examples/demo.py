@@ -69,7 +69,24 @@ def main():
         produced.update(t["storage_id"] for t in o["outputs"])
     print(f"inputs neither produced by a recorded op nor classified (parameter/input/...): {unexplained}")
 
-    banner("2. Export, load back, compare")
+    banner("2. What the background pipeline built from it (detect -> build -> publish)")
+    it = crucible.iteration()
+    print(f"iterations: {it['summary']}")
+    print(f"steady iteration: {it['total_ops']} ops {it['ops']}, {it['edges']} dataflow edges, "
+          f"{it['externals']} external inputs, Merkle root {it['root_hash']}")
+    print(f"static memory plan: arena {it['arena_bytes'] / 2**20:.2f} MiB, lower bound "
+          f"{it['lower_bound_bytes'] / 2**20:.2f} MiB (ratio {it['plan_ratio']:.3f}), persistent state "
+          f"{it['persistent_bytes'] / 2**20:.2f} MiB; built in {it['pipeline_build_us'] / 1000:.1f} ms")
+    blocks = {r["name"]: r["hash"][:12] for r in it["regions"] if r["kind"] == "module" and r["name"] in
+              ("layer1.0", "layer1.1", "layer2.0", "layer2.1")}
+    print(f"module regions (identical blocks hash alike): {blocks}")
+    tight = crucible.iteration(trace, budget=8 << 20)
+    print(f"with an 8 MiB device budget: {tight['plan_error'][:160]}...")
+    with tempfile.TemporaryDirectory() as d:
+        n = crucible.export_graph(os.path.join(d, "resnet18.dot"))
+        print(f"export_graph: {n} nodes written as Graphviz DOT (render with: dot -Tsvg FILE)")
+
+    banner("3. Export, load back, compare")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "resnet18.crtrace")
         crucible.export(path)
@@ -77,7 +94,7 @@ def main():
         print(f"{path}: {os.path.getsize(path) / 1e6:.2f} MB, {len(back)} ops, "
               f"identical to the live trace: {back == trace}")
 
-    banner("3. Cost of recording: MLP step (64->128->10, batch 32, SGD momentum), one thread")
+    banner("4. Cost of recording: MLP step (64->128->10, batch 32, SGD momentum), one thread")
     crucible.clear()
     mlp = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     mopt = torch.optim.SGD(mlp.parameters(), lr=0.01, momentum=0.9)
@@ -98,7 +115,7 @@ def main():
     e, r = sorted(eager)[2], sorted(rec)[2]
     print(f"eager {e:.1f} us/step, recording {r:.1f} us/step: +{(r - e) / e * 100:.1f}% "
           f"(bench/python/vessel_overhead.py compares with a TorchDispatchMode recorder)")
-    print("\nNext stages (graph, Merkle DAG, memory plan, replay) are tracked as open issues.")
+    print("\nNext stages (Forge, replay of the plan, the CPU runtime) are tracked as open issues.")
 
 
 if __name__ == "__main__":
