@@ -4,11 +4,13 @@
 #include <cstring>
 #include <new>
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t's definition, to hold it inline
 #include <xxhash.h>
 
 namespace crucible {
 namespace {
-XXH3_state_t* st(void* p) { return static_cast<XXH3_state_t*>(p); }
+XXH3_state_t* st(unsigned char* p) { return reinterpret_cast<XXH3_state_t*>(p); }
+const XXH3_state_t* st(const unsigned char* p) { return reinterpret_cast<const XXH3_state_t*>(p); }
 
 void put_le64(unsigned char* out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -25,15 +27,34 @@ std::string ContentHash::hex() const {
   return s;
 }
 
-ContentHasher::ContentHasher(std::uint64_t seed) : state_(XXH3_createState()) {
-  if (state_ == nullptr) throw std::bad_alloc();
+ContentHasher::ContentHasher(std::uint64_t seed) {
+  static_assert(sizeof(XXH3_state_t) <= kStateBytes && alignof(XXH3_state_t) <= 64,
+                "ContentHasher::kStateBytes must hold XXH3_state_t");
+  XXH3_INITSTATE(st(state_));
   XXH3_128bits_reset_withSeed(st(state_), seed);
 }
 
-ContentHasher::~ContentHasher() { XXH3_freeState(st(state_)); }
+ContentHasher::~ContentHasher() = default;
+
+void ContentHasher::flush() const {
+  if (pending_n_ != 0) XXH3_128bits_update(st(state_), pending_, pending_n_);
+  pending_n_ = 0;
+}
 
 ContentHasher& ContentHasher::update_bytes(const void* data, std::size_t n) {
-  if (n != 0) XXH3_128bits_update(st(state_), data, n);
+  if (n == 0) return *this;
+  if (pending_n_ + n <= sizeof pending_) {
+    std::memcpy(pending_ + pending_n_, data, n);
+    pending_n_ += n;
+    return *this;
+  }
+  flush();
+  if (n < sizeof pending_) {
+    std::memcpy(pending_, data, n);
+    pending_n_ = n;
+  } else {
+    XXH3_128bits_update(st(state_), data, n);
+  }
   return *this;
 }
 ContentHasher& ContentHasher::update_bytes(std::span<const std::byte> b) {
@@ -65,6 +86,7 @@ ContentHasher& ContentHasher::update_hash(const ContentHash& h) {
 }
 
 ContentHash ContentHasher::digest() const {
+  flush();
   XXH128_hash_t h = XXH3_128bits_digest(st(state_));
   return ContentHash{h.low64, h.high64};
 }

@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 namespace crucible::graph {
 namespace {
@@ -100,29 +101,60 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
     }
   }
   // Module scope regions: for every module path P seen, maximal runs of nodes whose path is P
-  // or inside it (P + "."): a block's region holds its submodules' ops too.
-  std::map<std::string, std::uint32_t> scopes;  // path -> module id, every prefix included
+  // or inside it (P + "."): a block's region holds its submodules' ops too. One pass over the
+  // nodes; each node extends the open run of every scope on its path.
+  std::map<std::string, std::size_t> scope_index;  // path -> scope slot
+  std::vector<std::string> scope_path;
+  std::unordered_map<std::uint32_t, std::vector<std::size_t>> scopes_of;  // module id -> scopes
   for (std::uint32_t i = 0; i < N; ++i) {
-    const std::string& p = t.module_path(g.module_id(i));
+    const std::uint32_t mod = g.module_id(i);
+    if (scopes_of.count(mod)) continue;
+    std::vector<std::size_t>& list = scopes_of[mod];
+    const std::string& p = t.module_path(mod);
     for (std::size_t dot = 0; !p.empty() && dot != std::string::npos;) {
       dot = p.find('.', dot + 1);
-      const std::string prefix = p.substr(0, dot);
-      auto it = std::find(t.module_paths.begin(), t.module_paths.end(), prefix);
-      scopes.emplace(prefix, it == t.module_paths.end() ? 0 : static_cast<std::uint32_t>(it - t.module_paths.begin()));
+      auto [it, added] = scope_index.emplace(p.substr(0, dot), scope_path.size());
+      if (added) scope_path.push_back(it->first);
+      list.push_back(it->second);
     }
   }
-  for (const auto& [path, id] : scopes) {
-    auto inside = [&](std::uint32_t i) {
-      const std::string& p = t.module_path(g.module_id(i));
-      return p == path || (p.size() > path.size() && p.compare(0, path.size(), path) == 0 && p[path.size()] == '.');
-    };
-    for (std::uint32_t i = 0; i < N;) {
-      if (!inside(i)) { ++i; continue; }
-      std::uint32_t e = i;
-      while (e < N && inside(e)) ++e;
-      d.regions_.push_back(Region{RegionKind::Module, id, i, e, region_hash(g, d.local_hashes_, i, e), path});
-      i = e;
+  std::unordered_map<std::string, std::uint32_t> id_of_path;
+  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
+    id_of_path.emplace(t.module_paths[k], static_cast<std::uint32_t>(k));
+  std::vector<std::uint32_t> open_begin(scope_path.size(), 0), open_end(scope_path.size(), 0);
+  std::vector<std::pair<std::uint32_t, std::size_t>> runs;  // (begin, scope) of closed runs, and ends
+  std::vector<std::uint32_t> run_end;
+  auto close = [&](std::size_t sc) {
+    runs.emplace_back(open_begin[sc], sc);
+    run_end.push_back(open_end[sc]);
+  };
+  for (std::uint32_t i = 0; i < N; ++i) {
+    for (std::size_t sc : scopes_of[g.module_id(i)]) {
+      if (open_end[sc] != 0 && open_end[sc] == i) {
+        open_end[sc] = i + 1;  // contiguous: extend
+      } else {
+        if (open_end[sc] != 0) close(sc);
+        open_begin[sc] = i;
+        open_end[sc] = i + 1;
+      }
     }
+  }
+  for (std::size_t sc = 0; sc < scope_path.size(); ++sc)
+    if (open_end[sc] != 0) close(sc);
+  // Deterministic order: by path, then position.
+  std::vector<std::size_t> order(runs.size());
+  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (scope_path[runs[a].second] != scope_path[runs[b].second])
+      return scope_path[runs[a].second] < scope_path[runs[b].second];
+    return runs[a].first < runs[b].first;
+  });
+  for (std::size_t k : order) {
+    const std::string& path = scope_path[runs[k].second];
+    auto idit = id_of_path.find(path);
+    d.regions_.push_back(Region{RegionKind::Module, idit == id_of_path.end() ? 0 : idit->second,
+                                runs[k].first, run_end[k],
+                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), path});
   }
   return d;
 }

@@ -50,7 +50,15 @@ class ContentHasher {
   [[nodiscard]] ContentHash digest() const;
 
  private:
-  void* state_;  // XXH3_state_t, kept opaque so xxhash.h stays out of this header
+  // XXH3_state_t lives inline (576 bytes, 64-aligned; checked in ContentHash.cpp) so a hasher
+  // costs no heap allocation: the graph stage makes several per node.
+  static constexpr std::size_t kStateBytes = 640;
+  alignas(64) mutable unsigned char state_[kStateBytes];
+  // Small updates (a u32, a dim) gather here and reach XXH3 in 256-byte chunks: one library
+  // call per chunk instead of per field. Chunking does not change the hash.
+  void flush() const;
+  mutable unsigned char pending_[256];
+  mutable std::size_t pending_n_ = 0;
 };
 
 // One-shot XXH3-128 of a byte string.
