@@ -46,12 +46,7 @@ def main():
             s.step()
         peak = eager_peak_bytes(s)
         crucible.clear()
-        crucible.track_modules(s.model)
-        crucible.mark_inputs(s.x, s.y)
-        crucible.enable()
-        for _ in range(3):
-            s.step()
-        crucible.disable()
+        models.record(s, 3)
         it = crucible.iteration()
         r = {
             "ops": it["total_ops"],

@@ -12,20 +12,7 @@ import models
 
 
 def record(s, steps=4):
-    crucible.track_modules(s.model)
-    crucible.mark_inputs(s.x, s.y)
-    counts, before = [], 0
-    crucible.enable()
-    try:
-        for _ in range(steps):
-            s.step()
-            crucible.flush()
-            total = crucible.stats()["total"]
-            counts.append(total - before)
-            before = total
-    finally:
-        crucible.disable()
-    return counts
+    return models.record(s, steps)
 
 
 @pytest.mark.parametrize("name", models.MODELS)

@@ -71,3 +71,23 @@ def make(name, seed=0):
 
 
 MODELS = ["mlp", "cnn", "resnet18", "transformer"]
+
+
+def record(s, steps):
+    """Records `steps` training steps of setup `s` (modules tracked, batch marked as input) and
+    returns the number of ops each step recorded."""
+    import crucible_native as crucible
+    crucible.track_modules(s.model)
+    crucible.mark_inputs(s.x, s.y)
+    counts, before = [], 0
+    crucible.enable()
+    try:
+        for _ in range(steps):
+            s.step()
+            crucible.flush()
+            total = crucible.stats()["total"]
+            counts.append(total - before)
+            before = total
+    finally:
+        crucible.disable()
+    return counts

@@ -17,19 +17,7 @@ ITERS = 3
 
 def record_iterations(s, iters=ITERS):
     """Records `iters` steps; returns the trace and the op count of each iteration."""
-    crucible.track_modules(s.model)
-    crucible.mark_inputs(s.x, s.y)
-    counts, before = [], 0
-    crucible.enable()
-    try:
-        for _ in range(iters):
-            s.step()
-            crucible.flush()
-            total = crucible.stats()["total"]
-            counts.append(total - before)
-            before = total
-    finally:
-        crucible.disable()
+    counts = models.record(s, iters)
     return crucible.trace(), counts
 
 
