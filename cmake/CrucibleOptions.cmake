@@ -55,3 +55,6 @@ if(CRUCIBLE_SAN_FLAGS)
 endif()
 
 add_compile_options(-Wall -Wextra -Wpedantic -Wno-unused-parameter)
+# One section per function/object, so that a deployed binary linked with --gc-sections keeps only
+# the code it calls (examples/strip_cnn: less text to page in, a smaller resident set).
+add_compile_options(-ffunction-sections -fdata-sections)

@@ -204,6 +204,12 @@ int bench(long iters, const char* model_path) {
     if (i >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
   std::sort(us.begin(), us.end());
+  if (std::getenv("CRUCIBLE_PROFILE") != nullptr) {
+    auto prof = net->profile(in, outs, 200);
+    std::fprintf(stderr, "%s", net->describe().c_str());
+    for (double v : *prof) std::fprintf(stderr, "%.1f ", v);
+    std::fprintf(stderr, "\n");
+  }
   std::printf("{\"isa\": \"%s\", \"iters\": %ld, \"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, "
               "\"peak_rss_kb\": %ld, \"arena_bytes\": %zu, \"weight_bytes\": %zu}\n",
               std::string(rt::isa_name(rt::current_isa())).c_str(), iters, us[us.size() / 2],

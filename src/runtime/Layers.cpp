@@ -152,6 +152,11 @@ void maxpool2d(const Pool2dSpec& s, const float* x, std::int64_t nc, std::int64_
   const auto ohw = pool2d_output_hw(PoolKind::Max, s, h, w);
   CRUCIBLE_PRE(ohw.ok(), "pooling/padding parameters invalid for this input (check the *_output_hw function first)");
   const auto [oh, ow] = *ohw;
+  if (s.kernel_h == 2 && s.kernel_w == 2 && s.stride_h == 2 && s.stride_w == 2 && s.pad_h == 0 &&
+      s.pad_w == 0 && s.dilation_h == 1 && s.dilation_w == 1 && oh == h / 2 && ow == w / 2) {
+    detail::maxpool2x2(x, nc, h, w, y);
+    return;
+  }
   for (std::int64_t p = 0; p < nc; ++p) {
     const float* xp = x + p * h * w;
     float* yp = y + p * oh * ow;
@@ -236,17 +241,11 @@ Result<std::pair<std::int64_t, std::int64_t>> pad2d_output_hw(const Pad2dSpec& s
     return invalid_input("pad2d: padding input " + hw(h, w) + " gives an empty output " + hw(oh, ow),
                          "negative padding may crop at most all but one row/column");
   }
-  if (s.mode != PadMode::Constant) {
-    const bool neg = s.left < 0 || s.right < 0 || s.top < 0 || s.bottom < 0;
-    if (neg) {
-      return invalid_input("pad2d: negative padding is only supported in constant mode",
-                           "crop with constant mode, then pad");
-    }
-    if (s.mode == PadMode::Reflect &&
-        (s.left >= w || s.right >= w || s.top >= h || s.bottom >= h)) {
-      return invalid_input("pad2d: reflect padding must be smaller than the input " + hw(h, w),
-                           "PyTorch refuses this too; use replicate or constant mode");
-    }
+  // Reflect indexes around the original edges (negative amounts then crop), which needs every
+  // amount smaller than the dimension it pads, as PyTorch checks.
+  if (s.mode == PadMode::Reflect && (s.left >= w || s.right >= w || s.top >= h || s.bottom >= h)) {
+    return invalid_input("pad2d: reflect padding must be smaller than the input " + hw(h, w),
+                         "PyTorch refuses this too; use replicate or constant mode");
   }
   return std::pair{oh, ow};
 }

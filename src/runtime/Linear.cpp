@@ -3,6 +3,9 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <sys/auxv.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +30,18 @@ std::atomic<bool> g_blas_tried{false};
 
 void load_blas();
 
+// A program without an ELF interpreter is linked statically (crucible_deploy_binary): dlopen()
+// there would need the build machine's exact glibc at run time, so it is not attempted.
+bool statically_linked() {
+  const auto* ph = reinterpret_cast<const ElfW(Phdr)*>(getauxval(AT_PHDR));
+  const unsigned long n = getauxval(AT_PHNUM);
+  if (ph == nullptr) return false;
+  for (unsigned long i = 0; i < n; ++i) {
+    if (ph[i].p_type == PT_INTERP) return false;
+  }
+  return true;
+}
+
 const Blas& blas() {
   std::call_once(g_blas_once, [] {
     load_blas();
@@ -36,6 +51,11 @@ const Blas& blas() {
 }
 
 void load_blas() {
+  if (statically_linked()) {
+    g_blas.status = "this binary is linked statically, so OpenBLAS cannot be loaded; linear "
+                    "layers use the built-in kernel for every row count";
+    return;
+  }
   {  // tries the configured library, then the soname on the default search path
     const char* paths[] = {CRUCIBLE_OPENBLAS_PATH, "libopenblas.so.0"};
     std::string errors;

@@ -133,4 +133,40 @@ void gemv(const GemvBlock& g) {
   }
 }
 
+namespace {
+// _mm256_max_ps(a, b) returns b when either is NaN; blending a back where a is NaN makes any NaN
+// win, as in torch.max_pool2d.
+inline __m256 nanmax(__m256 a, __m256 b) {
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+}  // namespace
+
+void maxpool2x2(const float* x, std::int64_t planes, std::int64_t h, std::int64_t w, float* y) {
+  const std::int64_t oh = h / 2, ow = w / 2;
+  for (std::int64_t p = 0; p < planes; ++p) {
+    for (std::int64_t oy = 0; oy < oh; ++oy) {
+      const float* r0 = x + (p * h + 2 * oy) * w;
+      const float* r1 = r0 + w;
+      float* out = y + (p * oh + oy) * ow;
+      std::int64_t ox = 0;
+      for (; ox + 8 <= ow; ox += 8) {
+        // Rows max'ed first (16 inputs -> 16), then even/odd columns split per 128-bit lane and
+        // max'ed (-> 8, lane-interleaved), then the 64-bit quarters put back in order.
+        const __m256 v0 = nanmax(_mm256_loadu_ps(r0 + 2 * ox), _mm256_loadu_ps(r1 + 2 * ox));
+        const __m256 v1 = nanmax(_mm256_loadu_ps(r0 + 2 * ox + 8), _mm256_loadu_ps(r1 + 2 * ox + 8));
+        const __m256 even = _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+        const __m256 odd = _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+        const __m256 m = nanmax(even, odd);
+        _mm256_storeu_ps(out + ox, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m),
+                                                                           _MM_SHUFFLE(3, 1, 2, 0))));
+      }
+      for (; ox < ow; ++ox) {
+        const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+        auto nm = [](float u, float v) { return (u > v || u != u) ? u : v; };
+        out[ox] = nm(nm(a, b), nm(c, d));
+      }
+    }
+  }
+}
+
 }  // namespace crucible::runtime::detail::avx2

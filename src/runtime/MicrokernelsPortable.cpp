@@ -46,6 +46,25 @@ void apply_activation(Activation act, float* y, std::int64_t n) {
   }
 }
 
+namespace {
+// max that returns NaN when either operand is NaN (torch.max_pool2d's rule).
+inline float nanmax(float a, float b) { return (a > b || a != a) ? a : b; }
+}  // namespace
+
+void maxpool2x2_portable(const float* x, std::int64_t planes, std::int64_t h, std::int64_t w, float* y) {
+  const std::int64_t oh = h / 2, ow = w / 2;
+  for (std::int64_t p = 0; p < planes; ++p) {
+    for (std::int64_t oy = 0; oy < oh; ++oy) {
+      const float* r0 = x + (p * h + 2 * oy) * w;
+      const float* r1 = r0 + w;
+      float* out = y + (p * oh + oy) * ow;
+      for (std::int64_t ox = 0; ox < ow; ++ox) {
+        out[ox] = nanmax(nanmax(r0[2 * ox], r0[2 * ox + 1]), nanmax(r1[2 * ox], r1[2 * ox + 1]));
+      }
+    }
+  }
+}
+
 namespace portable {
 
 void igemm(const IgemmBlock& g) {

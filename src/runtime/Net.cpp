@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -106,8 +107,12 @@ struct Net::Impl {
     return "node #" + std::to_string(id) + " (" + kind_name(k) + ")";
   }
   // Records the first error, prefixed with the node it concerns.
-  Value fail(Kind k, const Status& s) {
-    if (error.ok()) error = Status(s.code(), label(nodes.size(), k) + ": " + std::string(s.message()));
+  Value fail(Kind k, const Status& s, const char* name = nullptr) {
+    if (error.ok()) {
+      const std::string where = name ? "node #" + std::to_string(nodes.size()) + " (" + name + ")"
+                                     : label(nodes.size(), k);
+      error = Status(s.code(), where + ": " + std::string(s.message()));
+    }
     return {};
   }
   Value fail(Kind k, const std::string& what, const std::string& fix) {
@@ -128,7 +133,7 @@ struct Net::Impl {
   Value binary(Value a, Value b, BinaryOp op) {
     if (!ok(a, Kind::Binary) || !ok(b, Kind::Binary)) return {};
     auto s = broadcast_shape(shape(a), shape(b));
-    if (!s.ok()) return fail(Kind::Binary, s.status());
+    if (!s.ok()) return fail(Kind::Binary, s.status(), op == BinaryOp::Add ? "add" : "mul");
     Node n;
     n.kind = Kind::Binary;
     n.in = {a.id, b.id};
@@ -726,6 +731,29 @@ Result<CompiledNet> Net::compile(const CompileOptions& opt) const {
 }
 
 Status CompiledNet::run(std::span<const float* const> inputs, std::span<float* const> outputs) {
+  return run_timed(inputs, outputs, nullptr);
+}
+
+Result<std::vector<double>> CompiledNet::profile(std::span<const float* const> inputs,
+                                                 std::span<float* const> outputs, int iterations) {
+  if (!impl_) return bad_state("profile() on an empty CompiledNet", "use the result of Net::compile()");
+  if (iterations < 1) return invalid_input("profile: iterations must be >= 1", "pass a positive count");
+  const std::size_t n = impl_->steps.size();
+  std::vector<double> all(n * static_cast<std::size_t>(iterations));
+  for (int it = 0; it < iterations; ++it) {
+    CRUCIBLE_RETURN_IF_ERROR(run_timed(inputs, outputs, all.data() + static_cast<std::size_t>(it) * n));
+  }
+  std::vector<double> median(n), one(static_cast<std::size_t>(iterations));
+  for (std::size_t s = 0; s < n; ++s) {
+    for (int it = 0; it < iterations; ++it) one[static_cast<std::size_t>(it)] = all[static_cast<std::size_t>(it) * n + s];
+    std::nth_element(one.begin(), one.begin() + iterations / 2, one.end());
+    median[s] = one[static_cast<std::size_t>(iterations / 2)];
+  }
+  return median;
+}
+
+Status CompiledNet::run_timed(std::span<const float* const> inputs, std::span<float* const> outputs,
+                              double* step_us) {
   if (!impl_) return bad_state("run() on an empty CompiledNet", "use the result of Net::compile()");
   Impl& C = *impl_;
   if (inputs.size() != C.input_names.size() || outputs.size() != C.output_names.size()) {
@@ -757,7 +785,9 @@ Status CompiledNet::run(std::span<const float* const> inputs, std::span<float* c
     if (l.where == Loc::Input) return const_cast<float*>(inputs[l.index]);
     return reinterpret_cast<float*>(arena + l.index);
   };
-  for (const Step& s : C.steps) {
+  for (std::size_t si = 0; si < C.steps.size(); ++si) {
+    const Step& s = C.steps[si];
+    const auto t0 = step_us ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const Node& n = C.nodes[s.node];
     float* y = ptr(s.out);
     const float* x = s.in.empty() ? nullptr : ptr(s.in[0]);
@@ -819,6 +849,9 @@ Status CompiledNet::run(std::span<const float* const> inputs, std::span<float* c
       case Kind::Input:
       case Kind::View:
         break;
+    }
+    if (step_us) {
+      step_us[si] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     }
   }
   for (std::size_t k = 0; k < outputs.size(); ++k) {

@@ -111,6 +111,10 @@ class CompiledNet {
   // contiguous float32 buffer of that value's numel. One run at a time per CompiledNet: a
   // concurrent call gets an error, not a race.
   Status run(std::span<const float* const> inputs, std::span<float* const> outputs);
+  // Runs `iterations` times and returns each step's median wall time in microseconds (steps as
+  // describe() lists them), for finding where a network's time goes.
+  Result<std::vector<double>> profile(std::span<const float* const> inputs,
+                                      std::span<float* const> outputs, int iterations);
 
   std::size_t input_count() const;
   std::size_t output_count() const;
@@ -131,6 +135,8 @@ class CompiledNet {
 
  private:
   friend class Net;
+  Status run_timed(std::span<const float* const> inputs, std::span<float* const> outputs,
+                   double* step_us);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
