@@ -99,10 +99,23 @@ Result<rt::CompiledNet> build_strip_net(const pt::StateDict& sd, std::int64_t ba
   return net.compile();
 }
 
+// Peak resident set of this process: VmHWM, not getrusage's ru_maxrss, which Linux carries over
+// exec() from the parent (a benchmark started from Python would report Python's memory).
 long peak_rss_kb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
+  long kb = -1;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::strtol(line + 6, nullptr, 10);
+    }
+    std::fclose(f);
+  }
+  if (kb < 0) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    kb = ru.ru_maxrss;
+  }
+  return kb;
 }
 
 int check(const char* model_path, const char* heldout_path, const char* dump_path) {
