@@ -1,0 +1,94 @@
+// Ir001.h — Forge's first IR: one recorded iteration as classified ops over symbolic-shape values.
+//
+// Built from a trace and the op indices of one iteration (graph::Iteration::ops). Values are the
+// tensors the iteration reads and writes, identified like the TraceGraph does — by storage and
+// version, plus the view geometry (a view and its base share storage and version) — never by data
+// pointer. A value is produced by exactly one node or is external (parameter, gradient, optimizer
+// state, batch input, constant, or "unknown" when the trace did not classify it).
+//
+// Shapes are ExprPool expressions. build_ir001() makes constant shapes from one recording;
+// symbolize_batch() unifies two recordings of the same program at different batch sizes into one
+// IR whose batch-proportional dims are k*B, so a plan can be instantiated for another batch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/forge/CKernel.h"
+#include "crucible/forge/ExprPool.h"
+#include "crucible/record/Trace.h"
+
+namespace crucible::forge {
+
+inline constexpr std::uint32_t kNoNode = UINT32_MAX;
+
+struct Value {
+  std::vector<const Expr*> shape;
+  std::int8_t dtype = -1;             // c10 ScalarType ordinal
+  std::uint32_t producer = kNoNode;   // node that writes it, or kNoNode for an external
+  std::uint32_t producer_output = 0;  // which output of the producer
+  std::uint8_t external = 0;          // record::ExternalKind when external, 0 = unclassified
+  std::uint64_t storage = 0;          // storage identity (aliasing), 0 for none
+  std::uint32_t version = 0;
+  bool is_view = false;
+  bool live_out = false;              // observable after the iteration (see Note [Live-out])
+  std::int64_t nbytes = 0;            // at the recorded batch size
+};
+
+struct Node {
+  std::uint64_t schema_hash = 0;
+  std::string op;                     // "aten::addmm", as recorded
+  CKernel kind = CKernel::Opaque;
+  std::string_view opaque_reason;     // non-empty iff kind == Opaque
+  record::Phase phase = record::Phase::Forward;
+  std::uint32_t module_id = 0;
+  std::vector<std::uint32_t> inputs;   // value ids, schema order
+  std::vector<std::uint32_t> outputs;  // value ids
+  std::vector<record::ScalarRecord> scalars;
+  bool mutates = false;               // writes one of its inputs (in-place / out= / optimizer)
+  bool in_place = false;              // canonicalize: "add_" style, writes inputs[0]
+  std::uint32_t alias_of = UINT32_MAX;  // canonicalize: View output aliases this input value
+  std::size_t trace_op = 0;           // index in the trace
+  std::int64_t flops = 0;             // estimated at the recorded shapes (Note [Cost model])
+  std::int64_t bytes = 0;             // bytes read + written at the recorded shapes
+};
+
+// Note [Live-out]: a value is live-out when it may be observed after the iteration: its storage
+// is external (parameters, gradients, optimizer state, buffers are updated in place), or no node
+// of the iteration reads it (Python may hold it: the loss, logits). Dead-code elimination keeps
+// every node a live-out value depends on, and every node that mutates.
+struct Ir001 {
+  ExprPool* pool = nullptr;
+  std::vector<Node> nodes;    // execution order
+  std::vector<Value> values;
+  std::vector<std::string> module_paths;  // module_id -> path (from the trace)
+  std::int64_t batch_size = 0;            // the recorded batch (0 if unknown)
+  bool symbolic = false;                  // shapes mention the batch symbol
+};
+
+struct BuildOptions {
+  // Refuse (instead of marking OPAQUE with a reason) ops missing from the op table.
+  bool strict_op_table = false;
+};
+
+Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> ops, ExprPool& pool,
+                          const BuildOptions& options = {});
+
+// Unifies two IRs of the same program recorded at batch sizes a.batch_size != b.batch_size: same
+// nodes, same value graph, dims equal or proportional to the batch (then k*B). Anything else is an
+// error naming the first node and dim that differ.
+Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool,
+                              std::string_view symbol = "B");
+// The IR with every symbol bound (shapes constant again).
+Result<Ir001> instantiate(const Ir001& ir, const std::map<std::string, std::int64_t, std::less<>>& bindings);
+
+// Structural checks: ids in range, each value produced at most once and before use, producers
+// consistent, views alias an input, OPAQUE nodes have a reason, shapes non-negative where constant.
+Status verify(const Ir001& ir);
+
+}  // namespace crucible::forge

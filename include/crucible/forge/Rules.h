@@ -1,0 +1,84 @@
+// Rules.h — fusion rules as data: one TOML file per hardware class (rules/<class>.toml).
+//
+//   [class]
+//   name = "h200"
+//   extends = "cpu-avx2"            # optional: rules of the base class come first, same ids override
+//   capabilities = ["avx2", "fma"]  # what this class offers
+//
+//   [[rule]]
+//   id = "conv_bias_relu"
+//   pattern = ["CONV", "POINTWISE_BINARY?", "POINTWISE_UNARY"]  # kinds (or "aten::op" names);
+//                                                               # "?" marks an optional step
+//   kernel = "conv_epilogue"        # IR002 template
+//   recipe = "f32_ordered"          # NumericalRecipe registry name
+//   modes = ["train", "infer"]
+//   rows = [1, 1048576]             # row-count range (leading dims product) where it applies
+//   requires = ["avx2", "fma"]      # capabilities the class must offer
+//   numerics = "bit_identical"      # reference | bit_identical | differs
+//   priority = 300
+//   settings = ["allow_tf32"]       # policy settings the rule reads (must be stated by the policy)
+//
+// A "differs" rule applies only when the policy opts into it by id. Parsing is strict: an unknown
+// key, kind, template or recipe is an error naming the file, rule and key.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/forge/CKernel.h"
+#include "crucible/forge/Ir002.h"
+#include "crucible/forge/NumericalRecipe.h"
+
+namespace crucible::forge {
+
+enum class Numerics : std::uint8_t { Reference = 0, BitIdentical = 1, Differs = 2 };
+
+struct PatternStep {
+  std::optional<CKernel> kind;  // match by kind ...
+  std::string op;               // ... or by exact op name ("aten::addmm")
+  bool optional = false;
+};
+
+struct Rule {
+  std::string id;
+  std::vector<PatternStep> pattern;
+  KernelTemplate kernel = KernelTemplate::Opaque;
+  const NumericalRecipe* recipe = nullptr;
+  bool train = true, infer = true;
+  std::int64_t rows_min = 0, rows_max = INT64_MAX;
+  std::vector<std::string> requires_caps;
+  Numerics numerics = Numerics::Reference;
+  std::int32_t priority = 0;
+  std::vector<std::string> settings;
+  std::string source;  // "rules/cpu-avx2.toml" (not hashed)
+};
+
+struct RuleSet {
+  std::string hardware;                 // class name
+  std::vector<std::string> chain;       // class, its base, its base's base ...
+  std::vector<std::string> capabilities;
+  std::vector<Rule> rules;              // base rules first; a same-id rule in a derived class replaces
+  std::string digest;                   // SHA-256 hex of the rules texts (chain order)
+};
+
+// Loads class `name`, resolving `extends` through `read_text(class) -> TOML text` (a cycle or a
+// missing class is an error). Pure: no file access of its own (load_rules_dir below reads files).
+Result<RuleSet> parse_rules(std::string_view name,
+                            const std::function<Result<std::string>(std::string_view)>& read_text);
+// read_text from <dir>/<class>.toml.
+Result<RuleSet> load_rules_dir(const std::string& dir, std::string_view name);
+
+// What the user decides: mode, which "differs" rules are allowed, and the settings rules may read.
+struct Policy {
+  bool training = true;
+  std::vector<std::string> allow_differs;           // rule ids
+  std::map<std::string, std::string> settings;      // stated settings, e.g. allow_tf32=false
+};
+
+}  // namespace crucible::forge
