@@ -43,5 +43,7 @@ bool is_help_flag(std::string_view a);
 
 // Tables of the command groups, each in its own file.
 std::span<const Command> pt_commands();  // PtCommand.cpp: ls, check
+int plan_command(Args args);             // PlanCommand.cpp: crucible plan
+int venn_command(Args args);             // PlanCommand.cpp: crucible venn
 
 }  // namespace crucible::cli

@@ -13,8 +13,21 @@ namespace {
 constexpr Command kTopLevel[] = {
     {"pt", "ls|check ...", "inspect and check torch.save .pt files without torch", "", nullptr,
      pt_commands},
+    {"plan", "[--hardware CLASS] [--rules DIR] [--infer] [--json] ... TRACE",
+     "Forge's fused plan of a recorded iteration: groups, kernels, recipes, memory fit, roofline",
+     "  --hardware CLASS     rules/<CLASS>.toml and its datasheet (cpu-avx2, h200); default cpu-avx2\n"
+     "  --rules DIR          where the rules files are (default: the source tree's rules/)\n"
+     "  --infer              plan for inference (default: training)\n"
+     "  --allow-differs ID   allow a rule whose numerics differ from the reference\n"
+     "  --setting KEY=VALUE  state a policy setting rules may read\n"
+     "  --budget-us N        wall-clock budget per phase (default 50000)\n"
+     "  --json               machine-readable output",
+     plan_command, nullptr},
+    {"venn", "[--hardware CLASS] [--rules DIR] [--json] TRACE",
+     "which nodes a hardware class has kernel families for, ranked by share of step time", "",
+     venn_command, nullptr},
 };
-static_assert(std::size(kTopLevel) == 1, "misc/CLI.md lists every top-level command");
+static_assert(std::size(kTopLevel) == 3, "misc/CLI.md lists every top-level command");
 
 }  // namespace
 }  // namespace crucible::cli

@@ -20,6 +20,9 @@ namespace crucible::forge {
 inline constexpr int kPlanTextVersion = 1;
 
 std::string canonical_plan_text(const Ir001& ir, const Ir002& plan, const RuleSet& rules);
+// The plan digest: SHA-256 hex of the plan text without the header's " rules=<digest>" field (the
+// rules digest is provenance, not what runs; see Note [Plan text v1] in Digest.cpp).
+std::string plan_text_digest(std::string_view plan_text);
 std::string sha256_hex(std::string_view bytes);
 
 }  // namespace crucible::forge

@@ -21,6 +21,8 @@ struct Hardware {
   std::string_view name;          // matches a rules class: "cpu-avx2", "h200"
   std::string_view description;
   double peak_flops = 0;          // FLOP/s (f32 for CPU, dense bf16 for H200)
+  double peak_flops_f32 = 0;      // FLOP/s of f32 work without tensor cores (0: peak_flops); a
+                                  // group whose recipe's io dtype is not bf16/f16 uses this one
   double bandwidth = 0;           // bytes/s
   std::int64_t memory_bytes = 0;  // device budget (usable)
   bool measured = false;          // false: datasheet ceilings

@@ -46,26 +46,37 @@ class Setup:
         return loss
 
 
-def make(name, seed=0):
+# The batch size each model is built with when make() is not given one.
+DEFAULT_BATCH = {"mlp": 32, "cnn": 4, "resnet18": 2, "transformer": 4}
+
+
+def make(name, seed=0, batch=None):
+    """Builds model `name` with its optimizer and one batch of `batch` samples (default:
+    DEFAULT_BATCH[name]; the default draws exactly the same tensors as before batch existed)."""
+    if name not in DEFAULT_BATCH:
+        raise ValueError(name)
+    b = DEFAULT_BATCH[name] if batch is None else int(batch)
+    if b < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
     torch.manual_seed(seed)
     if name == "mlp":
         m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
         return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                     torch.randn(32, 64), torch.randint(0, 10, (32,)), F.cross_entropy)
+                     torch.randn(b, 64), torch.randint(0, 10, (b,)), F.cross_entropy)
     if name == "cnn":
         m = SmallCNN()
         return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
-                     torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)), F.cross_entropy)
+                     torch.randn(b, 3, 16, 16), torch.randint(0, 10, (b,)), F.cross_entropy)
     if name == "resnet18":
         import torchvision
         m = torchvision.models.resnet18(num_classes=10)
         return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
-                     torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)), F.cross_entropy)
+                     torch.randn(b, 3, 64, 64), torch.randint(0, 10, (b,)), F.cross_entropy)
     if name == "transformer":
         m = SmallTransformer()
-        tok = torch.randint(0, 50, (4, 12))
+        tok = torch.randint(0, 50, (b, 12))
         return Setup(name, m, torch.optim.AdamW(m.parameters(), lr=1e-3),
-                     tok, torch.randint(0, 50, (4, 12)),
+                     tok, torch.randint(0, 50, (b, 12)),
                      lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
     raise ValueError(name)
 

@@ -1,0 +1,145 @@
+// PlanCommand.cpp — `crucible plan TRACE` and `crucible venn TRACE`: Forge's front end on the
+// last steady iteration of a recorded trace, printed for a hardware class.
+//
+//   crucible plan [--hardware cpu-avx2|h200] [--rules DIR] [--infer] [--allow-differs ID]...
+//                 [--setting KEY=VALUE]... [--budget-us N] [--json] TRACE
+//   crucible venn [--hardware ...] [--rules DIR] [--json] TRACE
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "Command.h"
+#include "crucible/forge/Ir001.h"
+#include "crucible/forge/Passes.h"
+#include "crucible/forge/Report.h"
+#include "crucible/graph/Analysis.h"
+#include "crucible/record/TraceFile.h"
+
+namespace crucible::cli {
+namespace {
+
+struct PlanArgs {
+  std::string hardware = "cpu-avx2";
+  std::string rules_dir = CRUCIBLE_RULES_DIR;
+  std::string trace;
+  forge::Policy policy;
+  double budget_us = 50'000;
+  bool json = false;
+};
+
+int parse(std::string_view path, Args args, bool plan, PlanArgs& out) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    auto value = [&](std::string* v) {
+      if (i + 1 >= args.size()) return false;
+      *v = std::string(args[++i]);
+      return true;
+    };
+    std::string v;
+    if (a == "--json") {
+      out.json = true;
+    } else if (a == "--hardware") {
+      if (!value(&out.hardware)) return usage_error(path, "--hardware needs a class name");
+    } else if (a == "--rules") {
+      if (!value(&out.rules_dir)) return usage_error(path, "--rules needs a directory");
+    } else if (plan && a == "--infer") {
+      out.policy.training = false;
+    } else if (plan && a == "--allow-differs") {
+      if (!value(&v)) return usage_error(path, "--allow-differs needs a rule id");
+      out.policy.allow_differs.push_back(v);
+    } else if (plan && a == "--setting") {
+      if (!value(&v) || v.find('=') == std::string::npos) return usage_error(path, "--setting needs KEY=VALUE");
+      out.policy.settings[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (plan && a == "--budget-us") {
+      if (!value(&v)) return usage_error(path, "--budget-us needs a number");
+      char* end = nullptr;
+      out.budget_us = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || out.budget_us < 0) return usage_error(path, "--budget-us needs a number >= 0");
+    } else if (!a.empty() && a[0] == '-') {
+      return usage_error(path, "unknown option '" + std::string(a) + "'");
+    } else if (out.trace.empty()) {
+      out.trace = std::string(a);
+    } else {
+      return usage_error(path, "one TRACE only (got '" + out.trace + "' and '" + std::string(a) + "')");
+    }
+  }
+  if (out.trace.empty()) return usage_error(path, "missing TRACE (a .crtrace file: crucible.export(path) writes one)");
+  return -1;
+}
+
+// Trace -> last steady iteration -> IR001 -> front end. Prints the error and returns the exit code
+// on failure.
+int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
+              const forge::Hardware** hw, forge::FrontEndResult* out) {
+  *hw = forge::hardware_by_name(a.hardware);
+  if (*hw == nullptr) {
+    std::string names;
+    for (std::string_view n : forge::hardware_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+    std::fprintf(stderr, "crucible: unknown hardware class '%s' (known: %s)\n", a.hardware.c_str(), names.c_str());
+    return kExitUsage;
+  }
+  auto trace = record::load_trace(a.trace);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "crucible: %s: %s\n", a.trace.c_str(), std::string(trace.status().message()).c_str());
+    return trace.status().code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitRefused;
+  }
+  auto it = graph::analyze_latest_iteration(*trace, -1);
+  if (!it.ok()) {
+    std::fprintf(stderr, "crucible: %s: no iteration to plan: %s\n", a.trace.c_str(),
+                 std::string(it.status().message()).c_str());
+    return kExitRefused;
+  }
+  auto ir = forge::build_ir001(*trace, (*it)->ops, pool);
+  if (!ir.ok()) {
+    std::fprintf(stderr, "crucible: %s\n", std::string(ir.status().message()).c_str());
+    return kExitRefused;
+  }
+  auto rs = forge::load_rules_dir(a.rules_dir, a.hardware);
+  if (!rs.ok()) {
+    std::fprintf(stderr, "crucible: rules: %s\n", std::string(rs.status().message()).c_str());
+    return kExitUsage;
+  }
+  *rules = std::move(*rs);
+  auto fe = forge::run_front_end(std::move(*ir), *rules, a.policy, a.budget_us);
+  if (!fe.ok()) {
+    std::fprintf(stderr, "crucible: plan: %s\n", std::string(fe.status().message()).c_str());
+    return kExitRefused;
+  }
+  *out = std::move(*fe);
+  return -1;
+}
+
+int run_plan(Args args) {
+  PlanArgs a;
+  if (int rc = parse("crucible plan", args, true, a); rc >= 0) return rc;
+  forge::ExprPool pool;
+  forge::RuleSet rules;
+  const forge::Hardware* hw = nullptr;
+  forge::FrontEndResult fe;
+  if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
+  const forge::PlanReport r = forge::plan_report(fe, rules, *hw);
+  std::fputs((a.json ? r.json : r.text).c_str(), stdout);
+  if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
+  return kExitOk;
+}
+
+int run_venn(Args args) {
+  PlanArgs a;
+  if (int rc = parse("crucible venn", args, false, a); rc >= 0) return rc;
+  forge::ExprPool pool;
+  forge::RuleSet rules;
+  const forge::Hardware* hw = nullptr;
+  forge::FrontEndResult fe;
+  if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
+  const forge::PlanReport r = forge::venn_report(fe, *hw);
+  std::fputs((a.json ? r.json : r.text).c_str(), stdout);
+  if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+int plan_command(Args args) { return run_plan(args); }
+int venn_command(Args args) { return run_venn(args); }
+
+}  // namespace crucible::cli

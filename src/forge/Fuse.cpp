@@ -1,0 +1,333 @@
+// Fuse.cpp — rule-driven fusion: IR001 nodes matched into fusion groups by the applicable rules.
+//
+// Note [Fusion matching]: the applicable rules (mode, capabilities, "differs" opt-in, settings)
+// are sorted by priority descending, then id. Nodes are scanned in execution order; at each
+// unassigned node the rules are tried in that order and the first that matches forms a group.
+// A pattern matches a chain n0 -> n1 -> ... where each next node is the only reader of the
+// previous node's first output, that output is not live-out (so it need never be written to
+// memory), and all nodes share a phase; optional steps ("?") are taken when they match and
+// skipped when the rest of the pattern then still matches (backtracking, longest first).
+//
+// Note [Group placement]: a group runs as one kernel at the position of its last node, so the
+// groups are numbered in the order of their last nodes. Growing a group to node c is allowed only
+// if that stays a valid execution order:
+//   (a) every value the group writes that a node outside the group reads is read after c
+//       (otherwise that reader would run before the kernel that produces its input);
+//   (b) no node outside the group between the group's first node and c writes a storage the group
+//       reads or writes, or reads one the group writes (moving the group's work to c would
+//       reorder a read and a write of the same memory);
+//   (c) a value both produced and read inside the group is read by no node outside it and is not
+//       live-out: fused values are never materialized (Lower relies on it).
+// Inputs from outside need no check: their producers' groups end before their readers by (a).
+// So "group g reads what group h writes" implies last(h) < last(g): the order is topological.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "crucible/core/Contract.h"
+#include "crucible/forge/Passes.h"
+
+namespace crucible::forge {
+namespace {
+
+constexpr std::uint32_t kNone = UINT32_MAX;
+
+std::string_view kind_name(CKernel k) { return ckernel_info(k).name; }
+
+// "aten::add.Tensor" matches a step naming "aten::add.Tensor" or "aten::add".
+bool op_matches(std::string_view step_op, std::string_view node_op) {
+  if (step_op == node_op) return true;
+  const std::size_t ns = node_op.find("::");
+  const std::size_t dot = node_op.find('.', ns == std::string_view::npos ? 0 : ns + 2);
+  return dot != std::string_view::npos && node_op.substr(0, dot) == step_op;
+}
+
+bool step_matches(const PatternStep& s, const Node& n) {
+  if (s.kind) return *s.kind == n.kind;
+  if (!s.op.empty()) return op_matches(s.op, n.op);
+  return true;  // "*"
+}
+
+bool rows_restricted(const Rule& r) { return r.rows_min > 0 || r.rows_max < INT64_MAX; }
+
+// Product of all but the last dim of the node's first output at the recorded batch (1 for a node
+// without outputs or a 0/1-dim output). Symbols are bound to ir.batch_size.
+Result<std::int64_t> rows_of(const Ir001& ir, std::uint32_t i) {
+  const Node& n = ir.nodes[i];
+  if (n.outputs.empty()) return std::int64_t{1};
+  const Value& v = ir.values[n.outputs[0]];
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d + 1 < v.shape.size(); ++d) {
+    const Expr* e = v.shape[d];
+    std::int64_t x = 0;
+    if (e != nullptr && e->kind == Expr::Kind::Const) {
+      x = e->value;
+    } else {
+      if (e == nullptr || ir.pool == nullptr || ir.batch_size <= 0)
+        return invalid_input("node #" + std::to_string(i) + " " + n.op +
+                                 ": cannot count its rows (symbolic shape, unknown recorded batch)",
+                             "record the batch size, or drop the rule's rows range");
+      std::map<std::string, std::int64_t, std::less<>> bind;
+      std::vector<const Expr*> todo{e};
+      while (!todo.empty()) {
+        const Expr* t = todo.back();
+        todo.pop_back();
+        if (t->kind == Expr::Kind::Sym) bind[t->name] = ir.batch_size;
+        for (const Expr* a : t->args) todo.push_back(a);
+      }
+      auto val = ir.pool->evaluate(e, bind);
+      if (!val.ok()) return val.status();
+      x = *val;
+    }
+    if (x < 0) x = 0;
+    if (__builtin_mul_overflow(rows, x, &rows)) rows = INT64_MAX;  // saturates: "very many"
+  }
+  return rows;
+}
+
+struct Fuser {
+  const Ir001& ir;
+  std::vector<std::vector<std::uint32_t>> readers;  // value -> distinct reading nodes, ascending
+  std::vector<std::uint32_t> group_of;              // node -> group index (creation order) or kNone
+  std::vector<std::int64_t> rows_cache;
+  std::vector<bool> rows_known;
+  std::vector<std::uint32_t> chain;
+
+  explicit Fuser(const Ir001& ir_in) : ir(ir_in) {
+    readers.resize(ir.values.size());
+    for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
+      for (std::uint32_t v : ir.nodes[n].inputs)
+        if (readers[v].empty() || readers[v].back() != n) readers[v].push_back(n);
+    group_of.assign(ir.nodes.size(), kNone);
+    rows_cache.assign(ir.nodes.size(), 0);
+    rows_known.assign(ir.nodes.size(), false);
+  }
+
+  bool in_chain(std::uint32_t n) const {
+    return std::find(chain.begin(), chain.end(), n) != chain.end();
+  }
+
+  // The node the chain may grow to from `p`: the only reader of p's first output.
+  std::uint32_t next_of(std::uint32_t p) const {
+    const Node& n = ir.nodes[p];
+    if (n.outputs.empty()) return kNone;
+    const std::uint32_t v = n.outputs[0];
+    if (ir.values[v].live_out || readers[v].size() != 1) return kNone;
+    const std::uint32_t c = readers[v][0];
+    if (group_of[c] != kNone || ir.nodes[c].phase != ir.nodes[chain.front()].phase) return kNone;
+    return c;
+  }
+
+  // Conditions (a)-(c) of Note [Group placement] for chain + {c}.
+  bool may_grow_to(std::uint32_t c) const {
+    auto inside = [&](std::uint32_t n) { return n == c || in_chain(n); };
+    auto check_outputs = [&](std::uint32_t n) {
+      for (std::uint32_t w : ir.nodes[n].outputs) {
+        bool read_inside = false, read_outside = false;
+        for (std::uint32_t x : readers[w]) {
+          if (inside(x)) {
+            read_inside = true;
+          } else {
+            read_outside = true;
+            if (x < c) return false;  // (a)
+          }
+        }
+        if (read_inside && (read_outside || ir.values[w].live_out)) return false;  // (c)
+      }
+      return true;
+    };
+    for (std::uint32_t n : chain)
+      if (!check_outputs(n)) return false;
+    if (!check_outputs(c)) return false;
+    // (b): storages the group reads and writes (0 = no storage).
+    std::vector<std::uint64_t> reads, writes;
+    auto collect = [&](std::uint32_t n) {
+      for (std::uint32_t v : ir.nodes[n].inputs)
+        if (ir.values[v].storage) reads.push_back(ir.values[v].storage);
+      for (std::uint32_t v : ir.nodes[n].outputs)
+        if (ir.values[v].storage && !ir.values[v].is_view) writes.push_back(ir.values[v].storage);
+    };
+    for (std::uint32_t n : chain) collect(n);
+    collect(c);
+    auto has = [](const std::vector<std::uint64_t>& s, std::uint64_t x) {
+      return std::find(s.begin(), s.end(), x) != s.end();
+    };
+    for (std::uint32_t x = chain.front() + 1; x < c; ++x) {
+      if (in_chain(x)) continue;
+      const Node& n = ir.nodes[x];
+      for (std::uint32_t v : n.outputs) {
+        const std::uint64_t s = ir.values[v].storage;
+        if (s && !ir.values[v].is_view && (has(reads, s) || has(writes, s))) return false;
+      }
+      for (std::uint32_t v : n.inputs) {
+        const std::uint64_t s = ir.values[v].storage;
+        if (s && has(writes, s)) return false;
+      }
+    }
+    return true;
+  }
+
+  Result<bool> rows_in(const Rule& r, std::uint32_t n) {
+    if (!rows_restricted(r)) return true;
+    if (!rows_known[n]) {
+      auto rows = rows_of(ir, n);
+      if (!rows.ok()) return rows.status();
+      rows_cache[n] = *rows;
+      rows_known[n] = true;
+    }
+    return rows_cache[n] >= r.rows_min && rows_cache[n] <= r.rows_max;
+  }
+
+  // Matches r.pattern[step..] with the chain so far; on success `chain` holds the group.
+  Result<bool> match(const Rule& r, std::size_t step, std::uint32_t start) {
+    if (step == r.pattern.size()) return !chain.empty();
+    const PatternStep& s = r.pattern[step];
+    const std::uint32_t cand = chain.empty() ? start : next_of(chain.back());
+    if (cand != kNone && step_matches(s, ir.nodes[cand])) {
+      bool ok = true;
+      if (chain.empty()) {
+        auto in = rows_in(r, cand);  // the rows of the group's first node decide
+        if (!in.ok()) return in.status();
+        ok = *in;
+      } else {
+        ok = may_grow_to(cand);
+      }
+      if (ok) {
+        chain.push_back(cand);
+        auto rest = match(r, step + 1, start);
+        if (!rest.ok()) return rest.status();
+        if (*rest) return true;
+        chain.pop_back();
+      }
+    }
+    if (s.optional) return match(r, step + 1, start);
+    return false;
+  }
+};
+
+// Keeps the rules that apply under the policy and the class; a rule reading a setting the policy
+// does not state is an error (a rule never guesses a default).
+Result<std::vector<const Rule*>> applicable_rules(const RuleSet& rules, const Policy& policy) {
+  for (const std::string& id : policy.allow_differs) {
+    auto it = std::find_if(rules.rules.begin(), rules.rules.end(),
+                           [&](const Rule& r) { return r.id == id; });
+    if (it == rules.rules.end() || it->numerics != Numerics::Differs) {
+      std::string ids;
+      for (const Rule& r : rules.rules)
+        if (r.numerics == Numerics::Differs) ids += (ids.empty() ? "" : ", ") + r.id;
+      return invalid_input("the policy allows \"differs\" rule \"" + id +
+                               "\", which rules class \"" + rules.hardware + "\" does not have",
+                           ids.empty() ? "this class has no differs rules: allow none"
+                                       : "its differs rules are: " + ids);
+    }
+  }
+  std::vector<const Rule*> out;
+  for (const Rule& r : rules.rules) {
+    if (!(policy.training ? r.train : r.infer)) continue;
+    bool caps = true;
+    for (const std::string& c : r.requires_caps)
+      caps &= std::find(rules.capabilities.begin(), rules.capabilities.end(), c) !=
+              rules.capabilities.end();
+    if (!caps) continue;
+    if (r.numerics == Numerics::Differs &&
+        std::find(policy.allow_differs.begin(), policy.allow_differs.end(), r.id) ==
+            policy.allow_differs.end())
+      continue;
+    bool settings_hold = true;
+    for (const std::string& s : r.settings) {
+      const std::size_t eq = s.find('=');
+      const std::string name = s.substr(0, eq);
+      auto it = policy.settings.find(name);
+      if (it == policy.settings.end())
+        return invalid_input("rule \"" + r.id + "\" (" + r.source + ") reads setting \"" + name +
+                                 "\", which the policy does not state",
+                             "state " + name +
+                                 "=<value> in the policy, or remove the setting "
+                                 "from the rule");
+      if (eq != std::string::npos && it->second != s.substr(eq + 1)) settings_hold = false;
+    }
+    if (settings_hold) out.push_back(&r);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Rule* a, const Rule* b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
+  });
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx) {
+  ctx.start("fuse", ir.nodes.size());
+  if (ctx.rules == nullptr) {
+    ctx.finish(ir.nodes.size());
+    return bad_state("fuse: the pass context has no rules", "load a rules class first");
+  }
+  auto rules = applicable_rules(*ctx.rules, ctx.policy);
+  if (!rules.ok()) {
+    ctx.finish(ir.nodes.size());
+    return rules.status();
+  }
+  Fuser f(ir);
+  std::vector<FusionGroup> groups;  // creation order
+  std::size_t fallback = 0;
+  bool over = false;
+  for (std::uint32_t i = 0; i < ir.nodes.size(); ++i) {
+    if (f.group_of[i] != kNone) continue;
+    over = over || ctx.over();
+    if (over) {
+      // Out of budget: the node runs op by op, as recorded (Passes.h).
+      FusionGroup g;
+      g.kernel = KernelTemplate::Opaque;
+      g.nodes = {i};
+      g.numerics = static_cast<std::uint8_t>(Numerics::Reference);
+      f.group_of[i] = static_cast<std::uint32_t>(groups.size());
+      groups.push_back(std::move(g));
+      ++fallback;
+      continue;
+    }
+    const Rule* chosen = nullptr;
+    for (const Rule* r : *rules) {
+      f.chain.clear();
+      auto m = f.match(*r, 0, i);
+      if (!m.ok()) {
+        ctx.finish(ir.nodes.size());
+        return m.status();
+      }
+      // A match must contain the node being scanned (a leading optional step may be skipped).
+      if (*m && f.chain.front() == i) {
+        chosen = r;
+        break;
+      }
+    }
+    if (chosen == nullptr) {
+      const Node& n = ir.nodes[i];
+      ctx.finish(ir.nodes.size());
+      return invalid_input("uncovered node #" + std::to_string(i) + " " + n.op + " (" +
+                               std::string(kind_name(n.kind)) + "): no rule of class \"" +
+                               ctx.rules->hardware + "\" applies to it",
+                           "add a rule for " + std::string(kind_name(n.kind)) +
+                               " or a fallback rule (pattern [\"*\"], kernel \"opaque\", "
+                               "priority 0) to the class or a base it extends");
+    }
+    FusionGroup g;
+    g.rule = chosen->id;
+    g.kernel = chosen->kernel;
+    g.recipe = chosen->recipe;
+    g.numerics = static_cast<std::uint8_t>(chosen->numerics);
+    g.nodes = f.chain;
+    for (std::uint32_t n : g.nodes) f.group_of[n] = static_cast<std::uint32_t>(groups.size());
+    groups.push_back(std::move(g));
+  }
+  // Number the groups in the order they run: by last node (Note [Group placement]).
+  std::sort(groups.begin(), groups.end(), [](const FusionGroup& a, const FusionGroup& b) {
+    return a.nodes.back() < b.nodes.back();
+  });
+  for (std::size_t g = 0; g < groups.size(); ++g) groups[g].id = static_cast<std::uint32_t>(g);
+  CRUCIBLE_POST(
+      std::all_of(f.group_of.begin(), f.group_of.end(), [](std::uint32_t g) { return g != kNone; }),
+      "every node is in exactly one group");
+  ctx.finish(groups.size(), fallback);
+  return groups;
+}
+
+}  // namespace crucible::forge

@@ -1,0 +1,353 @@
+// Ir001.cpp — IR001 from a recorded iteration; batch symbolization and instantiation; costs and
+// compaction shared by the passes.
+#include "crucible/forge/Ir001.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "IrEdit.h"
+#include "crucible/core/ScalarType.h"
+
+namespace crucible::forge {
+namespace {
+
+// Identity of a tensor as the iteration sees it: storage, version and view geometry.
+using ValueKey = std::tuple<std::uint64_t, std::uint32_t, std::int64_t, std::vector<std::int64_t>,
+                            std::vector<std::int64_t>, std::int8_t>;
+
+std::int64_t numel_of(std::span<const std::int64_t> sizes) {
+  std::int64_t n = 1;
+  for (std::int64_t d : sizes) n *= d;
+  return n;
+}
+
+std::int64_t eval_dim(const Ir001& ir, const Expr* e) {
+  if (e->kind == Expr::Kind::Const) return e->value;
+  std::map<std::string, std::int64_t, std::less<>> b;
+  // Symbolic IR: every symbol is the batch; costs are estimated at the recorded batch size.
+  std::function<void(const Expr*)> collect = [&](const Expr* x) {
+    if (x->kind == Expr::Kind::Sym) b[x->name] = ir.batch_size;
+    for (const Expr* a : x->args) collect(a);
+  };
+  collect(e);
+  auto v = ir.pool->evaluate(e, b);
+  return v.ok() ? *v : 0;
+}
+
+std::int64_t value_numel(const Ir001& ir, std::uint32_t v) {
+  std::int64_t n = 1;
+  for (const Expr* d : ir.values[v].shape) n *= eval_dim(ir, d);
+  return n;
+}
+
+std::string_view base_name(std::string_view op) {
+  const auto colons = op.find("::");
+  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
+  const auto dot = op.find('.');
+  return dot == std::string_view::npos ? op : op.substr(0, dot);
+}
+
+}  // namespace
+
+namespace detail {
+
+void compute_costs(Ir001& ir) {
+  for (Node& n : ir.nodes) {
+    std::int64_t in_bytes = 0, out_bytes = 0, in_elems = 0, out_elems = 0;
+    for (std::uint32_t v : n.inputs) {
+      in_bytes += ir.values[v].is_view ? 0 : ir.values[v].nbytes;
+      in_elems = std::max(in_elems, value_numel(ir, v));
+    }
+    for (std::uint32_t v : n.outputs) {
+      out_bytes += ir.values[v].is_view ? 0 : ir.values[v].nbytes;
+      out_elems = std::max(out_elems, value_numel(ir, v));
+    }
+    const std::string_view base = base_name(n.op);
+    std::int64_t flops = 0;
+    switch (n.kind) {
+      case CKernel::Gemm: {
+        // 2 * numel(out) * k, k the contracted dim of the first matrix operand.
+        const std::size_t m1 = (base == "addmm" || base == "baddbmm" || base == "addbmm") ? 1 : 0;
+        if (n.inputs.size() > m1 && !n.outputs.empty() && !ir.values[n.inputs[m1]].shape.empty()) {
+          const std::int64_t k = eval_dim(ir, ir.values[n.inputs[m1]].shape.back());
+          flops = 2 * value_numel(ir, n.outputs[0]) * k;
+        }
+        break;
+      }
+      case CKernel::Conv: {
+        // Forward: 2 * numel(out) * (numel(weight) / out_channels); backward: twice that (grad
+        // input and grad weight), from grad_output and the weight.
+        const bool backward = base.find("backward") != std::string_view::npos;
+        const std::size_t w = backward ? 2 : 1;
+        if (n.inputs.size() > w && !ir.values[n.inputs[w]].shape.empty()) {
+          const std::int64_t oc = std::max<std::int64_t>(1, eval_dim(ir, ir.values[n.inputs[w]].shape[0]));
+          const std::int64_t per = value_numel(ir, n.inputs[w]) / oc;
+          const std::int64_t out = backward ? value_numel(ir, n.inputs[0])
+                                            : (n.outputs.empty() ? 0 : value_numel(ir, n.outputs[0]));
+          flops = 2 * out * per * (backward ? 2 : 1);
+        }
+        break;
+      }
+      case CKernel::Norm: flops = 5 * std::max(in_elems, out_elems); break;
+      case CKernel::Softmax: flops = 4 * std::max(in_elems, out_elems); break;
+      case CKernel::Loss: flops = 3 * std::max(in_elems, out_elems); break;
+      case CKernel::OptimizerUpdate: flops = 4 * std::max(in_elems, out_elems); break;
+      case CKernel::Reduce:
+      case CKernel::Pooling: flops = std::max(in_elems, out_elems); break;
+      case CKernel::PointwiseUnary:
+      case CKernel::PointwiseBinary:
+      case CKernel::Rng: flops = out_elems; break;
+      default: flops = 0; break;
+    }
+    n.flops = flops;
+    n.bytes = n.kind == CKernel::View ? 0 : in_bytes + out_bytes;
+  }
+}
+
+void replace_uses(Ir001& ir, std::uint32_t from, std::uint32_t to) {
+  for (Node& n : ir.nodes) {
+    for (std::uint32_t& v : n.inputs) {
+      if (v == from) v = to;
+    }
+    if (n.alias_of == from) n.alias_of = to;
+  }
+  if (ir.values[from].live_out) ir.values[to].live_out = true;
+}
+
+Ir001 compact(const Ir001& ir, const std::vector<bool>& keep) {
+  Ir001 out;
+  out.pool = ir.pool;
+  out.module_paths = ir.module_paths;
+  out.batch_size = ir.batch_size;
+  out.symbolic = ir.symbolic;
+  std::vector<std::uint32_t> node_map(ir.nodes.size(), kNoNode);
+  for (std::size_t i = 0; i < ir.nodes.size(); ++i) {
+    if (keep[i]) node_map[i] = static_cast<std::uint32_t>(out.nodes.size()), out.nodes.push_back(ir.nodes[i]);
+  }
+  std::vector<bool> used(ir.values.size(), false);
+  for (const Node& n : out.nodes) {
+    for (std::uint32_t v : n.inputs) used[v] = true;
+    for (std::uint32_t v : n.outputs) used[v] = true;
+  }
+  for (std::size_t v = 0; v < ir.values.size(); ++v) {
+    const Value& val = ir.values[v];
+    if (val.live_out && (val.producer == kNoNode || keep[val.producer])) used[v] = true;
+  }
+  std::vector<std::uint32_t> value_map(ir.values.size(), UINT32_MAX);
+  for (std::size_t v = 0; v < ir.values.size(); ++v) {
+    if (!used[v]) continue;
+    value_map[v] = static_cast<std::uint32_t>(out.values.size());
+    Value val = ir.values[v];
+    if (val.producer != kNoNode) val.producer = node_map[val.producer];
+    out.values.push_back(std::move(val));
+  }
+  for (Node& n : out.nodes) {
+    for (std::uint32_t& v : n.inputs) v = value_map[v];
+    for (std::uint32_t& v : n.outputs) v = value_map[v];
+    if (n.alias_of != UINT32_MAX) n.alias_of = value_map[n.alias_of];
+  }
+  return out;
+}
+
+}  // namespace detail
+
+Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> ops, ExprPool& pool,
+                          const BuildOptions& options) {
+  if (ops.empty()) return invalid_input("build_ir001: no ops", "pass the op indices of one iteration");
+  Ir001 ir;
+  ir.pool = &pool;
+  ir.module_paths = t.module_paths;
+  std::map<ValueKey, std::uint32_t> current;  // newest value for each key
+  auto make_value = [&](const record::TensorMeta& m) {
+    Value v;
+    const std::size_t ti = t.tensor_index(&m);
+    for (std::int64_t d : t.sizes(ti)) v.shape.push_back(pool.constant(d));
+    v.dtype = m.dtype;
+    v.storage = m.storage_id;
+    v.version = m.version;
+    v.is_view = (m.flags & record::tensor_flag::kIsView) != 0;
+    auto es = element_size(m.dtype);
+    v.nbytes = numel_of(t.sizes(ti)) * (es.ok() ? static_cast<std::int64_t>(*es) : 0);
+    return v;
+  };
+  auto key_of = [&](const record::TensorMeta& m) {
+    const std::size_t ti = t.tensor_index(&m);
+    const auto sz = t.sizes(ti), st = t.strides(ti);
+    return ValueKey{m.storage_id, m.version, m.storage_offset,
+                    std::vector<std::int64_t>(sz.begin(), sz.end()),
+                    std::vector<std::int64_t>(st.begin(), st.end()), m.dtype};
+  };
+  for (std::size_t op : ops) {
+    if (op >= t.num_ops()) {
+      return invalid_input("build_ir001: op index " + std::to_string(op) + " is past the trace's " +
+                               std::to_string(t.num_ops()) + " ops",
+                           "pass indices from graph::analyze_latest_iteration on the same trace");
+    }
+    const record::TraceEntry& e = t.ops[op];
+    Node n;
+    n.schema_hash = e.schema_hash;
+    n.op = t.schema_name(e.schema_hash);
+    const OpClass cls = classify_op(n.op);
+    if (options.strict_op_table && cls.kind == CKernel::Opaque && cls.reason == "not in the op table") {
+      return unsupported("build_ir001: op '" + n.op + "' (trace op " + std::to_string(op) +
+                             ") is not in Forge's op table",
+                         "add it to src/forge/OpTable.cpp with its kernel kind");
+    }
+    n.kind = cls.kind;
+    n.opaque_reason = cls.reason;
+    n.phase = e.phase;
+    n.module_id = e.module_id;
+    n.mutates = (e.flags & record::op_flag::kMutable) != 0;
+    n.trace_op = op;
+    const auto sc = t.scalars_of(op);
+    n.scalars.assign(sc.begin(), sc.end());
+    const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
+    for (const record::TensorMeta& m : t.inputs(op)) {
+      if (m.storage_id != 0) {
+        auto it = current.find(key_of(m));
+        if (it != current.end()) {
+          n.inputs.push_back(it->second);
+          continue;
+        }
+      }
+      Value v = make_value(m);
+      if (auto ext = t.externals.find(m.storage_id); ext != t.externals.end()) {
+        v.external = static_cast<std::uint8_t>(ext->second);
+      }
+      const auto vid = static_cast<std::uint32_t>(ir.values.size());
+      ir.values.push_back(std::move(v));
+      if (m.storage_id != 0) current[key_of(m)] = vid;
+      n.inputs.push_back(vid);
+    }
+    std::uint32_t k = 0;
+    for (const record::TensorMeta& m : t.outputs(op)) {
+      Value v = make_value(m);
+      v.producer = id;
+      v.producer_output = k++;
+      const auto vid = static_cast<std::uint32_t>(ir.values.size());
+      ir.values.push_back(std::move(v));
+      if (m.storage_id != 0) current[key_of(m)] = vid;
+      n.outputs.push_back(vid);
+    }
+    ir.nodes.push_back(std::move(n));
+  }
+  // Live-out: external storage (state updated in place) or read by no node of the iteration.
+  std::vector<bool> read(ir.values.size(), false);
+  for (const Node& n : ir.nodes) {
+    for (std::uint32_t v : n.inputs) read[v] = true;
+  }
+  // A write to external storage is a state update (a new version); a view of a parameter at
+  // the version it came in with is not.
+  std::map<std::uint64_t, std::uint32_t> initial_version;
+  for (const Value& val : ir.values) {
+    if (val.producer == kNoNode && val.storage != 0) {
+      auto [it, fresh] = initial_version.emplace(val.storage, val.version);
+      if (!fresh) it->second = std::min(it->second, val.version);
+    }
+  }
+  for (std::size_t v = 0; v < ir.values.size(); ++v) {
+    Value& val = ir.values[v];
+    if (val.producer == kNoNode) continue;
+    const bool external_storage = val.storage != 0 && t.externals.contains(val.storage);
+    auto init = initial_version.find(val.storage);
+    const bool state_write = external_storage &&
+                             (!val.is_view || init == initial_version.end() || val.version != init->second);
+    val.live_out = state_write || !read[v];
+  }
+  // The recorded batch: leading dim of the batch inputs (the most common one if they differ).
+  std::map<std::int64_t, int> votes;
+  for (const Value& v : ir.values) {
+    if (v.external == static_cast<std::uint8_t>(record::ExternalKind::Input) && !v.shape.empty() &&
+        v.shape[0]->kind == Expr::Kind::Const) {
+      ++votes[v.shape[0]->value];
+    }
+  }
+  for (const auto& [b, n] : votes) {
+    if (ir.batch_size == 0 || n > votes[ir.batch_size]) ir.batch_size = b;
+  }
+  detail::compute_costs(ir);
+  return ir;
+}
+
+Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, std::string_view symbol) {
+  if (a.pool != &pool || b.pool != &pool) {
+    return invalid_input("symbolize_batch: both IRs must come from this pool", "build them with the same ExprPool");
+  }
+  if (a.batch_size <= 0 || b.batch_size <= 0 || a.batch_size == b.batch_size) {
+    return invalid_input("symbolize_batch: needs two recordings at different known batch sizes (got " +
+                             std::to_string(a.batch_size) + " and " + std::to_string(b.batch_size) + ")",
+                         "record the step at two batch sizes with inputs marked as batch inputs");
+  }
+  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size()) {
+    return invalid_input("symbolize_batch: the recordings differ in structure (" + std::to_string(a.nodes.size()) +
+                             " vs " + std::to_string(b.nodes.size()) + " nodes, " + std::to_string(a.values.size()) +
+                             " vs " + std::to_string(b.values.size()) + " values)",
+                         "the program's ops must not depend on the batch size");
+  }
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs) {
+      return invalid_input("symbolize_batch: node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
+                           "the program's ops must not depend on the batch size");
+    }
+  }
+  Ir001 out = a;
+  out.symbolic = true;
+  const Expr* sym = pool.symbol(symbol);
+  for (std::size_t v = 0; v < a.values.size(); ++v) {
+    const auto& sa = a.values[v].shape;
+    const auto& sb = b.values[v].shape;
+    if (sa.size() != sb.size()) {
+      return invalid_input("symbolize_batch: value " + std::to_string(v) + " has rank " + std::to_string(sa.size()) +
+                               " vs " + std::to_string(sb.size()),
+                           "the program's shapes must not depend on the batch size except proportionally");
+    }
+    for (std::size_t d = 0; d < sa.size(); ++d) {
+      if (sa[d] == sb[d]) continue;
+      const std::int64_t da = sa[d]->kind == Expr::Kind::Const ? sa[d]->value : -1;
+      const std::int64_t db = sb[d]->kind == Expr::Kind::Const ? sb[d]->value : -1;
+      if (da > 0 && db > 0 && da % a.batch_size == 0 && db % b.batch_size == 0 &&
+          da / a.batch_size == db / b.batch_size) {
+        out.values[v].shape[d] = pool.mul(pool.constant(da / a.batch_size), sym);
+        continue;
+      }
+      const std::uint32_t p = a.values[v].producer;
+      return invalid_input("symbolize_batch: dim " + std::to_string(d) + " of value " + std::to_string(v) +
+                               (p == kNoNode ? std::string(" (external)") : " (output of node #" + std::to_string(p) + " " + a.nodes[p].op + ")") +
+                               " is " + std::to_string(da) + " at batch " + std::to_string(a.batch_size) + " and " +
+                               std::to_string(db) + " at batch " + std::to_string(b.batch_size) +
+                               ": not proportional to the batch",
+                           "this program's shapes cannot be expressed in the batch size; plan it per batch size");
+    }
+  }
+  return out;
+}
+
+Result<Ir001> instantiate(const Ir001& ir, const std::map<std::string, std::int64_t, std::less<>>& bindings) {
+  Ir001 out = ir;
+  out.symbolic = false;
+  std::int64_t batch = 0;
+  for (const auto& [name, v] : bindings) batch = v;  // the batch symbol (one symbol today)
+  for (std::size_t v = 0; v < out.values.size(); ++v) {
+    Value& val = out.values[v];
+    std::int64_t numel = 1;
+    for (const Expr*& d : val.shape) {
+      auto x = ir.pool->evaluate(d, bindings);
+      if (!x.ok()) return x.status();
+      if (*x < 0) return invalid_input("instantiate: value " + std::to_string(v) + " gets a negative dim", "bind the batch to a positive size");
+      d = ir.pool->constant(*x);
+      numel *= *x;
+    }
+    auto es = element_size(val.dtype);
+    val.nbytes = numel * (es.ok() ? static_cast<std::int64_t>(*es) : 0);
+  }
+  if (batch > 0) out.batch_size = batch;
+  detail::compute_costs(out);
+  return out;
+}
+
+}  // namespace crucible::forge

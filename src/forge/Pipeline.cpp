@@ -1,0 +1,58 @@
+// Pipeline.cpp — the one ordered list of Forge's front-end passes, and phase timing.
+#include <chrono>
+
+#include "crucible/forge/Digest.h"
+#include "crucible/forge/Passes.h"
+
+namespace crucible::forge {
+
+void PassContext::start(std::string name, std::size_t nodes) {
+  PhaseReport r;
+  r.name = std::move(name);
+  r.budget_micros = budget_micros;
+  r.nodes_before = nodes;
+  phases.push_back(std::move(r));
+  t0_ = std::chrono::steady_clock::now();
+}
+
+bool PassContext::over() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count() >=
+         budget_micros;
+}
+
+void PassContext::finish(std::size_t nodes_after, std::size_t opaque_fallback) {
+  PhaseReport& r = phases.back();
+  r.micros = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+  r.over_budget = r.micros >= r.budget_micros;
+  r.nodes_after = nodes_after;
+  r.opaque_fallback = opaque_fallback;
+}
+
+Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Policy& policy,
+                                     double budget_micros) {
+  PassContext ctx;
+  ctx.rules = &rules;
+  ctx.policy = policy;
+  ctx.budget_micros = budget_micros;
+  CRUCIBLE_RETURN_IF_ERROR(verify(ir));
+  // The pass list, in order. Each is IR -> IR (see Passes.h).
+  for (auto pass : {&canonicalize, &dce, &cse}) {
+    auto next = pass(std::move(ir), ctx);
+    if (!next.ok()) return next.status();
+    ir = std::move(*next);
+  }
+  CRUCIBLE_RETURN_IF_ERROR(verify(ir));
+  auto groups = fuse(ir, ctx);
+  if (!groups.ok()) return groups.status();
+  auto plan = lower(ir, std::move(*groups), ctx);
+  if (!plan.ok()) return plan.status();
+  FrontEndResult out;
+  out.plan_text = canonical_plan_text(ir, *plan, rules);
+  out.plan_digest = plan_text_digest(out.plan_text);  // rules= header field excluded
+  out.ir = std::move(ir);
+  out.plan = std::move(*plan);
+  out.phases = std::move(ctx.phases);
+  return out;
+}
+
+}  // namespace crucible::forge

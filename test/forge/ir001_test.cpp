@@ -1,0 +1,229 @@
+// ir001_test — IR001 from synthetic and recorded traces: values, externals, live-out, costs,
+// the verifier, and batch symbolization checked against a recording at a third batch size.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../graph/synth.h"
+#include "crucible/forge/Ir001.h"
+#include "crucible/graph/Analysis.h"
+#include "crucible/record/TraceFile.h"
+
+namespace crucible::forge {
+namespace {
+
+using graph::synth::Builder;
+using graph::synth::T;
+
+// x[8,16] (batch input) @ w[16,32] (parameter) -> relu -> view(same shape) -> sum
+Builder small_mlp(std::int64_t batch) {
+  Builder b;
+  b.trace.externals[1] = record::ExternalKind::Input;
+  b.trace.externals[2] = record::ExternalKind::Parameter;
+  b.op("aten::mm", {{1, 0, {batch, 16}}, {2, 0, {16, 32}}}, {{3, 0, {batch, 32}}});
+  b.op("aten::relu", {{3, 0, {batch, 32}}}, {{4, 0, {batch, 32}}});
+  b.op("aten::view", {{4, 0, {batch, 32}}}, {{4, 0, {batch * 32}, 6, 0, true}});
+  b.op("aten::sum", {{4, 0, {batch * 32}, 6, 0, true}}, {{5, 0, {}}});
+  return b;
+}
+
+TEST(Ir001, ValuesProducersExternalsAndLiveOut) {
+  Builder b = small_mlp(8);
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  ASSERT_EQ(ir->nodes.size(), 4u);
+  EXPECT_EQ(ir->nodes[0].kind, CKernel::Gemm);
+  EXPECT_EQ(ir->nodes[1].kind, CKernel::PointwiseUnary);
+  EXPECT_EQ(ir->nodes[2].kind, CKernel::View);
+  EXPECT_EQ(ir->nodes[3].kind, CKernel::Reduce);
+  // x, w external; mm's output read by relu; the view and its base are distinct values.
+  const Value& x = ir->values[ir->nodes[0].inputs[0]];
+  const Value& w = ir->values[ir->nodes[0].inputs[1]];
+  EXPECT_EQ(x.producer, kNoNode);
+  EXPECT_EQ(x.external, static_cast<std::uint8_t>(record::ExternalKind::Input));
+  EXPECT_EQ(w.external, static_cast<std::uint8_t>(record::ExternalKind::Parameter));
+  EXPECT_EQ(ir->nodes[1].inputs[0], ir->nodes[0].outputs[0]);
+  EXPECT_EQ(ir->nodes[2].inputs[0], ir->nodes[1].outputs[0]);
+  EXPECT_NE(ir->nodes[2].outputs[0], ir->nodes[2].inputs[0]);
+  EXPECT_EQ(ir->nodes[3].inputs[0], ir->nodes[2].outputs[0]);
+  // Only the sum (read by nothing) is live-out.
+  for (std::size_t v = 0; v < ir->values.size(); ++v) {
+    EXPECT_EQ(ir->values[v].live_out, v == ir->nodes[3].outputs[0]) << v;
+  }
+  EXPECT_EQ(ir->batch_size, 8);
+  // Costs: mm 2*m*n*k, relu one per element, views free.
+  EXPECT_EQ(ir->nodes[0].flops, 2 * 8 * 32 * 16);
+  EXPECT_EQ(ir->nodes[1].flops, 8 * 32);
+  EXPECT_EQ(ir->nodes[2].bytes, 0);
+  EXPECT_EQ(ir->nodes[0].bytes, (8 * 16 + 16 * 32 + 8 * 32) * 4);
+  EXPECT_TRUE(verify(*ir).ok());
+}
+
+TEST(Ir001, AddressReuseIsNotDataflow) {
+  // Two different storages at the same data pointer: the second read must not see the first.
+  Builder b;
+  b.op("aten::relu", {{1, 0, {4}, 6, 0xAA}}, {{2, 0, {4}, 6, 0xBB}});
+  b.op("aten::relu", {{3, 0, {4}, 6, 0xBB}}, {{4, 0, {4}, 6, 0xCC}});
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_EQ(ir->values[ir->nodes[1].inputs[0]].producer, kNoNode);
+}
+
+TEST(Ir001, InPlaceWriteMakesANewVersion) {
+  Builder b;
+  b.op("aten::relu", {{1, 0, {4}}}, {{2, 0, {4}}});
+  b.op("aten::add_.Tensor", {{2, 0, {4}}, {1, 0, {4}}}, {{2, 1, {4}}});
+  b.trace.ops.back().flags |= record::op_flag::kMutable;
+  b.op("aten::neg", {{2, 1, {4}}}, {{3, 0, {4}}});
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_TRUE(ir->nodes[1].mutates);
+  EXPECT_EQ(ir->values[ir->nodes[2].inputs[0]].producer, 1u);  // reads version 1, from add_
+  EXPECT_EQ(ir->values[ir->nodes[1].inputs[0]].producer, 0u);  // add_ read version 0, from relu
+}
+
+TEST(Ir001, UnknownOpIsOpaqueWithAReasonOrRefusedWhenStrict) {
+  Builder b;
+  b.op("myns::frobnicate", {{1, 0, {4}}}, {{2, 0, {4}}});
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_EQ(ir->nodes[0].kind, CKernel::Opaque);
+  EXPECT_FALSE(ir->nodes[0].opaque_reason.empty());
+  BuildOptions strict;
+  strict.strict_op_table = true;
+  auto refused = build_ir001(b.trace, b.all(), pool, strict);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("myns::frobnicate"), absl::string_view::npos);
+}
+
+TEST(Ir001, BadOpIndexIsAnError) {
+  Builder b = small_mlp(2);
+  ExprPool pool;
+  std::vector<std::size_t> ops = {0, 99};
+  EXPECT_FALSE(build_ir001(b.trace, ops, pool).ok());
+  EXPECT_FALSE(build_ir001(b.trace, {}, pool).ok());
+}
+
+TEST(Ir001, VerifierCatchesBrokenIr) {
+  Builder b = small_mlp(4);
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok());
+  {
+    Ir001 bad = *ir;  // read before produced
+    std::swap(bad.nodes[0], bad.nodes[1]);
+    EXPECT_FALSE(verify(bad).ok());
+  }
+  {
+    Ir001 bad = *ir;  // produced twice
+    bad.nodes[1].outputs.push_back(bad.nodes[0].outputs[0]);
+    EXPECT_FALSE(verify(bad).ok());
+  }
+  {
+    Ir001 bad = *ir;  // OPAQUE without a reason
+    bad.nodes[1].kind = CKernel::Opaque;
+    bad.nodes[1].opaque_reason = {};
+    EXPECT_FALSE(verify(bad).ok());
+  }
+  {
+    Ir001 bad = *ir;  // out-of-range value
+    bad.nodes[2].inputs[0] = 999;
+    EXPECT_FALSE(verify(bad).ok());
+  }
+}
+
+TEST(Ir001, SymbolizeInstantiateMatchesAThirdBatch) {
+  ExprPool pool;
+  Builder b4 = small_mlp(4), b8 = small_mlp(8), b16 = small_mlp(16);
+  auto i4 = build_ir001(b4.trace, b4.all(), pool);
+  auto i8 = build_ir001(b8.trace, b8.all(), pool);
+  auto i16 = build_ir001(b16.trace, b16.all(), pool);
+  ASSERT_TRUE(i4.ok() && i8.ok() && i16.ok());
+  auto sym = symbolize_batch(*i4, *i8, pool);
+  ASSERT_TRUE(sym.ok()) << sym.status();
+  EXPECT_TRUE(sym->symbolic);
+  EXPECT_TRUE(verify(*sym).ok());
+  const Value& view = sym->values[sym->nodes[2].outputs[0]];
+  EXPECT_EQ(ExprPool::to_string(view.shape[0]), ExprPool::to_string(pool.mul(pool.constant(32), pool.symbol("B"))));
+  auto at16 = instantiate(*sym, {{"B", 16}});
+  ASSERT_TRUE(at16.ok());
+  ASSERT_EQ(at16->values.size(), i16->values.size());
+  for (std::size_t v = 0; v < i16->values.size(); ++v) {
+    EXPECT_EQ(at16->values[v].shape, i16->values[v].shape) << "value " << v;  // interned: pointers
+    EXPECT_EQ(at16->values[v].nbytes, i16->values[v].nbytes);
+  }
+  for (std::size_t n = 0; n < i16->nodes.size(); ++n) EXPECT_EQ(at16->nodes[n].flops, i16->nodes[n].flops);
+}
+
+TEST(Ir001, SymbolizeRefusesWhatIsNotProportional) {
+  ExprPool pool;
+  Builder a = small_mlp(4), b = small_mlp(8);
+  // A dim that changes but not with the batch: 16 -> 17 on the weight.
+  b.trace.dims[b.trace.tensor_dims_begin[1] + 1] = 17;
+  auto ia = build_ir001(a.trace, a.all(), pool);
+  auto ib = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  auto sym = symbolize_batch(*ia, *ib, pool);
+  ASSERT_FALSE(sym.ok());
+  EXPECT_NE(sym.status().message().find("not proportional"), absl::string_view::npos) << sym.status();
+  EXPECT_FALSE(symbolize_batch(*ia, *ia, pool).ok());  // same batch: nothing to learn
+}
+
+// Recorded traces of the test models (make_traces.py), when present.
+std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
+
+Result<Ir001> ir_of(const std::string& model, std::int64_t batch, ExprPool& pool) {
+  const auto path = traces_dir() / (model + "_b" + std::to_string(batch) + ".crtrace");
+  auto t = record::load_trace(path.string());
+  if (!t.ok()) return t.status();
+  auto trace = std::make_shared<record::Trace>(std::move(*t));
+  auto it = graph::analyze_latest_iteration(*trace, -1);
+  if (!it.ok()) return it.status();
+  return build_ir001(*trace, (*it)->ops, pool);
+}
+
+TEST(Ir001, RecordedModelsBuildVerifyAndSymbolize) {
+  if (!std::filesystem::exists(traces_dir() / "index.json")) GTEST_SKIP() << "no recorded traces";
+  std::ifstream index(traces_dir() / "index.json");
+  std::string text((std::istreambuf_iterator<char>(index)), std::istreambuf_iterator<char>());
+  for (const std::string model : {"mlp", "cnn", "resnet18", "transformer"}) {
+    if (text.find("\"" + model + "\"") == std::string::npos) continue;
+    // Batches: the files present for this model, ascending.
+    std::vector<std::int64_t> batches;
+    for (const auto& e : std::filesystem::directory_iterator(traces_dir())) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(model + "_b", 0) == 0 && e.path().extension() == ".crtrace") {
+        batches.push_back(std::stoll(name.substr(model.size() + 2)));
+      }
+    }
+    std::sort(batches.begin(), batches.end());
+    ASSERT_GE(batches.size(), 2u) << model;
+    ExprPool pool;
+    auto a = ir_of(model, batches[0], pool);
+    auto b = ir_of(model, batches[1], pool);
+    ASSERT_TRUE(a.ok()) << model << ": " << a.status();
+    ASSERT_TRUE(b.ok()) << model << ": " << b.status();
+    EXPECT_TRUE(verify(*a).ok()) << model;
+    EXPECT_EQ(a->batch_size, batches[0]) << model;
+    auto sym = symbolize_batch(*a, *b, pool);
+    ASSERT_TRUE(sym.ok()) << model << ": " << sym.status();
+    if (batches.size() >= 3) {
+      auto c = ir_of(model, batches[2], pool);
+      ASSERT_TRUE(c.ok()) << model;
+      auto inst = instantiate(*sym, {{"B", batches[2]}});
+      ASSERT_TRUE(inst.ok()) << model;
+      ASSERT_EQ(inst->values.size(), c->values.size()) << model;
+      for (std::size_t v = 0; v < c->values.size(); ++v) {
+        ASSERT_EQ(inst->values[v].shape, c->values[v].shape) << model << " value " << v;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crucible::forge

@@ -1,0 +1,171 @@
+// passes_test — canonicalize, dce and cse on synthetic IR, the phase budget, and the whole front
+// end on recorded models (deterministic digest).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../graph/synth.h"
+#include "crucible/forge/Digest.h"
+#include "crucible/forge/Passes.h"
+#include "crucible/graph/Analysis.h"
+#include "crucible/record/TraceFile.h"
+
+namespace crucible::forge {
+namespace {
+
+using graph::synth::Builder;
+
+Ir001 build(Builder& b, ExprPool& pool) {
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  EXPECT_TRUE(ir.ok()) << ir.status();
+  return std::move(*ir);
+}
+
+std::vector<std::string> ops_of(const Ir001& ir) {
+  std::vector<std::string> v;
+  for (const Node& n : ir.nodes) v.push_back(n.op);
+  return v;
+}
+
+TEST(Canonicalize, ViewsAliasInPlaceMarkedNoOpViewsDropped) {
+  Builder b;
+  b.op("aten::relu", {{1, 0, {4, 4}}}, {{2, 0, {4, 4}}});
+  b.op("aten::view", {{2, 0, {4, 4}}}, {{2, 0, {4, 4}, 6, 0, true}});  // same shape: a no-op
+  b.op("aten::t", {{2, 0, {4, 4}, 6, 0, true}}, {{2, 0, {4, 4}, 6, 0, true}});
+  b.op("aten::mul_.Tensor", {{3, 0, {4, 4}}, {2, 0, {4, 4}, 6, 0, true}}, {{3, 1, {4, 4}}});
+  ExprPool pool;
+  Ir001 ir = build(b, pool);
+  PassContext ctx;
+  auto out = canonicalize(ir, ctx);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(ops_of(*out), (std::vector<std::string>{"aten::relu", "aten::t", "aten::mul_.Tensor"}));
+  const Node& t = out->nodes[1];
+  EXPECT_EQ(t.alias_of, t.inputs[0]);
+  EXPECT_EQ(t.inputs[0], out->nodes[0].outputs[0]);  // the dropped view's user reads relu's output
+  EXPECT_TRUE(out->values[t.outputs[0]].is_view);
+  EXPECT_TRUE(out->nodes[2].in_place);
+  EXPECT_TRUE(out->nodes[2].mutates);
+  EXPECT_TRUE(verify(*out).ok());
+  ASSERT_EQ(ctx.phases.size(), 1u);
+  EXPECT_EQ(ctx.phases[0].name, "canonicalize");
+  EXPECT_EQ(ctx.phases[0].nodes_before, 4u);
+  EXPECT_EQ(ctx.phases[0].nodes_after, 3u);
+}
+
+TEST(Canonicalize, ALiveOutViewIsKept) {
+  Builder b;
+  b.op("aten::relu", {{1, 0, {4}}}, {{2, 0, {4}}});
+  b.op("aten::view", {{2, 0, {4}}}, {{2, 0, {4}, 6, 0, true}});  // nobody reads it: Python may
+  ExprPool pool;
+  PassContext ctx;
+  auto out = canonicalize(build(b, pool), ctx);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->nodes.size(), 2u);
+}
+
+TEST(Dce, RemovesOnlyWhatNothingObserves) {
+  Builder b;
+  b.trace.externals[10] = record::ExternalKind::Parameter;
+  b.op("aten::relu", {{1, 0, {4}}}, {{2, 0, {4}}});                   // feeds the loss: kept
+  b.op("aten::neg", {{1, 0, {4}}}, {{3, 0, {4}}});                    // feeds only dead exp
+  b.op("aten::exp", {{3, 0, {4}}}, {{4, 0, {4}}});                    // live-out (nobody reads)
+  b.op("aten::sum", {{2, 0, {4}}}, {{5, 0, {}}});                     // live-out
+  b.op("aten::bernoulli_.float", {{6, 0, {4}}}, {{6, 1, {4}}});       // RNG: kept
+  b.op("aten::add_.Tensor", {{10, 0, {4}}, {2, 0, {4}}}, {{10, 1, {4}}});  // updates a parameter
+  b.trace.ops.back().flags |= record::op_flag::kMutable;
+  ExprPool pool;
+  Ir001 ir = build(b, pool);
+  // Mark exp's output dead (as if the pipeline knew Python dropped it): neg and exp must go.
+  ir.values[ir.nodes[2].outputs[0]].live_out = false;
+  PassContext ctx;
+  auto out = dce(ir, ctx);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(ops_of(*out), (std::vector<std::string>{"aten::relu", "aten::sum", "aten::bernoulli_.float",
+                                                    "aten::add_.Tensor"}));
+  EXPECT_TRUE(verify(*out).ok());
+  // Over budget from the start: nothing is removed.
+  PassContext zero;
+  zero.budget_micros = 0;
+  auto kept = dce(ir, zero);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->nodes.size(), ir.nodes.size());
+  EXPECT_TRUE(zero.phases[0].over_budget);
+}
+
+TEST(Cse, MergesIdenticalPureNodesOnly) {
+  Builder b;
+  b.trace.externals[1] = record::ExternalKind::Parameter;
+  b.op("aten::t", {{1, 0, {4, 8}}}, {{1, 0, {8, 4}, 6, 0, true}});
+  b.op("aten::relu", {{1, 0, {8, 4}, 6, 0, true}}, {{2, 0, {8, 4}}});
+  b.op("aten::t", {{1, 0, {4, 8}}}, {{1, 0, {8, 4}, 6, 0, true}});    // same as the first t
+  b.op("aten::neg", {{1, 0, {8, 4}, 6, 0, true}}, {{3, 0, {8, 4}}});
+  b.op("aten::empty.memory_format", {}, {{4, 0, {4}}}, record::Phase::Forward, "", {4});
+  b.op("aten::empty.memory_format", {}, {{5, 0, {4}}}, record::Phase::Forward, "", {4});  // factory: not merged
+  b.op("aten::add", {{2, 0, {8, 4}}, {3, 0, {8, 4}}}, {{6, 0, {8, 4}}});
+  b.op("aten::add", {{2, 0, {8, 4}}, {3, 0, {8, 4}}}, {{7, 0, {8, 4}}});  // live-out: kept
+  b.op("aten::sum", {{6, 0, {8, 4}}, }, {{8, 0, {}}});
+  b.op("aten::sum", {{4, 0, {4}}, }, {{9, 0, {}}});
+  b.op("aten::sum", {{5, 0, {4}}, }, {{10, 0, {}}});
+  ExprPool pool;
+  Ir001 ir = build(b, pool);
+  PassContext ctx;
+  auto out = cse(ir, ctx);
+  ASSERT_TRUE(out.ok());
+  auto ops = ops_of(*out);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::t"), 1);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::empty.memory_format"), 2);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::add"), 2);
+  // neg now reads the first t's output.
+  for (const Node& n : out->nodes) {
+    if (n.op == "aten::neg") EXPECT_EQ(out->values[n.inputs[0]].producer, 0u);
+  }
+  EXPECT_TRUE(verify(*out).ok());
+}
+
+TEST(Cse, DifferentScalarsAreDifferentNodes) {
+  Builder b;
+  b.op("aten::sum.dim_IntList", {{1, 0, {4, 4}}}, {{2, 0, {4}}}, record::Phase::Forward, "", {0});
+  b.op("aten::sum.dim_IntList", {{1, 0, {4, 4}}}, {{3, 0, {4}}}, record::Phase::Forward, "", {1});
+  b.op("aten::add", {{2, 0, {4}}, {3, 0, {4}}}, {{4, 0, {4}}});
+  ExprPool pool;
+  PassContext ctx;
+  auto out = cse(build(b, pool), ctx);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->nodes.size(), 3u);
+}
+
+std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
+
+TEST(FrontEnd, RecordedModelsPlanDeterministically) {
+  if (!std::filesystem::exists(traces_dir() / "index.json")) GTEST_SKIP() << "no recorded traces";
+  auto rules = load_rules_dir(CRUCIBLE_RULES_DIR, "cpu-avx2");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  for (const auto& e : std::filesystem::directory_iterator(traces_dir())) {
+    if (e.path().extension() != ".crtrace") continue;
+    auto t = record::load_trace(e.path().string());
+    ASSERT_TRUE(t.ok()) << e.path();
+    auto it = graph::analyze_latest_iteration(*t, -1);
+    ASSERT_TRUE(it.ok()) << e.path() << ": " << it.status();
+    std::string digest;
+    for (int run = 0; run < 2; ++run) {
+      ExprPool pool;
+      auto ir = build_ir001(*t, (*it)->ops, pool);
+      ASSERT_TRUE(ir.ok()) << e.path();
+      Policy policy;
+      auto fe = run_front_end(std::move(*ir), *rules, policy);
+      ASSERT_TRUE(fe.ok()) << e.path() << ": " << fe.status();
+      EXPECT_TRUE(verify(fe->ir).ok());
+      EXPECT_EQ(fe->phases.size(), 5u);
+      EXPECT_EQ(fe->plan_digest.size(), 64u);
+      if (run == 0) digest = fe->plan_digest;
+      else EXPECT_EQ(fe->plan_digest, digest) << e.path();
+      // Every node in exactly one group.
+      std::vector<int> seen(fe->ir.nodes.size(), 0);
+      for (const FusionGroup& g : fe->plan.groups) for (std::uint32_t n : g.nodes) ++seen[n];
+      for (int s : seen) EXPECT_EQ(s, 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crucible::forge
