@@ -1,0 +1,116 @@
+"""`crucible plan` and `crucible venn` on recorded traces of the test models (test/forge's
+make_traces.py records them; CTest orders this after it), against independent references:
+the models' own parameter and buffer bytes from PyTorch, and the plans' own invariants."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "record", "python"))
+
+CLI = os.environ.get("CRUCIBLE_CLI", "")
+TRACES = os.environ.get("CRUCIBLE_FORGE_TRACES", "")
+MODELS = ["mlp", "cnn", "resnet18", "transformer"]
+
+pytestmark = pytest.mark.skipif(
+    not CLI or not TRACES or not os.path.exists(os.path.join(TRACES, "index.json")),
+    reason="needs CRUCIBLE_CLI and recorded traces (CRUCIBLE_FORGE_TRACES/index.json)")
+
+
+def run(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def trace(model):
+    import models
+    return os.path.join(TRACES, f"{model}_b{models.DEFAULT_BATCH[model]}.crtrace")
+
+
+def plan_json(*args):
+    r = run("plan", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_weights_in_the_memory_fit_are_the_models_parameters_and_buffers(model):
+    import models
+    s = models.make(model)
+    params = sum(p.numel() * p.element_size() for p in s.model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in s.model.buffers())
+    d = plan_json(trace(model))
+    assert d["memory"]["weights"] == params + buffers
+    assert d["memory"]["total"] == (d["memory"]["weights"] + d["memory"]["state"] +
+                                    d["memory"]["activation_arena"])
+    assert d["memory"]["fits"] is True
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_node_in_one_group_and_every_edge_classified(model):
+    d = plan_json(trace(model))
+    ids = [n["id"] for g in d["groups"] for n in g["nodes"]]
+    assert sorted(ids) == list(range(len(ids)))
+    assert d["phases"][-1]["nodes_after"] >= 0
+    assert [p["name"] for p in d["phases"]] == ["canonicalize", "dce", "cse", "fuse", "lower"]
+    e = d["edges"]
+    assert e["fused"] + e["materialized"] > 0
+    assert d["roofline"]["label"] == "datasheet ceiling"
+    assert d["roofline"]["compute_bound_groups"] + d["roofline"]["memory_bound_groups"] == len(d["groups"])
+
+
+def test_digest_is_the_same_in_two_processes_and_depends_on_the_hardware():
+    a = plan_json(trace("transformer"))
+    b = plan_json(trace("transformer"))
+    h = plan_json("--hardware", "h200", trace("transformer"))
+    assert a["plan_digest"] == b["plan_digest"] and len(a["plan_digest"]) == 64
+    assert h["plan_digest"] != a["plan_digest"]
+    assert h["hardware"]["name"] == "h200"
+
+
+def test_zero_budget_runs_everything_op_by_op_instead_of_failing():
+    d = plan_json("--budget-us", "0", trace("cnn"))
+    fuse = [p for p in d["phases"] if p["name"] == "fuse"][0]
+    assert fuse["over_budget"] is True
+    assert fuse["opaque_fallback"] == len(d["groups"])
+    assert all(len(g["nodes"]) == 1 for g in d["groups"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_venn_counts_every_op_once(model):
+    p = plan_json(trace(model))
+    r = run("venn", "--json", trace(model))
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)
+    n = sum(len(g["nodes"]) for g in p["groups"])
+    assert v["native"] + v["fallback"] == n
+    assert sum(k["native"] + k["fallback"] for k in v["kinds"]) == n
+    shares = [k["share"] for k in v["kinds"]]
+    assert shares == sorted(shares, reverse=True)
+    assert abs(sum(shares) - 1.0) < 1e-6
+
+
+def test_text_output_names_the_parts_a_user_reads():
+    r = run("plan", "--hardware", "h200", trace("resnet18"))
+    assert r.returncode == 0, r.stderr
+    for word in ("memory:", "roofline:", "datasheet ceiling", "phases:", "fused"):
+        assert word in r.stdout
+
+
+def test_errors_are_clear_with_the_right_exit_code(tmp_path):
+    r = run("plan", "--hardware", "tpu9", trace("mlp"))
+    assert r.returncode == 2 and "unknown hardware class 'tpu9'" in r.stderr and "cpu-avx2" in r.stderr
+    r = run("plan", str(tmp_path / "missing.crtrace"))
+    assert r.returncode == 2 and "missing.crtrace" in r.stderr
+    bad = tmp_path / "bad.crtrace"
+    bad.write_bytes(b"CRTRACE\x00" + os.urandom(256))
+    r = run("plan", str(bad))
+    assert r.returncode == 1 and "bad.crtrace" in r.stderr
+    r = run("plan")
+    assert r.returncode == 2 and "TRACE" in r.stderr
+    r = run("plan", "--setting", "oops", trace("mlp"))
+    assert r.returncode == 2
+    r = run("plan", "--allow-differs", "no_such_rule", trace("mlp"))
+    assert r.returncode == 1 and "no_such_rule" in r.stderr
