@@ -1,6 +1,6 @@
 // Command.h — one entry of the `crucible` tool's subcommand tables, its exit codes and dispatch.
 //
-// The tool is a tree of tables: main() dispatches on kTopLevel ("pt", later "plan", "venn"),
+// The tool is a tree of tables: main() dispatches on kTopLevel ("pt", "plan", "venn"),
 // `pt` dispatches on its own table ("ls", "check"). Adding a subcommand is one table row plus
 // its entry point. dispatch() owns the shared behaviour: --help at every level, and a clear
 // message on stderr with exit code 2 for a missing or unknown name.

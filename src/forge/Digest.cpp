@@ -80,6 +80,14 @@ void append_op(std::string& s, const Ir001& ir, std::uint32_t n) {
     char buf[64];
     for (std::size_t i = 0; i < node.scalars.size(); ++i) {
       const record::ScalarRecord& r = node.scalars[i];
+      const Expr* e = i < node.scalar_exprs.size() ? node.scalar_exprs[i] : nullptr;
+      if (e != nullptr) {  // a batch-proportional int: its expression, not one batch's value
+        std::snprintf(buf, sizeof buf, "%s%u.%u.%u.", i ? "," : "", static_cast<unsigned>(r.kind),
+                      static_cast<unsigned>(r.arg_index), static_cast<unsigned>(r.aux));
+        s += buf;
+        s += ExprPool::to_string(e);
+        continue;
+      }
       std::snprintf(buf, sizeof buf, "%s%u.%u.%u.%" PRIx64, i ? "," : "",
                     static_cast<unsigned>(r.kind), static_cast<unsigned>(r.arg_index),
                     static_cast<unsigned>(r.aux), r.bits);

@@ -103,7 +103,8 @@ void compute_costs(Ir001& ir) {
       default: flops = 0; break;
     }
     n.flops = flops;
-    n.bytes = n.kind == CKernel::View ? 0 : in_bytes + out_bytes;
+    // Views move nothing; factories (zero_, fill_, empty) only write, even when in place.
+    n.bytes = n.kind == CKernel::View ? 0 : n.kind == CKernel::Factory ? out_bytes : in_bytes + out_bytes;
   }
 }
 
@@ -290,7 +291,7 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
   for (std::size_t i = 0; i < a.nodes.size(); ++i) {
     const Node& x = a.nodes[i];
     const Node& y = b.nodes[i];
-    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs) {
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.scalars.size() != y.scalars.size()) {
       return invalid_input("symbolize_batch: node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
                            "the program's ops must not depend on the batch size");
     }
@@ -298,6 +299,30 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
   Ir001 out = a;
   out.symbolic = true;
   const Expr* sym = pool.symbol(symbol);
+  // Scalar arguments: equal, or an int proportional to the batch (a view's size, a split).
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    for (std::size_t k = 0; k < x.scalars.size(); ++k) {
+      const record::ScalarRecord& r = x.scalars[k];
+      const record::ScalarRecord& q = y.scalars[k];
+      if (r.kind == q.kind && r.arg_index == q.arg_index && r.aux == q.aux && r.bits == q.bits) continue;
+      const auto va = static_cast<std::int64_t>(r.bits), vb = static_cast<std::int64_t>(q.bits);
+      if (r.kind == record::ScalarKind::Int && q.kind == r.kind && r.arg_index == q.arg_index &&
+          va > 0 && vb > 0 && va % a.batch_size == 0 && vb % b.batch_size == 0 &&
+          va / a.batch_size == vb / b.batch_size) {
+        Node& n = out.nodes[i];
+        if (n.scalar_exprs.empty()) n.scalar_exprs.assign(n.scalars.size(), nullptr);
+        n.scalar_exprs[k] = pool.mul(pool.constant(va / a.batch_size), sym);
+        continue;
+      }
+      return invalid_input("symbolize_batch: scalar argument " + std::to_string(r.arg_index) + " of node #" +
+                               std::to_string(i) + " " + x.op + " is " + std::to_string(va) + " at batch " +
+                               std::to_string(a.batch_size) + " and " + std::to_string(vb) + " at batch " +
+                               std::to_string(b.batch_size) + ": not proportional to the batch",
+                           "this program's arguments cannot be expressed in the batch size; plan it per batch size");
+    }
+  }
   for (std::size_t v = 0; v < a.values.size(); ++v) {
     const auto& sa = a.values[v].shape;
     const auto& sb = b.values[v].shape;
@@ -344,6 +369,15 @@ Result<Ir001> instantiate(const Ir001& ir, const std::map<std::string, std::int6
     }
     auto es = element_size(val.dtype);
     val.nbytes = numel * (es.ok() ? static_cast<std::int64_t>(*es) : 0);
+  }
+  for (Node& n : out.nodes) {
+    for (std::size_t k = 0; k < n.scalar_exprs.size(); ++k) {
+      if (n.scalar_exprs[k] == nullptr) continue;
+      auto x = ir.pool->evaluate(n.scalar_exprs[k], bindings);
+      if (!x.ok()) return x.status();
+      n.scalars[k].bits = static_cast<std::uint64_t>(*x);
+    }
+    n.scalar_exprs.clear();
   }
   if (batch > 0) out.batch_size = batch;
   detail::compute_costs(out);

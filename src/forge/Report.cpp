@@ -16,7 +16,7 @@ namespace {
 
 using K = CKernel;
 
-// Note [Hardware table]: ceilings, not measurements (measured = false everywhere).
+// Note [Hardware table]: ceilings and estimates, not measurements (measured = false everywhere).
 //   cpu-avx2  this project's machine class, one core: AMD EPYC (Zen 4) at 2.6 GHz, 2 FMA pipes x
 //             8 f32 lanes x 2 FLOP = 32 FLOP/cycle = 83.2 GFLOP/s; DRAM 20 GB/s for one core
 //             (a memcpy of 256 MiB moved 21.5 GB/s read + write on the build machine); budget
@@ -35,7 +35,8 @@ const std::vector<Hardware>& table() {
        std::int64_t{16} << 30,
        false,
        {K::Gemm, K::Conv, K::PointwiseUnary, K::PointwiseBinary, K::Norm, K::Softmax, K::View,
-        K::DataMovement, K::Pooling}},
+        K::DataMovement, K::Pooling},
+       "estimate"},
       {"h200",
        "NVIDIA H200 SXM (datasheet): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16, 67 TFLOPS "
        "FP32; budget 90% of 141 GB",
@@ -80,7 +81,7 @@ std::string pad(std::string s, std::size_t w) {
 }
 
 std::string_view ceiling_label(const Hardware& hw) {
-  return hw.measured ? "measured" : "datasheet ceiling";
+  return hw.measured ? std::string_view("measured") : hw.source;
 }
 
 double peak_for(const Hardware& hw, const NumericalRecipe* r) {
@@ -427,7 +428,8 @@ PlanReport venn_report(const FrontEndResult& fe, const Hardware& hw) {
   nlohmann::json kinds = nlohmann::json::array();
   std::string t =
       "kernel families on " + std::string(hw.name) + ": " + std::string(hw.description) + "\n";
-  t += "each op: native (a kernel family of the target runs it) or fallback (OPAQUE, op by op);\n";
+  t += "each op: native (the target has a kernel family for its kind) or fallback (no such family:\n"
+       "a generic kernel or the op by op path runs it);\n";
   t += "ranked by estimated share of step time, unfused (" + std::string(ceiling_label(hw)) +
        ")\n\n";
   t += pad("kind", 18) + pad("share", 9) + pad("time", 12) + pad("native", 8) +

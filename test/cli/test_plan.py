@@ -57,7 +57,7 @@ def test_every_node_in_one_group_and_every_edge_classified(model):
     assert [p["name"] for p in d["phases"]] == ["canonicalize", "dce", "cse", "fuse", "lower"]
     e = d["edges"]
     assert e["fused"] + e["materialized"] > 0
-    assert d["roofline"]["label"] == "datasheet ceiling"
+    assert d["roofline"]["label"] == "estimate"  # cpu-avx2: derived from width and clock
     assert d["roofline"]["compute_bound_groups"] + d["roofline"]["memory_bound_groups"] == len(d["groups"])
 
 
@@ -68,6 +68,7 @@ def test_digest_is_the_same_in_two_processes_and_depends_on_the_hardware():
     assert a["plan_digest"] == b["plan_digest"] and len(a["plan_digest"]) == 64
     assert h["plan_digest"] != a["plan_digest"]
     assert h["hardware"]["name"] == "h200"
+    assert h["roofline"]["label"] == "datasheet ceiling"
 
 
 def test_zero_budget_runs_everything_op_by_op_instead_of_failing():
@@ -95,7 +96,7 @@ def test_venn_counts_every_op_once(model):
 def test_text_output_names_the_parts_a_user_reads():
     r = run("plan", "--hardware", "h200", trace("resnet18"))
     assert r.returncode == 0, r.stderr
-    for word in ("memory:", "roofline:", "datasheet ceiling", "phases:", "fused"):
+    for word in ("memory:", "roofline:", "datasheet ceiling", "phases:", "fused"):  # h200
         assert word in r.stdout
 
 

@@ -23,7 +23,8 @@ Builder small_mlp(std::int64_t batch) {
   b.trace.externals[2] = record::ExternalKind::Parameter;
   b.op("aten::mm", {{1, 0, {batch, 16}}, {2, 0, {16, 32}}}, {{3, 0, {batch, 32}}});
   b.op("aten::relu", {{3, 0, {batch, 32}}}, {{4, 0, {batch, 32}}});
-  b.op("aten::view", {{4, 0, {batch, 32}}}, {{4, 0, {batch * 32}, 6, 0, true}});
+  b.op("aten::view", {{4, 0, {batch, 32}}}, {{4, 0, {batch * 32}, 6, 0, true}},
+       record::Phase::Forward, "", {batch * 32});  // the size argument scales with the batch
   b.op("aten::sum", {{4, 0, {batch * 32}, 6, 0, true}}, {{5, 0, {}}});
   return b;
 }
@@ -158,6 +159,12 @@ TEST(Ir001, SymbolizeInstantiateMatchesAThirdBatch) {
     EXPECT_EQ(at16->values[v].nbytes, i16->values[v].nbytes);
   }
   for (std::size_t n = 0; n < i16->nodes.size(); ++n) EXPECT_EQ(at16->nodes[n].flops, i16->nodes[n].flops);
+  // The view's size argument is symbolic too, and instantiates to the batch-16 recording's.
+  ASSERT_EQ(sym->nodes[2].scalar_exprs.size(), 1u);
+  EXPECT_EQ(sym->nodes[2].scalar_exprs[0], pool.mul(pool.constant(32), pool.symbol("B")));
+  ASSERT_EQ(at16->nodes[2].scalars.size(), 1u);
+  EXPECT_EQ(at16->nodes[2].scalars[0].bits, i16->nodes[2].scalars[0].bits);
+  EXPECT_EQ(at16->nodes[2].scalars[0].bits, 16u * 32u);
 }
 
 TEST(Ir001, SymbolizeRefusesWhatIsNotProportional) {
@@ -220,6 +227,15 @@ TEST(Ir001, RecordedModelsBuildVerifyAndSymbolize) {
       ASSERT_EQ(inst->values.size(), c->values.size()) << model;
       for (std::size_t v = 0; v < c->values.size(); ++v) {
         ASSERT_EQ(inst->values[v].shape, c->values[v].shape) << model << " value " << v;
+      }
+      // Scalar arguments too (view sizes, split lengths): every bit as recorded at that batch.
+      ASSERT_EQ(inst->nodes.size(), c->nodes.size()) << model;
+      for (std::size_t n = 0; n < c->nodes.size(); ++n) {
+        ASSERT_EQ(inst->nodes[n].scalars.size(), c->nodes[n].scalars.size()) << model << " node " << n;
+        for (std::size_t k = 0; k < c->nodes[n].scalars.size(); ++k) {
+          EXPECT_EQ(inst->nodes[n].scalars[k].bits, c->nodes[n].scalars[k].bits)
+              << model << " node " << n << " " << c->nodes[n].op << " scalar " << k;
+        }
       }
     }
   }

@@ -1,7 +1,7 @@
 // ExprPool.h — interned symbolic integer expressions for tensor shapes.
 //
 // Every expression is created through an ExprPool and is canonical: constants folded, sums and
-// products flattened with their operands sorted (constants first, then by a stable order), so that
+// products flattened with their operands sorted (constants first, then structurally), so that
 // two equal expressions are the same pointer and comparing shapes is comparing pointers. A plan
 // built with a symbol "B" for the batch size can be instantiated for any batch by evaluate().
 //
@@ -26,7 +26,7 @@ struct Expr {
   std::int64_t value = 0;           // Const
   std::string name;                 // Sym
   std::vector<const Expr*> args;    // Add/Mul: >= 2 sorted; FloorDiv: {numerator, denominator}
-  std::uint64_t id = 0;             // creation order in the pool, for a stable sort
+  std::uint64_t id = 0;             // creation order in the pool (operand order is structural)
 };
 
 class ExprPool {

@@ -50,6 +50,9 @@ struct Node {
   std::vector<std::uint32_t> inputs;   // value ids, schema order
   std::vector<std::uint32_t> outputs;  // value ids
   std::vector<record::ScalarRecord> scalars;
+  // Per scalar (empty, or scalars.size() entries): the symbolic value of an int argument that
+  // scales with the batch (a view's size, a split length), set by symbolize_batch; else nullptr.
+  std::vector<const Expr*> scalar_exprs;
   bool mutates = false;               // writes one of its inputs (in-place / out= / optimizer)
   bool in_place = false;              // canonicalize: "add_" style, writes inputs[0]
   std::uint32_t alias_of = UINT32_MAX;  // canonicalize: View output aliases this input value
@@ -58,10 +61,11 @@ struct Node {
   std::int64_t bytes = 0;             // bytes read + written at the recorded shapes
 };
 
-// Note [Live-out]: a value is live-out when it may be observed after the iteration: its storage
-// is external (parameters, gradients, optimizer state, buffers are updated in place), or no node
-// of the iteration reads it (Python may hold it: the loss, logits). Dead-code elimination keeps
-// every node a live-out value depends on, and every node that mutates.
+// Note [Live-out]: a value is live-out when it may be observed after the iteration: it is a
+// write to external storage (parameters, gradients, optimizer state, buffers updated in place —
+// a view of a parameter at its incoming version is not), or no node of the iteration reads it
+// (Python may hold it: the loss, logits). Dead-code elimination keeps every node a live-out value
+// depends on, every node that mutates, and every RNG, OPAQUE and COLLECTIVE node.
 struct Ir001 {
   ExprPool* pool = nullptr;
   std::vector<Node> nodes;    // execution order
@@ -80,8 +84,8 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
                           const BuildOptions& options = {});
 
 // Unifies two IRs of the same program recorded at batch sizes a.batch_size != b.batch_size: same
-// nodes, same value graph, dims equal or proportional to the batch (then k*B). Anything else is an
-// error naming the first node and dim that differ.
+// nodes, same value graph, dims and int scalar arguments equal or proportional to the batch (then
+// k*B). Anything else is an error naming the first node and dim or argument that differ.
 Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool,
                               std::string_view symbol = "B");
 // The IR with every symbol bound (shapes constant again).

@@ -4,7 +4,7 @@
 // Note [Cost model]: per node, FLOPs and bytes (read + written, at the recorded shapes) come from
 // its kind and shapes (GEMM 2mnk, CONV 2*out*k, pointwise one per element, ...). A group's time is
 // max(bytes_materialized / bandwidth, flops / peak): fused edges cost no memory traffic. Peaks are
-// datasheet ceilings unless the hardware entry says measured; the report labels which.
+// datasheet ceilings or estimates unless the hardware entry says measured; the report labels which.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,11 @@ struct Hardware {
                                   // group whose recipe's io dtype is not bf16/f16 uses this one
   double bandwidth = 0;           // bytes/s
   std::int64_t memory_bytes = 0;  // device budget (usable)
-  bool measured = false;          // false: datasheet ceilings
+  bool measured = false;          // true: the figures were measured on the target
   std::vector<CKernel> families;  // kernel kinds the target has native kernels for
+  // What the figures are when not measured: "datasheet ceiling" (a vendor's peak) or "estimate"
+  // (derived from the core's width and clock, not a datasheet).
+  std::string_view source = "datasheet ceiling";
 };
 const Hardware* hardware_by_name(std::string_view name);  // nullptr if unknown
 std::vector<std::string_view> hardware_names();
