@@ -21,30 +21,18 @@ CRUCIBLE_BUILD_DIR picks the build (default build-release); recording needs its 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchutil import machine
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 MODELS = ("resnet18", "transformer")
 PHASES = ("canonicalize", "dce", "cse", "fuse", "lower")
-
-
-def machine():
-    model = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
 def median(xs):

@@ -15,10 +15,11 @@ CRUCIBLE_BUILD_DIR picks the build (default build-release).
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
+
+from benchutil import machine
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,19 +53,6 @@ hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmH
 print(json.dumps({"median_us": times[len(times) // 2], "p10_us": times[len(times) // 10],
                   "p90_us": times[len(times) * 9 // 10], "peak_rss_kb": hwm}))
 """
-
-
-def machine():
-    model = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
 def main():

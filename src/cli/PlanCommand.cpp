@@ -109,29 +109,16 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
   return -1;
 }
 
-int run_plan(Args args) {
+// Both commands: parse, run the front end, print the report (text or --json).
+int run_report(std::string_view path, Args args, bool plan) {
   PlanArgs a;
-  if (int rc = parse("crucible plan", args, true, a); rc >= 0) return rc;
+  if (int rc = parse(path, args, plan, a); rc >= 0) return rc;
   forge::ExprPool pool;
   forge::RuleSet rules;
   const forge::Hardware* hw = nullptr;
   forge::FrontEndResult fe;
   if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
-  const forge::PlanReport r = forge::plan_report(fe, rules, *hw);
-  std::fputs((a.json ? r.json : r.text).c_str(), stdout);
-  if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
-  return kExitOk;
-}
-
-int run_venn(Args args) {
-  PlanArgs a;
-  if (int rc = parse("crucible venn", args, false, a); rc >= 0) return rc;
-  forge::ExprPool pool;
-  forge::RuleSet rules;
-  const forge::Hardware* hw = nullptr;
-  forge::FrontEndResult fe;
-  if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
-  const forge::PlanReport r = forge::venn_report(fe, *hw);
+  const forge::PlanReport r = plan ? forge::plan_report(fe, rules, *hw) : forge::venn_report(fe, *hw);
   std::fputs((a.json ? r.json : r.text).c_str(), stdout);
   if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
   return kExitOk;
@@ -139,7 +126,7 @@ int run_venn(Args args) {
 
 }  // namespace
 
-int plan_command(Args args) { return run_plan(args); }
-int venn_command(Args args) { return run_venn(args); }
+int plan_command(Args args) { return run_report("crucible plan", args, true); }
+int venn_command(Args args) { return run_report("crucible venn", args, false); }
 
 }  // namespace crucible::cli

@@ -14,19 +14,6 @@
 namespace crucible::forge {
 namespace {
 
-std::string_view numerics_name(std::uint8_t n) {
-  switch (n) {
-    case 0:
-      return "reference";
-    case 1:
-      return "bit_identical";
-    case 2:
-      return "differs";
-    default:
-      return "unknown";
-  }
-}
-
 std::string phase_short(record::Phase p) {
   switch (p) {
     case record::Phase::Forward:

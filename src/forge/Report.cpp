@@ -109,19 +109,6 @@ std::string recipe_label(const NumericalRecipe* r) {
   return n.empty() ? recipe_text(*r) : std::string(n);
 }
 
-std::string_view numerics_label(std::uint8_t n) {
-  switch (n) {
-    case 0:
-      return "reference";
-    case 1:
-      return "bit_identical";
-    case 2:
-      return "differs";
-    default:
-      return "unknown";
-  }
-}
-
 // Note [Memory fit]: storages, not values, hold bytes (a view and an in-place result share
 // their base's). A storage is a weight when some external value in it is a parameter or buffer,
 // state when one is optimizer state or a gradient. The activation arena holds every other
@@ -300,7 +287,7 @@ PlanReport plan_report(const FrontEndResult& fe, const RuleSet& rules, const Har
                       {"recipe", recipe_label(grp.recipe)},
                       {"recipe_text", grp.recipe ? recipe_text(*grp.recipe) : std::string()},
                       {"rule", grp.rule},
-                      {"numerics", numerics_label(grp.numerics)},
+                      {"numerics", numerics_name(grp.numerics)},
                       {"nodes", nodes},
                       {"flops", k.flops},
                       {"bytes", k.bytes},

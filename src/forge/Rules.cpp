@@ -467,4 +467,13 @@ Result<RuleSet> load_rules_dir(const std::string& dir, std::string_view name) {
   return parse_chain(name, read, path_of);
 }
 
+std::string_view numerics_name(std::uint8_t n) noexcept {
+  switch (n) {
+    case 0: return "reference";
+    case 1: return "bit_identical";
+    case 2: return "differs";
+    default: return "unknown";
+  }
+}
+
 }  // namespace crucible::forge

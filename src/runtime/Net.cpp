@@ -96,6 +96,17 @@ struct Step {
 
 }  // namespace
 
+namespace {
+// Planes and the last two dims of an input to a 2-D layer; rank >= 3 ([c, h, w] or [n, c, h, w]).
+bool planes(const std::vector<std::int64_t>& s, std::int64_t& nc, std::int64_t& h, std::int64_t& w) {
+  if (s.size() < 3) return false;
+  h = s[s.size() - 2];
+  w = s.back();
+  nc = numel(s) / (h * w);
+  return true;
+}
+}  // namespace
+
 struct Net::Impl {
   std::vector<Node> nodes;
   std::vector<std::uint32_t> inputs;
@@ -139,6 +150,24 @@ struct Net::Impl {
     n.in = {a.id, b.id};
     n.shape = std::move(*s);
     n.bop = op;
+    return push(std::move(n));
+  }
+  Value pool(Kind k, Value x, const Pool2dSpec& spec) {
+    if (!ok(x, k)) return {};
+    std::int64_t nc, h, w;
+    if (!planes(shape(x), nc, h, w)) {
+      return fail(k, "input shape " + shape_text(shape(x)) + " has fewer than 3 dims",
+                  "feed [n, c, h, w] or [c, h, w]");
+    }
+    auto hw = pool2d_output_hw(k == Kind::MaxPool ? PoolKind::Max : PoolKind::Avg, spec, h, w);
+    if (!hw.ok()) return fail(k, hw.status());
+    Node n;
+    n.kind = k;
+    n.in = {x.id};
+    n.shape = shape(x);
+    n.shape[n.shape.size() - 2] = hw->first;
+    n.shape.back() = hw->second;
+    n.pool = spec;
     return push(std::move(n));
   }
 };
@@ -306,56 +335,9 @@ Value Net::softmax(Value x, std::int64_t dim) {
   return I.push(std::move(n));
 }
 
-namespace {
-// Planes and the last two dims of an input to a 2-D layer; rank >= 3 ([c, h, w] or [n, c, h, w]).
-bool planes(const std::vector<std::int64_t>& s, std::int64_t& nc, std::int64_t& h, std::int64_t& w) {
-  if (s.size() < 3) return false;
-  h = s[s.size() - 2];
-  w = s.back();
-  nc = numel(s) / (h * w);
-  return true;
-}
-}  // namespace
 
-Value Net::maxpool2d(Value x, const Pool2dSpec& spec) {
-  Impl& I = *impl_;
-  if (!I.ok(x, Kind::MaxPool)) return {};
-  std::int64_t nc, h, w;
-  if (!planes(I.shape(x), nc, h, w)) {
-    return I.fail(Kind::MaxPool, "input shape " + shape_text(I.shape(x)) + " has fewer than 3 dims",
-                  "feed [n, c, h, w] or [c, h, w]");
-  }
-  auto hw = pool2d_output_hw(PoolKind::Max, spec, h, w);
-  if (!hw.ok()) return I.fail(Kind::MaxPool, hw.status());
-  Node n;
-  n.kind = Kind::MaxPool;
-  n.in = {x.id};
-  n.shape = I.shape(x);
-  n.shape[n.shape.size() - 2] = hw->first;
-  n.shape.back() = hw->second;
-  n.pool = spec;
-  return I.push(std::move(n));
-}
-
-Value Net::avgpool2d(Value x, const Pool2dSpec& spec) {
-  Impl& I = *impl_;
-  if (!I.ok(x, Kind::AvgPool)) return {};
-  std::int64_t nc, h, w;
-  if (!planes(I.shape(x), nc, h, w)) {
-    return I.fail(Kind::AvgPool, "input shape " + shape_text(I.shape(x)) + " has fewer than 3 dims",
-                  "feed [n, c, h, w] or [c, h, w]");
-  }
-  auto hw = pool2d_output_hw(PoolKind::Avg, spec, h, w);
-  if (!hw.ok()) return I.fail(Kind::AvgPool, hw.status());
-  Node n;
-  n.kind = Kind::AvgPool;
-  n.in = {x.id};
-  n.shape = I.shape(x);
-  n.shape[n.shape.size() - 2] = hw->first;
-  n.shape.back() = hw->second;
-  n.pool = spec;
-  return I.push(std::move(n));
-}
+Value Net::maxpool2d(Value x, const Pool2dSpec& spec) { return impl_->pool(Kind::MaxPool, x, spec); }
+Value Net::avgpool2d(Value x, const Pool2dSpec& spec) { return impl_->pool(Kind::AvgPool, x, spec); }
 
 Value Net::adaptive_avgpool2d(Value x, std::int64_t out_h, std::int64_t out_w) {
   Impl& I = *impl_;

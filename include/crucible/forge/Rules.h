@@ -38,6 +38,9 @@
 namespace crucible::forge {
 
 enum class Numerics : std::uint8_t { Reference = 0, BitIdentical = 1, Differs = 2 };
+// "reference", "bit_identical", "differs" ("unknown" for a value past the enum): what plan
+// texts and reports print.
+std::string_view numerics_name(std::uint8_t n) noexcept;
 
 struct PatternStep {
   std::optional<CKernel> kind;  // match by kind ...
