@@ -35,6 +35,18 @@ Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Polic
   ctx.policy = policy;
   ctx.budget_micros = budget_micros;
   CRUCIBLE_RETURN_IF_ERROR(verify(ir));
+  if (!policy.training) {
+    // An inference plan of a training step would plan its backward and optimizer as if they
+    // were inference: refuse instead of producing a plan nobody asked for.
+    std::size_t not_forward = 0;
+    for (const Node& n : ir.nodes) not_forward += n.phase != record::Phase::Forward ? 1 : 0;
+    if (not_forward > 0) {
+      return invalid_input("the trace is a training step (" + std::to_string(not_forward) +
+                               " backward/optimizer ops) but the policy asks for an inference plan",
+                           "record the model's forward pass under torch.no_grad() (or eval) for an "
+                           "inference plan, or plan this trace for training");
+    }
+  }
   // The pass list, in order. Each is IR -> IR (see Passes.h).
   for (auto pass : {&canonicalize, &dce, &cse}) {
     auto next = pass(std::move(ir), ctx);

@@ -113,5 +113,7 @@ def test_errors_are_clear_with_the_right_exit_code(tmp_path):
     assert r.returncode == 2 and "TRACE" in r.stderr
     r = run("plan", "--setting", "oops", trace("mlp"))
     assert r.returncode == 2
+    r = run("plan", "--infer", trace("mlp"))  # a training step planned as inference
+    assert r.returncode == 1 and "training step" in r.stderr and "no_grad" in r.stderr
     r = run("plan", "--allow-differs", "no_such_rule", trace("mlp"))
     assert r.returncode == 1 and "no_such_rule" in r.stderr

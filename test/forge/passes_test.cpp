@@ -134,6 +134,24 @@ TEST(Cse, DifferentScalarsAreDifferentNodes) {
   EXPECT_EQ(out->nodes.size(), 3u);
 }
 
+TEST(FrontEnd, AnInferencePlanOfATrainingStepIsRefused) {
+  auto rules = load_rules_dir(CRUCIBLE_RULES_DIR, "cpu-avx2");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  Policy infer;
+  infer.training = false;
+  Builder fwd;
+  fwd.op("aten::relu", {{1, 0, {4}}}, {{2, 0, {4}}});
+  ExprPool pool;
+  EXPECT_TRUE(run_front_end(build(fwd, pool), *rules, infer).ok());
+  Builder step = fwd;
+  step.op("aten::threshold_backward", {{3, 0, {4}}, {2, 0, {4}}}, {{4, 0, {4}}}, record::Phase::Backward);
+  auto refused = run_front_end(build(step, pool), *rules, infer);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("training step (1 backward/optimizer ops)"),
+            absl::string_view::npos) << refused.status();
+  EXPECT_TRUE(run_front_end(build(step, pool), *rules, Policy{}).ok());
+}
+
 std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
 
 TEST(FrontEnd, RecordedModelsPlanDeterministically) {

@@ -62,7 +62,8 @@ struct FrontEndResult {
   std::string plan_text;    // canonical_plan_text(ir, plan, rules)
   std::string plan_digest;  // SHA-256 hex of plan_text
 };
-// The ordered pipeline: verify, canonicalize, dce, cse, verify, fuse, lower, digest.
+// The ordered pipeline: verify, canonicalize, dce, cse, verify, fuse, lower, digest. An
+// inference policy (training = false) on a trace with backward or optimizer ops is an error.
 Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Policy& policy,
                                      double budget_micros = 50'000);
 
