@@ -14,13 +14,6 @@
 namespace crucible::forge {
 namespace {
 
-std::string_view base_name(std::string_view op) {
-  const auto colons = op.find("::");
-  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
-  const auto dot = op.find('.');
-  return dot == std::string_view::npos ? op : op.substr(0, dot);
-}
-
 bool shape_preserving_view(std::string_view base) {
   return base == "view" || base == "reshape" || base == "_reshape_alias" || base == "alias" ||
          base == "expand" || base == "_unsafe_view";
@@ -41,7 +34,7 @@ Result<Ir001> canonicalize(Ir001 ir, PassContext& ctx) {
   for (; i < ir.nodes.size(); ++i) {
     if (ctx.over()) break;  // the rest stays as recorded
     Node& n = ir.nodes[i];
-    const std::string_view base = base_name(n.op);
+    const std::string_view base = detail::base_name(n.op);
     // "add_" is in place; a dunder ("__and__") is not, except the in-place ones ("__iand__").
     const bool dunder = base.size() > 4 && base.starts_with("__") && base.ends_with("__");
     const bool in_place = dunder ? base.starts_with("__i") : (!base.empty() && base.back() == '_');

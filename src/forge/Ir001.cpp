@@ -3,12 +3,12 @@
 #include "crucible/forge/Ir001.h"
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
 
 #include "IrEdit.h"
+#include "crucible/core/Contract.h"
 #include "crucible/core/ScalarType.h"
 
 namespace crucible::forge {
@@ -24,30 +24,16 @@ std::int64_t numel_of(std::span<const std::int64_t> sizes) {
   return n;
 }
 
-std::int64_t eval_dim(const Ir001& ir, const Expr* e) {
-  if (e->kind == Expr::Kind::Const) return e->value;
-  std::map<std::string, std::int64_t, std::less<>> b;
-  // Symbolic IR: every symbol is the batch; costs are estimated at the recorded batch size.
-  std::function<void(const Expr*)> collect = [&](const Expr* x) {
-    if (x->kind == Expr::Kind::Sym) b[x->name] = ir.batch_size;
-    for (const Expr* a : x->args) collect(a);
-  };
-  collect(e);
-  auto v = ir.pool->evaluate(e, b);
-  return v.ok() ? *v : 0;
+// compute_costs runs on concrete IR only (build_ir001, instantiate): every dim is a constant.
+std::int64_t eval_dim(const Expr* e) {
+  CRUCIBLE_ASSERT(e->kind == Expr::Kind::Const, "costs are computed on concrete shapes");
+  return e->kind == Expr::Kind::Const ? e->value : 0;
 }
 
 std::int64_t value_numel(const Ir001& ir, std::uint32_t v) {
   std::int64_t n = 1;
-  for (const Expr* d : ir.values[v].shape) n *= eval_dim(ir, d);
+  for (const Expr* d : ir.values[v].shape) n *= eval_dim(d);
   return n;
-}
-
-std::string_view base_name(std::string_view op) {
-  const auto colons = op.find("::");
-  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
-  const auto dot = op.find('.');
-  return dot == std::string_view::npos ? op : op.substr(0, dot);
 }
 
 }  // namespace
@@ -65,14 +51,14 @@ void compute_costs(Ir001& ir) {
       out_bytes += ir.values[v].is_view ? 0 : ir.values[v].nbytes;
       out_elems = std::max(out_elems, value_numel(ir, v));
     }
-    const std::string_view base = base_name(n.op);
+    const std::string_view base = detail::base_name(n.op);
     std::int64_t flops = 0;
     switch (n.kind) {
       case CKernel::Gemm: {
         // 2 * numel(out) * k, k the contracted dim of the first matrix operand.
         const std::size_t m1 = (base == "addmm" || base == "baddbmm" || base == "addbmm") ? 1 : 0;
         if (n.inputs.size() > m1 && !n.outputs.empty() && !ir.values[n.inputs[m1]].shape.empty()) {
-          const std::int64_t k = eval_dim(ir, ir.values[n.inputs[m1]].shape.back());
+          const std::int64_t k = eval_dim(ir.values[n.inputs[m1]].shape.back());
           flops = 2 * value_numel(ir, n.outputs[0]) * k;
         }
         break;
@@ -83,7 +69,7 @@ void compute_costs(Ir001& ir) {
         const bool backward = base.find("backward") != std::string_view::npos;
         const std::size_t w = backward ? 2 : 1;
         if (n.inputs.size() > w && !ir.values[n.inputs[w]].shape.empty()) {
-          const std::int64_t oc = std::max<std::int64_t>(1, eval_dim(ir, ir.values[n.inputs[w]].shape[0]));
+          const std::int64_t oc = std::max<std::int64_t>(1, eval_dim(ir.values[n.inputs[w]].shape[0]));
           const std::int64_t per = value_numel(ir, n.inputs[w]) / oc;
           const std::int64_t out = backward ? value_numel(ir, n.inputs[0])
                                             : (n.outputs.empty() ? 0 : value_numel(ir, n.outputs[0]));
@@ -192,7 +178,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     n.schema_hash = e.schema_hash;
     n.op = t.schema_name(e.schema_hash);
     const OpClass cls = classify_op(n.op);
-    if (options.strict_op_table && cls.kind == CKernel::Opaque && cls.reason == "not in the op table") {
+    if (options.strict_op_table && cls.kind == CKernel::Opaque && cls.reason == kNotInOpTable) {
       return unsupported("build_ir001: op '" + n.op + "' (trace op " + std::to_string(op) +
                              ") is not in Forge's op table",
                          "add it to src/forge/OpTable.cpp with its kernel kind");

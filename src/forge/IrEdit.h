@@ -1,14 +1,23 @@
 // IrEdit.h — internal helpers the passes share: cost estimates and compaction after removal.
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include "crucible/forge/Ir001.h"
 
 namespace crucible::forge::detail {
 
-// Sets every node's flops/bytes from its kind and (constant) shapes (Note [Cost model] in
-// Report.h). Symbolic dims are evaluated at ir.batch_size.
+// "add_" from "aten::add_.Tensor": the op name without namespace and overload.
+inline std::string_view base_name(std::string_view op) {
+  const auto colons = op.find("::");
+  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
+  const auto dot = op.find('.');
+  return dot == std::string_view::npos ? op : op.substr(0, dot);
+}
+
+// Sets every node's flops/bytes from its kind and shapes (Note [Cost model] in Report.h). The IR
+// must be concrete: a symbolic IR keeps the costs of the recording it came from.
 void compute_costs(Ir001& ir);
 
 // The IR without the nodes where keep[i] is false: node and value ids renumbered (order kept);

@@ -601,7 +601,7 @@ const OpTableEntry* find(std::string_view name) {
   return it != kOpTable.end() && it->name == name ? &*it : nullptr;
 }
 
-constexpr std::string_view kNotInTable = "not in the op table";
+constexpr std::string_view kNotInTable = kNotInOpTable;
 
 }  // namespace
 

@@ -41,6 +41,9 @@ struct GemvBlock {
   float* y = nullptr;
 };
 
+// max that returns NaN when either operand is NaN (torch.max_pool2d's rule); both ISAs' tails.
+inline float nanmax(float a, float b) { return (a > b || a != a) ? a : b; }
+
 // torch.nn.MaxPool2d(2) (kernel 2, stride 2, no padding, floor mode) on [planes, h, w]: the
 // pooling every small CNN uses, worth a kernel of its own (10x the general loop). NaN wins, as in
 // PyTorch's kernel.

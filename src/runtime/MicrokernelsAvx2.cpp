@@ -161,9 +161,8 @@ void maxpool2x2(const float* x, std::int64_t planes, std::int64_t h, std::int64_
                                                                            _MM_SHUFFLE(3, 1, 2, 0))));
       }
       for (; ox < ow; ++ox) {
-        const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
-        auto nm = [](float u, float v) { return (u > v || u != u) ? u : v; };
-        out[ox] = nm(nm(a, b), nm(c, d));
+        out[ox] = detail::nanmax(detail::nanmax(r0[2 * ox], r0[2 * ox + 1]),
+                                 detail::nanmax(r1[2 * ox], r1[2 * ox + 1]));
       }
     }
   }

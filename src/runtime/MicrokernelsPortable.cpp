@@ -46,11 +46,6 @@ void apply_activation(Activation act, float* y, std::int64_t n) {
   }
 }
 
-namespace {
-// max that returns NaN when either operand is NaN (torch.max_pool2d's rule).
-inline float nanmax(float a, float b) { return (a > b || a != a) ? a : b; }
-}  // namespace
-
 void maxpool2x2_portable(const float* x, std::int64_t planes, std::int64_t h, std::int64_t w, float* y) {
   const std::int64_t oh = h / 2, ow = w / 2;
   for (std::int64_t p = 0; p < planes; ++p) {

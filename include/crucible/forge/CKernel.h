@@ -50,6 +50,8 @@ struct OpClass {
   std::string_view reason;  // non-empty exactly when kind == Opaque
 };
 OpClass classify_op(std::string_view qualified_name) noexcept;
+// The reason classify_op gives an op the table does not have.
+inline constexpr std::string_view kNotInOpTable = "not in the op table";
 
 // Every entry of the op table, for tests and reports.
 struct OpTableEntry {
