@@ -4,6 +4,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -94,10 +96,26 @@ class StorageIds {
 };
 
 // ---------------------------------------------------------------------------------------
+// What crucible.compile captures of one recorded op (Replay.cpp): the operator, its real
+// arguments and results (references, not copies of data), grad mode and phase. Only ops
+// that are recorded (the one op level) are captured, in the order they complete.
+struct CapturedOp {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+  std::vector<c10::IValue> rets;
+  bool grad_mode;
+  Phase phase;
+};
+struct Capture {
+  std::vector<CapturedOp> ops;
+  bool capture_only = true;  // true: the ops are not also written to the trace rings
+};
+
 struct Frame {
   OpBuilder b;
   bool had_child = false;
   bool composite_implicit = false;
+  std::vector<c10::IValue> cap_args;  // the op's arguments while a Capture is active
 };
 
 struct ThreadState {
@@ -109,6 +127,7 @@ struct ThreadState {
   std::vector<std::uint32_t> modules{0};
   StorageIds storage_ids;
   record::ThreadLog* log = nullptr;
+  Capture* capture = nullptr;  // set while crucible.compile captures a call on this thread
 };
 
 extern thread_local ThreadState t_state;
@@ -123,6 +142,9 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 // through unrecorded), else marks the parent as decomposed and returns the op's frame, reset.
 // See Note [One op level] in misc/CRUCIBLE.md.
 Frame* enter_op(ThreadState& ts, bool composite_implicit);
+// Appends a recorded op to the thread's active capture (call only when ts.capture is set).
+void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
+                std::vector<c10::IValue> rets, Phase phase);
 // Commits the op in `f` (inputs and outputs added) to the global recorder.
 void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
                Phase phase, std::uint8_t flags);

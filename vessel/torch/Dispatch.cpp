@@ -204,8 +204,14 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
   return &f;
 }
 
+void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
+                std::vector<c10::IValue> rets, Phase phase) {
+  ts.capture->ops.push_back(CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase});
+}
+
 void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
                Phase phase, std::uint8_t flags) {
+  if (ts.capture != nullptr && ts.capture->capture_only) return;  // crucible.compile's own capture
   record::Recorder& rec = record::Recorder::global();
   if (ts.log == nullptr) ts.log = &rec.thread_log();
   record::TraceEntry e = f.b.entry(schema_hash, phase, flags);
@@ -308,6 +314,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   {
     const auto args = torch::jit::last(*stack, si.n_args);
     for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);
+    if (ts.capture != nullptr) f.cap_args.assign(args.begin(), args.end());
   }
   f.b.end_inputs();
 
@@ -341,6 +348,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     record::Recorder::global().classify_external(done.b.cells()[0].meta.storage_id,
                                                  record::ExternalKind::Constant);
   }
+  if (ts.capture != nullptr)
+    capture_op(ts, op, std::move(done.cap_args), std::vector<c10::IValue>(rets.begin(), rets.end()), phase);
   commit_op(ts, done, si.hash, si.n_args, phase, flags);
 }
 

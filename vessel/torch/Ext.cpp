@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "Dispatch.h"
+#include "Replay.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/record/Recorder.h"
 #include "crucible/graph/Analysis.h"
@@ -301,6 +302,52 @@ PYBIND11_MODULE(_crucible_ext, m) {
     if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     return (*r)->ops.size();
   }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
+  // crucible.compile (Replay.h). Tensors travel through the crucible:: custom ops instead.
+  m.def("capture_start", [](bool capture_only) {
+    check(vessel::install(true));
+    vessel::capture_start(capture_only);
+  }, py::arg("capture_only") = true);
+  m.def("capture_stop", &vessel::capture_stop);
+  m.def("capture_discard", &vessel::capture_discard);
+  m.def("form_info", [](std::int64_t f) {
+    const auto i = vessel::form_info(f);
+    py::dict d;
+    d["ops"] = i.ops;
+    d["hash"] = i.hash;
+    return d;
+  });
+  m.def("form_release", &vessel::form_release);
+  m.def("plan_build", &vessel::plan_build);
+  m.def("plan_check", &vessel::plan_check);
+  m.def("plan_release", &vessel::plan_release);
+  m.def("plan_info", [](std::int64_t p) {
+    const auto i = vessel::plan_info(p);
+    py::dict d;
+    d["ops"] = i.ops;
+    d["slots"] = i.slots;
+    d["externals"] = i.externals;
+    d["constants"] = i.constants;
+    d["views"] = i.views;
+    d["grad_bindings"] = i.grad_bindings;
+    d["args"] = i.args;
+    d["outputs"] = i.outputs;
+    d["runs"] = i.runs;
+    d["hash"] = i.hash;
+    d["build_ms"] = i.build_ms;
+    d["op_names"] = i.op_names;
+    d["constant_uses"] = i.constant_uses;
+    return d;
+  });
+  m.def("replay_counters", [] {
+    const auto c = vessel::replay_counters();
+    py::dict d;
+    d["captures"] = c.captures;
+    d["forms"] = c.forms;
+    d["plan_builds"] = c.plan_builds;
+    d["plan_cache_hits"] = c.plan_cache_hits;
+    d["runs"] = c.runs;
+    return d;
+  });
   m.def("build_info", [] {
     py::dict d;
     d["sanitizer"] = CRUCIBLE_SANITIZER_NAME;

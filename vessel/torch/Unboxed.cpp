@@ -7,6 +7,7 @@
 // redispatches through at::_ops::<op>::redispatch. Every hot op here has a real backend kernel
 // (none is CompositeImplicitAutograd), so it runs with the key excluded: its nested calls are
 // kernel internals and never re-enter.
+#include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -141,7 +142,16 @@ void cap_result(Cap& c, const std::tuple<Ts...>& t) {
 struct Site {
   std::uint64_t hash;
   bool is_mutable;
+  c10::OperatorHandle handle;
 };
+
+std::vector<c10::IValue> box_result(const at::Tensor& t) { return {c10::IValue(t)}; }
+template <class... Ts>
+std::vector<c10::IValue> box_result(const std::tuple<Ts...>& t) {
+  std::vector<c10::IValue> v;
+  std::apply([&](const auto&... xs) { (v.emplace_back(xs), ...); }, t);
+  return v;
+}
 
 template <class Op>
 const Site& site() {
@@ -149,7 +159,7 @@ const Site& site() {
     std::string name = Op::name;
     if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
     const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    return Site{record::Recorder::global().intern_schema(name), handle.schema().is_mutable()};
+    return Site{record::Recorder::global().intern_schema(name), handle.schema().is_mutable(), handle};
   }();
   return s;
 }
@@ -172,6 +182,8 @@ struct Rec<Op, Ret(Args...)> {
     std::uint16_t i = 0;
     (cap(in, args, i++), ...);
     f->b.end_inputs();
+    std::vector<c10::IValue> cap_args;
+    if (ts.capture != nullptr) cap_args = c10::impl::boxArgs<Args...>(args...);
     ++ts.depth;
     struct Depth {
       int& d;
@@ -180,6 +192,7 @@ struct Rec<Op, Ret(Args...)> {
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
+    if (ts.capture != nullptr) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }

@@ -24,11 +24,16 @@ __all__ = [
     "configure", "enable", "disable", "is_enabled", "recording", "track_modules", "track_optimizer",
     "mark_inputs", "mark_constants", "flush", "stats", "export", "load_trace", "trace",
     "clear", "storage_id", "iteration", "export_graph", "build_dir", "CrucibleError",
+    "compile", "CompiledStep", "CrucibleWarning",
 ]
 
 
 class CrucibleError(RuntimeError):
     """An error from Crucible, with what went wrong and what to do."""
+
+
+class CrucibleWarning(UserWarning):
+    """A compiled step runs eagerly (and why), or a plan was retired."""
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -226,8 +231,15 @@ def flush() -> None:
 
 def stats() -> dict:
     """Ops recorded per phase and per thread, dropped ops, ring bytes, producer waits,
-    and ops the fallback saw but did not record (kernel internals, decomposed composites)."""
-    return _ext.stats()
+    and ops the fallback saw but did not record (kernel internals, decomposed composites).
+    stats()["compiled"]: crucible.compile's plan builds, plan runs, guard failures,
+    divergences, eager calls and refusals, over every compiled step."""
+    d = _ext.stats()
+    with _lock:
+        c = dict(_compile_totals)
+    c.update(_ext.replay_counters())
+    d["compiled"] = c
+    return d
 
 
 def trace():
@@ -283,3 +295,330 @@ def export_graph(path: str, trace=None, thread: int = -1) -> int:
 def clear() -> None:
     """Forgets every recorded op (counters in stats() keep counting)."""
     _ext.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# crucible.compile: record a training step, build an ExecutionPlan, replay it from C++.
+
+_MISSING = object()
+_COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
+             "guard_failures", "verifications", "divergences", "refusals")
+_compile_totals = {k: 0 for k in _COUNTERS}
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _flatten_out(obj, flat):
+    """Output structure of the step: tensors, None, and tuples/lists/dicts of them."""
+    import torch
+    if obj is None:
+        return ("n",)
+    if isinstance(obj, torch.Tensor):
+        flat.append(obj)
+        return ("t",)
+    if isinstance(obj, (tuple, list)):
+        return ("l" if isinstance(obj, list) else "u", tuple(_flatten_out(o, flat) for o in obj))
+    if isinstance(obj, dict):
+        keys = tuple(obj)
+        return ("d", keys, tuple(_flatten_out(obj[k], flat) for k in keys))
+    raise _Unsupported(
+        f"the step returns a {type(obj).__name__}; a compiled step returns tensors (or tuples, lists "
+        f"and dicts of them). Return the tensor and call .item() outside the step")
+
+
+def _unflatten_out(spec, it):
+    kind = spec[0]
+    if kind == "n":
+        return None
+    if kind == "t":
+        return next(it)
+    if kind in ("l", "u"):
+        items = [_unflatten_out(s, it) for s in spec[1]]
+        return items if kind == "l" else tuple(items)
+    return {k: _unflatten_out(s, it) for k, s in zip(spec[1], spec[2])}
+
+
+def _discover_state(fn, extra):
+    """Modules and optimizers the step uses: bound self, closure cells, globals it names, and
+    one level of attributes of those (a trainer object holding model and optimizer)."""
+    import torch
+    found, seen = [], set()
+
+    def add(o, depth):
+        if o is None or id(o) in seen:
+            return
+        seen.add(id(o))
+        if isinstance(o, (torch.nn.Module, torch.optim.Optimizer)):
+            found.append(o)
+        elif depth > 0 and hasattr(o, "__dict__") and not isinstance(o, type) and not callable(o):
+            for v in list(vars(o).values()):
+                add(v, depth - 1)
+        elif depth > 0 and isinstance(o, (list, tuple)):
+            for v in o:
+                add(v, depth - 1)
+
+    for o in extra:
+        add(o, 1)
+    f = getattr(fn, "__func__", fn)
+    add(getattr(fn, "__self__", None), 1)
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            add(cell.cell_contents, 1)
+        except ValueError:  # empty cell
+            pass
+    code, g = getattr(f, "__code__", None), getattr(f, "__globals__", {})
+    for name in (code.co_names if code is not None else ()):
+        add(g.get(name), 1)
+    return found
+
+
+class _StateGuard:
+    """Identity of every parameter, buffer and optimizer state tensor, and the value of every
+    training flag and optimizer hyperparameter, as of one moment. ok() is the per-call check:
+    a replaced parameter, a loaded optimizer state, train()/eval() or a new learning rate all
+    fail it, and the step re-records."""
+
+    def __init__(self, objs):
+        import torch
+        ident, vals, lists = [], [], []
+        for o in objs:
+            if isinstance(o, torch.nn.Module):
+                for m in o.modules():
+                    for k, v in m._parameters.items():
+                        ident.append((m._parameters, k, v))
+                    for k, v in m._buffers.items():
+                        ident.append((m._buffers, k, v))
+                    vals.append((m.__dict__, "training", m.training))
+            else:
+                ident.append((o.__dict__, "state", o.state))
+                ident.append((o.__dict__, "param_groups", o.param_groups))
+                lists.append((o.param_groups, len(o.param_groups), tuple(o.param_groups)))
+                for g in o.param_groups:
+                    ps = g["params"]
+                    ident.append((g, "params", ps))
+                    lists.append((ps, len(ps), tuple(ps)))
+                    for k, v in g.items():
+                        if k != "params":
+                            vals.append((g, k, v))
+                for p, st in list(o.state.items()):
+                    ident.append((o.state, p, st))
+                    for k, v in st.items():
+                        (ident if isinstance(v, torch.Tensor) else vals).append((st, k, v))
+        self._ident, self._vals, self._lists = ident, vals, lists
+
+    def ok(self) -> bool:
+        for d, k, v in self._ident:
+            if d.get(k, _MISSING) is not v:
+                return False
+        for d, k, v in self._vals:
+            x = d.get(k, _MISSING)
+            if x is not v and x != v:
+                return False
+        for lst, n, items in self._lists:
+            if len(lst) != n or any(a is not b for a, b in zip(lst, items)):
+                return False
+        return True
+
+
+class _Entry:
+    __slots__ = ("plan", "forms", "spec", "seen", "refused", "guard")
+
+    def __init__(self):
+        self.plan, self.forms, self.spec, self.seen, self.refused, self.guard = None, [], None, 0, None, None
+
+
+class CompiledStep:
+    """A training step compiled by crucible.compile. Call it like the function it wraps.
+
+    Per call signature (the tensor arguments' shapes, strides, dtypes, devices and
+    requires_grad; the other arguments' values): the first `warmup` calls run eagerly (the
+    first step creates gradients and optimizer state), the next two are recorded, and when
+    they agree an ExecutionPlan is built. Later calls run the plan in one C++ call: forward,
+    backward and optimizer, no Python and no autograd per op. Parameters, buffers, gradients
+    and optimizer state are the real tensors, updated in place; .grad fields are set as
+    eager would set them. Each call checks the modules and optimizers the step uses (found
+    from the function: bound self, closure, globals; or passed as guard=): a replaced
+    parameter, a loaded optimizer state, train()/eval() or a changed hyperparameter makes
+    the step record again. verify_every=N re-records every N-th plan call eagerly and compares;
+    a divergence returns the eager result and retires the plan. A step whose two recordings
+    differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
+    CrucibleWarning says which op and argument."""
+
+    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=()):
+        if not callable(fn):
+            raise CrucibleError(f"crucible.compile needs a callable, got {type(fn).__name__}")
+        if verify_every < 0 or warmup < 0:
+            raise CrucibleError("crucible.compile: verify_every and warmup must be >= 0")
+        import torch
+        _ext.install(_unboxed_kernels)
+        self._fn, self._verify_every, self._warmup = fn, int(verify_every), int(warmup)
+        self._guard_objs = _discover_state(fn, guard)
+        self._entries = {}
+        self._run = torch.ops.crucible.run
+        self._finish = torch.ops.crucible.capture_finish
+        self._tensor = torch.Tensor
+        self._stats = {k: 0 for k in _COUNTERS}
+        self.last_refusal = None    # why the last refused signature runs eagerly
+        self.last_divergence = None
+        self.__wrapped__ = fn
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _count(self, k, n=1):
+        self._stats[k] += n
+        with _lock:
+            _compile_totals[k] += n
+
+    def stats(self) -> dict:
+        """calls, plan_runs, eager_calls, captures, plans_built, guard_misses (a call signature
+        without a plan yet), guard_failures (module/optimizer state changed), verifications,
+        divergences, refusals; plus plans (live plans) and guarded (modules/optimizers found)."""
+        d = dict(self._stats)
+        d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
+        d["guarded"] = [type(o).__name__ for o in self._guard_objs]
+        return d
+
+    def plans(self) -> list:
+        """plan_info() of every live plan: kernel calls, slots, externals, hash, build time."""
+        return [_ext.plan_info(e.plan) for e in self._entries.values() if e.plan is not None]
+
+    def reset(self) -> None:
+        """Forgets every plan and refusal; the next calls record again."""
+        for e in self._entries.values():
+            self._drop(e)
+        self._entries.clear()
+
+    def _drop(self, e):
+        for f in e.forms:
+            _ext.form_release(f)
+        e.forms = []
+        if e.plan is not None:
+            _ext.plan_release(e.plan)
+        e.plan, e.seen, e.guard = None, 0, None
+
+    def _refuse(self, e, why):
+        import warnings
+        self._drop(e)
+        e.refused = why
+        self.last_refusal = why
+        self._count("refusals")
+        warnings.warn(f"crucible.compile: {why}", CrucibleWarning, stacklevel=3)
+
+    # -- a call ------------------------------------------------------------------------
+    def _signature(self, args, kwargs):
+        T = self._tensor
+        key, tensors = [len(args)], []
+        for a in args:
+            if isinstance(a, T):
+                tensors.append(a)
+                key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+            else:
+                key.append((type(a), a))
+        for k in sorted(kwargs):
+            a = kwargs[k]
+            if isinstance(a, T):
+                tensors.append(a)
+                key.append((k, a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+            else:
+                key.append((k, type(a), a))
+        return tuple(key), tensors
+
+    def __call__(self, *args, **kwargs):
+        self._count("calls")
+        try:
+            key, tensors = self._signature(args, kwargs)
+            e = self._entries.get(key)
+        except TypeError:  # an unhashable non-tensor argument: nothing to guard on
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        if e is None:
+            if self._entries:
+                self._count("guard_misses")
+            e = self._entries[key] = _Entry()
+        if e.plan is not None:
+            if not e.guard.ok():
+                self._count("guard_failures")
+                self._drop(e)
+            else:
+                if self._verify_every and (self._stats["plan_runs"] + self._stats["verifications"] + 1) % self._verify_every == 0:
+                    return self._verify(e, args, kwargs, tensors)
+                self._count("plan_runs")
+                return _unflatten_out(e.spec, iter(self._run(e.plan, tensors)))
+        if e.refused is not None:
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        e.seen += 1
+        if e.seen <= self._warmup:
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        if e.forms and spec != e.spec:
+            _ext.form_release(form)
+            self._refuse(e, "the step returned a different structure in two calls")
+            return result
+        e.spec = spec
+        e.forms.append(form)
+        if len(e.forms) == 2:
+            try:
+                e.plan = _ext.plan_build(e.forms[0], e.forms[1])
+            except RuntimeError as err:
+                self._refuse(e, str(err))
+                return result
+            for f in e.forms:
+                _ext.form_release(f)
+            e.forms = []
+            e.guard = _StateGuard(self._guard_objs)
+            self._count("plans_built")
+        return result
+
+    def _capture(self, e, args, kwargs, tensors):
+        """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec)."""
+        self._count("captures")
+        self._count("eager_calls")
+        _ext.capture_start(not is_enabled())
+        try:
+            result = self._fn(*args, **kwargs)
+        except BaseException:
+            _ext.capture_discard()
+            raise
+        _ext.capture_stop()
+        flat = []
+        try:
+            spec = _flatten_out(result, flat)
+        except _Unsupported as err:
+            _ext.capture_discard()
+            self._refuse(e, str(err))
+            return result, None, None
+        try:
+            form = self._finish(tensors, flat)
+        except RuntimeError as err:
+            self._refuse(e, str(err).split("\nException raised from")[0])
+            return result, None, None
+        return result, form, spec
+
+    def _verify(self, e, args, kwargs, tensors):
+        import warnings
+        self._count("verifications")
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        why = _ext.plan_check(e.plan, form) if spec == e.spec else "the step returned a different structure"
+        _ext.form_release(form)
+        if why:
+            self._count("divergences")
+            self.last_divergence = why
+            self._drop(e)
+            warnings.warn(f"crucible.compile: verification found the step diverged from its plan: {why} "
+                          f"The plan is retired; this call's result is eager.", CrucibleWarning, stacklevel=2)
+        return result
+
+
+def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=()):
+    """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
+    with or without arguments."""
+    if fn is None:
+        return lambda f: CompiledStep(f, verify_every=verify_every, warmup=warmup, guard=guard)
+    return CompiledStep(fn, verify_every=verify_every, warmup=warmup, guard=guard)

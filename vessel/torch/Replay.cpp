@@ -1,0 +1,775 @@
+// Replay.cpp — capture → form → ExecutionPlan → run. See Replay.h and misc/CRUCIBLE.md.
+#include "Replay.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "Capture.h"
+#include "Dispatch.h"
+#include "absl/container/flat_hash_map.h"
+#include "crucible/core/ContentHash.h"
+
+namespace crucible::vessel {
+namespace {
+using detail::Capture;
+using detail::CapturedOp;
+using detail::kKey;
+using detail::t_state;
+
+// ---------------------------------------------------------------------------------------
+// Where a tensor of the plan comes from.
+struct Ref {
+  enum Kind : std::uint8_t { None, Slot, Arg, Ext, View };
+  Kind kind = None;
+  std::uint32_t idx = 0;
+};
+
+// A view the plan rebuilds each run: as_strided on its base, offset relative to the base's.
+struct ViewSpec {
+  Ref base;
+  std::vector<std::int64_t> sizes, strides;
+  std::int64_t offset_delta = 0;
+};
+
+struct ArgT {
+  enum Kind : std::uint8_t { Const, Tensor, TensorList, OptTensorList };
+  Kind kind = Const;
+  c10::IValue value;      // Const
+  std::vector<Ref> refs;  // Tensor: one; lists: one per element (None for an absent one)
+};
+
+struct OutT {
+  enum Kind : std::uint8_t { Ignore, Tensor, TensorList };
+  Kind kind = Ignore;
+  std::uint32_t slot = 0;   // first slot
+  std::uint32_t count = 0;  // TensorList: elements
+};
+
+struct OpT {
+  explicit OpT(c10::OperatorHandle h) : op(std::move(h)) {}
+  c10::OperatorHandle op;
+  std::vector<ArgT> args;
+  std::vector<OutT> outs;
+  bool grad_mode = false;
+  record::Phase phase = record::Phase::Forward;
+  bool skip = false;                    // a pure read of a scalar for Python (.item())
+  std::vector<std::uint32_t> release;   // slots whose last use is this op
+  std::vector<std::string> arg_sig;     // canonical text per argument (no data pointers)
+  std::string out_sig;
+};
+
+struct ArgMeta {
+  std::vector<std::int64_t> sizes, strides;
+  c10::ScalarType dtype;
+  c10::Device device{c10::kCPU};
+};
+
+struct Use {  // where an external is first used, for messages
+  std::size_t op = 0;
+  std::size_t arg = 0;
+};
+
+struct Form {
+  std::vector<OpT> ops;
+  std::vector<at::Tensor> exts;
+  std::vector<Use> ext_use;
+  std::vector<ViewSpec> views;
+  std::vector<Ref> outputs;
+  std::vector<std::pair<std::uint32_t, Ref>> grads;  // external (a leaf) → its new .grad
+  std::uint32_t num_slots = 0;
+  std::vector<ArgMeta> arg_meta;
+  std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
+  ContentHash hash;
+};
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const auto& s = op.schema();
+  return s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name();
+}
+
+std::string arg_name(const OpT& o, std::size_t i) {
+  const auto& a = o.op.schema().arguments();
+  return i < a.size() ? a[i].name() : "#" + std::to_string(i);
+}
+
+std::string describe_op(const OpT& o, std::size_t k) {
+  return "op #" + std::to_string(k) + " " + op_name(o.op) + " (" + record::phase_name(o.phase) + ")";
+}
+
+std::string dims(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string ref_text(Ref r) {
+  static const char* k[] = {"none", "slot", "arg", "ext", "view"};
+  return r.kind == Ref::None ? "none" : std::string(k[r.kind]) + std::to_string(r.idx);
+}
+
+// Canonical text of a constant argument: exact (doubles by their bits) and readable.
+void const_text(const c10::IValue& v, std::string& out) {
+  if (v.isDouble()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v.toDouble());
+    out += buf;
+    out += "(float)";
+  } else if (v.isInt()) {
+    out += std::to_string(v.toInt());
+  } else if (v.isBool()) {
+    out += v.toBool() ? "True" : "False";
+  } else if (v.isNone()) {
+    out += "None";
+  } else if (v.isString()) {
+    out += "'" + v.toStringRef() + "'";
+  } else if (v.isList()) {
+    out += "[";
+    const auto& l = v.toListRef();
+    for (std::size_t i = 0; i < l.size(); ++i) {
+      if (i) out += ",";
+      const_text(l[i], out);
+    }
+    out += "]";
+  } else if (v.isComplexDouble()) {
+    const auto c = v.toComplexDouble();
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "(%.17g%+.17gj)", c.real(), c.imag());
+    out += buf;
+  } else if (v.isDevice()) {
+    out += v.toDevice().str();
+  } else if (v.isGenerator()) {
+    // A generator object is state, named by identity: the same object in both calls.
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "generator@%p", static_cast<const void*>(v.toGenerator().unsafeGetGeneratorImpl()));
+    out += buf;
+  } else {
+    std::ostringstream os;
+    os << v;
+    out += os.str() + "<" + v.tagKind() + ">";
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Capture → Form.
+class FormBuilder {
+ public:
+  Form f;
+
+  void add_arg(const at::Tensor& t, std::size_t j) {
+    check_strided(t, "step argument " + std::to_string(j));
+    ArgMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()};
+    f.arg_meta.push_back(std::move(m));
+    define(t, Ref{Ref::Arg, static_cast<std::uint32_t>(j)});
+  }
+
+  void add_op(CapturedOp& cop) {
+    const std::size_t k = f.ops.size();
+    OpT o(cop.op);
+    o.grad_mode = cop.grad_mode;
+    o.phase = cop.phase;
+    o.skip = cop.op.schema().name() == "aten::_local_scalar_dense";
+    for (std::size_t i = 0; i < cop.args.size(); ++i) o.args.push_back(make_arg(cop.args[i], o, k, i));
+    for (std::size_t i = 0; i < cop.rets.size(); ++i) {
+      const c10::IValue& r = cop.rets[i];
+      OutT out;
+      if (r.isTensor()) {
+        out.kind = OutT::Tensor;
+        out.slot = f.num_slots++;
+        out.count = 1;
+        if (r.toTensor().defined()) define(r.toTensor(), Ref{Ref::Slot, out.slot});
+      } else if (r.isTensorList()) {
+        const auto list = r.toTensorList();
+        out.kind = OutT::TensorList;
+        out.slot = f.num_slots;
+        out.count = static_cast<std::uint32_t>(list.size());
+        f.num_slots += out.count;
+        for (std::size_t e = 0; e < list.size(); ++e) {
+          const at::Tensor t = list.get(e);
+          if (t.defined()) define(t, Ref{Ref::Slot, out.slot + static_cast<std::uint32_t>(e)});
+        }
+      }
+      o.outs.push_back(out);
+      o.out_sig += std::to_string(out.kind) + ":" + std::to_string(out.slot) + "x" + std::to_string(out.count) + ";";
+    }
+    f.ops.push_back(std::move(o));
+  }
+
+  void add_output(const at::Tensor& t, std::size_t j) {
+    if (!t.defined()) {
+      f.outputs.push_back(Ref{});
+      return;
+    }
+    check_strided(t, "step output " + std::to_string(j));
+    f.outputs.push_back(resolve(t, f.ops.size(), j));
+  }
+
+  // Gradients the engine stored into a leaf's .grad (AccumulateGrad is not an op).
+  void add_grad_bindings() {
+    const std::size_t n = f.exts.size();
+    for (std::size_t e = 0; e < n; ++e) {
+      const at::Tensor& p = f.exts[e];
+      if (!p.requires_grad() || !p.is_leaf()) continue;
+      const at::Tensor& g = p.grad();
+      if (!g.defined() || g.layout() != at::kStrided || !g.has_storage()) continue;
+      auto it = by_view_.find(view_key(g));
+      Ref r;
+      if (it != by_view_.end()) {
+        r = it->second;
+      } else {
+        auto st = by_storage_.find(g.storage().unsafeGetStorageImpl());
+        if (st == by_storage_.end()) continue;  // a gradient no op of this call touched
+        r = make_view(g, st->second);
+      }
+      if (r.kind == Ref::Ext || r.kind == Ref::Arg) continue;  // persistent: updated in place
+      f.grads.emplace_back(static_cast<std::uint32_t>(e), r);
+    }
+  }
+
+  void finish() {
+    // Slot lifetimes: a slot is released after its last use (views keep their base).
+    std::vector<long> last(f.num_slots, -1);
+    std::function<void(Ref, long)> mark = [&](Ref r, long k) {
+      if (r.kind == Ref::Slot) last[r.idx] = std::max(last[r.idx], k);
+      else if (r.kind == Ref::View) mark(f.views[r.idx].base, k);
+    };
+    for (std::size_t k = 0; k < f.ops.size(); ++k)
+      if (!f.ops[k].skip)
+        for (const ArgT& a : f.ops[k].args)
+          for (Ref r : a.refs) mark(r, static_cast<long>(k));
+    for (Ref r : f.outputs) mark(r, LONG_MAX);
+    for (const auto& g : f.grads) mark(g.second, LONG_MAX);
+    for (std::size_t k = 0; k < f.ops.size(); ++k) {
+      for (const OutT& o : f.ops[k].outs)
+        for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s)
+          if (last[s] < 0) f.ops[k].release.push_back(s);  // never used: dropped at once
+    }
+    for (std::uint32_t s = 0; s < f.num_slots; ++s)
+      if (last[s] >= 0 && last[s] != LONG_MAX) f.ops[static_cast<std::size_t>(last[s])].release.push_back(s);
+
+    // Canonical text and content hash: ops, wiring, constants, metadata; no data pointers.
+    std::string& t = f.tail_sig;
+    for (std::size_t e = 0; e < f.exts.size(); ++e) {
+      const at::Tensor& x = f.exts[e];
+      t += "ext" + std::to_string(e) + ":" + std::string(c10::toString(x.scalar_type())) + dims(x.sizes()) +
+           dims(x.strides()) + "@" + std::to_string(x.storage_offset()) + x.device().str() +
+           (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") + ";";
+    }
+    for (std::size_t v = 0; v < f.views.size(); ++v) {
+      const ViewSpec& s = f.views[v];
+      t += "view" + std::to_string(v) + ":" + ref_text(s.base) + dims(s.sizes) + dims(s.strides) + "+" +
+           std::to_string(s.offset_delta) + ";";
+    }
+    for (Ref r : f.outputs) t += "out:" + ref_text(r) + ";";
+    for (const auto& g : f.grads) t += "grad:ext" + std::to_string(g.first) + "=" + ref_text(g.second) + ";";
+    for (const ArgMeta& m : f.arg_meta)
+      t += "arg:" + std::string(c10::toString(m.dtype)) + dims(m.sizes) + dims(m.strides) + m.device.str() + ";";
+    ContentHasher h;
+    for (const OpT& o : f.ops) {
+      h.update_string(op_name(o.op));
+      for (const std::string& s : o.arg_sig) h.update_string(s);
+      h.update_string(o.out_sig);
+      h.update_u8(o.grad_mode ? 1 : 0);
+    }
+    h.update_string(t);
+    f.hash = h.digest();
+  }
+
+ private:
+  absl::flat_hash_map<std::string, Ref> by_view_;
+  struct Base {
+    Ref ref;
+    c10::ScalarType dtype;
+    std::int64_t offset;
+  };
+  absl::flat_hash_map<const c10::StorageImpl*, Base> by_storage_;
+
+  static std::string layout_text(c10::Layout l) {
+    std::ostringstream os;
+    os << l;
+    return os.str();
+  }
+
+  static void check_strided(const at::Tensor& t, const std::string& where) {
+    if (t.layout() != at::kStrided || !t.has_storage())
+      throw std::runtime_error(where + " is a " + layout_text(t.layout()) +
+                               " tensor without strided storage; a compiled step handles strided "
+                               "(dense) tensors only, so this step runs eagerly");
+  }
+
+  static std::string view_key(const at::Tensor& t) {
+    std::string k;
+    const auto* st = t.storage().unsafeGetStorageImpl();
+    const std::int64_t head[3] = {reinterpret_cast<std::int64_t>(st), t.storage_offset(),
+                                  static_cast<std::int64_t>(t.scalar_type())};
+    k.append(reinterpret_cast<const char*>(head), sizeof head);
+    for (std::int64_t d : t.sizes()) k.append(reinterpret_cast<const char*>(&d), sizeof d);
+    k.push_back('|');
+    for (std::int64_t d : t.strides()) k.append(reinterpret_cast<const char*>(&d), sizeof d);
+    return k;
+  }
+
+  void define(const at::Tensor& t, Ref r) {
+    if (t.layout() != at::kStrided || !t.has_storage()) return;  // refused where it is used
+    by_view_[view_key(t)] = r;
+    by_storage_.try_emplace(t.storage().unsafeGetStorageImpl(), Base{r, t.scalar_type(), t.storage_offset()});
+  }
+
+  Ref make_view(const at::Tensor& t, const Base& b) {
+    if (b.dtype != t.scalar_type())
+      throw std::runtime_error(std::string("a tensor of dtype ") + c10::toString(t.scalar_type()) +
+                               " shares storage with one of dtype " + c10::toString(b.dtype) +
+                               " without a recorded op between them; a compiled step cannot rebuild "
+                               "that view, so this step runs eagerly");
+    f.views.push_back(ViewSpec{b.ref, t.sizes().vec(), t.strides().vec(), t.storage_offset() - b.offset});
+    const Ref r{Ref::View, static_cast<std::uint32_t>(f.views.size() - 1)};
+    by_view_[view_key(t)] = r;
+    return r;
+  }
+
+  Ref resolve(const at::Tensor& t, std::size_t op, std::size_t arg) {
+    if (!t.defined()) return Ref{};
+    auto it = by_view_.find(view_key(t));
+    if (it != by_view_.end()) return it->second;
+    auto st = by_storage_.find(t.storage().unsafeGetStorageImpl());
+    if (st != by_storage_.end()) return make_view(t, st->second);
+    const Ref r{Ref::Ext, static_cast<std::uint32_t>(f.exts.size())};
+    f.exts.push_back(t);
+    f.ext_use.push_back(Use{op, arg});
+    define(t, r);
+    return r;
+  }
+
+  ArgT make_arg(const c10::IValue& v, OpT& o, std::size_t k, std::size_t i) {
+    ArgT a;
+    std::string sig;
+    auto tensor_ref = [&](const at::Tensor& t) {
+      if (t.defined()) check_strided(t, describe_op(o, k) + " argument '" + arg_name(o, i) + "'");
+      const Ref r = resolve(t, k, i);
+      a.refs.push_back(r);
+      sig += ref_text(r) + ",";
+    };
+    if (v.isTensor()) {
+      a.kind = ArgT::Tensor;
+      tensor_ref(v.toTensor());
+    } else if (v.isTensorList()) {
+      a.kind = ArgT::TensorList;
+      const auto list = v.toTensorList();
+      sig = "list[";
+      for (std::size_t e = 0; e < list.size(); ++e) tensor_ref(list.get(e));
+      sig += "]";
+    } else if (v.isList() && has_tensor(v)) {
+      a.kind = ArgT::OptTensorList;
+      sig = "optlist[";
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) tensor_ref(e.toTensor());
+        else if (e.isNone()) tensor_ref(at::Tensor());
+        else
+          throw std::runtime_error(describe_op(o, k) + " argument '" + arg_name(o, i) +
+                                   "' mixes tensors with a " + e.tagKind() + "; this step runs eagerly");
+      }
+      sig += "]";
+    } else if (has_tensor(v)) {
+      throw std::runtime_error(describe_op(o, k) + " argument '" + arg_name(o, i) + "' holds tensors inside a " +
+                               v.tagKind() + ", which a compiled step does not rebuild; this step runs eagerly");
+    } else {
+      a.kind = ArgT::Const;
+      a.value = v;
+      const_text(v, sig);
+    }
+    o.arg_sig.push_back(std::move(sig));
+    return a;
+  }
+
+  static bool has_tensor(const c10::IValue& v) {
+    if (v.isTensor() || v.isTensorList()) return true;
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (has_tensor(e)) return true;
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements())
+        if (has_tensor(e)) return true;
+    } else if (v.isGenericDict()) {
+      for (const auto& kv : v.toGenericDict())
+        if (has_tensor(kv.key()) || has_tensor(kv.value())) return true;
+    }
+    return false;
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Two forms of one signature: does the second repeat the first? "" when it does, else the
+// first difference, said for a user.
+std::string first_difference(const Form& a, const Form& b) {
+  const char* eager = " Crucible never guesses a value: this step runs eagerly.";
+  const std::size_t n = std::min(a.ops.size(), b.ops.size());
+  for (std::size_t k = 0; k < n; ++k) {
+    const OpT& x = a.ops[k];
+    const OpT& y = b.ops[k];
+    if (op_name(x.op) != op_name(y.op))
+      return "the step ran different ops in two calls: " + describe_op(x, k) + " in one, " + op_name(y.op) +
+             " in the other. Its Python code takes a different path from call to call (a branch on a "
+             "tensor's value, or on state Crucible does not guard), so it cannot be replayed;"
+             " this step runs eagerly.";
+    for (std::size_t i = 0; i < x.arg_sig.size() && i < y.arg_sig.size(); ++i) {
+      if (x.arg_sig[i] == y.arg_sig[i]) continue;
+      if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const)
+        return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " in one call and " +
+               y.arg_sig[i] + " in the next: a scalar that changes between calls and has no known source "
+               "(Python computed it from a tensor's value, or from a variable that changes).";
+      return describe_op(x, k) + " argument '" + arg_name(x, i) + "' is wired differently in two calls (" +
+             x.arg_sig[i] + " vs " + y.arg_sig[i] + ")." + eager;
+    }
+    if (x.out_sig != y.out_sig || x.grad_mode != y.grad_mode)
+      return describe_op(x, k) + " has different results or grad mode in two calls." + eager;
+  }
+  if (a.ops.size() != b.ops.size())
+    return "the step ran " + std::to_string(a.ops.size()) + " ops in one call and " + std::to_string(b.ops.size()) +
+           " in the next: its Python code takes a different path from call to call, so it cannot be "
+           "replayed; this step runs eagerly.";
+  if (a.exts.size() != b.exts.size() || a.tail_sig != b.tail_sig)
+    return "the step's outputs, gradients or the tensors it reads from outside differ in shape, dtype or "
+           "wiring between two calls." + std::string(eager);
+  // Externals: the same tensors (parameters, state), or made afresh with equal values.
+  c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+  at::AutoDispatchBelowADInplaceOrView below;
+  for (std::size_t e = 0; e < a.exts.size(); ++e) {
+    const at::Tensor& x = a.exts[e];
+    const at::Tensor& y = b.exts[e];
+    if (x.storage().unsafeGetStorageImpl() == y.storage().unsafeGetStorageImpl()) continue;
+    // A Python number (a wrapped 0-d tensor made afresh each call) is a scalar like any
+    // other: constant when equal. Any other tensor made outside the recorded ops is data
+    // Python produced (from_numpy, a tensor built below the dispatcher): never baked in.
+    if (x.unsafeGetTensorImpl()->is_wrapped_number() && y.unsafeGetTensorImpl()->is_wrapped_number() &&
+        x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() && x.equal(y))
+      continue;
+    const Use u = b.ext_use[e];
+    std::string where = u.op < b.ops.size() ? describe_op(b.ops[u.op], u.op) + " argument '" + arg_name(b.ops[u.op], u.arg) + "'"
+                                            : "step output " + std::to_string(u.arg);
+    if (x.unsafeGetTensorImpl()->is_wrapped_number() && y.unsafeGetTensorImpl()->is_wrapped_number()) {
+      std::string xs, ys;
+      const_text(x.item(), xs);
+      const_text(y.item(), ys);
+      return where + " was the Python number " + xs + " in one call and " + ys +
+             " in the next: a scalar that changes between calls and has no known source." + eager;
+    }
+    return where + " reads a tensor that no recorded op produced and that is not a step argument, "
+           "parameter, buffer, gradient or optimizer state: a different tensor in each call, made by "
+           "Python outside the ops Crucible records (torch.from_numpy, torch.tensor data). Pass it to "
+           "the step as an argument." + eager;
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------
+struct Plan {
+  std::shared_ptr<const Form> form;
+  std::vector<at::Tensor> slots;
+  std::atomic<bool> busy{false};
+  std::atomic<std::uint64_t> runs{0};
+  double build_ms = 0;
+  std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
+};
+
+struct Registry {
+  std::mutex mu;
+  std::int64_t next = 1;
+  std::map<std::int64_t, std::shared_ptr<const Form>> forms;
+  std::map<std::int64_t, std::shared_ptr<Plan>> plans;
+  ReplayCounters counters;
+};
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked: plans may run during static destruction
+  return *r;
+}
+
+thread_local std::unique_ptr<Capture> t_active;
+thread_local std::unique_ptr<Capture> t_stopped;
+thread_local bool t_key_was_on = false;
+
+std::shared_ptr<const Form> get_form(std::int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.forms.find(id);
+  if (it == r.forms.end()) throw std::runtime_error("no captured form " + std::to_string(id));
+  return it->second;
+}
+
+std::shared_ptr<Plan> get_plan(std::int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.plans.find(id);
+  if (it == r.plans.end()) throw std::runtime_error("no plan " + std::to_string(id) + " (released?)");
+  return it->second;
+}
+
+// ---- the custom ops: the only calls that carry tensors between Python and C++ -----------
+std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
+  std::unique_ptr<Capture> cap = std::move(t_stopped);
+  TORCH_CHECK(cap != nullptr, "crucible::capture_finish without a stopped capture on this thread");
+  c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+  FormBuilder b;
+  for (std::size_t j = 0; j < args.size(); ++j) b.add_arg(args[j], j);
+  try {
+    for (CapturedOp& op : cap->ops) b.add_op(op);
+    for (std::size_t j = 0; j < outputs.size(); ++j) b.add_output(outputs[j], j);
+    b.add_grad_bindings();
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  cap.reset();  // the call's intermediates are freed here
+  b.finish();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  const std::int64_t id = r.next++;
+  r.forms.emplace(id, std::make_shared<const Form>(std::move(b.f)));
+  ++r.counters.forms;
+  return id;
+}
+
+at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& slots, at::TensorList args, Ref r) {
+  switch (r.kind) {
+    case Ref::None: return at::Tensor();
+    case Ref::Slot: return slots[r.idx];
+    case Ref::Arg: return args[r.idx];
+    case Ref::Ext: return f.exts[r.idx];
+    case Ref::View: {
+      const ViewSpec& v = f.views[r.idx];
+      const at::Tensor base = value_of(f, slots, args, v.base);
+      return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
+    }
+  }
+  return at::Tensor();
+}
+
+std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args) {
+  std::shared_ptr<Plan> p = get_plan(plan_id);
+  bool idle = false;
+  TORCH_CHECK(p->busy.compare_exchange_strong(idle, true),
+              "crucible plan ", plan_id, " is already running on another thread; a plan runs one call at a time");
+  struct Unbusy {
+    Plan& p;
+    ~Unbusy() { p.busy.store(false); }
+  } unbusy{*p};
+  const Form& f = *p->form;
+  TORCH_CHECK(args.size() == f.arg_meta.size(), "crucible plan ", plan_id, " takes ", f.arg_meta.size(),
+              " tensor arguments, got ", args.size());
+  for (std::size_t j = 0; j < args.size(); ++j) {
+    const ArgMeta& m = f.arg_meta[j];
+    TORCH_CHECK(args[j].defined() && args[j].sizes() == c10::IntArrayRef(m.sizes) &&
+                    args[j].strides() == c10::IntArrayRef(m.strides) && args[j].scalar_type() == m.dtype &&
+                    args[j].device() == m.device,
+                "crucible plan ", plan_id, ": tensor argument ", j, " does not match the plan (",
+                "expected ", c10::toString(m.dtype), dims(m.sizes), " on ", m.device.str(),
+                "); crucible.compile guards this and builds another plan");
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+  at::AutoDispatchBelowADInplaceOrView below;  // no autograd bookkeeping: the plan has the backward
+  c10::AutoGradMode restore(c10::GradMode::is_enabled());
+  std::vector<at::Tensor>& slots = p->slots;
+  slots.assign(f.num_slots, at::Tensor());
+  torch::jit::Stack stack;
+  bool grad = c10::GradMode::is_enabled();
+  for (const OpT& o : f.ops) {
+    if (o.skip) continue;
+    if (o.grad_mode != grad) c10::GradMode::set_enabled(grad = o.grad_mode);
+    stack.clear();
+    for (const ArgT& a : o.args) {
+      switch (a.kind) {
+        case ArgT::Const: stack.push_back(a.value); break;
+        case ArgT::Tensor: stack.emplace_back(value_of(f, slots, args, a.refs[0])); break;
+        case ArgT::TensorList: {
+          c10::List<at::Tensor> l;
+          l.reserve(a.refs.size());
+          for (Ref r : a.refs) l.push_back(value_of(f, slots, args, r));
+          stack.emplace_back(std::move(l));
+          break;
+        }
+        case ArgT::OptTensorList: {
+          c10::List<c10::optional<at::Tensor>> l;
+          l.reserve(a.refs.size());
+          for (Ref r : a.refs) {
+            if (r.kind == Ref::None) l.push_back(c10::nullopt);
+            else l.push_back(value_of(f, slots, args, r));
+          }
+          stack.emplace_back(std::move(l));
+          break;
+        }
+      }
+    }
+    o.op.callBoxed(&stack);
+    for (std::size_t i = 0; i < o.outs.size() && i < stack.size(); ++i) {
+      const OutT& out = o.outs[i];
+      if (out.kind == OutT::Tensor) {
+        slots[out.slot] = std::move(stack[i]).toTensor();
+      } else if (out.kind == OutT::TensorList) {
+        const auto list = stack[i].toTensorList();
+        TORCH_CHECK(list.size() == out.count, op_name(o.op), " returned ", list.size(),
+                    " tensors in the plan, ", out.count, " when captured");
+        for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
+      }
+    }
+    for (std::uint32_t s : o.release) slots[s].reset();
+  }
+  for (const auto& [e, r] : f.grads) {
+    at::Tensor g = value_of(f, slots, args, r);
+    f.exts[e].mutable_grad() = std::move(g);
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(f.outputs.size());
+  for (Ref r : f.outputs) outs.push_back(value_of(f, slots, args, r));
+  slots.assign(f.num_slots, at::Tensor());
+  p->runs.fetch_add(1, std::memory_order_relaxed);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> g(reg.mu);
+    ++reg.counters.runs;
+  }
+  return outs;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+void capture_start(bool capture_only) {
+  if (t_active != nullptr) throw std::runtime_error("a crucible.compile capture is already active on this thread");
+  t_active = std::make_unique<Capture>();
+  t_active->capture_only = capture_only;
+  t_stopped.reset();
+  t_key_was_on = is_enabled();
+  t_state.capture = t_active.get();
+  set_enabled(true);
+}
+
+void capture_stop() {
+  set_enabled(t_key_was_on);
+  t_state.capture = nullptr;
+  t_stopped = std::move(t_active);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  ++r.counters.captures;
+}
+
+void capture_discard() {
+  if (t_active != nullptr) set_enabled(t_key_was_on);
+  t_state.capture = nullptr;
+  t_active.reset();
+  t_stopped.reset();
+}
+
+FormInfo form_info(std::int64_t id) {
+  auto f = get_form(id);
+  return FormInfo{f->ops.size(), f->hash.hex()};
+}
+
+void form_release(std::int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.forms.erase(id);
+}
+
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = get_form(form_a);
+  auto b = get_form(form_b);
+  const std::string diff = first_difference(*a, *b);
+  if (!diff.empty()) throw std::runtime_error(diff);
+  Registry& r = registry();
+  {
+    // Content-addressed: the same hash over the same persistent tensors is the same plan.
+    std::lock_guard<std::mutex> g(r.mu);
+    for (const auto& [id, p] : r.plans) {
+      const Form& f = *p->form;
+      if (f.hash != b->hash || f.exts.size() != b->exts.size()) continue;
+      bool same = true;
+      for (std::size_t e = 0; e < f.exts.size() && same; ++e)
+        same = f.exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
+               f.exts[e].unsafeGetTensorImpl()->is_wrapped_number();
+      if (same) {
+        ++r.counters.plan_cache_hits;
+        return id;
+      }
+    }
+  }
+  auto p = std::make_shared<Plan>();
+  p->form = b;
+  for (std::size_t e = 0; e < a->exts.size(); ++e)
+    if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
+      p->constants.push_back(static_cast<std::uint32_t>(e));
+  p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> g(r.mu);
+  const std::int64_t id = r.next++;
+  r.plans.emplace(id, std::move(p));
+  ++r.counters.plan_builds;
+  return id;
+}
+
+std::string plan_check(std::int64_t plan, std::int64_t form) {
+  return first_difference(*get_plan(plan)->form, *get_form(form));
+}
+
+void plan_release(std::int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.plans.erase(id);
+}
+
+PlanInfo plan_info(std::int64_t id) {
+  auto p = get_plan(id);
+  const Form& f = *p->form;
+  PlanInfo i;
+  for (const OpT& o : f.ops) {
+    if (o.skip) continue;
+    ++i.ops;
+    i.op_names.push_back(op_name(o.op) + " (" + record::phase_name(o.phase) + ")");
+  }
+  i.slots = f.num_slots;
+  i.externals = f.exts.size() - p->constants.size();
+  i.constants = p->constants.size();
+  for (std::uint32_t e : p->constants) {
+    const Use u = f.ext_use[e];
+    const at::Tensor& t = f.exts[e];
+    std::string what = std::string(c10::toString(t.scalar_type())) + dims(t.sizes()) +
+                       (t.unsafeGetTensorImpl()->is_wrapped_number() ? " (a Python number)" : "");
+    i.constant_uses.push_back(u.op < f.ops.size() ? describe_op(f.ops[u.op], u.op) + " '" + arg_name(f.ops[u.op], u.arg) + "': " + what
+                                                  : "output " + std::to_string(u.arg) + ": " + what);
+  }
+  i.views = f.views.size();
+  i.grad_bindings = f.grads.size();
+  i.args = f.arg_meta.size();
+  i.outputs = f.outputs.size();
+  i.runs = p->runs.load();
+  i.hash = f.hash.hex();
+  i.build_ms = p->build_ms;
+  return i;
+}
+
+ReplayCounters replay_counters() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  return r.counters;
+}
+
+}  // namespace crucible::vessel
+
+TORCH_LIBRARY(crucible, m) {
+  m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
+  m.def("run(int plan, Tensor[] args) -> Tensor[]", &crucible::vessel::run_op);
+}

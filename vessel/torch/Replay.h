@@ -1,0 +1,75 @@
+// Replay.h — crucible.compile's native side: capture a call of a training step, turn two
+// captured calls into an ExecutionPlan, and run that plan from one C++ call.
+//
+// Capture: while a call of the step runs, the recording fallback (and the unboxed kernels)
+// append every recorded op — the one op level of Note [One op level] — with its real
+// arguments and results to a per-thread Capture.
+//
+// Form: a capture with every tensor named by where it comes from: a step argument (patch
+// point), the output of an earlier op (a slot), a view of either, or an external — a tensor
+// no recorded op produced (parameter, buffer, gradient, optimizer state, constant). Scalars
+// are constants. Gradients the autograd engine stored into a parameter's .grad (not an op)
+// are read after the call and become grad bindings.
+//
+// Plan: two forms of the same signature must agree op by op: the same ops, the same wiring,
+// the same scalars, and the same external tensors (or, for tensors Python makes afresh each
+// call, equal values). Anything that differs has no known source, and the plan is refused
+// with the op, the argument and both values. See misc/CRUCIBLE.md, "Replay".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crucible::vessel {
+
+// Starts capturing the calling thread's ops (turns recording on for the thread; with
+// capture_only the ops are not also written to the trace rings). Throws if a capture is
+// already active on this thread.
+void capture_start(bool capture_only);
+// Stops capturing and restores the thread's recording state. The capture waits for
+// capture_finish (the crucible::capture_finish op, which receives the call's tensors).
+void capture_stop();
+// Drops a stopped capture that will not be finished (the step raised).
+void capture_discard();
+
+// A finished capture's form: its ops and its content hash (the plan it would give).
+struct FormInfo {
+  std::size_t ops = 0;
+  std::string hash;  // hex of the content hash (no data pointers)
+};
+FormInfo form_info(std::int64_t form);
+void form_release(std::int64_t form);
+
+// Builds (or fetches from the cache) the plan of two forms of one call signature.
+// Throws std::runtime_error saying which op and argument differ when they do not agree.
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b);
+void plan_release(std::int64_t plan);
+// Does a newly captured form repeat the plan's (the same ops, wiring, scalars and persistent
+// tensors)? "" when it does, else the first difference (a verification call uses this).
+std::string plan_check(std::int64_t plan, std::int64_t form);
+
+struct PlanInfo {
+  std::size_t ops = 0;             // kernel calls per run
+  std::size_t slots = 0;           // intermediate tensors
+  std::size_t externals = 0;       // persistent tensors bound in place
+  std::size_t constants = 0;       // tensors Python made afresh each call with equal values
+  std::size_t views = 0;           // views rebuilt from their base each run
+  std::size_t grad_bindings = 0;   // .grad fields set after each run
+  std::size_t args = 0;            // tensor patch points
+  std::size_t outputs = 0;
+  std::uint64_t runs = 0;
+  std::string hash;
+  double build_ms = 0;
+  std::vector<std::string> op_names;  // per kernel call, "aten::addmm (forward)"
+  std::vector<std::string> constant_uses;  // where each constant is first read, and what it is
+};
+PlanInfo plan_info(std::int64_t plan);
+
+// Counters over all plans.
+struct ReplayCounters {
+  std::uint64_t captures = 0, forms = 0, plan_builds = 0, plan_cache_hits = 0, runs = 0;
+};
+ReplayCounters replay_counters();
+
+}  // namespace crucible::vessel
