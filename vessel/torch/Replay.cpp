@@ -244,6 +244,7 @@ class FormBuilder {
   }
 
   void finish() {
+    eliminate_dead_ops();
     // Slot lifetimes: a slot is released after its last use (views keep their base).
     std::vector<long> last(f.num_slots, -1);
     std::function<void(Ref, long)> mark = [&](Ref r, long k) {
@@ -300,6 +301,43 @@ class FormBuilder {
     std::int64_t offset;
   };
   absl::flat_hash_map<const c10::StorageImpl*, Base> by_storage_;
+
+  // An op whose results nothing reads, that mutates nothing and draws no random numbers
+  // (profiler handles, unused views) does not run in the plan. Random ops always run: they
+  // advance the generator exactly as eager does.
+  static bool may_draw_random(const std::string& name) {
+    static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
+                                    "poisson", "exponential", "geometric", "cauchy", "log_normal",
+                                    "random", "rrelu", "gamma", "binomial", "dirichlet"};
+    for (const char* r : kRandom)
+      if (name.find(r) != std::string::npos) return true;
+    return false;
+  }
+
+  void eliminate_dead_ops() {
+    std::vector<int> uses(f.num_slots, 0);
+    std::function<void(Ref, int)> count = [&](Ref r, int d) {
+      if (r.kind == Ref::Slot) uses[r.idx] += d;
+      else if (r.kind == Ref::View) count(f.views[r.idx].base, d);
+    };
+    for (const OpT& o : f.ops)
+      if (!o.skip)
+        for (const ArgT& a : o.args)
+          for (Ref r : a.refs) count(r, 1);
+    for (Ref r : f.outputs) count(r, 1);
+    for (const auto& g : f.grads) count(g.second, 1);
+    for (std::size_t k = f.ops.size(); k-- > 0;) {
+      OpT& o = f.ops[k];
+      if (o.skip || o.op.schema().is_mutable() || may_draw_random(o.op.schema().name())) continue;
+      bool used = false;
+      for (const OutT& out : o.outs)
+        for (std::uint32_t s = out.slot; s < out.slot + out.count; ++s) used |= uses[s] > 0;
+      if (used) continue;
+      o.skip = true;
+      for (const ArgT& a : o.args)
+        for (Ref r : a.refs) count(r, -1);
+    }
+  }
 
   static std::string layout_text(c10::Layout l) {
     std::ostringstream os;

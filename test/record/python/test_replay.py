@@ -1,0 +1,389 @@
+"""crucible.compile: N compiled training steps against N eager steps of a twin built with the
+same seed. Everything a user can observe must be bit-identical: returned losses, parameters,
+.grad, buffers (batchnorm running stats), optimizer state."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import crucible_native as crucible
+import models
+
+
+def snapshot(model, opt):
+    return {
+        "params": {k: p.detach().clone() for k, p in model.named_parameters()},
+        "grads": {k: (None if p.grad is None else p.grad.clone()) for k, p in model.named_parameters()},
+        "buffers": {k: b.clone() for k, b in model.named_buffers()},
+        "opt": [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
+                for st in opt.state_dict()["state"].values()],
+    }
+
+
+def assert_same(a, b):
+    for part in ("params", "grads", "buffers"):
+        assert a[part].keys() == b[part].keys()
+        for k in a[part]:
+            x, y = a[part][k], b[part][k]
+            assert (x is None) == (y is None), (part, k)
+            if x is not None:
+                assert torch.equal(x, y), f"{part} {k} differs by {(x - y).abs().max().item()}"
+    assert len(a["opt"]) == len(b["opt"])
+    for sa, sb in zip(a["opt"], b["opt"]):
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                assert torch.equal(sa[k], sb[k]), f"optimizer state {k} differs"
+            else:
+                assert sa[k] == sb[k]
+
+
+def run_eager(name, steps):
+    s = models.make(name)
+    losses = [s.step().detach().clone() for _ in range(steps)]
+    return losses, snapshot(s.model, s.opt)
+
+
+def run_compiled(name, steps, **kw):
+    s = models.make(name)
+    step = crucible.compile(s.step, **kw)
+    losses = [step().detach().clone() for _ in range(steps)]
+    return losses, snapshot(s.model, s.opt), step
+
+
+@pytest.mark.parametrize("name,steps", [("mlp", 8), ("cnn", 6), ("resnet18", 4)])
+def test_compiled_steps_are_bit_identical_to_eager(name, steps):
+    eager_losses, eager_state = run_eager(name, steps)
+    losses, state, step = run_compiled(name, steps)
+    st = step.stats()
+    # warm-up call, two recorded calls, then the plan
+    assert st["plans_built"] == 1 and st["refusals"] == 0, step.last_refusal
+    assert st["plan_runs"] == steps - 3
+    for a, b in zip(eager_losses, losses):
+        assert torch.equal(a, b)
+    assert_same(eager_state, state)
+    info = step.plans()[0]
+    assert info["runs"] == steps - 3 and info["ops"] > 0 and len(info["hash"]) == 32
+    phases = {n.rsplit("(", 1)[1] for n in info["op_names"]}
+    assert phases == {"forward)", "backward)", "optimizer)"}
+
+
+def test_plan_returns_plain_tensors_and_sets_grads():
+    s = models.make("mlp")
+    step = crucible.compile(s.step)
+    for _ in range(4):
+        loss = step()
+    assert step.stats()["plan_runs"] == 1
+    assert loss.requires_grad is False and loss.grad_fn is None  # no autograd graph per call
+    assert all(p.grad is not None for p in s.model.parameters())
+
+
+def test_adamw_step_scalars_refused_with_op_and_argument_then_eager():
+    # PyTorch 1.13's single-tensor AdamW computes its bias corrections in Python from
+    # step.item(): scalars that change every call. Until the optimizer's own update is
+    # replicated the step must say so and run eagerly, bit-identical by construction.
+    steps = 5
+    eager_losses, eager_state = run_eager("transformer", steps)
+    with pytest.warns(crucible.CrucibleWarning, match="changes between calls"):
+        losses, state, step = run_compiled("transformer", steps)
+    assert "argument" in step.last_refusal and "aten::" in step.last_refusal
+    assert step.stats()["plan_runs"] == 0 and step.stats()["refusals"] == 1
+    for a, b in zip(eager_losses, losses):
+        assert torch.equal(a, b)
+    assert_same(eager_state, state)
+
+
+def mlp_with_args(seed=0):
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return m, opt, train_step
+
+
+def batches(n, sizes, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, 16, generator=g), torch.randint(0, 4, (b,), generator=g))
+            for b in (sizes[i % len(sizes)] for i in range(n))]
+
+
+def test_step_arguments_are_patch_points_and_a_new_batch_size_builds_another_plan():
+    data = batches(4, [8]) + batches(4, [5], seed=2) + batches(3, [8], seed=3)
+    m1, o1, eager = mlp_with_args()
+    m2, o2, f = mlp_with_args()
+    step = crucible.compile(f)
+    for x, y in data:
+        assert torch.equal(eager(x, y), step(x, y))
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    st = step.stats()
+    assert st["plans_built"] == 2 and st["plans"] == 2
+    assert st["guard_misses"] == 1          # batch 5 arrived once a plan existed
+    assert st["plan_runs"] == 1 + 1 + 3     # batch 8: 1; batch 5: warm-up, 2 recorded, 1 run; batch 8: 3
+    assert all(p["args"] == 2 for p in step.plans())
+
+
+def test_changed_hyperparameter_replaced_parameter_and_train_eval_rerecord():
+    data = batches(30, [8])
+    m1, o1, eager = mlp_with_args()
+    m2, o2, f = mlp_with_args()
+    step = crucible.compile(f)
+    it = iter(data)
+
+    def both(n):
+        for _ in range(n):
+            x, y = next(it)
+            assert torch.equal(eager(x, y), step(x, y))
+        assert_same(snapshot(m1, o1), snapshot(m2, o2))
+
+    both(5)
+    assert step.stats()["plan_runs"] == 2
+    for o in (o1, o2):                     # a scheduler would do this
+        o.param_groups[0]["lr"] = 0.05
+    both(5)
+    assert step.stats()["guard_failures"] == 1
+    for m, o in ((m1, o1), (m2, o2)):      # a replaced parameter (and the optimizer told)
+        torch.manual_seed(7)
+        o.state.pop(m[0].weight, None)
+        m[0].weight = nn.Parameter(torch.randn(32, 16) * 0.1)
+        o.param_groups[0]["params"][0] = m[0].weight
+    both(5)
+    assert step.stats()["guard_failures"] == 2
+    m1.eval(), m2.eval()
+    both(4)
+    assert step.stats()["guard_failures"] == 3
+    assert step.stats()["refusals"] == 0
+
+
+def test_plan_survives_state_dict_round_trips():
+    data = batches(16, [8])
+    m1, o1, eager = mlp_with_args()
+    m2, o2, f = mlp_with_args()
+    step = crucible.compile(f)
+    for i, (x, y) in enumerate(data):
+        if i in (6, 11):
+            for m, o in ((m1, o1), (m2, o2)):
+                msd = {k: v.clone() for k, v in m.state_dict().items()}
+                osd = o.state_dict()
+                m.load_state_dict(msd)     # copies into the same tensors: the plan stays valid
+                o.load_state_dict(osd)     # new state tensors: the guard sees it
+        assert torch.equal(eager(x, y), step(x, y))
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    st = step.stats()
+    assert st["guard_failures"] == 2 and st["plan_runs"] >= 6
+
+
+def test_zero_grad_set_to_none_binds_new_gradients():
+    torch.manual_seed(0)
+    data = batches(7, [8])
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+        def f(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        losses = [step(x, y) for x, y in data]
+        res.append((losses, snapshot(m, opt)))
+        if compiled:
+            assert step.stats()["plan_runs"] == 4
+            assert step.plans()[0]["grad_bindings"] == 4
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+
+
+class DropNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.relu(self.fc1(x)), p=0.3, training=self.training))
+
+
+def test_dropout_draws_the_same_random_numbers_as_eager():
+    data = batches(8, [8])
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(3)
+        m = DropNet()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        losses = [step(x, y) for x, y in data]
+        res.append((losses, snapshot(m, opt), torch.rand(3)))
+        if compiled:
+            assert step.stats()["plan_runs"] == 5
+            assert any("bernoulli" in n for n in step.plans()[0]["op_names"])
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+    assert torch.equal(res[0][2], res[1][2])  # the generator ends in the same state
+
+
+def branchy(threshold):
+    m, opt, _ = mlp_with_args()
+
+    def f(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if loss.item() > threshold:        # data-dependent control flow
+            loss = loss * 2.0
+        loss.backward()
+        opt.step()
+        return loss
+
+    return m, opt, f
+
+
+def test_branch_on_item_is_caught_by_verification_and_the_call_is_eager():
+    x, y = batches(1, [8])[0]
+    m1, o1, eager = branchy(1.0)
+    losses = [eager(x, y).item() for _ in range(12)]
+    assert losses[0] > 1.0 * 2 and min(losses) < 1.0  # the branch flips while training
+    m1, o1, eager = branchy(1.0)
+    m2, o2, f = branchy(1.0)
+    step = crucible.compile(f, verify_every=1)   # every plan call re-records and compares
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(12):
+            assert torch.equal(eager(x, y), step(x, y))
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    st = step.stats()
+    assert st["divergences"] >= 1 and st["verifications"] >= 1
+    assert any("diverged" in str(x.message) for x in w)
+    assert "different ops" in step.last_divergence or "ops in one call" in step.last_divergence
+
+
+def test_changing_python_number_is_refused_with_its_source_named():
+    m, opt, _ = mlp_with_args()
+    cfg = {"scale": 1.0}
+
+    def f(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y) * cfg["scale"]
+        loss.backward()
+        opt.step()
+        cfg["scale"] += 0.25
+        return loss
+
+    step = crucible.compile(f)
+    with pytest.warns(crucible.CrucibleWarning, match="Python number 1.25"):
+        for x, y in batches(5, [8]):
+            step(x, y)
+    assert "aten::mul.Tensor" in step.last_refusal and "'other'" in step.last_refusal
+    assert step.stats()["plan_runs"] == 0 and step.stats()["eager_calls"] == 5
+
+
+def test_tensor_made_by_python_each_call_is_refused():
+    m, opt, _ = mlp_with_args()
+    rng = np.random.default_rng(0)
+
+    def f(y):
+        x = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = crucible.compile(f)
+    y = torch.randint(0, 4, (8,))
+    with pytest.warns(crucible.CrucibleWarning, match="Pass it to the step as an argument"):
+        for _ in range(4):
+            step(y)
+    assert step.stats()["plan_runs"] == 0
+
+
+def test_output_structures_and_a_non_tensor_output():
+    m, opt, _ = mlp_with_args()
+
+    def f(x, y):
+        opt.zero_grad()
+        out = m(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        return {"loss": loss, "extra": (out.detach(), None)}
+
+    step = crucible.compile(f)
+    m2, opt2, _ = mlp_with_args()
+
+    def g(x, y):
+        return f(x, y)
+    for x, y in batches(5, [8]):
+        r = step(x, y)
+    assert step.stats()["plan_runs"] == 2
+    assert set(r) == {"loss", "extra"} and r["extra"][1] is None and r["extra"][0].shape == (8, 4)
+
+    def h(x, y):
+        opt2.zero_grad()
+        loss = F.cross_entropy(m2(x), y)
+        loss.backward()
+        opt2.step()
+        return loss.item()
+
+    step2 = crucible.compile(h)
+    with pytest.warns(crucible.CrucibleWarning, match="returns a float"):
+        vals = [step2(x, y) for x, y in batches(4, [8])]
+    assert all(isinstance(v, float) for v in vals)
+
+
+def test_capture_leaves_the_trace_alone_and_stats_count():
+    before = crucible.stats()["compiled"]
+    s = models.make("mlp")
+    step = crucible.compile(s.step)
+    for _ in range(5):
+        step()
+    crucible.flush()
+    st = crucible.stats()
+    assert st["total"] == 0                      # recording was off: nothing in the trace
+    c = st["compiled"]
+    assert c["plans_built"] - before["plans_built"] == 1
+    assert c["plan_runs"] - before["plan_runs"] == 2
+    assert c["captures"] - before["captures"] == 2
+
+
+def test_compiled_step_while_recording_still_records():
+    s = models.make("mlp")
+    step = crucible.compile(s.step)
+    crucible.enable()
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        crucible.disable()
+    crucible.flush()
+    st = crucible.stats()
+    assert st["ops"]["forward"] > 0 and st["ops"]["backward"] > 0 and st["ops"]["optimizer"] > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(crucible.CrucibleError, match="callable"):
+        crucible.compile(3)
+    with pytest.raises(crucible.CrucibleError, match=">= 0"):
+        crucible.compile(lambda: None, verify_every=-1)
