@@ -317,8 +317,20 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return d;
   });
   m.def("form_release", &vessel::form_release);
-  m.def("plan_build", &vessel::plan_build);
-  m.def("plan_check", &vessel::plan_check);
+  // Scalar sources travel as lists of (op, arg, value) tuples.
+  using SourceTuples = std::vector<std::tuple<std::string, std::string, double>>;
+  auto to_sources = [](const SourceTuples& t) {
+    std::vector<vessel::ScalarSource> v;
+    v.reserve(t.size());
+    for (const auto& [op, arg, value] : t) v.push_back(vessel::ScalarSource{op, arg, value});
+    return v;
+  };
+  m.def("plan_build", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {
+    return vessel::plan_build(a, b, to_sources(sa), to_sources(sb));
+  });
+  m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
+    return vessel::plan_check(plan, form, to_sources(s));
+  });
   m.def("plan_release", &vessel::plan_release);
   m.def("plan_info", [](std::int64_t p) {
     const auto i = vessel::plan_info(p);
@@ -331,6 +343,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["grad_bindings"] = i.grad_bindings;
     d["args"] = i.args;
     d["outputs"] = i.outputs;
+    d["patches"] = i.patches;
+    d["sources"] = i.sources;
     d["runs"] = i.runs;
     d["hash"] = i.hash;
     d["build_ms"] = i.build_ms;

@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -20,6 +21,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "Capture.h"
@@ -455,7 +457,32 @@ class FormBuilder {
 // ---------------------------------------------------------------------------------------
 // Two forms of one signature: does the second repeat the first? "" when it does, else the
 // first difference, said for a user.
-std::string first_difference(const Form& a, const Form& b) {
+//
+// A scalar that differs between the two calls is a patch point when a known source gives
+// both values exactly (bit for bit): Python's replica of a recognized optimizer's scalar
+// arithmetic, named by the op and argument it feeds (Replay.h, ScalarSource). The plan
+// then takes that source's value at every run.
+struct Patch {
+  std::uint32_t op = 0, arg = 0;  // a constant argument...
+  std::int64_t ext = -1;          // ...or a Python number (wrapped tensor) external
+  std::uint32_t source = 0;
+};
+
+bool same_bits(double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; }
+
+std::int64_t match_source(const std::string& op, const std::string& arg, double va, double vb,
+                          const std::vector<ScalarSource>* sa, const std::vector<ScalarSource>* sb) {
+  if (sa == nullptr || sb == nullptr || sa->size() != sb->size()) return -1;
+  for (std::size_t j = 0; j < sa->size(); ++j) {
+    const ScalarSource& x = (*sa)[j];
+    if (x.op == op && x.arg == arg && same_bits(x.value, va) && same_bits((*sb)[j].value, vb))
+      return static_cast<std::int64_t>(j);
+  }
+  return -1;
+}
+
+std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
+                          const std::vector<ScalarSource>* sb, std::vector<Patch>* patches) {
   const char* eager = " Crucible never guesses a value: this step runs eagerly.";
   const std::size_t n = std::min(a.ops.size(), b.ops.size());
   for (std::size_t k = 0; k < n; ++k) {
@@ -468,10 +495,20 @@ std::string first_difference(const Form& a, const Form& b) {
              " this step runs eagerly.";
     for (std::size_t i = 0; i < x.arg_sig.size() && i < y.arg_sig.size(); ++i) {
       if (x.arg_sig[i] == y.arg_sig[i]) continue;
-      if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const)
+      if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const) {
+        if (x.args[i].value.isDouble() && y.args[i].value.isDouble()) {
+          const std::int64_t j = match_source(op_name(x.op), arg_name(x, i), x.args[i].value.toDouble(),
+                                              y.args[i].value.toDouble(), sa, sb);
+          if (j >= 0 && patches != nullptr) {
+            patches->push_back(Patch{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(i), -1,
+                                     static_cast<std::uint32_t>(j)});
+            continue;
+          }
+        }
         return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " in one call and " +
                y.arg_sig[i] + " in the next: a scalar that changes between calls and has no known source "
                "(Python computed it from a tensor's value, or from a variable that changes).";
+      }
       return describe_op(x, k) + " argument '" + arg_name(x, i) + "' is wired differently in two calls (" +
              x.arg_sig[i] + " vs " + y.arg_sig[i] + ")." + eager;
     }
@@ -495,13 +532,22 @@ std::string first_difference(const Form& a, const Form& b) {
     // A Python number (a wrapped 0-d tensor made afresh each call) is a scalar like any
     // other: constant when equal. Any other tensor made outside the recorded ops is data
     // Python produced (from_numpy, a tensor built below the dispatcher): never baked in.
-    if (x.unsafeGetTensorImpl()->is_wrapped_number() && y.unsafeGetTensorImpl()->is_wrapped_number() &&
-        x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() && x.equal(y))
-      continue;
+    const bool wrapped = x.unsafeGetTensorImpl()->is_wrapped_number() && y.unsafeGetTensorImpl()->is_wrapped_number() &&
+                         x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type();
+    if (wrapped && x.equal(y)) continue;
     const Use u = b.ext_use[e];
-    std::string where = u.op < b.ops.size() ? describe_op(b.ops[u.op], u.op) + " argument '" + arg_name(b.ops[u.op], u.arg) + "'"
-                                            : "step output " + std::to_string(u.arg);
-    if (x.unsafeGetTensorImpl()->is_wrapped_number() && y.unsafeGetTensorImpl()->is_wrapped_number()) {
+    const bool in_op = u.op < b.ops.size();
+    if (wrapped && in_op && x.scalar_type() == at::kDouble) {
+      const std::int64_t j = match_source(op_name(b.ops[u.op].op), arg_name(b.ops[u.op], u.arg),
+                                          x.item<double>(), y.item<double>(), sa, sb);
+      if (j >= 0 && patches != nullptr) {
+        patches->push_back(Patch{0, 0, static_cast<std::int64_t>(e), static_cast<std::uint32_t>(j)});
+        continue;
+      }
+    }
+    std::string where = in_op ? describe_op(b.ops[u.op], u.op) + " argument '" + arg_name(b.ops[u.op], u.arg) + "'"
+                              : "step output " + std::to_string(u.arg);
+    if (wrapped) {
       std::string xs, ys;
       const_text(x.item(), xs);
       const_text(y.item(), ys);
@@ -519,6 +565,10 @@ std::string first_difference(const Form& a, const Form& b) {
 // ---------------------------------------------------------------------------------------
 struct Plan {
   std::shared_ptr<const Form> form;
+  std::vector<Patch> patches;              // scalar patch points, fed from sources each run
+  std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
+  std::vector<std::string> source_names;   // "aten::addcdiv_/value" per source index
+  ContentHash key;                         // content address: form hash with patch points masked
   std::vector<at::Tensor> slots;
   std::atomic<bool> busy{false};
   std::atomic<std::uint64_t> runs{0};
@@ -597,7 +647,7 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& slots, at::Ten
   return at::Tensor();
 }
 
-std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args) {
+std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::ArrayRef<double> scalars) {
   std::shared_ptr<Plan> p = get_plan(plan_id);
   bool idle = false;
   TORCH_CHECK(p->busy.compare_exchange_strong(idle, true),
@@ -618,6 +668,10 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args) {
                 "expected ", c10::toString(m.dtype), dims(m.sizes), " on ", m.device.str(),
                 "); crucible.compile guards this and builds another plan");
   }
+  TORCH_CHECK(scalars.size() == p->source_names.size(), "crucible plan ", plan_id, " takes ",
+              p->source_names.size(), " scalar source values, got ", scalars.size());
+  for (const Patch& pt : p->patches)  // Python numbers the plan feeds to ops: set in place
+    if (pt.ext >= 0) *f.exts[static_cast<std::size_t>(pt.ext)].data_ptr<double>() = scalars[pt.source];
   c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
   at::AutoDispatchBelowADInplaceOrView below;  // no autograd bookkeeping: the plan has the backward
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
@@ -625,13 +679,24 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args) {
   slots.assign(f.num_slots, at::Tensor());
   torch::jit::Stack stack;
   bool grad = c10::GradMode::is_enabled();
-  for (const OpT& o : f.ops) {
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    const OpT& o = f.ops[k];
     if (o.skip) continue;
     if (o.grad_mode != grad) c10::GradMode::set_enabled(grad = o.grad_mode);
     stack.clear();
-    for (const ArgT& a : o.args) {
+    std::int32_t patch = p->op_patch[k];
+    for (std::size_t i = 0; i < o.args.size(); ++i) {
+      const ArgT& a = o.args[i];
       switch (a.kind) {
-        case ArgT::Const: stack.push_back(a.value); break;
+        case ArgT::Const:
+          if (patch >= 0 && static_cast<std::size_t>(patch) < p->patches.size() && p->patches[patch].op == k &&
+              p->patches[patch].arg == i && p->patches[patch].ext < 0) {
+            stack.emplace_back(scalars[p->patches[patch].source]);
+            ++patch;
+          } else {
+            stack.push_back(a.value);
+          }
+          break;
         case ArgT::Tensor: stack.emplace_back(value_of(f, slots, args, a.refs[0])); break;
         case ArgT::TensorList: {
           c10::List<at::Tensor> l;
@@ -685,7 +750,6 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args) {
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------
 void capture_start(bool capture_only) {
   if (t_active != nullptr) throw std::runtime_error("a crucible.compile capture is already active on this thread");
   t_active = std::make_unique<Capture>();
@@ -723,19 +787,48 @@ void form_release(std::int64_t id) {
   r.forms.erase(id);
 }
 
-std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b) {
+namespace {
+ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
+  // The form's content with the patched scalars masked: the same plan at any step count.
+  std::vector<std::vector<std::string>> sig;
+  sig.reserve(f.ops.size());
+  for (const OpT& o : f.ops) sig.push_back(o.arg_sig);
+  std::string masked_exts;
+  for (const Patch& p : patches) {
+    if (p.ext < 0) sig[p.op][p.arg] = "patch" + std::to_string(p.source);
+    else masked_exts += "ext" + std::to_string(p.ext) + "=patch" + std::to_string(p.source) + ";";
+  }
+  ContentHasher h;
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    h.update_string(op_name(f.ops[k].op));
+    for (const std::string& a : sig[k]) h.update_string(a);
+    h.update_string(f.ops[k].out_sig);
+    h.update_u8(f.ops[k].grad_mode ? 1 : 0);
+  }
+  h.update_string(f.tail_sig);
+  h.update_string(masked_exts);
+  return h.digest();
+}
+}  // namespace
+
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                        const std::vector<ScalarSource>& sources_b) {
   const auto t0 = std::chrono::steady_clock::now();
   auto a = get_form(form_a);
   auto b = get_form(form_b);
-  const std::string diff = first_difference(*a, *b);
+  if (sources_a.size() != sources_b.size())
+    throw std::runtime_error("crucible: scalar sources of the two recorded calls differ in number");
+  std::vector<Patch> patches;
+  const std::string diff = compare_forms(*a, *b, &sources_a, &sources_b, &patches);
   if (!diff.empty()) throw std::runtime_error(diff);
+  const ContentHash key = plan_key(*b, patches);
   Registry& r = registry();
   {
-    // Content-addressed: the same hash over the same persistent tensors is the same plan.
+    // Content-addressed: the same key over the same persistent tensors is the same plan.
     std::lock_guard<std::mutex> g(r.mu);
     for (const auto& [id, p] : r.plans) {
       const Form& f = *p->form;
-      if (f.hash != b->hash || f.exts.size() != b->exts.size()) continue;
+      if (p->key != key || f.exts.size() != b->exts.size() || p->source_names.size() != sources_b.size()) continue;
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
         same = f.exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
@@ -748,6 +841,15 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b) {
   }
   auto p = std::make_shared<Plan>();
   p->form = b;
+  p->key = key;
+  p->patches = std::move(patches);
+  std::sort(p->patches.begin(), p->patches.end(), [](const Patch& x, const Patch& y) {
+    return std::tie(x.ext, x.op, x.arg) < std::tie(y.ext, y.op, y.arg);
+  });
+  p->op_patch.assign(b->ops.size(), -1);
+  for (std::size_t i = p->patches.size(); i-- > 0;)
+    if (p->patches[i].ext < 0) p->op_patch[p->patches[i].op] = static_cast<std::int32_t>(i);
+  for (const ScalarSource& src : sources_b) p->source_names.push_back(src.op + "/" + src.arg);
   for (std::size_t e = 0; e < a->exts.size(); ++e)
     if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
       p->constants.push_back(static_cast<std::uint32_t>(e));
@@ -759,8 +861,32 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b) {
   return id;
 }
 
-std::string plan_check(std::int64_t plan, std::int64_t form) {
-  return first_difference(*get_plan(plan)->form, *get_form(form));
+std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
+  auto p = get_plan(plan);
+  auto f = get_form(form);
+  if (sources.size() != p->source_names.size())
+    return "the optimizer's scalar sources changed in number since the plan was built";
+  // Compare with the plan's own form. At a patch point the plan's form holds its build-time
+  // value and the new call must hold the source's value for that call.
+  const Form& pf = *p->form;
+  std::vector<ScalarSource> plan_values(sources.size());
+  for (std::size_t j = 0; j < sources.size(); ++j) {
+    const auto slash = p->source_names[j].find('/');
+    plan_values[j] = ScalarSource{p->source_names[j].substr(0, slash), p->source_names[j].substr(slash + 1), 0.0};
+  }
+  for (const Patch& pt : p->patches)
+    plan_values[pt.source].value = pt.ext < 0 ? pf.ops[pt.op].args[pt.arg].value.toDouble()
+                                              : pf.exts[static_cast<std::size_t>(pt.ext)].item<double>();
+  std::vector<Patch> found;
+  const std::string diff = compare_forms(pf, *f, &plan_values, &sources, &found);
+  if (!diff.empty()) return diff;
+  for (const Patch& pt : found) {
+    bool expected = false;
+    for (const Patch& q : p->patches)
+      expected |= pt.op == q.op && pt.arg == q.arg && pt.ext == q.ext && pt.source == q.source;
+    if (!expected) return "a scalar changed where the plan has no patch point";
+  }
+  return "";
 }
 
 void plan_release(std::int64_t id) {
@@ -793,6 +919,8 @@ PlanInfo plan_info(std::int64_t id) {
   i.grad_bindings = f.grads.size();
   i.args = f.arg_meta.size();
   i.outputs = f.outputs.size();
+  i.patches = p->patches.size();
+  i.sources = p->source_names.size();
   i.runs = p->runs.load();
   i.hash = f.hash.hex();
   i.build_ms = p->build_ms;
@@ -809,5 +937,5 @@ ReplayCounters replay_counters() {
 
 TORCH_LIBRARY(crucible, m) {
   m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
-  m.def("run(int plan, Tensor[] args) -> Tensor[]", &crucible::vessel::run_op);
+  m.def("run(int plan, Tensor[] args, float[] scalars) -> Tensor[]", &crucible::vessel::run_op);
 }

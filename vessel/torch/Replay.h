@@ -41,13 +41,28 @@ struct FormInfo {
 FormInfo form_info(std::int64_t form);
 void form_release(std::int64_t form);
 
-// Builds (or fetches from the cache) the plan of two forms of one call signature.
-// Throws std::runtime_error saying which op and argument differ when they do not agree.
-std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b);
+// A known source of a scalar that changes between calls: the value Python's replica of a
+// recognized optimizer's arithmetic gives for the argument `arg` of op `op` ("aten::addcdiv_",
+// "value") in one call. Sources come as lists in a fixed order (one entry per parameter and
+// formula); a plan run takes the list's values for the coming call.
+struct ScalarSource {
+  std::string op;
+  std::string arg;
+  double value = 0;
+};
+
+// Builds (or fetches from the cache) the plan of two forms of one call signature, given the
+// scalar sources' values during each of the two calls (empty when there are none). A scalar
+// that differs between the forms becomes a patch point when a source feeding that op and
+// argument gives both values bit for bit; otherwise this throws std::runtime_error saying
+// which op and argument differ.
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                        const std::vector<ScalarSource>& sources_b);
 void plan_release(std::int64_t plan);
 // Does a newly captured form repeat the plan's (the same ops, wiring, scalars and persistent
-// tensors)? "" when it does, else the first difference (a verification call uses this).
-std::string plan_check(std::int64_t plan, std::int64_t form);
+// tensors; at patch points, the sources' values for that call)? "" when it does, else the
+// first difference (a verification call uses this).
+std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
 
 struct PlanInfo {
   std::size_t ops = 0;             // kernel calls per run
@@ -58,6 +73,8 @@ struct PlanInfo {
   std::size_t grad_bindings = 0;   // .grad fields set after each run
   std::size_t args = 0;            // tensor patch points
   std::size_t outputs = 0;
+  std::size_t patches = 0;         // scalar patch points
+  std::size_t sources = 0;         // scalar sources a run takes
   std::uint64_t runs = 0;
   std::string hash;
   double build_ms = 0;

@@ -422,11 +422,51 @@ class _StateGuard:
         return True
 
 
+class _ScalarSources:
+    """Python's replica of the per-step scalar arithmetic of recognized optimizers: the
+    values PyTorch's single-tensor Adam and AdamW compute in Python floats from the step
+    counter (state["step"]) and the group's lr and betas, and pass to addcdiv_ (the step
+    size) and div (the bias correction's square root). Each value is named by the op and
+    argument it feeds; the plan matches them bit for bit against two recorded calls, and
+    each run gets the values for the coming step. Groups with foreach, fused, capturable or
+    differentiable updates compute differently and are not replicated (their changing
+    scalars stay unexplained, and the step runs eagerly)."""
+
+    def __init__(self, objs):
+        import torch
+        kinds = (torch.optim.Adam, torch.optim.AdamW)
+        self._opts = [o for o in objs if type(o) in kinds]
+
+    def __bool__(self):
+        return bool(self._opts)
+
+    def values(self, upcoming: bool) -> list:
+        import math
+        out = []
+        for opt in self._opts:
+            for g in opt.param_groups:
+                if g.get("foreach") or g.get("fused") or g.get("capturable") or g.get("differentiable"):
+                    continue
+                lr, (beta1, beta2) = g["lr"], g["betas"]
+                for p in g["params"]:
+                    st = opt.state.get(p)
+                    if not st or "step" not in st:
+                        continue
+                    step = float(st["step"]) + (1.0 if upcoming else 0.0)
+                    bias_correction1 = 1 - beta1 ** step
+                    bias_correction2 = 1 - beta2 ** step
+                    step_size = lr / bias_correction1
+                    out.append(("aten::addcdiv_", "value", -step_size))
+                    out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2)))  # 1.13
+                    out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5))     # 2.x
+        return out
+
+
 class _Entry:
-    __slots__ = ("plan", "forms", "spec", "seen", "refused", "guard")
+    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard")
 
     def __init__(self):
-        self.plan, self.forms, self.spec, self.seen, self.refused, self.guard = None, [], None, 0, None, None
+        self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
 
 
 class CompiledStep:
@@ -455,6 +495,7 @@ class CompiledStep:
         _ext.install(_unboxed_kernels)
         self._fn, self._verify_every, self._warmup = fn, int(verify_every), int(warmup)
         self._guard_objs = _discover_state(fn, guard)
+        self._sources = _ScalarSources(self._guard_objs)
         self._entries = {}
         self._run = torch.ops.crucible.run
         self._finish = torch.ops.crucible.capture_finish
@@ -492,7 +533,7 @@ class CompiledStep:
     def _drop(self, e):
         for f in e.forms:
             _ext.form_release(f)
-        e.forms = []
+        e.forms, e.srcs = [], []
         if e.plan is not None:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard = None, 0, None
@@ -544,7 +585,8 @@ class CompiledStep:
                 if self._verify_every and (self._stats["plan_runs"] + self._stats["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
                 self._count("plan_runs")
-                return _unflatten_out(e.spec, iter(self._run(e.plan, tensors)))
+                vals = [v for _, _, v in self._sources.values(True)] if self._sources else []
+                return _unflatten_out(e.spec, iter(self._run(e.plan, tensors, vals)))
         if e.refused is not None:
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
@@ -561,15 +603,16 @@ class CompiledStep:
             return result
         e.spec = spec
         e.forms.append(form)
+        e.srcs.append(self._sources.values(False) if self._sources else [])
         if len(e.forms) == 2:
             try:
-                e.plan = _ext.plan_build(e.forms[0], e.forms[1])
+                e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
             except RuntimeError as err:
                 self._refuse(e, str(err))
                 return result
             for f in e.forms:
                 _ext.form_release(f)
-            e.forms = []
+            e.forms, e.srcs = [], []
             e.guard = _StateGuard(self._guard_objs)
             self._count("plans_built")
         return result
@@ -605,7 +648,8 @@ class CompiledStep:
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
-        why = _ext.plan_check(e.plan, form) if spec == e.spec else "the step returned a different structure"
+        srcs = self._sources.values(False) if self._sources else []
+        why = _ext.plan_check(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
         _ext.form_release(form)
         if why:
             self._count("divergences")

@@ -81,19 +81,57 @@ def test_plan_returns_plain_tensors_and_sets_grads():
     assert all(p.grad is not None for p in s.model.parameters())
 
 
-def test_adamw_step_scalars_refused_with_op_and_argument_then_eager():
-    # PyTorch 1.13's single-tensor AdamW computes its bias corrections in Python from
-    # step.item(): scalars that change every call. Until the optimizer's own update is
-    # replicated the step must say so and run eagerly, bit-identical by construction.
-    steps = 5
+def test_transformer_adamw_dropout_bit_identical_with_optimizer_scalars_patched():
+    # PyTorch's single-tensor AdamW computes its step size and bias corrections in Python
+    # floats from state["step"]: scalars that change every call. The plan takes them from
+    # Crucible's replica of that arithmetic, matched bit for bit against two recorded calls.
+    steps = 7
     eager_losses, eager_state = run_eager("transformer", steps)
-    with pytest.warns(crucible.CrucibleWarning, match="changes between calls"):
-        losses, state, step = run_compiled("transformer", steps)
-    assert "argument" in step.last_refusal and "aten::" in step.last_refusal
-    assert step.stats()["plan_runs"] == 0 and step.stats()["refusals"] == 1
+    losses, state, step = run_compiled("transformer", steps)
+    assert step.stats()["plan_runs"] == steps - 3, step.last_refusal
     for a, b in zip(eager_losses, losses):
         assert torch.equal(a, b)
     assert_same(eager_state, state)
+    info = step.plans()[0]
+    n_params = len(list(models.make("transformer").model.parameters()))
+    assert info["patches"] == 2 * n_params      # addcdiv_ value and div other, per parameter
+    assert any("bernoulli" in n for n in info["op_names"])
+
+
+@pytest.mark.parametrize("opt_name", ["adam", "adamw"])
+def test_adam_with_scheduler_and_verification(opt_name):
+    # A learning rate that changes (a scheduler) makes the step record again; verification
+    # of every 2nd plan call checks the patched scalars against the replica's values.
+    data = batches(14, [8])
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+        cls = torch.optim.Adam if opt_name == "adam" else torch.optim.AdamW
+        opt = cls(m.parameters(), lr=3e-3, weight_decay=0.01, amsgrad=opt_name == "adam")
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f, verify_every=2) if compiled else f
+        losses = []
+        for x, y in data:
+            losses.append(step(x, y))
+            sched.step()
+        res.append((losses, snapshot(m, opt)))
+        if compiled:
+            st = step.stats()
+            assert st["refusals"] == 0 and st["divergences"] == 0, (step.last_refusal, step.last_divergence)
+            assert st["guard_failures"] == 1 and st["plans_built"] == 2
+            assert st["plan_runs"] >= 4 and st["verifications"] >= 4
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
 
 
 def mlp_with_args(seed=0):
