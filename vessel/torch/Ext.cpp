@@ -332,6 +332,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return vessel::plan_check(plan, form, to_sources(s));
   });
   m.def("plan_release", &vessel::plan_release);
+  m.def("plan_set_arena", &vessel::plan_set_arena);
+  m.def("alloc_measure_start", &vessel::alloc_measure_start);
+  m.def("alloc_measure_stop", &vessel::alloc_measure_stop);
   m.def("plan_info", [](std::int64_t p) {
     const auto i = vessel::plan_info(p);
     py::dict d;
@@ -344,6 +347,13 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["args"] = i.args;
     d["outputs"] = i.outputs;
     d["patches"] = i.patches;
+    d["arena"] = i.arena;
+    d["arena_bytes"] = i.arena_bytes;
+    d["arena_lower_bound"] = i.arena_lower_bound;
+    d["arena_served"] = i.arena_served;
+    d["arena_escaping"] = i.arena_escaping;
+    d["arena_runs"] = i.arena_runs;
+    d["arena_mismatches"] = i.arena_mismatches;
     d["sources"] = i.sources;
     d["runs"] = i.runs;
     d["hash"] = i.hash;

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "Capture.h"
 #include "Dispatch.h"
+#include "ReplayArena.h"
 #include "absl/container/flat_hash_map.h"
 #include "crucible/core/ContentHash.h"
 
@@ -574,6 +576,11 @@ struct Plan {
   std::atomic<std::uint64_t> runs{0};
   double build_ms = 0;
   std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
+  // The static arena (ReplayArena.h): planned from the first run's allocations.
+  enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
+  ArenaPlan arena;
+  std::string arena_note;  // why the arena is off
+  std::uint64_t arena_runs = 0, arena_mismatches = 0;
 };
 
 struct Registry {
@@ -672,6 +679,22 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
               p->source_names.size(), " scalar source values, got ", scalars.size());
   for (const Patch& pt : p->patches)  // Python numbers the plan feeds to ops: set in place
     if (pt.ext >= 0) *f.exts[static_cast<std::size_t>(pt.ext)].data_ptr<double>() = scalars[pt.source];
+  // Allocations of this thread: logged on the first run (the arena is planned from them),
+  // served from the arena afterwards.
+  std::optional<AllocScope> alloc;
+  std::shared_ptr<AllocLog> profile;
+  if (p->arena_state == Plan::Arena::Unplanned) {
+    std::string why = ensure_arena_allocator();
+    if (!why.empty()) {
+      p->arena_state = Plan::Arena::Off;
+      p->arena_note = std::move(why);
+    } else {
+      profile = new_alloc_log();
+      alloc.emplace(AllocScope::profile(profile));
+    }
+  } else if (p->arena_state == Plan::Arena::Ready) {
+    alloc.emplace(AllocScope::serve(p->arena));
+  }
   c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
   at::AutoDispatchBelowADInplaceOrView below;  // no autograd bookkeeping: the plan has the backward
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
@@ -739,6 +762,21 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   outs.reserve(f.outputs.size());
   for (Ref r : f.outputs) outs.push_back(value_of(f, slots, args, r));
   slots.assign(f.num_slots, at::Tensor());
+  if (profile != nullptr) {
+    alloc.reset();
+    p->arena = finish_profile(*profile);
+    p->arena_state = Plan::Arena::Ready;
+  } else if (alloc.has_value()) {
+    const bool mismatch = alloc->mismatched() || alloc->requests() != p->arena.sizes.size();
+    alloc.reset();
+    if (mismatch) {  // the allocation sequence is not what the first run made: arena off
+      ++p->arena_mismatches;
+      p->arena_state = Plan::Arena::Off;
+      p->arena_note = "a run asked the allocator for other sizes than the profiled run did";
+    } else {
+      ++p->arena_runs;
+    }
+  }
   p->runs.fetch_add(1, std::memory_order_relaxed);
   {
     Registry& reg = registry();
@@ -889,6 +927,41 @@ std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<S
   return "";
 }
 
+void plan_set_arena(std::int64_t id, bool on) {
+  auto p = get_plan(id);
+  bool idle = false;
+  if (!p->busy.compare_exchange_strong(idle, true)) throw std::runtime_error("plan is running");
+  if (!on) {
+    p->arena_state = Plan::Arena::Off;
+    p->arena_note = "turned off (crucible.compile(arena=False))";
+  } else if (p->arena_state == Plan::Arena::Off && p->arena_mismatches == 0) {
+    p->arena_state = Plan::Arena::Unplanned;
+  }
+  p->busy.store(false);
+}
+
+namespace {
+thread_local std::optional<AllocScope> t_measure;
+thread_local std::shared_ptr<AllocLog> t_measure_log;
+}  // namespace
+
+void alloc_measure_start() {
+  const std::string why = ensure_arena_allocator();
+  if (!why.empty()) throw std::runtime_error(why);
+  if (t_measure.has_value()) throw std::runtime_error("an allocation measurement is already running on this thread");
+  t_measure_log = new_alloc_log();
+  t_measure.emplace(AllocScope::profile(t_measure_log));
+}
+
+std::pair<std::size_t, std::size_t> alloc_measure_stop() {
+  if (!t_measure.has_value()) throw std::runtime_error("no allocation measurement is running on this thread");
+  t_measure.reset();
+  const ArenaPlan a = finish_profile(*t_measure_log);
+  const std::size_t peak = log_peak(*t_measure_log);
+  t_measure_log.reset();
+  return {peak, a.sizes.size()};
+}
+
 void plan_release(std::int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
@@ -919,6 +992,14 @@ PlanInfo plan_info(std::int64_t id) {
   i.grad_bindings = f.grads.size();
   i.args = f.arg_meta.size();
   i.outputs = f.outputs.size();
+  i.arena = p->arena_state == Plan::Arena::Ready ? "ready"
+            : p->arena_state == Plan::Arena::Unplanned ? "unplanned" : "off: " + p->arena_note;
+  i.arena_bytes = p->arena.arena_bytes;
+  i.arena_lower_bound = p->arena.lower_bound;
+  i.arena_served = p->arena.served;
+  i.arena_escaping = p->arena.escaping;
+  i.arena_runs = p->arena_runs;
+  i.arena_mismatches = p->arena_mismatches;
   i.patches = p->patches.size();
   i.sources = p->source_names.size();
   i.runs = p->runs.load();

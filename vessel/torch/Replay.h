@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crucible::vessel {
@@ -59,6 +60,14 @@ struct ScalarSource {
 std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
                         const std::vector<ScalarSource>& sources_b);
 void plan_release(std::int64_t plan);
+// Arena on (the default; planned on the next run) or off.
+void plan_set_arena(std::int64_t plan, bool on);
+
+// Bytes the calling thread allocates through PyTorch's CPU allocator between start and stop:
+// (peak live bytes, 64-aligned; number of allocations). For comparing an eager step with a
+// plan's arena.
+void alloc_measure_start();
+std::pair<std::size_t, std::size_t> alloc_measure_stop();
 // Does a newly captured form repeat the plan's (the same ops, wiring, scalars and persistent
 // tensors; at patch points, the sources' values for that call)? "" when it does, else the
 // first difference (a verification call uses this).
@@ -73,6 +82,12 @@ struct PlanInfo {
   std::size_t grad_bindings = 0;   // .grad fields set after each run
   std::size_t args = 0;            // tensor patch points
   std::size_t outputs = 0;
+  std::string arena;               // "ready", "unplanned" or "off: why"
+  std::size_t arena_bytes = 0;     // static arena of the plan's intermediates
+  std::size_t arena_lower_bound = 0;
+  std::size_t arena_served = 0;    // allocations per run served from the arena
+  std::size_t arena_escaping = 0;  // allocations per run that outlive it (outputs, .grad)
+  std::uint64_t arena_runs = 0, arena_mismatches = 0;
   std::size_t patches = 0;         // scalar patch points
   std::size_t sources = 0;         // scalar sources a run takes
   std::uint64_t runs = 0;

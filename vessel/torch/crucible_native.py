@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import weakref
 from typing import Iterable, Optional
 
 __all__ = [
@@ -235,8 +236,7 @@ def stats() -> dict:
     stats()["compiled"]: crucible.compile's plan builds, plan runs, guard failures,
     divergences, eager calls and refusals, over every compiled step."""
     d = _ext.stats()
-    with _lock:
-        c = dict(_compile_totals)
+    c = _compiled_totals()
     c.update(_ext.replay_counters())
     d["compiled"] = c
     return d
@@ -303,7 +303,26 @@ def clear() -> None:
 _MISSING = object()
 _COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
              "guard_failures", "verifications", "divergences", "refusals")
-_compile_totals = {k: 0 for k in _COUNTERS}
+_compile_totals = {k: 0 for k in _COUNTERS}   # of compiled steps already garbage-collected
+_live_steps = weakref.WeakSet()
+
+
+def _retire_stats(stats):
+    with _lock:
+        for k, v in stats.items():
+            _compile_totals[k] += v
+
+
+def _compiled_totals() -> dict:
+    with _lock:
+        d = dict(_compile_totals)
+    for step in list(_live_steps):
+        for k, v in step._stats.items():
+            d[k] += v
+    return d
+
+
+_ONE_TENSOR = ("t",)
 
 
 class _Unsupported(Exception):
@@ -317,7 +336,7 @@ def _flatten_out(obj, flat):
         return ("n",)
     if isinstance(obj, torch.Tensor):
         flat.append(obj)
-        return ("t",)
+        return _ONE_TENSOR
     if isinstance(obj, (tuple, list)):
         return ("l" if isinstance(obj, list) else "u", tuple(_flatten_out(o, flat) for o in obj))
     if isinstance(obj, dict):
@@ -481,12 +500,13 @@ class CompiledStep:
     eager would set them. Each call checks the modules and optimizers the step uses (found
     from the function: bound self, closure, globals; or passed as guard=): a replaced
     parameter, a loaded optimizer state, train()/eval() or a changed hyperparameter makes
-    the step record again. verify_every=N re-records every N-th plan call eagerly and compares;
+    the step record again. Intermediates live in one static arena per plan, planned from the
+    plan's first run (arena=False: PyTorch's allocator throughout). verify_every=N re-records every N-th plan call eagerly and compares;
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument."""
 
-    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=()):
+    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
         if not callable(fn):
             raise CrucibleError(f"crucible.compile needs a callable, got {type(fn).__name__}")
         if verify_every < 0 or warmup < 0:
@@ -494,6 +514,7 @@ class CompiledStep:
         import torch
         _ext.install(_unboxed_kernels)
         self._fn, self._verify_every, self._warmup = fn, int(verify_every), int(warmup)
+        self._arena = bool(arena)
         self._guard_objs = _discover_state(fn, guard)
         self._sources = _ScalarSources(self._guard_objs)
         self._entries = {}
@@ -501,6 +522,9 @@ class CompiledStep:
         self._finish = torch.ops.crucible.capture_finish
         self._tensor = torch.Tensor
         self._stats = {k: 0 for k in _COUNTERS}
+        self._has_sources = bool(self._sources)
+        _live_steps.add(self)
+        weakref.finalize(self, _retire_stats, self._stats)
         self.last_refusal = None    # why the last refused signature runs eagerly
         self.last_divergence = None
         self.__wrapped__ = fn
@@ -508,8 +532,6 @@ class CompiledStep:
     # -- bookkeeping -------------------------------------------------------------------
     def _count(self, k, n=1):
         self._stats[k] += n
-        with _lock:
-            _compile_totals[k] += n
 
     def stats(self) -> dict:
         """calls, plan_runs, eager_calls, captures, plans_built, guard_misses (a call signature
@@ -566,7 +588,8 @@ class CompiledStep:
         return tuple(key), tensors
 
     def __call__(self, *args, **kwargs):
-        self._count("calls")
+        st = self._stats
+        st["calls"] += 1
         try:
             key, tensors = self._signature(args, kwargs)
             e = self._entries.get(key)
@@ -582,11 +605,12 @@ class CompiledStep:
                 self._count("guard_failures")
                 self._drop(e)
             else:
-                if self._verify_every and (self._stats["plan_runs"] + self._stats["verifications"] + 1) % self._verify_every == 0:
+                if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
-                self._count("plan_runs")
-                vals = [v for _, _, v in self._sources.values(True)] if self._sources else []
-                return _unflatten_out(e.spec, iter(self._run(e.plan, tensors, vals)))
+                st["plan_runs"] += 1
+                vals = [v for _, _, v in self._sources.values(True)] if self._has_sources else []
+                outs = self._run(e.plan, tensors, vals)
+                return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
         if e.refused is not None:
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
@@ -613,6 +637,8 @@ class CompiledStep:
             for f in e.forms:
                 _ext.form_release(f)
             e.forms, e.srcs = [], []
+            if not self._arena:
+                _ext.plan_set_arena(e.plan, False)
             e.guard = _StateGuard(self._guard_objs)
             self._count("plans_built")
         return result
@@ -660,9 +686,9 @@ class CompiledStep:
         return result
 
 
-def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=()):
+def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
     if fn is None:
-        return lambda f: CompiledStep(f, verify_every=verify_every, warmup=warmup, guard=guard)
-    return CompiledStep(fn, verify_every=verify_every, warmup=warmup, guard=guard)
+        return lambda f: CompiledStep(f, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)
+    return CompiledStep(fn, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)

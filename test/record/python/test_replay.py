@@ -69,6 +69,52 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps):
     assert info["runs"] == steps - 3 and info["ops"] > 0 and len(info["hash"]) == 32
     phases = {n.rsplit("(", 1)[1] for n in info["op_names"]}
     assert phases == {"forward)", "backward)", "optimizer)"}
+    # the first run planned the arena; every later run was served from it
+    assert info["arena"] == "ready" and info["arena_mismatches"] == 0
+    assert info["arena_runs"] == steps - 4 and info["arena_served"] > 0
+    assert info["arena_bytes"] >= info["arena_lower_bound"] > 0
+    assert info["arena_escaping"] == 1            # the returned loss
+
+
+def test_arena_off_gives_the_same_results_and_escaping_tensors_stay_valid():
+    data = batches(9, [8])
+    outs = {}
+    for arena in (True, False):
+        m, opt, _ = mlp_with_args()
+
+        def f(x, y):
+            opt.zero_grad(set_to_none=True)
+            out = m(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            return loss, out.detach()       # a view of an intermediate escapes too
+
+        step = crucible.compile(f, arena=arena)
+        held = [step(x, y) for x, y in data]   # every returned tensor kept alive
+        outs[arena] = ([(l.clone(), o.clone()) for l, o in held], held, snapshot(m, opt))
+        info = step.plans()[0]
+        if arena:
+            assert info["arena"] == "ready" and info["arena_runs"] == 5
+            # loss, the logits' storage and the 4 gradients bound to .grad outlive each run
+            assert info["arena_escaping"] == 6
+        else:
+            assert info["arena"].startswith("off")
+    for (l1, o1), (l2, o2), (l3, o3) in zip(outs[True][0], outs[False][0], outs[True][1]):
+        assert torch.equal(l1, l2) and torch.equal(o1, o2)
+        assert torch.equal(l1, l3) and torch.equal(o1, o3)  # not overwritten by later runs
+    assert_same(outs[True][2], outs[False][2])
+
+
+def test_allocation_measurement_of_an_eager_step():
+    s = models.make("mlp")
+    s.step()
+    crucible._ext.alloc_measure_start()
+    s.step()
+    peak, n = crucible._ext.alloc_measure_stop()
+    assert n > 10 and peak > 32 * 128 * 4          # at least the hidden activations
+    with pytest.raises(RuntimeError, match="no allocation measurement"):
+        crucible._ext.alloc_measure_stop()
 
 
 def test_plan_returns_plain_tensors_and_sets_grads():

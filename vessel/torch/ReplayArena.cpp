@@ -1,0 +1,267 @@
+// ReplayArena.cpp — see ReplayArena.h.
+#include "ReplayArena.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <numeric>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace crucible::vessel {
+
+namespace {
+constexpr std::size_t kAlign = 64;  // PyTorch's CPU allocator aligns to 64 bytes as well
+std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+struct AllocLog {
+  std::mutex mu;  // a logged block may be freed on another thread
+  std::vector<std::size_t> sizes;
+  std::vector<std::int64_t> alloc_ev, free_ev;  // event numbers; free_ev -1 while alive
+  std::int64_t ev = 0;
+  bool open = true;  // closed when the run ends: later frees belong to escaping blocks
+  std::size_t live = 0, peak = 0;
+};
+
+struct AllocScope::Mode {
+  enum Kind { Log, Serve } kind;
+  std::shared_ptr<AllocLog> log;
+  ArenaPlan* arena = nullptr;
+  std::size_t next = 0;
+  bool mismatch = false;
+};
+
+namespace {
+thread_local AllocScope::Mode* t_mode = nullptr;
+
+// A profiled block. Its DataPtr's context is its data pointer (raw_allocate requires that),
+// so blocks are found by address.
+struct Tracked {
+  c10::DataPtr base;
+  std::shared_ptr<AllocLog> log;
+  std::size_t idx;
+  std::size_t bytes;
+};
+std::mutex g_blocks_mu;
+absl::flat_hash_map<void*, Tracked*> g_tracked;                // profiled blocks, by address
+std::vector<std::pair<const unsigned char*, const unsigned char*>> g_arenas;  // live arena buffers
+c10::DeleterFnPtr g_base_raw_deleter = nullptr;
+
+// Every block the wrapper hands out with a context equal to its data goes through here when
+// freed raw (raw_deallocate): a profiled block is logged and freed by its base DataPtr, an
+// arena block is left alone, anything else is the base allocator's.
+void wrapper_delete(void* ptr) {
+  if (ptr == nullptr) return;
+  Tracked* t = nullptr;
+  {
+    std::lock_guard<std::mutex> g(g_blocks_mu);
+    auto it = g_tracked.find(ptr);
+    if (it != g_tracked.end()) {
+      t = it->second;
+      g_tracked.erase(it);
+    } else {
+      const auto* p = static_cast<const unsigned char*>(ptr);
+      for (const auto& a : g_arenas)
+        if (p >= a.first && p < a.second) return;
+    }
+  }
+  if (t == nullptr) {
+    if (g_base_raw_deleter != nullptr) g_base_raw_deleter(ptr);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(t->log->mu);
+    if (t->log->open) {
+      t->log->free_ev[t->idx] = t->log->ev++;
+      t->log->live -= t->bytes;
+    }
+  }
+  delete t;  // frees the block through the original allocator's deleter
+}
+
+void free_arena(void* p) {
+  {
+    std::lock_guard<std::mutex> g(g_blocks_mu);
+    std::erase_if(g_arenas, [p](const auto& a) { return a.first == p; });
+  }
+  std::free(p);
+}
+
+void arena_delete(void*) {}  // the arena owns the memory
+
+class Wrapper final : public c10::Allocator {
+ public:
+  explicit Wrapper(c10::Allocator* base) : base_(base) {}
+
+#if CRUCIBLE_ALLOCATOR_CONST_ALLOCATE
+  c10::DataPtr allocate(std::size_t n) const override { return route(n); }
+#else
+  c10::DataPtr allocate(std::size_t n) override { return route(n); }
+#endif
+#if CRUCIBLE_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+  // raw_allocate needs data == context: true of every block the wrapper hands out (the
+  // base's own, arena blocks, profiled blocks), and raw frees come to wrapper_delete.
+  c10::DeleterFnPtr raw_deleter() const override { return &wrapper_delete; }
+
+ private:
+  c10::DataPtr route(std::size_t n) const {
+    AllocScope::Mode* m = t_mode;
+    if (m == nullptr) return base_->allocate(n);
+    if (m->kind == AllocScope::Mode::Log) {
+      AllocLog& log = *m->log;
+      c10::DataPtr b = base_->allocate(n);
+      void* data = b.get();
+      std::lock_guard<std::mutex> g(log.mu);
+      const std::size_t idx = log.sizes.size();
+      log.sizes.push_back(n);
+      log.alloc_ev.push_back(log.ev++);
+      log.free_ev.push_back(-1);
+      if (data == nullptr) return b;  // an empty block: nothing to place
+      auto* t = new Tracked{std::move(b), m->log, idx, aligned(n)};
+      log.live += t->bytes;
+      log.peak = std::max(log.peak, log.live);
+      {
+        std::lock_guard<std::mutex> gb(g_blocks_mu);
+        g_tracked[data] = t;
+      }
+      return c10::DataPtr(data, data, &wrapper_delete, c10::Device(c10::DeviceType::CPU));
+    }
+    ArenaPlan& a = *m->arena;
+    const std::size_t idx = m->next++;
+    if (m->mismatch || idx >= a.sizes.size() || a.sizes[idx] != n) {
+      m->mismatch = true;
+      return base_->allocate(n);
+    }
+    const std::int64_t off = a.offsets[idx];
+    if (off < 0) return base_->allocate(n);
+    unsigned char* p = a.buffer.get() + off;
+    return c10::DataPtr(p, p, &arena_delete, c10::Device(c10::DeviceType::CPU));
+  }
+
+  c10::Allocator* base_;
+};
+
+std::mutex g_install_mu;
+Wrapper* g_wrapper = nullptr;
+}  // namespace
+
+std::string ensure_arena_allocator() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  if (g_wrapper != nullptr) {
+    if (c10::GetCPUAllocator() != g_wrapper)
+      return "another library replaced PyTorch's CPU allocator after Crucible's arena wrapper was installed";
+    return "";
+  }
+  c10::Allocator* base = c10::GetCPUAllocator();
+  g_base_raw_deleter = base->raw_deleter();
+  auto* w = new Wrapper(base);  // leaked: tensors may be freed during static destruction
+  c10::SetCPUAllocator(w, /*priority=*/1);
+  if (c10::GetCPUAllocator() != w) {
+    c10::SetCPUAllocator(base, 0);
+    return "another CPU allocator with a higher priority is installed; the plan runs without its arena";
+  }
+  g_wrapper = w;
+  return "";
+}
+
+std::shared_ptr<AllocLog> new_alloc_log() { return std::make_shared<AllocLog>(); }
+
+std::size_t log_peak(const AllocLog& log) { return log.peak; }
+
+ArenaPlan finish_profile(AllocLog& log) {
+  std::lock_guard<std::mutex> g(log.mu);
+  log.open = false;
+  ArenaPlan a;
+  const std::size_t n = log.sizes.size();
+  a.sizes = log.sizes;
+  a.offsets.assign(n, -1);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (log.sizes[i] == 0) continue;
+    if (log.free_ev[i] < 0) {
+      ++a.escaping;
+      continue;
+    }
+    order.push_back(i);
+  }
+  // Lower bound: the most bytes live at once among the blocks the arena will hold.
+  {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ev;  // (event, +bytes / -bytes)
+    for (std::size_t i : order) {
+      ev.emplace_back(log.alloc_ev[i], static_cast<std::int64_t>(aligned(log.sizes[i])));
+      ev.emplace_back(log.free_ev[i], -static_cast<std::int64_t>(aligned(log.sizes[i])));
+    }
+    std::sort(ev.begin(), ev.end());
+    std::int64_t live = 0, peak = 0;
+    for (const auto& e : ev) peak = std::max(peak, live += e.second);
+    a.lower_bound = static_cast<std::size_t>(peak);
+  }
+  // Greedy placement, largest first (ties: earliest), lowest offset that fits.
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return aligned(log.sizes[x]) > aligned(log.sizes[y]);
+  });
+  std::vector<std::size_t> placed;
+  std::vector<std::pair<std::int64_t, std::int64_t>> busy;  // (offset, end) of conflicting blocks
+  for (std::size_t i : order) {
+    const std::int64_t size = static_cast<std::int64_t>(aligned(log.sizes[i]));
+    busy.clear();
+    for (std::size_t j : placed)
+      if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
+        busy.emplace_back(a.offsets[j], a.offsets[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
+    std::sort(busy.begin(), busy.end());
+    std::int64_t off = 0;
+    for (const auto& b : busy) {
+      if (b.first >= off + size) break;
+      off = std::max(off, b.second);
+    }
+    a.offsets[i] = off;
+    a.arena_bytes = std::max(a.arena_bytes, static_cast<std::size_t>(off + size));
+    placed.push_back(i);
+  }
+  a.served = order.size();
+  if (a.arena_bytes > 0) {
+    void* p = std::aligned_alloc(kAlign, a.arena_bytes);
+    if (p == nullptr) {  // no memory for the arena: serve nothing from it
+      a.offsets.assign(n, -1);
+      a.served = 0;
+    } else {
+      std::lock_guard<std::mutex> gb(g_blocks_mu);
+      g_arenas.emplace_back(static_cast<unsigned char*>(p), static_cast<unsigned char*>(p) + a.arena_bytes);
+    }
+    a.buffer = std::unique_ptr<unsigned char, void (*)(void*)>(static_cast<unsigned char*>(p), &free_arena);
+  }
+  return a;
+}
+
+AllocScope::AllocScope(std::unique_ptr<Mode> m) : mode_(std::move(m)) { t_mode = mode_.get(); }
+AllocScope::AllocScope(AllocScope&& o) noexcept : mode_(std::move(o.mode_)) {}
+AllocScope::~AllocScope() {
+  if (mode_ != nullptr && t_mode == mode_.get()) t_mode = nullptr;
+}
+
+AllocScope AllocScope::profile(std::shared_ptr<AllocLog> log) {
+  auto m = std::make_unique<Mode>();
+  m->kind = Mode::Log;
+  m->log = std::move(log);
+  return AllocScope(std::move(m));
+}
+
+AllocScope AllocScope::serve(ArenaPlan& arena) {
+  auto m = std::make_unique<Mode>();
+  m->kind = Mode::Serve;
+  m->arena = &arena;
+  return AllocScope(std::move(m));
+}
+
+bool AllocScope::mismatched() const { return mode_ != nullptr && mode_->mismatch; }
+std::size_t AllocScope::requests() const { return mode_ != nullptr ? mode_->next : 0; }
+
+}  // namespace crucible::vessel

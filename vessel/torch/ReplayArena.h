@@ -1,0 +1,69 @@
+// ReplayArena.h — the static arena of an ExecutionPlan (Replay.cpp).
+//
+// A plan runs the same kernels in the same order every time, so the calling thread asks the
+// CPU allocator for the same sizes in the same order every time. The first run of a plan is
+// profiled: every allocation of the calling thread is logged with when it was made and when
+// it was freed. From that log each allocation gets an offset in one arena (greedy, largest
+// first, blocks whose lifetimes overlap never overlap in memory); allocations still alive when
+// the run ends (returned tensors, gradients bound to .grad) escape and keep coming from the
+// normal allocator. Later runs are served from the arena by sequence number, with no
+// allocator call at all; a request whose size differs from the profile turns the arena off
+// for the rest of that run and for the plan (counted: nothing is wrong, it is only slower).
+//
+// The arena works through a wrapper installed once as PyTorch's CPU allocator: a thread not
+// running a plan pays one thread-local check per allocation and gets the original allocator.
+// Allocations of intra-op worker threads are not the calling thread's and are not touched.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace crucible::vessel {
+
+struct AllocLog;  // one profiled run (ReplayArena.cpp)
+
+struct ArenaPlan {
+  std::vector<std::size_t> sizes;     // requested bytes, in request order
+  std::vector<std::int64_t> offsets;  // -1: escapes the run (or empty): normal allocator
+  std::size_t arena_bytes = 0;        // the arena's size
+  std::size_t lower_bound = 0;        // most bytes (64-aligned) live at once: no arena can be smaller
+  std::size_t escaping = 0;           // allocations that outlive the run
+  std::size_t served = 0;             // allocations that come from the arena
+  std::unique_ptr<unsigned char, void (*)(void*)> buffer{nullptr, nullptr};
+};
+
+// Thread-local allocation mode for the duration of a scope. Only one per thread at a time.
+class AllocScope {
+ public:
+  struct Mode;  // ReplayArena.cpp
+  // Logs every allocation of this thread into `log` (see finish_profile).
+  static AllocScope profile(std::shared_ptr<AllocLog> log);
+  // Serves this thread's allocations from `arena` by sequence number.
+  static AllocScope serve(ArenaPlan& arena);
+  AllocScope(AllocScope&& o) noexcept;
+  AllocScope(const AllocScope&) = delete;
+  AllocScope& operator=(const AllocScope&) = delete;
+  ~AllocScope();
+  // Serve mode: did a request differ from the profile? (the rest came from the allocator)
+  bool mismatched() const;
+  std::size_t requests() const;
+
+ private:
+  explicit AllocScope(std::unique_ptr<Mode> m);
+  std::unique_ptr<Mode> mode_;
+};
+
+// Installs the wrapper allocator (once per process). Returns "" or why it cannot (another
+// allocator with a higher priority owns the CPU slot).
+std::string ensure_arena_allocator();
+
+std::shared_ptr<AllocLog> new_alloc_log();
+// Closes the log (later frees are escapes') and plans the arena from it.
+ArenaPlan finish_profile(AllocLog& log);
+// Peak bytes live on the profiled thread during the logged scope (64-aligned sizes).
+std::size_t log_peak(const AllocLog& log);
+
+}  // namespace crucible::vessel
