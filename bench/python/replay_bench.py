@@ -4,8 +4,9 @@ C++ call) vs eager PyTorch, side by side in one process on the four test models.
 For each model two twins are built with the same seed: one steps eagerly, one through
 crucible.compile. After warm-up (the compiled twin has built its plan), rounds alternate an
 eager block and a compiled block; the figure is the median per-step time over rounds. Also
-reported: the plan's kernel calls, the time to build it from two recorded calls, and how
-much longer a recorded (capturing) call takes than an eager one. Writes
+reported: the plan's kernel calls, the time to build it from two recorded calls, how much
+longer a recorded (capturing) call takes than an eager one, and the plan's static arena
+against the peak bytes one eager step allocates on the calling thread (both 64-aligned). Writes
 bench/baselines/replay_bench.{json,txt}.
 
     /usr/bin/python3 bench/python/replay_bench.py [--rounds 7] [--models mlp,transformer]
@@ -58,6 +59,10 @@ def bench(name, rounds):
         te.append(per_step(eager.step, iters))
         tc.append(per_step(step, iters))
     info = step.plans()[0]
+    crucible._ext.alloc_measure_start()  # what one eager step allocates on this thread at peak
+    eager.step()
+    eager_peak, _ = crucible._ext.alloc_measure_stop()
+    step()
     e, c = statistics.median(te), statistics.median(tc)
     # The twins ran the same number of steps: still bit-identical after all of them. Not
     # for the transformer: its dropout draws from the one global generator both twins share.
@@ -68,7 +73,10 @@ def bench(name, rounds):
         "speedup": e / c, "target": TARGET.get(name), "plan_ops": info["ops"], "patches": info["patches"],
         "plan_build_ms": info["build_ms"], "capture_call_us": statistics.mean(t_capture) * 1e6,
         "first_eager_call_us": t_eager_first * 1e6, "params_bit_identical": same,
-        "plan_runs": step.stats()["plan_runs"],
+        "plan_runs": step.stats()["plan_runs"], "arena_bytes": info["arena_bytes"],
+        "arena_lower_bound": info["arena_lower_bound"], "eager_peak_bytes": eager_peak,
+        "arena_vs_eager_peak": info["arena_bytes"] / eager_peak if eager_peak else None,
+        "arena_runs": info["arena_runs"], "arena_mismatches": info["arena_mismatches"],
     }
 
 
@@ -80,12 +88,15 @@ def main():
     a = ap.parse_args()
     rows = [bench(m, a.rounds) for m in a.models.split(",")]
     lines = [f"{'model':<12} {'eager us':>10} {'compiled us':>12} {'speedup':>8} {'target':>7} "
-             f"{'kernels':>8} {'build ms':>9} {'capture us':>11} {'identical':>9}"]
+             f"{'kernels':>8} {'build ms':>9} {'capture us':>11} {'identical':>9} {'arena KiB':>10} "
+             f"{'eager peak KiB':>15} {'ratio':>6}"]
     for r in rows:
         tgt = f">={r['target']}x" if r["target"] else "-"
         lines.append(f"{r['model']:<12} {r['eager_us']:>10.1f} {r['compiled_us']:>12.1f} {r['speedup']:>7.2f}x "
                      f"{tgt:>7} {r['plan_ops']:>8} {r['plan_build_ms']:>9.3f} {r['capture_call_us']:>11.0f} "
-                     f"{'n/a' if r['params_bit_identical'] is None else str(r['params_bit_identical']):>9}")
+                     f"{'n/a' if r['params_bit_identical'] is None else str(r['params_bit_identical']):>9} "
+                     f"{r['arena_bytes'] / 1024:>10.1f} {r['eager_peak_bytes'] / 1024:>15.1f} "
+                     f"{r['arena_vs_eager_peak']:>6.2f}")
     text = "\n".join(lines)
     print(text)
     if not a.no_save:
@@ -96,7 +107,8 @@ def main():
             json.dump(meta, f, indent=1)
         with open(base + ".txt", "w") as f:
             f.write(f"# {meta['machine']}; torch {meta['torch']}, {meta['threads']} threads, {meta['date']}\n"
-                    f"# median per-step time over {a.rounds} alternating rounds; speedup = eager / compiled\n")
+                    f"# median per-step time over {a.rounds} alternating rounds; speedup = eager / compiled;\n"
+                    f"# ratio = plan arena / eager step's peak allocated bytes (calling thread)\n")
             f.write(text + "\n")
 
 

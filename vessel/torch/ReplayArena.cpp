@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
@@ -204,28 +205,48 @@ ArenaPlan finish_profile(AllocLog& log) {
     for (const auto& e : ev) peak = std::max(peak, live += e.second);
     a.lower_bound = static_cast<std::size_t>(peak);
   }
-  // Greedy placement, largest first (ties: earliest), lowest offset that fits.
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+  // Greedy placement, lowest offset that fits, in three orders (largest first; allocation
+  // order; longest-lived first); the smallest arena wins.
+  auto place = [&](const std::vector<std::size_t>& ord, std::vector<std::int64_t>& offs) {
+    std::size_t bytes = 0;
+    std::vector<std::size_t> placed;
+    std::vector<std::pair<std::int64_t, std::int64_t>> busy;  // (offset, end) of conflicting blocks
+    for (std::size_t i : ord) {
+      const std::int64_t size = static_cast<std::int64_t>(aligned(log.sizes[i]));
+      busy.clear();
+      for (std::size_t j : placed)
+        if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
+          busy.emplace_back(offs[j], offs[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
+      std::sort(busy.begin(), busy.end());
+      std::int64_t off = 0;
+      for (const auto& b : busy) {
+        if (b.first >= off + size) break;
+        off = std::max(off, b.second);
+      }
+      offs[i] = off;
+      bytes = std::max(bytes, static_cast<std::size_t>(off + size));
+      placed.push_back(i);
+    }
+    return bytes;
+  };
+  std::vector<std::vector<std::size_t>> orders(3, order);
+  std::stable_sort(orders[0].begin(), orders[0].end(), [&](std::size_t x, std::size_t y) {
     return aligned(log.sizes[x]) > aligned(log.sizes[y]);
   });
-  std::vector<std::size_t> placed;
-  std::vector<std::pair<std::int64_t, std::int64_t>> busy;  // (offset, end) of conflicting blocks
-  for (std::size_t i : order) {
-    const std::int64_t size = static_cast<std::int64_t>(aligned(log.sizes[i]));
-    busy.clear();
-    for (std::size_t j : placed)
-      if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
-        busy.emplace_back(a.offsets[j], a.offsets[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
-    std::sort(busy.begin(), busy.end());
-    std::int64_t off = 0;
-    for (const auto& b : busy) {
-      if (b.first >= off + size) break;
-      off = std::max(off, b.second);
+  std::stable_sort(orders[2].begin(), orders[2].end(), [&](std::size_t x, std::size_t y) {
+    return log.free_ev[x] - log.alloc_ev[x] > log.free_ev[y] - log.alloc_ev[y];
+  });
+  a.arena_bytes = SIZE_MAX;
+  for (const auto& ord : orders) {
+    std::vector<std::int64_t> offs(n, -1);
+    const std::size_t bytes = place(ord, offs);
+    if (bytes < a.arena_bytes) {
+      a.arena_bytes = bytes;
+      a.offsets = std::move(offs);
     }
-    a.offsets[i] = off;
-    a.arena_bytes = std::max(a.arena_bytes, static_cast<std::size_t>(off + size));
-    placed.push_back(i);
+    if (a.arena_bytes == a.lower_bound) break;
   }
+  if (order.empty()) a.arena_bytes = 0;
   a.served = order.size();
   if (a.arena_bytes > 0) {
     void* p = std::aligned_alloc(kAlign, a.arena_bytes);
