@@ -331,6 +331,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
     return vessel::plan_check(plan, form, to_sources(s));
   });
+  m.def("plan_learn", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
+    return vessel::plan_learn(plan, form, to_sources(s));
+  });
   m.def("plan_release", &vessel::plan_release);
   m.def("plan_set_arena", &vessel::plan_set_arena);
   m.def("alloc_measure_start", &vessel::alloc_measure_start);

@@ -569,7 +569,8 @@ struct Plan {
   std::shared_ptr<const Form> form;
   std::vector<Patch> patches;              // scalar patch points, fed from sources each run
   std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
-  std::vector<std::string> source_names;   // "aten::addcdiv_/value" per source index
+  std::vector<ScalarSource> build_sources; // the sources' values during the call the form is of
+  std::vector<at::Tensor> run_exts;        // externals as runs see them (see value_of)
   ContentHash key;                         // content address: form hash with patch points masked
   std::vector<at::Tensor> slots;
   std::atomic<bool> busy{false};
@@ -639,15 +640,18 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
   return id;
 }
 
-at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& slots, at::TensorList args, Ref r) {
+// `exts` is the plan's run_exts: the form's externals, with the Python numbers it patches
+// replaced by its own copies (the form keeps the values of the call it was captured from).
+at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const std::vector<at::Tensor>& slots,
+                    at::TensorList args, Ref r) {
   switch (r.kind) {
     case Ref::None: return at::Tensor();
     case Ref::Slot: return slots[r.idx];
     case Ref::Arg: return args[r.idx];
-    case Ref::Ext: return f.exts[r.idx];
+    case Ref::Ext: return exts[r.idx];
     case Ref::View: {
       const ViewSpec& v = f.views[r.idx];
-      const at::Tensor base = value_of(f, slots, args, v.base);
+      const at::Tensor base = value_of(f, exts, slots, args, v.base);
       return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
     }
   }
@@ -675,10 +679,11 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
                 "expected ", c10::toString(m.dtype), dims(m.sizes), " on ", m.device.str(),
                 "); crucible.compile guards this and builds another plan");
   }
-  TORCH_CHECK(scalars.size() == p->source_names.size(), "crucible plan ", plan_id, " takes ",
-              p->source_names.size(), " scalar source values, got ", scalars.size());
+  TORCH_CHECK(scalars.size() == p->build_sources.size() || (p->patches.empty() && scalars.empty()),
+              "crucible plan ", plan_id, " takes ", p->build_sources.size(), " scalar source values, got ",
+              scalars.size());
   for (const Patch& pt : p->patches)  // Python numbers the plan feeds to ops: set in place
-    if (pt.ext >= 0) *f.exts[static_cast<std::size_t>(pt.ext)].data_ptr<double>() = scalars[pt.source];
+    if (pt.ext >= 0) *p->run_exts[static_cast<std::size_t>(pt.ext)].data_ptr<double>() = scalars[pt.source];
   // Allocations of this thread: logged on the first run (the arena is planned from them),
   // served from the arena afterwards.
   std::optional<AllocScope> alloc;
@@ -720,11 +725,11 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
             stack.push_back(a.value);
           }
           break;
-        case ArgT::Tensor: stack.emplace_back(value_of(f, slots, args, a.refs[0])); break;
+        case ArgT::Tensor: stack.emplace_back(value_of(f, p->run_exts, slots, args, a.refs[0])); break;
         case ArgT::TensorList: {
           c10::List<at::Tensor> l;
           l.reserve(a.refs.size());
-          for (Ref r : a.refs) l.push_back(value_of(f, slots, args, r));
+          for (Ref r : a.refs) l.push_back(value_of(f, p->run_exts, slots, args, r));
           stack.emplace_back(std::move(l));
           break;
         }
@@ -733,7 +738,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
           l.reserve(a.refs.size());
           for (Ref r : a.refs) {
             if (r.kind == Ref::None) l.push_back(c10::nullopt);
-            else l.push_back(value_of(f, slots, args, r));
+            else l.push_back(value_of(f, p->run_exts, slots, args, r));
           }
           stack.emplace_back(std::move(l));
           break;
@@ -755,12 +760,12 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     for (std::uint32_t s : o.release) slots[s].reset();
   }
   for (const auto& [e, r] : f.grads) {
-    at::Tensor g = value_of(f, slots, args, r);
-    f.exts[e].mutable_grad() = std::move(g);
+    at::Tensor g = value_of(f, p->run_exts, slots, args, r);
+    p->run_exts[e].mutable_grad() = std::move(g);
   }
   std::vector<at::Tensor> outs;
   outs.reserve(f.outputs.size());
-  for (Ref r : f.outputs) outs.push_back(value_of(f, slots, args, r));
+  for (Ref r : f.outputs) outs.push_back(value_of(f, p->run_exts, slots, args, r));
   slots.assign(f.num_slots, at::Tensor());
   if (profile != nullptr) {
     alloc.reset();
@@ -826,6 +831,38 @@ void form_release(std::int64_t id) {
 }
 
 namespace {
+// Patches sorted (wrapped-number externals first, then by op and argument) and each op's
+// first patch indexed, as run_op walks them.
+void index_patches(Plan& p) {
+  std::sort(p.patches.begin(), p.patches.end(), [](const Patch& x, const Patch& y) {
+    return std::tie(x.ext, x.op, x.arg) < std::tie(y.ext, y.op, y.arg);
+  });
+  p.op_patch.assign(p.form->ops.size(), -1);
+  for (std::size_t i = p.patches.size(); i-- > 0;)
+    if (p.patches[i].ext < 0) p.op_patch[p.patches[i].op] = static_cast<std::int32_t>(i);
+  if (p.run_exts.empty()) p.run_exts = p.form->exts;
+  c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+  at::AutoDispatchBelowADInplaceOrView below;
+  for (const Patch& pt : p.patches) {
+    if (pt.ext < 0) continue;
+    at::Tensor& t = p.run_exts[static_cast<std::size_t>(pt.ext)];
+    if (t.unsafeGetTensorImpl() != p.form->exts[static_cast<std::size_t>(pt.ext)].unsafeGetTensorImpl()) continue;
+    t = t.clone();  // the plan's own Python number, written before each run
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+}
+
+// A new call's form against the plan's: "" when every difference is at a patch point fed by
+// a source with the new call's value (found: each such point, old and new).
+std::string diff_against_plan(const Plan& p, const Form& f, const std::vector<ScalarSource>& sources,
+                              std::vector<Patch>* found) {
+  if (sources.size() != p.build_sources.size())
+    return "the optimizer's scalar sources changed in number since the plan was built";
+  // The plan's form holds the values of the call it was captured from; at its patch points
+  // those are what the sources gave then.
+  return compare_forms(*p.form, f, &p.build_sources, &sources, found);
+}
+
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
   // The form's content with the patched scalars masked: the same plan at any step count.
   std::vector<std::vector<std::string>> sig;
@@ -866,7 +903,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
     std::lock_guard<std::mutex> g(r.mu);
     for (const auto& [id, p] : r.plans) {
       const Form& f = *p->form;
-      if (p->key != key || f.exts.size() != b->exts.size() || p->source_names.size() != sources_b.size()) continue;
+      if (p->key != key || f.exts.size() != b->exts.size() || p->build_sources.size() != sources_b.size()) continue;
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
         same = f.exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
@@ -881,13 +918,8 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
   p->form = b;
   p->key = key;
   p->patches = std::move(patches);
-  std::sort(p->patches.begin(), p->patches.end(), [](const Patch& x, const Patch& y) {
-    return std::tie(x.ext, x.op, x.arg) < std::tie(y.ext, y.op, y.arg);
-  });
-  p->op_patch.assign(b->ops.size(), -1);
-  for (std::size_t i = p->patches.size(); i-- > 0;)
-    if (p->patches[i].ext < 0) p->op_patch[p->patches[i].op] = static_cast<std::int32_t>(i);
-  for (const ScalarSource& src : sources_b) p->source_names.push_back(src.op + "/" + src.arg);
+  index_patches(*p);
+  p->build_sources = sources_b;
   for (std::size_t e = 0; e < a->exts.size(); ++e)
     if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
       p->constants.push_back(static_cast<std::uint32_t>(e));
@@ -902,28 +934,43 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   auto p = get_plan(plan);
   auto f = get_form(form);
-  if (sources.size() != p->source_names.size())
-    return "the optimizer's scalar sources changed in number since the plan was built";
-  // Compare with the plan's own form. At a patch point the plan's form holds its build-time
-  // value and the new call must hold the source's value for that call.
-  const Form& pf = *p->form;
-  std::vector<ScalarSource> plan_values(sources.size());
-  for (std::size_t j = 0; j < sources.size(); ++j) {
-    const auto slash = p->source_names[j].find('/');
-    plan_values[j] = ScalarSource{p->source_names[j].substr(0, slash), p->source_names[j].substr(slash + 1), 0.0};
-  }
-  for (const Patch& pt : p->patches)
-    plan_values[pt.source].value = pt.ext < 0 ? pf.ops[pt.op].args[pt.arg].value.toDouble()
-                                              : pf.exts[static_cast<std::size_t>(pt.ext)].item<double>();
   std::vector<Patch> found;
-  const std::string diff = compare_forms(pf, *f, &plan_values, &sources, &found);
+  const std::string diff = diff_against_plan(*p, *f, sources, &found);
   if (!diff.empty()) return diff;
   for (const Patch& pt : found) {
     bool expected = false;
     for (const Patch& q : p->patches)
       expected |= pt.op == q.op && pt.arg == q.arg && pt.ext == q.ext && pt.source == q.source;
-    if (!expected) return "a scalar changed where the plan has no patch point";
+    if (!expected)
+      return "a scalar changed where the plan has no patch point (" +
+             (pt.ext < 0 ? describe_op(p->form->ops[pt.op], pt.op) + " argument '" + arg_name(p->form->ops[pt.op], pt.arg) + "'"
+                         : std::string("a Python number")) + ")";
   }
+  return "";
+}
+
+std::string plan_learn(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
+  auto p = get_plan(plan);
+  auto f = get_form(form);
+  std::vector<Patch> found;
+  const std::string diff = diff_against_plan(*p, *f, sources, &found);
+  if (!diff.empty()) return diff;
+  bool idle = false;
+  if (!p->busy.compare_exchange_strong(idle, true)) return "the plan is running on another thread";
+  std::size_t added = 0;
+  for (const Patch& pt : found) {
+    bool known = false;
+    for (const Patch& q : p->patches) known |= pt.op == q.op && pt.arg == q.arg && pt.ext == q.ext;
+    if (!known) {
+      p->patches.push_back(pt);
+      ++added;
+    }
+  }
+  if (added != 0) {
+    index_patches(*p);
+    p->key = plan_key(*p->form, p->patches);
+  }
+  p->busy.store(false);
   return "";
 }
 
@@ -1001,7 +1048,7 @@ PlanInfo plan_info(std::int64_t id) {
   i.arena_runs = p->arena_runs;
   i.arena_mismatches = p->arena_mismatches;
   i.patches = p->patches.size();
-  i.sources = p->source_names.size();
+  i.sources = p->build_sources.size();
   i.runs = p->runs.load();
   i.hash = f.hash.hex();
   i.build_ms = p->build_ms;

@@ -72,6 +72,12 @@ std::pair<std::size_t, std::size_t> alloc_measure_stop();
 // tensors; at patch points, the sources' values for that call)? "" when it does, else the
 // first difference (a verification call uses this).
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
+// After a hyperparameter changed (a new learning rate): a call captured with the new value
+// is compared with the plan; when every scalar that differs is fed by a source (the SGD step
+// -lr, AdamW's 1 - lr*weight_decay, Adam's step size), those become patch points of the plan
+// and "" is returned — later changes of that hyperparameter need no rebuild. Otherwise the
+// first unexplained difference; the plan is unchanged.
+std::string plan_learn(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
 
 struct PlanInfo {
   std::size_t ops = 0;             // kernel calls per run

@@ -302,7 +302,8 @@ def clear() -> None:
 
 _MISSING = object()
 _COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
-             "guard_failures", "verifications", "divergences", "refusals")
+             "guard_failures", "hyper_changes", "hyper_learned", "verifications", "divergences",
+             "refusals")
 _compile_totals = {k: 0 for k in _COUNTERS}   # of compiled steps already garbage-collected
 _live_steps = weakref.WeakSet()
 
@@ -399,9 +400,10 @@ class _StateGuard:
     a replaced parameter, a loaded optimizer state, train()/eval() or a new learning rate all
     fail it, and the step re-records."""
 
-    def __init__(self, objs):
+    def __init__(self, objs, lifted=None):
         import torch
-        ident, vals, lists = [], [], []
+        lifted = lifted or {}   # id(optimizer) -> hyperparameter names that are patch points now
+        ident, vals, lists, hyper = [], [], [], []
         for o in objs:
             if isinstance(o, torch.nn.Module):
                 for m in o.modules():
@@ -420,12 +422,13 @@ class _StateGuard:
                     lists.append((ps, len(ps), tuple(ps)))
                     for k, v in g.items():
                         if k != "params":
-                            vals.append((g, k, v))
+                            if k not in lifted.get(id(o), ()):
+                                hyper.append((g, k, v))
                 for p, st in list(o.state.items()):
                     ident.append((o.state, p, st))
                     for k, v in st.items():
                         (ident if isinstance(v, torch.Tensor) else vals).append((st, k, v))
-        self._ident, self._vals, self._lists = ident, vals, lists
+        self._ident, self._vals, self._lists, self._hyper = ident, vals, lists, hyper
 
     def ok(self) -> bool:
         for d, k, v in self._ident:
@@ -438,23 +441,42 @@ class _StateGuard:
         for lst, n, items in self._lists:
             if len(lst) != n or any(a is not b for a, b in zip(lst, items)):
                 return False
+        for d, k, v in self._hyper:
+            x = d.get(k, _MISSING)
+            if x is not v and x != v:
+                return False
         return True
+
+    def changed_hyperparameters(self):
+        """Names of the optimizer hyperparameters that changed, or None when anything else
+        (a parameter, a state tensor, a training flag) changed too."""
+        self_copy = _StateGuard.__new__(_StateGuard)
+        self_copy._ident, self_copy._vals, self_copy._lists, self_copy._hyper = self._ident, self._vals, self._lists, []
+        if not self_copy.ok():
+            return None
+        return sorted({k for d, k, v in self._hyper if d.get(k, _MISSING) != v})
 
 
 class _ScalarSources:
-    """Python's replica of the per-step scalar arithmetic of recognized optimizers: the
-    values PyTorch's single-tensor Adam and AdamW compute in Python floats from the step
-    counter (state["step"]) and the group's lr and betas, and pass to addcdiv_ (the step
-    size) and div (the bias correction's square root). Each value is named by the op and
-    argument it feeds; the plan matches them bit for bit against two recorded calls, and
-    each run gets the values for the coming step. Groups with foreach, fused, capturable or
-    differentiable updates compute differently and are not replicated (their changing
-    scalars stay unexplained, and the step runs eagerly)."""
+    """Python's replica of the scalar arithmetic of recognized optimizers (single-tensor SGD,
+    Adam and AdamW of PyTorch 1.13 and 2.x): the Python floats they compute from the group's
+    hyperparameters and the step counter (state["step"]) and pass to ops. Each value is named
+    by the op and argument it feeds:
+      SGD        param.add_(d_p, alpha=-lr)                       aten::add_.Tensor / alpha
+      Adam(W)    param.addcdiv_(exp_avg, denom, value=-step_size)  aten::addcdiv_ / value
+                 exp_avg_sq.sqrt() / sqrt(1 - beta2**step)         aten::div.Tensor / other
+      AdamW      param.mul_(1 - lr * weight_decay)                 aten::mul_.Tensor / other
+    A plan matches them bit for bit against recorded calls: a scalar that differs between two
+    calls and equals a source's values becomes a patch point, and each run gets the sources'
+    values for the coming step. Groups with foreach, fused, capturable or differentiable
+    updates compute differently and are not replicated (their changing scalars stay
+    unexplained, and the step runs eagerly)."""
 
     def __init__(self, objs):
         import torch
-        kinds = (torch.optim.Adam, torch.optim.AdamW)
-        self._opts = [o for o in objs if type(o) in kinds]
+        self._opts = [o for o in objs if type(o) in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)]
+        self._sgd = torch.optim.SGD
+        self._adamw = torch.optim.AdamW
 
     def __bool__(self):
         return bool(self._opts)
@@ -463,10 +485,16 @@ class _ScalarSources:
         import math
         out = []
         for opt in self._opts:
+            sgd, adamw = type(opt) is self._sgd, type(opt) is self._adamw
             for g in opt.param_groups:
                 if g.get("foreach") or g.get("fused") or g.get("capturable") or g.get("differentiable"):
                     continue
-                lr, (beta1, beta2) = g["lr"], g["betas"]
+                lr = g["lr"]
+                if sgd:
+                    out.extend(("aten::add_.Tensor", "alpha", -lr) for _ in g["params"])
+                    continue
+                beta1, beta2 = g["betas"]
+                decay = 1 - lr * g["weight_decay"]
                 for p in g["params"]:
                     st = opt.state.get(p)
                     if not st or "step" not in st:
@@ -478,14 +506,18 @@ class _ScalarSources:
                     out.append(("aten::addcdiv_", "value", -step_size))
                     out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2)))  # 1.13
                     out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5))     # 2.x
+                    if adamw:
+                        out.append(("aten::mul_.Tensor", "other", decay))
         return out
 
 
 class _Entry:
-    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard")
+    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
+        self.lifted = {}       # id(optimizer) -> hyperparameters the plan takes from sources
+        self.patched = False   # the plan has patch points: each run needs the sources' values
 
 
 class CompiledStep:
@@ -535,8 +567,10 @@ class CompiledStep:
 
     def stats(self) -> dict:
         """calls, plan_runs, eager_calls, captures, plans_built, guard_misses (a call signature
-        without a plan yet), guard_failures (module/optimizer state changed), verifications,
-        divergences, refusals; plus plans (live plans) and guarded (modules/optimizers found)."""
+        without a plan yet), guard_failures (module/optimizer state changed: the step records
+        again), hyper_changes / hyper_learned (an optimizer hyperparameter changed / the plan
+        took it over as patch points), verifications, divergences, refusals; plus plans (live
+        plans) and guarded (modules/optimizers found)."""
         d = dict(self._stats)
         d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
         d["guarded"] = [type(o).__name__ for o in self._guard_objs]
@@ -558,7 +592,7 @@ class CompiledStep:
         e.forms, e.srcs = [], []
         if e.plan is not None:
             _ext.plan_release(e.plan)
-        e.plan, e.seen, e.guard = None, 0, None
+        e.plan, e.seen, e.guard, e.lifted, e.patched = None, 0, None, {}, False
 
     def _refuse(self, e, why):
         import warnings
@@ -602,13 +636,16 @@ class CompiledStep:
             e = self._entries[key] = _Entry()
         if e.plan is not None:
             if not e.guard.ok():
+                changed = e.guard.changed_hyperparameters() if self._has_sources else None
+                if changed:
+                    return self._learn(e, changed, args, kwargs, tensors)
                 self._count("guard_failures")
                 self._drop(e)
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
-                vals = [v for _, _, v in self._sources.values(True)] if self._has_sources else []
+                vals = [v for _, _, v in self._sources.values(True)] if e.patched else []
                 outs = self._run(e.plan, tensors, vals)
                 return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
         if e.refused is not None:
@@ -639,7 +676,8 @@ class CompiledStep:
             e.forms, e.srcs = [], []
             if not self._arena:
                 _ext.plan_set_arena(e.plan, False)
-            e.guard = _StateGuard(self._guard_objs)
+            e.patched = _ext.plan_info(e.plan)["patches"] > 0
+            e.guard = _StateGuard(self._guard_objs, e.lifted)
             self._count("plans_built")
         return result
 
@@ -667,6 +705,30 @@ class CompiledStep:
             self._refuse(e, str(err).split("\nException raised from")[0])
             return result, None, None
         return result, form, spec
+
+    def _learn(self, e, changed, args, kwargs, tensors):
+        """An optimizer hyperparameter changed (a scheduler's new learning rate). This call
+        runs eagerly and is recorded; if every scalar that moved is fed by a source, those
+        become patch points of the plan and the hyperparameter is no longer guarded: later
+        changes cost nothing. Otherwise the plan is dropped and the step records again."""
+        self._count("hyper_changes")
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        srcs = self._sources.values(False)
+        why = _ext.plan_learn(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
+        _ext.form_release(form)
+        if why:
+            self._count("guard_failures")
+            self._drop(e)
+            return result
+        for o in self._guard_objs:
+            if any(g is d for g in getattr(o, "param_groups", ()) for d, k, _ in e.guard._hyper if k in changed):
+                e.lifted.setdefault(id(o), set()).update(changed)
+        e.patched = _ext.plan_info(e.plan)["patches"] > 0
+        e.guard = _StateGuard(self._guard_objs, e.lifted)
+        self._count("hyper_learned")
+        return result
 
     def _verify(self, e, args, kwargs, tensors):
         import warnings
