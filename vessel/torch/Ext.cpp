@@ -331,8 +331,10 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
     return vessel::plan_check(plan, form, to_sources(s));
   });
-  m.def("plan_learn", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
-    return vessel::plan_learn(plan, form, to_sources(s));
+  m.def("plan_update", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
+    std::size_t added = 0, rebound = 0;
+    const std::string why = vessel::plan_update(plan, form, to_sources(s), &added, &rebound);
+    return py::make_tuple(why, added, rebound);
   });
   m.def("plan_release", &vessel::plan_release);
   m.def("plan_set_arena", &vessel::plan_set_arena);

@@ -483,8 +483,13 @@ std::int64_t match_source(const std::string& op, const std::string& arg, double 
   return -1;
 }
 
+// a_exts: the tensors to compare b's externals with (default a.exts; a plan passes the ones
+// its runs use). rebind: when given, a persistent tensor of b that is another object than
+// a's (same metadata: a loaded optimizer state, a replaced parameter) is accepted and listed.
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
-                          const std::vector<ScalarSource>* sb, std::vector<Patch>* patches) {
+                          const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
+                          const std::vector<at::Tensor>* a_exts = nullptr,
+                          std::vector<std::uint32_t>* rebind = nullptr) {
   const char* eager = " Crucible never guesses a value: this step runs eagerly.";
   const std::size_t n = std::min(a.ops.size(), b.ops.size());
   for (std::size_t k = 0; k < n; ++k) {
@@ -528,9 +533,14 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
   c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
   at::AutoDispatchBelowADInplaceOrView below;
   for (std::size_t e = 0; e < a.exts.size(); ++e) {
-    const at::Tensor& x = a.exts[e];
+    const at::Tensor& x = a_exts != nullptr ? (*a_exts)[e] : a.exts[e];
     const at::Tensor& y = b.exts[e];
     if (x.storage().unsafeGetStorageImpl() == y.storage().unsafeGetStorageImpl()) continue;
+    if (rebind != nullptr && !x.unsafeGetTensorImpl()->is_wrapped_number() &&
+        !y.unsafeGetTensorImpl()->is_wrapped_number()) {
+      rebind->push_back(static_cast<std::uint32_t>(e));
+      continue;
+    }
     // A Python number (a wrapped 0-d tensor made afresh each call) is a scalar like any
     // other: constant when equal. Any other tensor made outside the recorded ops is data
     // Python produced (from_numpy, a tensor built below the dispatcher): never baked in.
@@ -855,12 +865,16 @@ void index_patches(Plan& p) {
 // A new call's form against the plan's: "" when every difference is at a patch point fed by
 // a source with the new call's value (found: each such point, old and new).
 std::string diff_against_plan(const Plan& p, const Form& f, const std::vector<ScalarSource>& sources,
-                              std::vector<Patch>* found) {
+                              std::vector<Patch>* found, std::vector<std::uint32_t>* rebind = nullptr) {
   if (sources.size() != p.build_sources.size())
     return "the optimizer's scalar sources changed in number since the plan was built";
   // The plan's form holds the values of the call it was captured from; at its patch points
-  // those are what the sources gave then.
-  return compare_forms(*p.form, f, &p.build_sources, &sources, found);
+  // those are what the sources gave then. Persistent tensors: the ones the runs use (after a
+  // rebind, not the form's).
+  std::vector<at::Tensor> exts = p.form->exts;
+  for (std::size_t e = 0; e < exts.size() && e < p.run_exts.size(); ++e)
+    if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p.run_exts[e];
+  return compare_forms(*p.form, f, &p.build_sources, &sources, found, &exts, rebind);
 }
 
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
@@ -906,7 +920,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
       if (p->key != key || f.exts.size() != b->exts.size() || p->build_sources.size() != sources_b.size()) continue;
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
-        same = f.exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
+        same = p->run_exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
                f.exts[e].unsafeGetTensorImpl()->is_wrapped_number();
       if (same) {
         ++r.counters.plan_cache_hits;
@@ -949,27 +963,31 @@ std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<S
   return "";
 }
 
-std::string plan_learn(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
+std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
+                        std::size_t* added, std::size_t* rebound) {
   auto p = get_plan(plan);
   auto f = get_form(form);
   std::vector<Patch> found;
-  const std::string diff = diff_against_plan(*p, *f, sources, &found);
+  std::vector<std::uint32_t> rebind;
+  const std::string diff = diff_against_plan(*p, *f, sources, &found, &rebind);
   if (!diff.empty()) return diff;
   bool idle = false;
   if (!p->busy.compare_exchange_strong(idle, true)) return "the plan is running on another thread";
-  std::size_t added = 0;
+  *added = 0;
   for (const Patch& pt : found) {
     bool known = false;
     for (const Patch& q : p->patches) known |= pt.op == q.op && pt.arg == q.arg && pt.ext == q.ext;
     if (!known) {
       p->patches.push_back(pt);
-      ++added;
+      ++*added;
     }
   }
-  if (added != 0) {
+  if (*added != 0) {
     index_patches(*p);
     p->key = plan_key(*p->form, p->patches);
   }
+  for (std::uint32_t e : rebind) p->run_exts[e] = f->exts[e];
+  *rebound = rebind.size();
   p->busy.store(false);
   return "";
 }

@@ -72,12 +72,15 @@ std::pair<std::size_t, std::size_t> alloc_measure_stop();
 // tensors; at patch points, the sources' values for that call)? "" when it does, else the
 // first difference (a verification call uses this).
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
-// After a hyperparameter changed (a new learning rate): a call captured with the new value
-// is compared with the plan; when every scalar that differs is fed by a source (the SGD step
-// -lr, AdamW's 1 - lr*weight_decay, Adam's step size), those become patch points of the plan
-// and "" is returned — later changes of that hyperparameter need no rebuild. Otherwise the
-// first unexplained difference; the plan is unchanged.
-std::string plan_learn(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
+// After the guard saw the step's state change, a call captured since is compared with the
+// plan. Accepted: (1) scalars that moved and are fed by a source (a new learning rate: the
+// SGD step -lr, AdamW's 1 - lr*weight_decay, Adam's step size), which become patch points —
+// later changes of that hyperparameter need no update; (2) persistent tensors that are other
+// objects with the same metadata (a loaded optimizer state, a replaced parameter), which the
+// plan binds instead. Returns "" (with how many patch points were added and tensors rebound)
+// or the first other difference, with the plan unchanged.
+std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
+                        std::size_t* added, std::size_t* rebound);
 
 struct PlanInfo {
   std::size_t ops = 0;             // kernel calls per run

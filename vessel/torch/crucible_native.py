@@ -302,8 +302,8 @@ def clear() -> None:
 
 _MISSING = object()
 _COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
-             "guard_failures", "hyper_changes", "hyper_learned", "verifications", "divergences",
-             "refusals")
+             "guard_failures", "plan_updates", "hyper_learned", "rebinds", "replans",
+             "verifications", "divergences", "refusals")
 _compile_totals = {k: 0 for k in _COUNTERS}   # of compiled steps already garbage-collected
 _live_steps = weakref.WeakSet()
 
@@ -447,15 +447,6 @@ class _StateGuard:
                 return False
         return True
 
-    def changed_hyperparameters(self):
-        """Names of the optimizer hyperparameters that changed, or None when anything else
-        (a parameter, a state tensor, a training flag) changed too."""
-        self_copy = _StateGuard.__new__(_StateGuard)
-        self_copy._ident, self_copy._vals, self_copy._lists, self_copy._hyper = self._ident, self._vals, self._lists, []
-        if not self_copy.ok():
-            return None
-        return sorted({k for d, k, v in self._hyper if d.get(k, _MISSING) != v})
-
 
 class _ScalarSources:
     """Python's replica of the scalar arithmetic of recognized optimizers (single-tensor SGD,
@@ -566,11 +557,12 @@ class CompiledStep:
         self._stats[k] += n
 
     def stats(self) -> dict:
-        """calls, plan_runs, eager_calls, captures, plans_built, guard_misses (a call signature
-        without a plan yet), guard_failures (module/optimizer state changed: the step records
-        again), hyper_changes / hyper_learned (an optimizer hyperparameter changed / the plan
-        took it over as patch points), verifications, divergences, refusals; plus plans (live
-        plans) and guarded (modules/optimizers found)."""
+        """calls, plan_runs, eager_calls, captures, plans_built; guard_misses (a call signature
+        without a plan yet); guard_failures (the modules' or optimizers' state changed), each
+        ending in a plan_update (the plan kept: hyper_learned, a hyperparameter taken over as
+        patch points; rebinds, new persistent tensors bound) or a replan (the plan dropped,
+        the step records again); verifications, divergences, refusals; plus plans (live plans)
+        and guarded (the modules and optimizers found)."""
         d = dict(self._stats)
         d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
         d["guarded"] = [type(o).__name__ for o in self._guard_objs]
@@ -636,11 +628,8 @@ class CompiledStep:
             e = self._entries[key] = _Entry()
         if e.plan is not None:
             if not e.guard.ok():
-                changed = e.guard.changed_hyperparameters() if self._has_sources else None
-                if changed:
-                    return self._learn(e, changed, args, kwargs, tensors)
-                self._count("guard_failures")
-                self._drop(e)
+                st["guard_failures"] += 1
+                return self._update(e, args, kwargs, tensors)
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
@@ -706,28 +695,39 @@ class CompiledStep:
             return result, None, None
         return result, form, spec
 
-    def _learn(self, e, changed, args, kwargs, tensors):
-        """An optimizer hyperparameter changed (a scheduler's new learning rate). This call
-        runs eagerly and is recorded; if every scalar that moved is fed by a source, those
-        become patch points of the plan and the hyperparameter is no longer guarded: later
-        changes cost nothing. Otherwise the plan is dropped and the step records again."""
-        self._count("hyper_changes")
+    def _update(self, e, args, kwargs, tensors):
+        """The guard saw the step's state change. This call runs eagerly and is recorded, and
+        the plan is checked against it: scalars that moved because a hyperparameter changed
+        (a scheduler's learning rate) and are fed by a source become patch points, and that
+        hyperparameter is no longer guarded, so later changes cost nothing; persistent tensors
+        that are new objects of the same kind (a loaded optimizer state, a replaced parameter)
+        are bound instead. Anything else drops the plan, and the step records again."""
+        changed = sorted({k for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v})
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
-        srcs = self._sources.values(False)
-        why = _ext.plan_learn(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
+        srcs = self._sources.values(False) if self._has_sources else []
+        if spec == e.spec:
+            why, added, rebound = _ext.plan_update(e.plan, form, srcs)
+        else:
+            why, added, rebound = "the step returned a different structure", 0, 0
         _ext.form_release(form)
         if why:
-            self._count("guard_failures")
+            self._count("replans")
             self._drop(e)
             return result
         for o in self._guard_objs:
-            if any(g is d for g in getattr(o, "param_groups", ()) for d, k, _ in e.guard._hyper if k in changed):
-                e.lifted.setdefault(id(o), set()).update(changed)
+            groups = getattr(o, "param_groups", ())
+            keys = {k for d, k, _ in e.guard._hyper if k in changed and any(d is g for g in groups)}
+            if keys:
+                e.lifted.setdefault(id(o), set()).update(keys)
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         e.guard = _StateGuard(self._guard_objs, e.lifted)
-        self._count("hyper_learned")
+        self._count("plan_updates")
+        if changed:
+            self._count("hyper_learned")
+        if rebound:
+            self._count("rebinds")
         return result
 
     def _verify(self, e, args, kwargs, tensors):

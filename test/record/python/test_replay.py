@@ -175,8 +175,8 @@ def test_adam_with_scheduler_and_verification(opt_name):
             st = step.stats()
             assert st["refusals"] == 0 and st["divergences"] == 0, (step.last_refusal, step.last_divergence)
             # the scheduler's change is learned: the plan takes the new lr from its sources
-            assert st["guard_failures"] == 0 and st["plans_built"] == 1
-            assert st["hyper_changes"] == 1 and st["hyper_learned"] == 1
+            assert st["guard_failures"] == 1 and st["plans_built"] == 1
+            assert st["hyper_learned"] == 1 and st["replans"] == 0
             assert st["plan_runs"] >= 4 and st["verifications"] >= 4
     for a, b in zip(res[0][0], res[1][0]):
         assert torch.equal(a, b)
@@ -219,7 +219,7 @@ def test_step_arguments_are_patch_points_and_a_new_batch_size_builds_another_pla
     assert all(p["args"] == 2 for p in step.plans())
 
 
-def test_changed_hyperparameter_replaced_parameter_and_train_eval_rerecord():
+def test_changed_hyperparameter_replaced_parameter_and_train_eval():
     data = batches(30, [8])
     m1, o1, eager = mlp_with_args()
     m2, o2, f = mlp_with_args()
@@ -237,17 +237,24 @@ def test_changed_hyperparameter_replaced_parameter_and_train_eval_rerecord():
     for o in (o1, o2):                     # a scheduler would do this
         o.param_groups[0]["lr"] = 0.05
     both(5)
-    assert step.stats()["guard_failures"] == 0 and step.stats()["hyper_learned"] == 1
+    st = step.stats()
+    assert st["guard_failures"] == 1 and st["hyper_learned"] == 1 and st["replans"] == 0
     for m, o in ((m1, o1), (m2, o2)):      # a replaced parameter (and the optimizer told)
         torch.manual_seed(7)
         o.state.pop(m[0].weight, None)
         m[0].weight = nn.Parameter(torch.randn(32, 16) * 0.1)
         o.param_groups[0]["params"][0] = m[0].weight
     both(5)
-    assert step.stats()["guard_failures"] == 1
+    # its momentum buffer is created again in the next step: other ops, so the step records again
+    st = step.stats()
+    assert st["guard_failures"] == 2 and st["replans"] == 1
     m1.eval(), m2.eval()
     both(4)
-    assert step.stats()["guard_failures"] == 2
+    # eval() changes no op of this model: the recorded call matches and the plan is kept
+    st = step.stats()
+    assert st["guard_failures"] == 3 and st["replans"] == 1 and st["plan_updates"] == 2
+    m1.train(), m2.train()
+    both(4)
     assert step.stats()["refusals"] == 0
 
 
@@ -279,7 +286,7 @@ def test_learning_rate_changing_every_step_needs_no_rebuild(opt_name):
         res.append((losses, snapshot(m, opt)))
         if compiled:
             st = step.stats()
-            assert st["plans_built"] == 1 and st["hyper_learned"] == 1 and st["guard_failures"] == 0
+            assert st["plans_built"] == 1 and st["hyper_learned"] == 1 and st["replans"] == 0
             assert st["plan_runs"] == len(data) - 4   # warm-up, 2 recorded, 1 learning call
             assert step.plans()[0]["patches"] >= 4
     for a, b in zip(res[0][0], res[1][0]):
@@ -298,7 +305,7 @@ def test_momentum_change_is_not_learned_and_records_again():
         assert torch.equal(eager(x, y), step(x, y))
     assert_same(snapshot(m1, o1), snapshot(m2, o2))
     st = step.stats()
-    assert st["hyper_changes"] == 1 and st["hyper_learned"] == 0 and st["guard_failures"] == 1
+    assert st["guard_failures"] == 1 and st["hyper_learned"] == 0 and st["replans"] == 1
 
 
 def test_plan_survives_state_dict_round_trips():
@@ -316,7 +323,9 @@ def test_plan_survives_state_dict_round_trips():
         assert torch.equal(eager(x, y), step(x, y))
     assert_same(snapshot(m1, o1), snapshot(m2, o2))
     st = step.stats()
-    assert st["guard_failures"] == 2 and st["plan_runs"] >= 6
+    # load_state_dict gives the optimizer new state tensors: one recorded call rebinds them
+    assert st["guard_failures"] == 2 and st["rebinds"] == 2 and st["replans"] == 0
+    assert st["plans_built"] == 1 and st["plan_runs"] == len(data) - 5
 
 
 def test_zero_grad_set_to_none_binds_new_gradients():
