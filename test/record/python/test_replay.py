@@ -144,6 +144,27 @@ def test_transformer_adamw_dropout_bit_identical_with_optimizer_scalars_patched(
     assert any("bernoulli" in n for n in info["op_names"])
 
 
+def test_transformer_adamw_dropout_with_a_per_step_lr_schedule():
+    steps = 9
+    res = []
+    for compiled in (False, True):
+        s = models.make("transformer")
+        sched = torch.optim.lr_scheduler.LambdaLR(s.opt, lambda i: min(1.0, (i + 1) / 5))  # warm-up
+        step = crucible.compile(s.step) if compiled else s.step
+        losses = []
+        for _ in range(steps):
+            losses.append(step().detach().clone())
+            sched.step()
+        res.append((losses, snapshot(s.model, s.opt)))
+        if compiled:
+            st = step.stats()
+            assert st["plans_built"] == 1 and st["hyper_learned"] == 1 and st["replans"] == 0
+            assert st["plan_runs"] == steps - 4
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+
+
 @pytest.mark.parametrize("opt_name", ["adam", "adamw"])
 def test_adam_with_scheduler_and_verification(opt_name):
     # A learning rate that changes (a scheduler) is checked once against a recorded call and
