@@ -188,6 +188,95 @@ py::dict iteration_dict(const graph::Iteration& it) {
   return d;
 }
 
+// crucible.compile's per-call guard (crucible_native._StateGuard builds it): snapshots of the
+// dicts and lists that hold a step's modules' and optimizers' state, checked by identity (or
+// equality for hyperparameters and flags) without hashing keys — optimizer state is keyed by
+// parameter tensors, whose __hash__ is Python code.
+class StateGuard {
+ public:
+  enum Mode : int { kIdentity = 0, kEqual = 1, kIgnore = 2 };
+  // keys: (dict, str key, value, mode); dicts: (dict, [(key, value, mode)]) compared entry by
+  // entry in order; lists: (list, [items]) by identity.
+  StateGuard(py::list keys, py::list dicts, py::list lists) {
+    for (py::handle h : keys) {
+      auto t = h.cast<py::tuple>();
+      keys_.push_back(Key{t[0].cast<py::dict>(), t[1].cast<py::str>(), py::reinterpret_borrow<py::object>(t[2]), t[3].cast<int>()});
+    }
+    for (py::handle h : dicts) {
+      auto t = h.cast<py::tuple>();
+      Dict d{t[0].cast<py::dict>(), {}};
+      for (py::handle e : t[1].cast<py::list>()) {
+        auto et = e.cast<py::tuple>();
+        d.items.push_back(Item{py::reinterpret_borrow<py::object>(et[0]), py::reinterpret_borrow<py::object>(et[1]), et[2].cast<int>()});
+      }
+      dicts_.push_back(std::move(d));
+    }
+    for (py::handle h : lists) {
+      auto t = h.cast<py::tuple>();
+      List l{t[0].cast<py::list>(), {}};
+      for (py::handle e : t[1].cast<py::list>()) l.items.push_back(py::reinterpret_borrow<py::object>(e));
+      lists_.push_back(std::move(l));
+    }
+  }
+
+  bool ok() const {
+    for (const Key& k : keys_) {
+      PyObject* x = PyDict_GetItemWithError(k.dict.ptr(), k.key.ptr());  // borrowed
+      if (x == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return false;
+      }
+      if (!same(x, k.value.ptr(), k.mode)) return false;
+    }
+    for (const Dict& d : dicts_) {
+      if (static_cast<std::size_t>(PyDict_Size(d.dict.ptr())) != d.items.size()) return false;
+      Py_ssize_t pos = 0;
+      PyObject *key, *value;
+      std::size_t i = 0;
+      while (PyDict_Next(d.dict.ptr(), &pos, &key, &value)) {
+        const Item& it = d.items[i++];
+        if (key != it.key.ptr() || !same(value, it.value.ptr(), it.mode)) return false;
+      }
+    }
+    for (const List& l : lists_) {
+      if (static_cast<std::size_t>(PyList_GET_SIZE(l.list.ptr())) != l.items.size()) return false;
+      for (std::size_t i = 0; i < l.items.size(); ++i)
+        if (PyList_GET_ITEM(l.list.ptr(), static_cast<Py_ssize_t>(i)) != l.items[i].ptr()) return false;
+    }
+    return true;
+  }
+
+ private:
+  static bool same(PyObject* x, PyObject* v, int mode) {
+    if (x == v || mode == kIgnore) return true;
+    if (mode == kIdentity) return false;
+    const int r = PyObject_RichCompareBool(x, v, Py_EQ);
+    if (r < 0) throw py::error_already_set();
+    return r == 1;
+  }
+  struct Key {
+    py::dict dict;
+    py::str key;
+    py::object value;
+    int mode;
+  };
+  struct Item {
+    py::object key, value;
+    int mode;
+  };
+  struct Dict {
+    py::dict dict;
+    std::vector<Item> items;
+  };
+  struct List {
+    py::list list;
+    std::vector<py::object> items;
+  };
+  std::vector<Key> keys_;
+  std::vector<Dict> dicts_;
+  std::vector<List> lists_;
+};
+
 pipeline::Pipeline& global_pipeline() {
   // Leaked on purpose, like the global recorder: recording threads may outlive main().
   static pipeline::Pipeline* p = new pipeline::Pipeline(Recorder::global());
@@ -302,6 +391,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     return (*r)->ops.size();
   }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
+  py::class_<StateGuard>(m, "StateGuard")
+      .def(py::init<py::list, py::list, py::list>())
+      .def("ok", &StateGuard::ok);
   // crucible.compile (Replay.h). Tensors travel through the crucible:: custom ops instead.
   m.def("capture_start", [](bool capture_only) {
     check(vessel::install(true));

@@ -396,56 +396,43 @@ def _discover_state(fn, extra):
 
 class _StateGuard:
     """Identity of every parameter, buffer and optimizer state tensor, and the value of every
-    training flag and optimizer hyperparameter, as of one moment. ok() is the per-call check:
-    a replaced parameter, a loaded optimizer state, train()/eval() or a new learning rate all
-    fail it, and the step re-records."""
+    training flag and optimizer hyperparameter, as of one moment. ok() is the per-call check
+    (in C++: _ext.StateGuard walks the dicts without hashing their keys): a replaced
+    parameter, a loaded optimizer state, train()/eval() or a new learning rate fail it.
+    Hyperparameters in `lifted` (taken over by the plan as patch points) are not checked."""
+
+    IDENT, EQUAL, IGNORE = 0, 1, 2
 
     def __init__(self, objs, lifted=None):
         import torch
         lifted = lifted or {}   # id(optimizer) -> hyperparameter names that are patch points now
-        ident, vals, lists, hyper = [], [], [], []
+        keys, dicts, lists, hyper = [], [], [], []
+        I, E, X = self.IDENT, self.EQUAL, self.IGNORE
+
+        def snap(d, mode_of):
+            dicts.append((d, [(k, v, mode_of(k, v)) for k, v in d.items()]))
+
         for o in objs:
             if isinstance(o, torch.nn.Module):
                 for m in o.modules():
-                    for k, v in m._parameters.items():
-                        ident.append((m._parameters, k, v))
-                    for k, v in m._buffers.items():
-                        ident.append((m._buffers, k, v))
-                    vals.append((m.__dict__, "training", m.training))
+                    snap(m._parameters, lambda k, v: I)
+                    snap(m._buffers, lambda k, v: I)
+                    keys.append((m.__dict__, "training", m.training, E))
             else:
-                ident.append((o.__dict__, "state", o.state))
-                ident.append((o.__dict__, "param_groups", o.param_groups))
-                lists.append((o.param_groups, len(o.param_groups), tuple(o.param_groups)))
+                keys.append((o.__dict__, "state", o.state, I))
+                keys.append((o.__dict__, "param_groups", o.param_groups, I))
+                lists.append((o.param_groups, list(o.param_groups)))
+                skip = lifted.get(id(o), ())
                 for g in o.param_groups:
-                    ps = g["params"]
-                    ident.append((g, "params", ps))
-                    lists.append((ps, len(ps), tuple(ps)))
-                    for k, v in g.items():
-                        if k != "params":
-                            if k not in lifted.get(id(o), ()):
-                                hyper.append((g, k, v))
-                for p, st in list(o.state.items()):
-                    ident.append((o.state, p, st))
-                    for k, v in st.items():
-                        (ident if isinstance(v, torch.Tensor) else vals).append((st, k, v))
-        self._ident, self._vals, self._lists, self._hyper = ident, vals, lists, hyper
-
-    def ok(self) -> bool:
-        for d, k, v in self._ident:
-            if d.get(k, _MISSING) is not v:
-                return False
-        for d, k, v in self._vals:
-            x = d.get(k, _MISSING)
-            if x is not v and x != v:
-                return False
-        for lst, n, items in self._lists:
-            if len(lst) != n or any(a is not b for a, b in zip(lst, items)):
-                return False
-        for d, k, v in self._hyper:
-            x = d.get(k, _MISSING)
-            if x is not v and x != v:
-                return False
-        return True
+                    lists.append((g["params"], list(g["params"])))
+                    snap(g, lambda k, v: I if k == "params" else (X if k in skip else E))
+                    hyper.extend((g, k, v) for k, v in g.items() if k != "params" and k not in skip)
+                snap(o.state, lambda k, v: I)
+                for st in o.state.values():
+                    snap(st, lambda k, v: I if isinstance(v, torch.Tensor) else E)
+        self._hyper = hyper
+        self._native = _ext.StateGuard(keys, dicts, lists)
+        self.ok = self._native.ok
 
 
 class _ScalarSources:
