@@ -336,6 +336,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   --ts.depth;
   Frame& done = ts.frames[ts.depth];  // same frame; deque references are stable
   if (done.had_child) {
+    done.cap_args.clear();  // a decomposed op is not captured: drop its arguments now
     g_skip_decomposed.fetch_add(1, std::memory_order_relaxed);
     return;
   }

@@ -457,6 +457,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["build_ms"] = i.build_ms;
     d["op_names"] = i.op_names;
     d["constant_uses"] = i.constant_uses;
+    d["value_reads"] = i.value_reads;
     return d;
   });
   m.def("replay_counters", [] {

@@ -309,7 +309,9 @@ class FormBuilder {
   // An op whose results nothing reads, that mutates nothing and draws no random numbers
   // (profiler handles, unused views) does not run in the plan. Random ops always run: they
   // advance the generator exactly as eager does.
+  // Also kept: checks (_assert_async and friends), which have no results but must run.
   static bool may_draw_random(const std::string& name) {
+    if (name.find("assert") != std::string::npos) return true;
     static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
                                     "poisson", "exponential", "geometric", "cauchy", "log_normal",
                                     "random", "rrelu", "gamma", "binomial", "dirichlet"};
@@ -587,6 +589,7 @@ struct Plan {
   std::atomic<std::uint64_t> runs{0};
   double build_ms = 0;
   std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
+  int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
   // The static arena (ReplayArena.h): planned from the first run's allocations.
   enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
   ArenaPlan arena;
@@ -805,6 +808,13 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
 
 void capture_start(bool capture_only) {
   if (t_active != nullptr) throw std::runtime_error("a crucible.compile capture is already active on this thread");
+  // Autocast (and other thread-local dispatch modes) sit below the recording key: the ops
+  // are recorded before they cast, and a replay would run them without the cast.
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  if (!tls.excluded_.has(c10::DispatchKey::AutocastCPU) || !tls.excluded_.has(c10::DispatchKey::AutocastCUDA))
+    throw std::runtime_error(
+        "crucible.compile cannot record a step that runs under torch.autocast yet (the recorded ops "
+        "would replay without their casts); this step runs eagerly");
   t_active = std::make_unique<Capture>();
   t_active->capture_only = capture_only;
   t_stopped.reset();
@@ -878,14 +888,29 @@ std::string diff_against_plan(const Plan& p, const Form& f, const std::vector<Sc
 }
 
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
+  c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);  // item() below: not an op of anyone's trace
+  at::AutoDispatchBelowADInplaceOrView below;
   // The form's content with the patched scalars masked: the same plan at any step count.
   std::vector<std::vector<std::string>> sig;
   sig.reserve(f.ops.size());
   for (const OpT& o : f.ops) sig.push_back(o.arg_sig);
   std::string masked_exts;
+  std::vector<bool> patched_ext(f.exts.size(), false);
   for (const Patch& p : patches) {
-    if (p.ext < 0) sig[p.op][p.arg] = "patch" + std::to_string(p.source);
-    else masked_exts += "ext" + std::to_string(p.ext) + "=patch" + std::to_string(p.source) + ";";
+    if (p.ext < 0) {
+      sig[p.op][p.arg] = "patch" + std::to_string(p.source);
+    } else {
+      masked_exts += "ext" + std::to_string(p.ext) + "=patch" + std::to_string(p.source) + ";";
+      patched_ext[static_cast<std::size_t>(p.ext)] = true;
+    }
+  }
+  // Python numbers the plan does not patch are constants of the plan: their values belong to
+  // its content (a step given 0.5 and one given 0.25 are different plans).
+  for (std::size_t e = 0; e < f.exts.size(); ++e) {
+    if (patched_ext[e] || !f.exts[e].unsafeGetTensorImpl()->is_wrapped_number()) continue;
+    masked_exts += "ext" + std::to_string(e) + "=";
+    const_text(f.exts[e].item(), masked_exts);
+    masked_exts += ";";
   }
   ContentHasher h;
   for (std::size_t k = 0; k < f.ops.size(); ++k) {
@@ -918,12 +943,16 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
     for (const auto& [id, p] : r.plans) {
       const Form& f = *p->form;
       if (p->key != key || f.exts.size() != b->exts.size() || p->build_sources.size() != sources_b.size()) continue;
+      bool idle = false;
+      if (!p->busy.compare_exchange_strong(idle, true)) continue;  // running: not a candidate now
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
         same = p->run_exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
                f.exts[e].unsafeGetTensorImpl()->is_wrapped_number();
+      p->busy.store(false);
       if (same) {
         ++r.counters.plan_cache_hits;
+        ++p->refs;
         return id;
       }
     }
@@ -1030,14 +1059,18 @@ std::pair<std::size_t, std::size_t> alloc_measure_stop() {
 void plan_release(std::int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  r.plans.erase(id);
+  auto it = r.plans.find(id);
+  if (it != r.plans.end() && --it->second->refs <= 0) r.plans.erase(it);
 }
 
 PlanInfo plan_info(std::int64_t id) {
   auto p = get_plan(id);
   const Form& f = *p->form;
   PlanInfo i;
-  for (const OpT& o : f.ops) {
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    const OpT& o = f.ops[k];
+    if (o.op.schema().name() == "aten::_local_scalar_dense" && o.phase != record::Phase::Optimizer)
+      i.value_reads.push_back(describe_op(o, k));
     if (o.skip) continue;
     ++i.ops;
     i.op_names.push_back(op_name(o.op) + " (" + record::phase_name(o.phase) + ")");

@@ -104,6 +104,7 @@ struct PlanInfo {
   double build_ms = 0;
   std::vector<std::string> op_names;  // per kernel call, "aten::addmm (forward)"
   std::vector<std::string> constant_uses;  // where each constant is first read, and what it is
+  std::vector<std::string> value_reads;    // .item() outside the optimizer: Python saw a tensor's value
 };
 PlanInfo plan_info(std::int64_t plan);
 

@@ -30,6 +30,7 @@ struct AllocLog {
 
 struct AllocScope::Mode {
   enum Kind { Log, Serve } kind;
+  Mode* outer = nullptr;  // the scope this one hides
   std::shared_ptr<AllocLog> log;
   ArenaPlan* arena = nullptr;
   std::size_t next = 0;
@@ -262,10 +263,14 @@ ArenaPlan finish_profile(AllocLog& log) {
   return a;
 }
 
-AllocScope::AllocScope(std::unique_ptr<Mode> m) : mode_(std::move(m)) { t_mode = mode_.get(); }
+// Scopes nest (a plan run inside an allocation measurement): each restores the one it hid.
+AllocScope::AllocScope(std::unique_ptr<Mode> m) : mode_(std::move(m)) {
+  mode_->outer = t_mode;
+  t_mode = mode_.get();
+}
 AllocScope::AllocScope(AllocScope&& o) noexcept : mode_(std::move(o.mode_)) {}
 AllocScope::~AllocScope() {
-  if (mode_ != nullptr && t_mode == mode_.get()) t_mode = nullptr;
+  if (mode_ != nullptr && t_mode == mode_.get()) t_mode = mode_->outer;
 }
 
 AllocScope AllocScope::profile(std::shared_ptr<AllocLog> log) {

@@ -324,6 +324,7 @@ def _compiled_totals() -> dict:
 
 
 _ONE_TENSOR = ("t",)
+_MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
 
 
 class _Unsupported(Exception):
@@ -525,8 +526,10 @@ class CompiledStep:
         _ext.install(_unboxed_kernels)
         self._fn, self._verify_every, self._warmup = fn, int(verify_every), int(warmup)
         self._arena = bool(arena)
-        self._guard_objs = _discover_state(fn, guard)
+        self._guard_extra = tuple(guard)
+        self._guard_objs = _discover_state(fn, self._guard_extra)
         self._sources = _ScalarSources(self._guard_objs)
+        self._nothing_guarded_warned = False
         self._entries = {}
         self._run = torch.ops.crucible.run
         self._finish = torch.ops.crucible.capture_finish
@@ -535,6 +538,7 @@ class CompiledStep:
         self._has_sources = bool(self._sources)
         _live_steps.add(self)
         weakref.finalize(self, _retire_stats, self._stats)
+        self._overflow_warned = False
         self.last_refusal = None    # why the last refused signature runs eagerly
         self.last_divergence = None
         self.__wrapped__ = fn
@@ -583,6 +587,8 @@ class CompiledStep:
 
     # -- a call ------------------------------------------------------------------------
     def _signature(self, args, kwargs):
+        """The call's guard key and its tensors, in order (tensors inside tuples, lists and
+        dicts included: they are patch points too, never part of the key)."""
         T = self._tensor
         key, tensors = [len(args)], []
         for a in args:
@@ -590,15 +596,26 @@ class CompiledStep:
                 tensors.append(a)
                 key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
             else:
-                key.append((type(a), a))
+                self._nested_key(a, key, tensors)
         for k in sorted(kwargs):
-            a = kwargs[k]
-            if isinstance(a, T):
-                tensors.append(a)
-                key.append((k, a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
-            else:
-                key.append((k, type(a), a))
+            key.append(k)
+            self._nested_key(kwargs[k], key, tensors)
         return tuple(key), tensors
+
+    def _nested_key(self, a, key, tensors):
+        if isinstance(a, self._tensor):
+            tensors.append(a)
+            key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+        elif isinstance(a, (tuple, list)):
+            key.append((type(a), len(a)))
+            for x in a:
+                self._nested_key(x, key, tensors)
+        elif isinstance(a, dict):
+            key.append((dict, tuple(a)))
+            for x in a.values():
+                self._nested_key(x, key, tensors)
+        else:
+            key.append((type(a), a))   # by value: a different value is another plan
 
     def __call__(self, *args, **kwargs):
         st = self._stats
@@ -612,6 +629,17 @@ class CompiledStep:
         if e is None:
             if self._entries:
                 self._count("guard_misses")
+            if len(self._entries) >= _MAX_SIGNATURES:
+                if not self._overflow_warned:
+                    import warnings
+                    self._overflow_warned = True
+                    warnings.warn(
+                        f"crucible.compile: {len(self._entries)} different call signatures so far "
+                        f"(shapes, dtypes, or the values of non-tensor arguments such as a step "
+                        f"counter); calls with new ones run eagerly. Pass changing numbers as "
+                        f"tensors, or keep them out of the step's arguments.", CrucibleWarning, stacklevel=2)
+                self._count("eager_calls")
+                return self._fn(*args, **kwargs)
             e = self._entries[key] = _Entry()
         if e.plan is not None:
             if not e.guard.ok():
@@ -652,16 +680,47 @@ class CompiledStep:
             e.forms, e.srcs = [], []
             if not self._arena:
                 _ext.plan_set_arena(e.plan, False)
-            e.patched = _ext.plan_info(e.plan)["patches"] > 0
+            info = _ext.plan_info(e.plan)
+            e.patched = info["patches"] > 0
+            if not self._guard_objs and not self._nothing_guarded_warned:
+                import warnings
+                self._nothing_guarded_warned = True
+                warnings.warn(
+                    "crucible.compile found no torch.nn.Module or optimizer in the step (its bound "
+                    "self, closure, the globals it names, one attribute deep): a replaced parameter, "
+                    "a loaded optimizer state, train()/eval() or a new learning rate will not be "
+                    "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
+                    CrucibleWarning, stacklevel=2)
             e.guard = _StateGuard(self._guard_objs, e.lifted)
             self._count("plans_built")
+            if info["value_reads"] and not self._verify_every:
+                import warnings
+                warnings.warn(
+                    f"crucible.compile: the step reads tensor values into Python "
+                    f"({', '.join(info['value_reads'][:3])}: .item(), bool(), float()). The plan "
+                    f"replays the path those values took in the recorded calls; a branch on them is "
+                    f"caught only by verification: pass verify_every=N.", CrucibleWarning, stacklevel=2)
         return result
+
+    def _rediscover(self):
+        """Modules and optimizers again (a global assigned after compile(), a new optimizer)."""
+        objs = _discover_state(self._fn, self._guard_extra)
+        if [id(o) for o in objs] != [id(o) for o in self._guard_objs]:
+            self._guard_objs = objs
+            self._sources = _ScalarSources(objs)
+            self._has_sources = bool(self._sources)
 
     def _capture(self, e, args, kwargs, tensors):
         """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec)."""
+        if not e.forms:
+            self._rediscover()
         self._count("captures")
         self._count("eager_calls")
-        _ext.capture_start(not is_enabled())
+        try:
+            _ext.capture_start(not is_enabled())
+        except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded
+            self._refuse(e, str(err))
+            return self._fn(*args, **kwargs), None, None
         try:
             result = self._fn(*args, **kwargs)
         except BaseException:
