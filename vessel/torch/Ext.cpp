@@ -441,6 +441,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["constants"] = i.constants;
     d["views"] = i.views;
     d["grad_bindings"] = i.grad_bindings;
+    d["grad_checks"] = i.grad_checks;
     d["args"] = i.args;
     d["outputs"] = i.outputs;
     d["patches"] = i.patches;

@@ -98,6 +98,15 @@ struct Form {
   std::vector<ViewSpec> views;
   std::vector<Ref> outputs;
   std::vector<std::pair<std::uint32_t, Ref>> grads;  // external (a leaf) → its new .grad
+  // What each leaf's .grad was when the call began (crucible::note_grads): a run must start
+  // from the same kind of state — no gradient (AccumulateGrad stores a new one), the same
+  // gradient tensor the ops accumulate into, or some gradient the step discards itself.
+  struct GradPre {
+    std::uint32_t ext;
+    enum State : std::uint8_t { None, Read, Unread } state;
+    std::uint32_t grad_ext;  // Read: the external the ops accumulate into
+  };
+  std::vector<GradPre> grad_pre;
   std::uint32_t num_slots = 0;
   std::vector<ArgMeta> arg_meta;
   std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
@@ -247,6 +256,31 @@ class FormBuilder {
     }
   }
 
+  // pre: each parameter's .grad when the call began (impl → gradient, undefined if none).
+  void add_grad_pre(const absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>& pre) {
+    for (std::size_t e = 0; e < f.exts.size(); ++e) {
+      const at::Tensor& p = f.exts[e];
+      if (!p.requires_grad() || !p.is_leaf()) continue;
+      auto it = pre.find(p.unsafeGetTensorImpl());
+      if (it == pre.end()) continue;
+      Form::GradPre gp{static_cast<std::uint32_t>(e), Form::GradPre::None, 0};
+      const at::Tensor& g = it->second;
+      if (g.defined()) {
+        // Read when the ops took that very gradient tensor from outside (AccumulateGrad adds
+        // into it); the capture holds it, so its TensorImpl identifies it.
+        gp.state = Form::GradPre::Unread;
+        for (std::size_t x = 0; x < f.exts.size(); ++x) {
+          if (f.exts[x].unsafeGetTensorImpl() == g.unsafeGetTensorImpl()) {
+            gp.state = Form::GradPre::Read;
+            gp.grad_ext = static_cast<std::uint32_t>(x);
+            break;
+          }
+        }
+      }
+      f.grad_pre.push_back(gp);
+    }
+  }
+
   void finish() {
     eliminate_dead_ops();
     // Slot lifetimes: a slot is released after its last use (views keep their base).
@@ -284,6 +318,8 @@ class FormBuilder {
     }
     for (Ref r : f.outputs) t += "out:" + ref_text(r) + ";";
     for (const auto& g : f.grads) t += "grad:ext" + std::to_string(g.first) + "=" + ref_text(g.second) + ";";
+    for (const auto& g : f.grad_pre)
+      t += "gradpre:ext" + std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ";";
     for (const ArgMeta& m : f.arg_meta)
       t += "arg:" + std::string(c10::toString(m.dtype)) + dims(m.sizes) + dims(m.strides) + m.device.str() + ";";
     ContentHasher h;
@@ -583,6 +619,17 @@ struct Plan {
   std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
   std::vector<ScalarSource> build_sources; // the sources' values during the call the form is of
   std::vector<at::Tensor> run_exts;        // externals as runs see them (see value_of)
+  // The persistent tensors as the plan expects them before a run (snapshot_exts): a tensor
+  // whose storage, offset, sizes, dtype or requires_grad changed in place (p.data = ...,
+  // requires_grad_(False) to freeze it) fails the run's guard.
+  struct ExtSnap {
+    const c10::StorageImpl* storage;
+    std::int64_t offset;
+    std::vector<std::int64_t> sizes;
+    c10::ScalarType dtype;
+    bool requires_grad;
+  };
+  std::vector<ExtSnap> ext_snap;
   ContentHash key;                         // content address: form hash with patch points masked
   std::vector<at::Tensor> slots;
   std::atomic<bool> busy{false};
@@ -609,6 +656,7 @@ Registry& registry() {
   return *r;
 }
 
+thread_local absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> t_pre_grads;  // crucible::note_grads
 thread_local std::unique_ptr<Capture> t_active;
 thread_local std::unique_ptr<Capture> t_stopped;
 thread_local bool t_key_was_on = false;
@@ -630,6 +678,13 @@ std::shared_ptr<Plan> get_plan(std::int64_t id) {
 }
 
 // ---- the custom ops: the only calls that carry tensors between Python and C++ -----------
+// Before a captured call: the .grad of each parameter Python knows, as the call begins.
+void note_grads_op(at::TensorList params) {
+  t_pre_grads.clear();
+  for (const at::Tensor& p : params)
+    if (p.defined()) t_pre_grads[p.unsafeGetTensorImpl()] = p.grad();
+}
+
 std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
   std::unique_ptr<Capture> cap = std::move(t_stopped);
   TORCH_CHECK(cap != nullptr, "crucible::capture_finish without a stopped capture on this thread");
@@ -640,6 +695,8 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
     for (CapturedOp& op : cap->ops) b.add_op(op);
     for (std::size_t j = 0; j < outputs.size(); ++j) b.add_output(outputs[j], j);
     b.add_grad_bindings();
+    b.add_grad_pre(t_pre_grads);
+    t_pre_grads.clear();
   } catch (const std::runtime_error& e) {
     TORCH_CHECK(false, e.what());
   }
@@ -691,6 +748,27 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
                 "crucible plan ", plan_id, ": tensor argument ", j, " does not match the plan (",
                 "expected ", c10::toString(m.dtype), dims(m.sizes), " on ", m.device.str(),
                 "); crucible.compile guards this and builds another plan");
+  }
+  // The run's guard on the persistent tensors and the parameters' .grad (see ExtSnap and
+  // GradPre). "crucible-guard:" tells crucible.compile to check the plan against a recorded
+  // call instead (nothing has run yet).
+  for (std::size_t e = 0; e < p->ext_snap.size(); ++e) {
+    const Plan::ExtSnap& x = p->ext_snap[e];
+    if (x.storage == nullptr) continue;
+    const at::Tensor& t = p->run_exts[e];
+    TORCH_CHECK(t.storage().unsafeGetStorageImpl() == x.storage && t.storage_offset() == x.offset &&
+                    t.sizes() == c10::IntArrayRef(x.sizes) && t.scalar_type() == x.dtype &&
+                    t.requires_grad() == x.requires_grad,
+                "crucible-guard: a persistent tensor of the plan (", c10::toString(t.scalar_type()), dims(t.sizes()),
+                ") changed in place: new data, shape, dtype or requires_grad");
+  }
+  for (const Form::GradPre& gp : f.grad_pre) {
+    const at::Tensor& g = p->run_exts[gp.ext].grad();
+    const bool ok = gp.state == Form::GradPre::None     ? !g.defined()
+                    : gp.state == Form::GradPre::Unread ? g.defined()
+                                                        : g.unsafeGetTensorImpl() == p->run_exts[gp.grad_ext].unsafeGetTensorImpl();
+    TORCH_CHECK(ok, "crucible-guard: a parameter's .grad is not what it was when the step was recorded ",
+                "(set to None, accumulated into, or replaced)");
   }
   TORCH_CHECK(scalars.size() == p->build_sources.size() || (p->patches.empty() && scalars.empty()),
               "crucible plan ", plan_id, " takes ", p->build_sources.size(), " scalar source values, got ",
@@ -851,6 +929,18 @@ void form_release(std::int64_t id) {
 }
 
 namespace {
+void snapshot_exts(Plan& p) {
+  p.ext_snap.clear();
+  for (const at::Tensor& t : p.run_exts) {
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      p.ext_snap.push_back(Plan::ExtSnap{nullptr, 0, {}, t.scalar_type(), false});
+      continue;
+    }
+    p.ext_snap.push_back(Plan::ExtSnap{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                                       t.scalar_type(), t.requires_grad()});
+  }
+}
+
 // Patches sorted (wrapped-number externals first, then by op and argument) and each op's
 // first patch indexed, as run_op walks them.
 void index_patches(Plan& p) {
@@ -962,6 +1052,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
   p->key = key;
   p->patches = std::move(patches);
   index_patches(*p);
+  snapshot_exts(*p);
   p->build_sources = sources_b;
   for (std::size_t e = 0; e < a->exts.size(); ++e)
     if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
@@ -1016,6 +1107,7 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
     p->key = plan_key(*p->form, p->patches);
   }
   for (std::uint32_t e : rebind) p->run_exts[e] = f->exts[e];
+  snapshot_exts(*p);  // also takes in requires_grad or dtype changes the recorded call agreed with
   *rebound = rebind.size();
   p->busy.store(false);
   return "";
@@ -1088,6 +1180,8 @@ PlanInfo plan_info(std::int64_t id) {
   }
   i.views = f.views.size();
   i.grad_bindings = f.grads.size();
+  for (const Form::GradPre& g : f.grad_pre)
+    i.grad_checks.push_back(g.state == Form::GradPre::None ? "none" : g.state == Form::GradPre::Read ? "accumulate" : "any");
   i.args = f.arg_meta.size();
   i.outputs = f.outputs.size();
   i.arena = p->arena_state == Plan::Arena::Ready ? "ready"
@@ -1115,6 +1209,7 @@ ReplayCounters replay_counters() {
 }  // namespace crucible::vessel
 
 TORCH_LIBRARY(crucible, m) {
+  m.def("note_grads(Tensor[] params) -> ()", &crucible::vessel::note_grads_op);
   m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
   m.def("run(int plan, Tensor[] args, float[] scalars) -> Tensor[]", &crucible::vessel::run_op);
 }

@@ -89,6 +89,7 @@ struct PlanInfo {
   std::size_t constants = 0;       // tensors Python made afresh each call with equal values
   std::size_t views = 0;           // views rebuilt from their base each run
   std::size_t grad_bindings = 0;   // .grad fields set after each run
+  std::vector<std::string> grad_checks;  // per parameter: .grad before a run must be "none", "any" or the "accumulate" target
   std::size_t args = 0;            // tensor patch points
   std::size_t outputs = 0;
   std::string arena;               // "ready", "unplanned" or "off: why"

@@ -325,6 +325,7 @@ def _compiled_totals() -> dict:
 
 _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
+_MAX_ATTEMPTS = 3      # pairs of recorded calls that disagree before a signature runs eagerly
 
 
 class _Unsupported(Exception):
@@ -491,12 +492,13 @@ class _ScalarSources:
 
 
 class _Entry:
-    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched")
+    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
         self.lifted = {}       # id(optimizer) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
+        self.attempts = 0      # plan builds that failed: two recorded calls disagreed
 
 
 class CompiledStep:
@@ -529,16 +531,20 @@ class CompiledStep:
         self._guard_extra = tuple(guard)
         self._guard_objs = _discover_state(fn, self._guard_extra)
         self._sources = _ScalarSources(self._guard_objs)
+        self._param_list = self._params()
         self._nothing_guarded_warned = False
         self._entries = {}
         self._run = torch.ops.crucible.run
         self._finish = torch.ops.crucible.capture_finish
+        self._note_grads = torch.ops.crucible.note_grads
         self._tensor = torch.Tensor
         self._stats = {k: 0 for k in _COUNTERS}
         self._has_sources = bool(self._sources)
         _live_steps.add(self)
         weakref.finalize(self, _retire_stats, self._stats)
         self._overflow_warned = False
+        self._warm = False        # the warm-up call has run (gradients and optimizer state exist)
+        self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
         self.last_refusal = None    # why the last refused signature runs eagerly
         self.last_divergence = None
         self.__wrapped__ = fn
@@ -600,6 +606,10 @@ class CompiledStep:
         for k in sorted(kwargs):
             key.append(k)
             self._nested_key(kwargs[k], key, tensors)
+        # Which parameters have a .grad as the call begins: backward stores a new gradient
+        # into an empty .grad and accumulates into an existing one (other ops), so a loop that
+        # clears gradients every few steps gets a plan for each case.
+        key.append(tuple([p.grad is None for p in self._param_list]))
         return tuple(key), tensors
 
     def _nested_key(self, a, key, tensors):
@@ -627,8 +637,10 @@ class CompiledStep:
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
         if e is None:
-            if self._entries:
-                self._count("guard_misses")
+            if key[:-1] not in self._argkeys:
+                if self._argkeys:
+                    self._count("guard_misses")
+                self._argkeys.add(key[:-1])
             if len(self._entries) >= _MAX_SIGNATURES:
                 if not self._overflow_warned:
                     import warnings
@@ -641,6 +653,8 @@ class CompiledStep:
                 self._count("eager_calls")
                 return self._fn(*args, **kwargs)
             e = self._entries[key] = _Entry()
+            if self._warm:   # the first call made the step's state: later signatures record at once
+                e.seen = self._warmup
         if e.plan is not None:
             if not e.guard.ok():
                 st["guard_failures"] += 1
@@ -648,9 +662,15 @@ class CompiledStep:
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
-                st["plan_runs"] += 1
                 vals = [v for _, _, v in self._sources.values(True)] if e.patched else []
-                outs = self._run(e.plan, tensors, vals)
+                try:
+                    outs = self._run(e.plan, tensors, vals)
+                except RuntimeError as err:
+                    if "crucible-guard:" not in str(err):
+                        raise
+                    st["guard_failures"] += 1   # checked before anything ran
+                    return self._update(e, args, kwargs, tensors)
+                st["plan_runs"] += 1
                 return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
         if e.refused is not None:
             self._count("eager_calls")
@@ -658,7 +678,9 @@ class CompiledStep:
         e.seen += 1
         if e.seen <= self._warmup:
             self._count("eager_calls")
-            return self._fn(*args, **kwargs)
+            result = self._fn(*args, **kwargs)
+            self._warm = True
+            return result
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
@@ -673,7 +695,12 @@ class CompiledStep:
             try:
                 e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
             except RuntimeError as err:
-                self._refuse(e, str(err))
+                e.attempts += 1
+                if e.attempts >= _MAX_ATTEMPTS:
+                    self._refuse(e, str(err))
+                else:   # maybe a one-off (state that changed between the two calls): try the next pair
+                    _ext.form_release(e.forms.pop(0))
+                    e.srcs.pop(0)
                 return result
             for f in e.forms:
                 _ext.form_release(f)
@@ -702,6 +729,17 @@ class CompiledStep:
                     f"caught only by verification: pass verify_every=N.", CrucibleWarning, stacklevel=2)
         return result
 
+    def _params(self):
+        import torch
+        ps = []
+        for o in self._guard_objs:
+            if isinstance(o, torch.nn.Module):
+                ps.extend(o.parameters())
+            else:
+                for g in o.param_groups:
+                    ps.extend(g["params"])
+        return ps
+
     def _rediscover(self):
         """Modules and optimizers again (a global assigned after compile(), a new optimizer)."""
         objs = _discover_state(self._fn, self._guard_extra)
@@ -709,6 +747,7 @@ class CompiledStep:
             self._guard_objs = objs
             self._sources = _ScalarSources(objs)
             self._has_sources = bool(self._sources)
+            self._param_list = self._params()
 
     def _capture(self, e, args, kwargs, tensors):
         """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec)."""
@@ -716,6 +755,7 @@ class CompiledStep:
             self._rediscover()
         self._count("captures")
         self._count("eager_calls")
+        self._note_grads(self._params())
         try:
             _ext.capture_start(not is_enabled())
         except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded

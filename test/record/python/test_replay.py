@@ -236,7 +236,7 @@ def test_step_arguments_are_patch_points_and_a_new_batch_size_builds_another_pla
     st = step.stats()
     assert st["plans_built"] == 2 and st["plans"] == 2
     assert st["guard_misses"] == 1          # batch 5 arrived once a plan existed
-    assert st["plan_runs"] == 1 + 1 + 3     # batch 8: 1; batch 5: warm-up, 2 recorded, 1 run; batch 8: 3
+    assert st["plan_runs"] == 1 + 2 + 3     # batch 8: 1; batch 5: 2 recorded, 2 runs; batch 8: 3
     assert all(p["args"] == 2 for p in step.plans())
 
 
@@ -459,11 +459,12 @@ def test_changing_python_number_is_refused_with_its_source_named():
         return loss
 
     step = crucible.compile(f)
-    with pytest.warns(crucible.CrucibleWarning, match="Python number 1.25"):
-        for x, y in batches(5, [8]):
+    # three pairs of recorded calls disagree (it might have been a one-off), then it is refused
+    with pytest.warns(crucible.CrucibleWarning, match="Python number 1.75"):
+        for x, y in batches(6, [8]):
             step(x, y)
     assert "aten::mul.Tensor" in step.last_refusal and "'other'" in step.last_refusal
-    assert step.stats()["plan_runs"] == 0 and step.stats()["eager_calls"] == 5
+    assert step.stats()["plan_runs"] == 0 and step.stats()["eager_calls"] == 6
 
 
 def test_tensor_made_by_python_each_call_is_refused():
@@ -481,7 +482,7 @@ def test_tensor_made_by_python_each_call_is_refused():
     step = crucible.compile(f)
     y = torch.randint(0, 4, (8,))
     with pytest.warns(crucible.CrucibleWarning, match="Pass it to the step as an argument"):
-        for _ in range(4):
+        for _ in range(5):
             step(y)
     assert step.stats()["plan_runs"] == 0
 
@@ -554,3 +555,104 @@ def test_bad_arguments():
         crucible.compile(3)
     with pytest.raises(crucible.CrucibleError, match=">= 0"):
         crucible.compile(lambda: None, verify_every=-1)
+
+
+def test_gradient_accumulation_outside_the_step():
+    # The step only runs forward and backward; the optimizer steps and clears the gradients
+    # every 3 calls outside it. Whether .grad is None when a call begins changes what backward
+    # does (store vs accumulate): the plan checks it before every run.
+    data = batches(13, [8])
+    res = []
+    for compiled in (False, True):
+        m, opt, _ = mlp_with_args()
+
+        def f(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            return loss
+
+        step = crucible.compile(f, guard=(m, opt)) if compiled else f
+        losses = []
+        for i, (x, y) in enumerate(data):
+            losses.append(step(x, y).detach())
+            if i % 3 == 2:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        res.append((losses, snapshot(m, opt)))
+        if compiled:
+            st = step.stats()
+            # one plan for "no .grad yet" (backward stores), one for "accumulate"
+            assert st["plans"] == 2 and st["plan_runs"] >= 5 and st["replans"] == 0
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+
+
+def test_frozen_parameter_and_replaced_data_are_noticed():
+    data = batches(14, [8])
+    m1, o1, eager = mlp_with_args()
+    m2, o2, f = mlp_with_args()
+    step = crucible.compile(f)
+    for i, (x, y) in enumerate(data):
+        if i == 5:                                   # freeze the first layer
+            for m in (m1, m2):
+                m[0].weight.requires_grad_(False)
+                m[0].bias.requires_grad_(False)
+        if i == 10:                                  # new data under the same Parameter
+            for m in (m1, m2):
+                torch.manual_seed(5)
+                m[2].weight.data = torch.randn(4, 32) * 0.1
+        assert torch.equal(eager(x, y), step(x, y))
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    assert step.stats()["guard_failures"] >= 2
+
+
+def test_python_number_arguments_are_plan_constants_by_value():
+    m, opt, _ = mlp_with_args()
+    m2, opt2, _ = mlp_with_args()
+
+    def make(model, o):
+        def f(x, y, scale):
+            o.zero_grad()
+            loss = F.cross_entropy(model(x), y) * scale
+            loss.backward()
+            o.step()
+            return loss
+        return f
+
+    eager, step = make(m, opt), crucible.compile(make(m2, opt2))
+    for i, (x, y) in enumerate(batches(16, [8])):
+        scale = 0.5 if (i // 4) % 2 == 0 else 0.25
+        assert torch.equal(eager(x, y, scale), step(x, y, scale))
+    assert_same(snapshot(m, opt), snapshot(m2, opt2))
+    assert step.stats()["plans"] == 2 and step.stats()["plan_runs"] >= 4
+
+
+def test_tensors_inside_tuple_arguments_are_patch_points():
+    m1, o1, eager = mlp_with_args()
+    m2, o2, f = mlp_with_args()
+    step = crucible.compile(lambda batch: f(*batch), guard=(m2, o2))
+    for x, y in batches(7, [8]):
+        assert torch.equal(eager(x, y), step((x, y)))
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    st = step.stats()
+    assert st["plans"] == 1 and st["plan_runs"] == 4 and st["guard_misses"] == 0
+
+
+def test_autocast_is_refused_and_runs_eagerly():
+    m, opt, f = mlp_with_args()
+    step = crucible.compile(f)
+    with pytest.warns(crucible.CrucibleWarning, match="autocast"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for x, y in batches(4, [8]):
+                step(x, y)
+    assert step.stats()["plan_runs"] == 0 and step.stats()["refusals"] == 1
+
+
+def test_a_step_without_visible_modules_warns():
+    m, opt, f = mlp_with_args()
+    holder = [f]
+    step = crucible.compile(lambda x, y: holder[0](x, y))   # model and optimizer out of sight
+    with pytest.warns(crucible.CrucibleWarning, match="found no torch.nn.Module"):
+        for x, y in batches(4, [8]):
+            step(x, y)
