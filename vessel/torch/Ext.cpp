@@ -409,12 +409,12 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return d;
   });
   m.def("form_release", &vessel::form_release);
-  // Scalar sources travel as lists of (op, arg, value) tuples.
-  using SourceTuples = std::vector<std::tuple<std::string, std::string, double>>;
+  // Scalar sources travel as lists of (op, arg, value, anchor data pointer) tuples.
+  using SourceTuples = std::vector<std::tuple<std::string, std::string, double, std::uintptr_t>>;
   auto to_sources = [](const SourceTuples& t) {
     std::vector<vessel::ScalarSource> v;
     v.reserve(t.size());
-    for (const auto& [op, arg, value] : t) v.push_back(vessel::ScalarSource{op, arg, value});
+    for (const auto& [op, arg, value, anchor] : t) v.push_back(vessel::ScalarSource{op, arg, value, anchor});
     return v;
   };
   m.def("plan_build", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {

@@ -77,6 +77,7 @@ struct OpT {
   bool skip = false;                    // a pure read of a scalar for Python (.item())
   std::vector<std::uint32_t> release;   // slots whose last use is this op
   std::vector<std::string> arg_sig;     // canonical text per argument (no data pointers)
+  std::vector<std::uintptr_t> tensor_ptrs;  // data pointers of its tensor arguments when captured
   std::string out_sig;
 };
 
@@ -442,6 +443,7 @@ class FormBuilder {
     std::string sig;
     auto tensor_ref = [&](const at::Tensor& t) {
       if (t.defined()) check_strided(t, describe_op(o, k) + " argument '" + arg_name(o, i) + "'");
+      if (t.defined()) o.tensor_ptrs.push_back(reinterpret_cast<std::uintptr_t>(t.data_ptr()));
       const Ref r = resolve(t, k, i);
       a.refs.push_back(r);
       sig += ref_text(r) + ",";
@@ -510,13 +512,43 @@ struct Patch {
 
 bool same_bits(double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; }
 
-std::int64_t match_source(const std::string& op, const std::string& arg, double va, double vb,
+// The data pointers of the persistent tensors op k reads, directly or through the op that
+// produced one of its inputs (Adam's div reads sqrt(exp_avg_sq)): what a source's anchor
+// (its parameter or state tensor) must be among.
+std::vector<std::uintptr_t> anchors_of(const Form& f, std::size_t k) {
+  std::vector<std::uintptr_t> out = f.ops[k].tensor_ptrs;
+  for (const ArgT& a : f.ops[k].args)
+    for (Ref r : a.refs) {
+      if (r.kind != Ref::Slot) continue;
+      for (std::size_t j = k; j-- > 0;) {  // the producer of that slot
+        bool found = false;
+        for (const OutT& o : f.ops[j].outs) found |= r.idx >= o.slot && r.idx < o.slot + o.count;
+        if (found) {
+          out.insert(out.end(), f.ops[j].tensor_ptrs.begin(), f.ops[j].tensor_ptrs.end());
+          break;
+        }
+      }
+    }
+  return out;
+}
+
+std::int64_t match_source(const Form& b, std::size_t k, const std::string& arg, double va, double vb,
                           const std::vector<ScalarSource>* sa, const std::vector<ScalarSource>* sb) {
   if (sa == nullptr || sb == nullptr || sa->size() != sb->size()) return -1;
+  const std::string op = op_name(b.ops[k].op);
+  std::vector<std::uintptr_t> anchors;
+  bool have_anchors = false;
   for (std::size_t j = 0; j < sa->size(); ++j) {
     const ScalarSource& x = (*sa)[j];
-    if (x.op == op && x.arg == arg && same_bits(x.value, va) && same_bits((*sb)[j].value, vb))
-      return static_cast<std::int64_t>(j);
+    if (x.op != op || x.arg != arg || !same_bits(x.value, va) || !same_bits((*sb)[j].value, vb)) continue;
+    if ((*sb)[j].anchor != 0) {  // tied to a tensor: the op must read it
+      if (!have_anchors) {
+        anchors = anchors_of(b, k);
+        have_anchors = true;
+      }
+      if (std::find(anchors.begin(), anchors.end(), (*sb)[j].anchor) == anchors.end()) continue;
+    }
+    return static_cast<std::int64_t>(j);
   }
   return -1;
 }
@@ -542,7 +574,7 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
       if (x.arg_sig[i] == y.arg_sig[i]) continue;
       if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const) {
         if (x.args[i].value.isDouble() && y.args[i].value.isDouble()) {
-          const std::int64_t j = match_source(op_name(x.op), arg_name(x, i), x.args[i].value.toDouble(),
+          const std::int64_t j = match_source(b, k, arg_name(x, i), x.args[i].value.toDouble(),
                                               y.args[i].value.toDouble(), sa, sb);
           if (j >= 0 && patches != nullptr) {
             patches->push_back(Patch{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(i), -1,
@@ -588,7 +620,7 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     const Use u = b.ext_use[e];
     const bool in_op = u.op < b.ops.size();
     if (wrapped && in_op && x.scalar_type() == at::kDouble) {
-      const std::int64_t j = match_source(op_name(b.ops[u.op].op), arg_name(b.ops[u.op], u.arg),
+      const std::int64_t j = match_source(b, u.op, arg_name(b.ops[u.op], u.arg),
                                           x.item<double>(), y.item<double>(), sa, sb);
       if (j >= 0 && patches != nullptr) {
         patches->push_back(Patch{0, 0, static_cast<std::int64_t>(e), static_cast<std::uint32_t>(j)});

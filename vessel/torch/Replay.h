@@ -50,6 +50,11 @@ struct ScalarSource {
   std::string op;
   std::string arg;
   double value = 0;
+  // The data pointer of the tensor the source belongs to (its parameter, or Adam's
+  // exp_avg_sq), 0 for none: a source only feeds an op that reads that tensor (directly or
+  // through the op that produced an input), so two groups that happen to share a learning
+  // rate while the plan is built never feed each other's ops.
+  std::uintptr_t anchor = 0;
 };
 
 // Builds (or fetches from the cache) the plan of two forms of one call signature, given the

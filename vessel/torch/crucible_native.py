@@ -407,7 +407,7 @@ class _StateGuard:
 
     def __init__(self, objs, lifted=None):
         import torch
-        lifted = lifted or {}   # id(optimizer) -> hyperparameter names that are patch points now
+        lifted = lifted or {}   # id(param group) -> hyperparameter names that are patch points now
         keys, dicts, lists, hyper = [], [], [], []
         I, E, X = self.IDENT, self.EQUAL, self.IGNORE
 
@@ -424,10 +424,10 @@ class _StateGuard:
                 keys.append((o.__dict__, "state", o.state, I))
                 keys.append((o.__dict__, "param_groups", o.param_groups, I))
                 lists.append((o.param_groups, list(o.param_groups)))
-                skip = lifted.get(id(o), ())
                 for g in o.param_groups:
+                    skip = lifted.get(id(g), ())
                     lists.append((g["params"], list(g["params"])))
-                    snap(g, lambda k, v: I if k == "params" else (X if k in skip else E))
+                    snap(g, lambda k, v, skip=skip: I if k == "params" else (X if k in skip else E))
                     hyper.extend((g, k, v) for k, v in g.items() if k != "params" and k not in skip)
                 snap(o.state, lambda k, v: I)
                 for st in o.state.values():
@@ -462,6 +462,8 @@ class _ScalarSources:
         return bool(self._opts)
 
     def values(self, upcoming: bool) -> list:
+        """(op, argument, value, anchor) per source; the anchor is the data pointer of the
+        tensor the value belongs to (the parameter; exp_avg_sq for the bias correction)."""
         import math
         out = []
         for opt in self._opts:
@@ -471,7 +473,7 @@ class _ScalarSources:
                     continue
                 lr = g["lr"]
                 if sgd:
-                    out.extend(("aten::add_.Tensor", "alpha", -lr) for _ in g["params"])
+                    out.extend(("aten::add_.Tensor", "alpha", -lr, p.data_ptr()) for p in g["params"])
                     continue
                 beta1, beta2 = g["betas"]
                 decay = 1 - lr * g["weight_decay"]
@@ -483,11 +485,13 @@ class _ScalarSources:
                     bias_correction1 = 1 - beta1 ** step
                     bias_correction2 = 1 - beta2 ** step
                     step_size = lr / bias_correction1
-                    out.append(("aten::addcdiv_", "value", -step_size))
-                    out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2)))  # 1.13
-                    out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5))     # 2.x
+                    sq = st.get("max_exp_avg_sq", st.get("exp_avg_sq"))
+                    sq = sq.data_ptr() if sq is not None else 0
+                    out.append(("aten::addcdiv_", "value", -step_size, p.data_ptr()))
+                    out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2), sq))  # 1.13
+                    out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5, sq))     # 2.x
                     if adamw:
-                        out.append(("aten::mul_.Tensor", "other", decay))
+                        out.append(("aten::mul_.Tensor", "other", decay, p.data_ptr()))
         return out
 
 
@@ -496,7 +500,7 @@ class _Entry:
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
-        self.lifted = {}       # id(optimizer) -> hyperparameters the plan takes from sources
+        self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
         self.attempts = 0      # plan builds that failed: two recorded calls disagreed
 
@@ -662,7 +666,7 @@ class CompiledStep:
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
-                vals = [v for _, _, v in self._sources.values(True)] if e.patched else []
+                vals = [v for _, _, v, _ in self._sources.values(True)] if e.patched else []
                 try:
                     outs = self._run(e.plan, tensors, vals)
                 except RuntimeError as err:
@@ -788,7 +792,7 @@ class CompiledStep:
         hyperparameter is no longer guarded, so later changes cost nothing; persistent tensors
         that are new objects of the same kind (a loaded optimizer state, a replaced parameter)
         are bound instead. Anything else drops the plan, and the step records again."""
-        changed = sorted({k for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v})
+        changed = [(d, k) for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v]
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
@@ -802,11 +806,8 @@ class CompiledStep:
             self._count("replans")
             self._drop(e)
             return result
-        for o in self._guard_objs:
-            groups = getattr(o, "param_groups", ())
-            keys = {k for d, k, _ in e.guard._hyper if k in changed and any(d is g for g in groups)}
-            if keys:
-                e.lifted.setdefault(id(o), set()).update(keys)
+        for d, k in changed:   # that group's value now comes from the sources at every run
+            e.lifted.setdefault(id(d), set()).add(k)
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         e.guard = _StateGuard(self._guard_objs, e.lifted)
         self._count("plan_updates")

@@ -656,3 +656,39 @@ def test_a_step_without_visible_modules_warns():
     with pytest.warns(crucible.CrucibleWarning, match="found no torch.nn.Module"):
         for x, y in batches(4, [8]):
             step(x, y)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_param_groups_that_share_a_learning_rate_and_later_diverge(opt_name):
+    # Two groups on the same warm-up: while the plan learns the learning rate their scalars
+    # are equal, so each op must be tied to its own group's source (by the tensor it
+    # updates), not to whichever group comes first.
+    data = batches(16, [8])
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        groups = [{"params": m[0].parameters()}, {"params": m[2].parameters()}]
+        opt = (torch.optim.SGD(groups, lr=0.1, momentum=0.9) if opt_name == "sgd"
+               else torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.05))
+        warm = lambda i: min(1.0, (i + 1) / 4)                                # noqa: E731
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, [warm, lambda i: warm(i) * (0.3 if i >= 9 else 1.0)])
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        losses = []
+        for x, y in data:
+            losses.append(step(x, y))
+            sched.step()
+        res.append((losses, snapshot(m, opt)))
+        if compiled:
+            assert step.stats()["replans"] == 0 and step.stats()["plan_runs"] >= 8, step.stats()
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
