@@ -895,12 +895,15 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     p->arena = finish_profile(*profile);
     p->arena_state = Plan::Arena::Ready;
   } else if (alloc.has_value()) {
-    const bool mismatch = alloc->mismatched() || alloc->requests() != p->arena.sizes.size();
+    const bool alive = alloc->arena_blocks_alive();
+    const bool mismatch = alive || alloc->mismatched() || alloc->requests() != p->arena.sizes.size();
     alloc.reset();
-    if (mismatch) {  // the allocation sequence is not what the first run made: arena off
+    if (alive) retire_arena(p->arena);  // something still holds an arena block: never reuse it
+    if (mismatch) {  // the allocations did not follow the profiled run: arena off
       ++p->arena_mismatches;
       p->arena_state = Plan::Arena::Off;
-      p->arena_note = "a run asked the allocator for other sizes than the profiled run did";
+      p->arena_note = alive ? "an arena block outlived a run (retired; its memory is kept)"
+                            : "a run's allocations did not follow the profiled run (sizes or order)";
     } else {
       ++p->arena_runs;
     }

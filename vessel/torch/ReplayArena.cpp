@@ -35,6 +35,10 @@ struct AllocScope::Mode {
   ArenaPlan* arena = nullptr;
   std::size_t next = 0;
   bool mismatch = false;
+  // Serve: arena blocks alive now, by offset (an arena block's only name), and how many have
+  // been freed, which must follow the profiled order exactly.
+  absl::flat_hash_map<std::int64_t, std::size_t> live_at;
+  std::size_t next_free = 0;
 };
 
 namespace {
@@ -56,9 +60,12 @@ c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 // Every block the wrapper hands out with a context equal to its data goes through here when
 // freed raw (raw_deallocate): a profiled block is logged and freed by its base DataPtr, an
 // arena block is left alone, anything else is the base allocator's.
+void arena_delete(void* ptr);
+
 void wrapper_delete(void* ptr) {
   if (ptr == nullptr) return;
   Tracked* t = nullptr;
+  bool in_arena = false;
   {
     std::lock_guard<std::mutex> g(g_blocks_mu);
     auto it = g_tracked.find(ptr);
@@ -67,9 +74,12 @@ void wrapper_delete(void* ptr) {
       g_tracked.erase(it);
     } else {
       const auto* p = static_cast<const unsigned char*>(ptr);
-      for (const auto& a : g_arenas)
-        if (p >= a.first && p < a.second) return;
+      for (const auto& a : g_arenas) in_arena |= p >= a.first && p < a.second;
     }
+  }
+  if (in_arena) {  // an arena block freed raw (raw_deallocate)
+    arena_delete(ptr);
+    return;
   }
   if (t == nullptr) {
     if (g_base_raw_deleter != nullptr) g_base_raw_deleter(ptr);
@@ -93,7 +103,26 @@ void free_arena(void* p) {
   std::free(p);
 }
 
-void arena_delete(void*) {}  // the arena owns the memory
+// The arena owns the memory; freeing a block only moves the run's bookkeeping on. A block
+// freed outside its run (it outlived it) changes nothing: that run already found it alive at
+// its end and retired the arena, whose memory then stays allocated for good.
+void arena_delete(void* ptr) {
+  AllocScope::Mode* m = t_mode;
+  if (m == nullptr || m->kind != AllocScope::Mode::Serve || m->arena == nullptr) return;
+  const ArenaPlan& a = *m->arena;
+  const auto* base = a.buffer.get();
+  const auto* p = static_cast<const unsigned char*>(ptr);
+  if (base == nullptr || p < base || p >= base + a.arena_bytes) return;
+  auto it = m->live_at.find(p - base);
+  if (it == m->live_at.end()) {
+    m->mismatch = true;
+    return;
+  }
+  const std::size_t idx = it->second;
+  m->live_at.erase(it);
+  if (m->next_free >= a.free_order.size() || a.free_order[m->next_free] != idx) m->mismatch = true;
+  ++m->next_free;
+}
 
 class Wrapper final : public c10::Allocator {
  public:
@@ -144,6 +173,13 @@ class Wrapper final : public c10::Allocator {
     }
     const std::int64_t off = a.offsets[idx];
     if (off < 0) return base_->allocate(n);
+    // Every block the profile freed before this one was allocated must be free now (in the
+    // profiled order): then no live block shares these bytes.
+    if (m->next_free != a.frees_before[idx]) {
+      m->mismatch = true;
+      return base_->allocate(n);
+    }
+    m->live_at[off] = idx;
     unsigned char* p = a.buffer.get() + off;
     return c10::DataPtr(p, p, &arena_delete, c10::Device(c10::DeviceType::CPU));
   }
@@ -249,6 +285,17 @@ ArenaPlan finish_profile(AllocLog& log) {
   }
   if (order.empty()) a.arena_bytes = 0;
   a.served = order.size();
+  {
+    std::vector<std::size_t> by_free = order;
+    std::sort(by_free.begin(), by_free.end(), [&](std::size_t x, std::size_t y) { return log.free_ev[x] < log.free_ev[y]; });
+    a.free_order = by_free;
+    a.frees_before.assign(n, 0);
+    std::vector<std::int64_t> free_evs;
+    for (std::size_t i : by_free) free_evs.push_back(log.free_ev[i]);
+    for (std::size_t i : order)
+      a.frees_before[i] = static_cast<std::size_t>(
+          std::lower_bound(free_evs.begin(), free_evs.end(), log.alloc_ev[i]) - free_evs.begin());
+  }
   if (a.arena_bytes > 0) {
     void* p = std::aligned_alloc(kAlign, a.arena_bytes);
     if (p == nullptr) {  // no memory for the arena: serve nothing from it
@@ -288,6 +335,15 @@ AllocScope AllocScope::serve(ArenaPlan& arena) {
 }
 
 bool AllocScope::mismatched() const { return mode_ != nullptr && mode_->mismatch; }
+bool AllocScope::arena_blocks_alive() const { return mode_ != nullptr && !mode_->live_at.empty(); }
+
+void retire_arena(ArenaPlan& a) {
+  // A block is still referenced: the memory must never be reused nor freed. Forget the
+  // buffer (it stays registered, so raw frees of its blocks stay no-ops) and serve nothing.
+  (void)a.buffer.release();
+  a.offsets.assign(a.offsets.size(), -1);
+  a.served = 0;
+}
 std::size_t AllocScope::requests() const { return mode_ != nullptr ? mode_->next : 0; }
 
 }  // namespace crucible::vessel

@@ -32,6 +32,8 @@ struct ArenaPlan {
   std::size_t lower_bound = 0;        // most bytes (64-aligned) live at once: no arena can be smaller
   std::size_t escaping = 0;           // allocations that outlive the run
   std::size_t served = 0;             // allocations that come from the arena
+  std::vector<std::size_t> free_order;    // arena blocks in the order the profiled run freed them
+  std::vector<std::size_t> frees_before;  // per allocation: arena blocks freed before it was made
   std::unique_ptr<unsigned char, void (*)(void*)> buffer{nullptr, nullptr};
 };
 
@@ -49,6 +51,8 @@ class AllocScope {
   ~AllocScope();
   // Serve mode: did a request differ from the profile? (the rest came from the allocator)
   bool mismatched() const;
+  // Serve mode: is an arena block still referenced (it would outlive the run)?
+  bool arena_blocks_alive() const;
   std::size_t requests() const;
 
  private:
@@ -61,6 +65,8 @@ class AllocScope {
 std::string ensure_arena_allocator();
 
 std::shared_ptr<AllocLog> new_alloc_log();
+// After a run left an arena block alive: the arena is never reused or freed again.
+void retire_arena(ArenaPlan& arena);
 // Closes the log (later frees are escapes') and plans the arena from it.
 ArenaPlan finish_profile(AllocLog& log);
 // Peak bytes live on the profiled thread during the logged scope (64-aligned sizes).
