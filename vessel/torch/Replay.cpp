@@ -22,6 +22,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -676,6 +677,25 @@ struct Plan {
   std::uint64_t arena_runs = 0, arena_mismatches = 0;
 };
 
+// Holds a plan's busy flag: what a run holds, so reading or changing a plan (info, checks,
+// updates) never overlaps a run on another thread. Waits for a running plan to finish.
+class BusyLock {
+ public:
+  explicit BusyLock(Plan& p) : p_(p) {
+    bool idle = false;
+    while (!p_.busy.compare_exchange_weak(idle, true)) {
+      idle = false;
+      std::this_thread::yield();
+    }
+  }
+  ~BusyLock() { p_.busy.store(false); }
+  BusyLock(const BusyLock&) = delete;
+  BusyLock& operator=(const BusyLock&) = delete;
+
+ private:
+  Plan& p_;
+};
+
 struct Registry {
   std::mutex mu;
   std::int64_t next = 1;
@@ -1103,6 +1123,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   auto p = get_plan(plan);
   auto f = get_form(form);
+  BusyLock hold(*p);
   std::vector<Patch> found;
   const std::string diff = diff_against_plan(*p, *f, sources, &found);
   if (!diff.empty()) return diff;
@@ -1122,12 +1143,11 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
                         std::size_t* added, std::size_t* rebound) {
   auto p = get_plan(plan);
   auto f = get_form(form);
+  BusyLock hold(*p);
   std::vector<Patch> found;
   std::vector<std::uint32_t> rebind;
   const std::string diff = diff_against_plan(*p, *f, sources, &found, &rebind);
   if (!diff.empty()) return diff;
-  bool idle = false;
-  if (!p->busy.compare_exchange_strong(idle, true)) return "the plan is running on another thread";
   *added = 0;
   for (const Patch& pt : found) {
     bool known = false;
@@ -1144,21 +1164,18 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
   for (std::uint32_t e : rebind) p->run_exts[e] = f->exts[e];
   snapshot_exts(*p);  // also takes in requires_grad or dtype changes the recorded call agreed with
   *rebound = rebind.size();
-  p->busy.store(false);
   return "";
 }
 
 void plan_set_arena(std::int64_t id, bool on) {
   auto p = get_plan(id);
-  bool idle = false;
-  if (!p->busy.compare_exchange_strong(idle, true)) throw std::runtime_error("plan is running");
+  BusyLock hold(*p);
   if (!on) {
     p->arena_state = Plan::Arena::Off;
     p->arena_note = "turned off (crucible.compile(arena=False))";
   } else if (p->arena_state == Plan::Arena::Off && p->arena_mismatches == 0) {
     p->arena_state = Plan::Arena::Unplanned;
   }
-  p->busy.store(false);
 }
 
 namespace {
@@ -1192,6 +1209,7 @@ void plan_release(std::int64_t id) {
 
 PlanInfo plan_info(std::int64_t id) {
   auto p = get_plan(id);
+  BusyLock hold(*p);
   const Form& f = *p->form;
   PlanInfo i;
   for (std::size_t k = 0; k < f.ops.size(); ++k) {
