@@ -301,6 +301,7 @@ def clear() -> None:
 # crucible.compile: record a training step, build an ExecutionPlan, replay it from C++.
 
 _MISSING = object()
+_PLAIN = (bool, int, float, str, type(None), tuple)
 _COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
              "guard_failures", "plan_updates", "hyper_learned", "rebinds", "replans",
              "verifications", "divergences", "refusals")
@@ -420,6 +421,10 @@ class _StateGuard:
                     snap(m._parameters, lambda k, v: I)
                     snap(m._buffers, lambda k, v: I)
                     keys.append((m.__dict__, "training", m.training, E))
+                    # plain settings a forward reads (dropout p, batchnorm momentum and eps)
+                    for k, v in vars(m).items():
+                        if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN):
+                            keys.append((m.__dict__, k, v, E))
             else:
                 keys.append((o.__dict__, "state", o.state, I))
                 keys.append((o.__dict__, "param_groups", o.param_groups, I))

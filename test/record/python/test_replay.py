@@ -692,3 +692,35 @@ def test_param_groups_that_share_a_learning_rate_and_later_diverge(opt_name):
     for a, b in zip(res[0][0], res[1][0]):
         assert torch.equal(a, b)
     assert_same(res[0][1], res[1][1])
+
+
+def test_module_settings_are_guarded():
+    data = batches(12, [8])
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = DropNet()
+        bn = nn.BatchNorm1d(4)
+        opt = torch.optim.SGD(list(m.parameters()) + list(bn.parameters()), lr=0.1, momentum=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(bn(m(x)), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        torch.manual_seed(1)
+        losses = []
+        for i, (x, y) in enumerate(data):
+            if i == 6:
+                bn.momentum = 0.5          # read by the forward as a scalar
+            losses.append(step(x, y))
+        res.append((losses, snapshot(m, opt), bn.running_mean.clone(), bn.running_var.clone()))
+        if compiled:
+            assert step.stats()["guard_failures"] == 1
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+    assert torch.equal(res[0][2], res[1][2]) and torch.equal(res[0][3], res[1][3])
