@@ -391,6 +391,21 @@ PYBIND11_MODULE(_crucible_ext, m) {
     if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     return (*r)->ops.size();
   }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
+  // Which of these parameters have no .grad (bit i: params[i].grad is None), as an int, or a
+  // tuple of 64-bit words past 64 parameters: part of crucible.compile's call signature.
+  m.def("grads_none_mask", [](py::list params) -> py::object {
+    static PyObject* const grad_name = PyUnicode_InternFromString("grad");  // immortal: never freed
+    const Py_ssize_t n = PyList_GET_SIZE(params.ptr());
+    std::vector<std::uint64_t> words(static_cast<std::size_t>((n + 63) / 64), 0);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* g = PyObject_GetAttr(PyList_GET_ITEM(params.ptr(), i), grad_name);
+      if (g == nullptr) throw py::error_already_set();
+      if (g == Py_None) words[static_cast<std::size_t>(i / 64)] |= std::uint64_t{1} << (i % 64);
+      Py_DECREF(g);
+    }
+    if (words.size() <= 1) return py::int_(words.empty() ? 0 : words[0]);
+    return py::tuple(py::cast(words));
+  });
   py::class_<StateGuard>(m, "StateGuard")
       .def(py::init<py::list, py::list, py::list>())
       .def("ok", &StateGuard::ok);

@@ -618,7 +618,7 @@ class CompiledStep:
         # Which parameters have a .grad as the call begins: backward stores a new gradient
         # into an empty .grad and accumulates into an existing one (other ops), so a loop that
         # clears gradients every few steps gets a plan for each case.
-        key.append(tuple([p.grad is None for p in self._param_list]))
+        key.append(_ext.grads_none_mask(self._param_list))
         return tuple(key), tensors
 
     def _nested_key(self, a, key, tensors):
