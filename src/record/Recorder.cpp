@@ -25,6 +25,7 @@ thread_local TlsLogs t_logs;
 std::mutex g_global_mu;
 RecorderConfig g_global_cfg;
 Recorder* g_global = nullptr;
+std::atomic<Recorder*> g_global_ready{nullptr};  // g_global once it exists (lock-free reads)
 }  // namespace
 
 ThreadLog::ThreadLog(const RecorderConfig& cfg, std::uint32_t index)
@@ -52,10 +53,14 @@ Status Recorder::configure_global(const RecorderConfig& cfg) {
 }
 
 Recorder& Recorder::global() {
+  // Called for every recorded op: once the recorder exists (it is never replaced or
+  // destroyed), one acquire load instead of the mutex.
+  if (Recorder* r = g_global_ready.load(std::memory_order_acquire)) return *r;
   std::lock_guard<std::mutex> g(g_global_mu);
   if (g_global == nullptr) {
     // Never destroyed: threads may still be recording during static destruction.
     g_global = new Recorder(g_global_cfg);
+    g_global_ready.store(g_global, std::memory_order_release);
   }
   return *g_global;
 }

@@ -136,23 +136,29 @@ namespace detail {
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output) {
   TensorMeta m;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const c10::Device device = t.device();
+  const c10::Layout layout = t.layout();
   m.arg_index = arg;
   m.list_index = list_index;
   m.dtype = static_cast<std::int8_t>(t.scalar_type());
-  m.device_kind = static_cast<std::uint8_t>(device_kind_of(t.device().type()));
-  m.device_index = t.device().index();
-  m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(t.layout())));
+  m.device_kind = static_cast<std::uint8_t>(device_kind_of(device.type()));
+  m.device_index = device.index();
+  m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(layout)));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
-  if (t.requires_grad()) f |= record::tensor_flag::kRequiresGrad;
-  if (t.is_view()) f |= record::tensor_flag::kIsView;
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  // Without autograd metadata a tensor neither requires grad nor is a (differentiable) view:
+  // most backward and optimizer tensors; skips two calls through autograd's hooks.
+  if (impl->autograd_meta() != nullptr) {
+    if (t.requires_grad()) f |= record::tensor_flag::kRequiresGrad;
+    if (t.is_view()) f |= record::tensor_flag::kIsView;
+  }
   if (impl->is_wrapped_number()) {
     f |= record::tensor_flag::kWrappedNumber;
     m.wrapped_value = wrapped_value(t);
   }
   if (t.is_inference()) f |= record::tensor_flag::kInference;
   else m.version = t._version();
-  const bool strided = t.layout() == at::kStrided;
+  const bool strided = layout == at::kStrided;
   if (strided && impl->has_storage()) {
     const c10::Storage& s = impl->storage();
     m.storage_id = ts.storage_ids.id(s);
