@@ -41,6 +41,13 @@ def assert_same(a, b):
                 assert sa[k] == sb[k]
 
 
+def assert_twins(res):
+    """res: [(losses, snapshot) eager, (losses, snapshot) compiled]."""
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert_same(res[0][1], res[1][1])
+
+
 def run_eager(name, steps):
     s = models.make(name)
     losses = [s.step().detach().clone() for _ in range(steps)]
@@ -160,9 +167,7 @@ def test_transformer_adamw_dropout_with_a_per_step_lr_schedule():
             st = step.stats()
             assert st["plans_built"] == 1 and st["hyper_learned"] == 1 and st["replans"] == 0
             assert st["plan_runs"] == steps - 4
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
 
 
 @pytest.mark.parametrize("opt_name", ["adam", "adamw"])
@@ -179,12 +184,7 @@ def test_adam_with_scheduler_and_verification(opt_name):
         opt = cls(m.parameters(), lr=3e-3, weight_decay=0.01, amsgrad=opt_name == "adam")
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = train_step(m, opt)
 
         step = crucible.compile(f, verify_every=2) if compiled else f
         losses = []
@@ -199,24 +199,25 @@ def test_adam_with_scheduler_and_verification(opt_name):
             assert st["guard_failures"] == 1 and st["plans_built"] == 1
             assert st["hyper_learned"] == 1 and st["replans"] == 0
             assert st["plan_runs"] >= 4 and st["verifications"] >= 4
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
+
+
+def train_step(m, opt):
+    """The usual step: zero_grad, cross-entropy of m(x) against y, backward, opt.step()."""
+    def f(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return f
 
 
 def mlp_with_args(seed=0):
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-
-    def train_step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return m, opt, train_step
+    return m, opt, train_step(m, opt)
 
 
 def batches(n, sizes, seed=1):
@@ -292,12 +293,7 @@ def test_learning_rate_changing_every_step_needs_no_rebuild(opt_name):
             opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.05)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + 0.1 * i))  # every step
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = train_step(m, opt)
 
         step = crucible.compile(f) if compiled else f
         losses = []
@@ -310,9 +306,7 @@ def test_learning_rate_changing_every_step_needs_no_rebuild(opt_name):
             assert st["plans_built"] == 1 and st["hyper_learned"] == 1 and st["replans"] == 0
             assert st["plan_runs"] == len(data) - 4   # warm-up, 2 recorded, 1 learning call
             assert step.plans()[0]["patches"] >= 4
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
 
 
 def test_momentum_change_is_not_learned_and_records_again():
@@ -371,9 +365,7 @@ def test_zero_grad_set_to_none_binds_new_gradients():
         if compiled:
             assert step.stats()["plan_runs"] == 4
             assert step.plans()[0]["grad_bindings"] == 4
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
 
 
 class DropNet(nn.Module):
@@ -393,12 +385,7 @@ def test_dropout_draws_the_same_random_numbers_as_eager():
         m = DropNet()
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = train_step(m, opt)
 
         step = crucible.compile(f) if compiled else f
         losses = [step(x, y) for x, y in data]
@@ -406,9 +393,7 @@ def test_dropout_draws_the_same_random_numbers_as_eager():
         if compiled:
             assert step.stats()["plan_runs"] == 5
             assert any("bernoulli" in n for n in step.plans()[0]["op_names"])
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
     assert torch.equal(res[0][2], res[1][2])  # the generator ends in the same state
 
 
@@ -583,9 +568,7 @@ def test_gradient_accumulation_outside_the_step():
             st = step.stats()
             # one plan for "no .grad yet" (backward stores), one for "accumulate"
             assert st["plans"] == 2 and st["plan_runs"] >= 5 and st["replans"] == 0
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
 
 
 def test_frozen_parameter_and_replaced_data_are_noticed():
@@ -674,12 +657,7 @@ def test_param_groups_that_share_a_learning_rate_and_later_diverge(opt_name):
         warm = lambda i: min(1.0, (i + 1) / 4)                                # noqa: E731
         sched = torch.optim.lr_scheduler.LambdaLR(opt, [warm, lambda i: warm(i) * (0.3 if i >= 9 else 1.0)])
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = train_step(m, opt)
 
         step = crucible.compile(f) if compiled else f
         losses = []
@@ -689,9 +667,7 @@ def test_param_groups_that_share_a_learning_rate_and_later_diverge(opt_name):
         res.append((losses, snapshot(m, opt)))
         if compiled:
             assert step.stats()["replans"] == 0 and step.stats()["plan_runs"] >= 8, step.stats()
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
 
 
 def test_module_settings_are_guarded():
@@ -720,7 +696,5 @@ def test_module_settings_are_guarded():
         res.append((losses, snapshot(m, opt), bn.running_mean.clone(), bn.running_var.clone()))
         if compiled:
             assert step.stats()["guard_failures"] == 1
-    for a, b in zip(res[0][0], res[1][0]):
-        assert torch.equal(a, b)
-    assert_same(res[0][1], res[1][1])
+    assert_twins(res)
     assert torch.equal(res[0][2], res[1][2]) and torch.equal(res[0][3], res[1][3])
