@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -182,6 +183,21 @@ void const_text(const c10::IValue& v, std::string& out) {
   }
 }
 
+// The content hash of a form's ops — name, argument texts (`sig` in place of each op's own
+// when given), results, grad mode — followed by the strings of `tail`.
+ContentHash hash_ops(const std::vector<OpT>& ops, const std::vector<std::vector<std::string>>* sig,
+                     std::initializer_list<std::string_view> tail) {
+  ContentHasher h;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    h.update_string(op_name(ops[k].op));
+    for (const std::string& a : sig != nullptr ? (*sig)[k] : ops[k].arg_sig) h.update_string(a);
+    h.update_string(ops[k].out_sig);
+    h.update_u8(ops[k].grad_mode ? 1 : 0);
+  }
+  for (std::string_view t : tail) h.update_string(t);
+  return h.digest();
+}
+
 // ---------------------------------------------------------------------------------------
 // Capture → Form.
 class FormBuilder {
@@ -324,15 +340,7 @@ class FormBuilder {
       t += "gradpre:ext" + std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ";";
     for (const ArgMeta& m : f.arg_meta)
       t += "arg:" + std::string(c10::toString(m.dtype)) + dims(m.sizes) + dims(m.strides) + m.device.str() + ";";
-    ContentHasher h;
-    for (const OpT& o : f.ops) {
-      h.update_string(op_name(o.op));
-      for (const std::string& s : o.arg_sig) h.update_string(s);
-      h.update_string(o.out_sig);
-      h.update_u8(o.grad_mode ? 1 : 0);
-    }
-    h.update_string(t);
-    f.hash = h.digest();
+    f.hash = hash_ops(f.ops, nullptr, {t});
   }
 
  private:
@@ -701,7 +709,8 @@ struct Registry {
   std::int64_t next = 1;
   std::map<std::int64_t, std::shared_ptr<const Form>> forms;
   std::map<std::int64_t, std::shared_ptr<Plan>> plans;
-  ReplayCounters counters;
+  ReplayCounters counters;                 // under mu, except runs:
+  std::atomic<std::uint64_t> runs{0};      // counted on every run without the mutex
 };
 Registry& registry() {
   static Registry* r = new Registry();  // leaked: plans may run during static destruction
@@ -929,11 +938,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     }
   }
   p->runs.fetch_add(1, std::memory_order_relaxed);
-  {
-    Registry& reg = registry();
-    std::lock_guard<std::mutex> g(reg.mu);
-    ++reg.counters.runs;
-  }
+  registry().runs.fetch_add(1, std::memory_order_relaxed);
   return outs;
 }
 
@@ -1057,16 +1062,7 @@ ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
     const_text(f.exts[e].item(), masked_exts);
     masked_exts += ";";
   }
-  ContentHasher h;
-  for (std::size_t k = 0; k < f.ops.size(); ++k) {
-    h.update_string(op_name(f.ops[k].op));
-    for (const std::string& a : sig[k]) h.update_string(a);
-    h.update_string(f.ops[k].out_sig);
-    h.update_u8(f.ops[k].grad_mode ? 1 : 0);
-  }
-  h.update_string(f.tail_sig);
-  h.update_string(masked_exts);
-  return h.digest();
+  return hash_ops(f.ops, &sig, {f.tail_sig, masked_exts});
 }
 }  // namespace
 
@@ -1194,10 +1190,10 @@ void alloc_measure_start() {
 std::pair<std::size_t, std::size_t> alloc_measure_stop() {
   if (!t_measure.has_value()) throw std::runtime_error("no allocation measurement is running on this thread");
   t_measure.reset();
-  const ArenaPlan a = finish_profile(*t_measure_log);
+  const std::size_t allocations = close_log(*t_measure_log);
   const std::size_t peak = log_peak(*t_measure_log);
   t_measure_log.reset();
-  return {peak, a.sizes.size()};
+  return {peak, allocations};
 }
 
 void plan_release(std::int64_t id) {
@@ -1256,7 +1252,9 @@ PlanInfo plan_info(std::int64_t id) {
 ReplayCounters replay_counters() {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  return r.counters;
+  ReplayCounters c = r.counters;
+  c.runs = r.runs.load(std::memory_order_relaxed);
+  return c;
 }
 
 }  // namespace crucible::vessel

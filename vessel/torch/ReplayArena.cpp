@@ -214,9 +214,15 @@ std::shared_ptr<AllocLog> new_alloc_log() { return std::make_shared<AllocLog>();
 
 std::size_t log_peak(const AllocLog& log) { return log.peak; }
 
-ArenaPlan finish_profile(AllocLog& log) {
+std::size_t close_log(AllocLog& log) {
   std::lock_guard<std::mutex> g(log.mu);
   log.open = false;
+  return log.sizes.size();
+}
+
+ArenaPlan finish_profile(AllocLog& log) {
+  close_log(log);
+  std::lock_guard<std::mutex> g(log.mu);
   ArenaPlan a;
   const std::size_t n = log.sizes.size();
   a.sizes = log.sizes;

@@ -67,7 +67,9 @@ std::string ensure_arena_allocator();
 std::shared_ptr<AllocLog> new_alloc_log();
 // After a run left an arena block alive: the arena is never reused or freed again.
 void retire_arena(ArenaPlan& arena);
-// Closes the log (later frees are escapes') and plans the arena from it.
+// Closes the log (later frees are escapes'); returns how many allocations it holds.
+std::size_t close_log(AllocLog& log);
+// Closes the log and plans the arena from it.
 ArenaPlan finish_profile(AllocLog& log);
 // Peak bytes live on the profiled thread during the logged scope (64-aligned sizes).
 std::size_t log_peak(const AllocLog& log);
