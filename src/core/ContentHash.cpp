@@ -10,7 +10,6 @@
 namespace crucible {
 namespace {
 XXH3_state_t* st(unsigned char* p) { return reinterpret_cast<XXH3_state_t*>(p); }
-const XXH3_state_t* st(const unsigned char* p) { return reinterpret_cast<const XXH3_state_t*>(p); }
 
 void put_le64(unsigned char* out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -27,29 +26,17 @@ std::string ContentHash::hex() const {
   return s;
 }
 
-ContentHasher::ContentHasher(std::uint64_t seed) {
+ContentHasher& ContentHasher::update_slow(const void* data, std::size_t n) {
   static_assert(sizeof(XXH3_state_t) <= kStateBytes && alignof(XXH3_state_t) <= 64,
                 "ContentHasher::kStateBytes must hold XXH3_state_t");
-  XXH3_INITSTATE(st(state_));
-  XXH3_128bits_reset_withSeed(st(state_), seed);
-}
-
-ContentHasher::~ContentHasher() = default;
-
-void ContentHasher::flush() const {
+  if (!streaming_) {
+    XXH3_INITSTATE(st(state_));
+    XXH3_128bits_reset_withSeed(st(state_), seed_);
+    streaming_ = true;
+  }
   if (pending_n_ != 0) XXH3_128bits_update(st(state_), pending_, pending_n_);
   pending_n_ = 0;
-}
-
-ContentHasher& ContentHasher::update_bytes(const void* data, std::size_t n) {
-  if (n == 0) return *this;
-  if (pending_n_ + n <= sizeof pending_) {
-    std::memcpy(pending_ + pending_n_, data, n);
-    pending_n_ += n;
-    return *this;
-  }
-  flush();
-  if (n < sizeof pending_) {
+  if (n < kPending) {
     std::memcpy(pending_, data, n);
     pending_n_ = n;
   } else {
@@ -57,37 +44,18 @@ ContentHasher& ContentHasher::update_bytes(const void* data, std::size_t n) {
   }
   return *this;
 }
-ContentHasher& ContentHasher::update_bytes(std::span<const std::byte> b) {
-  return update_bytes(b.data(), b.size());
-}
-ContentHasher& ContentHasher::update_u8(std::uint8_t v) { return update_bytes(&v, 1); }
-ContentHasher& ContentHasher::update_u32(std::uint32_t v) {
-  unsigned char b[4] = {static_cast<unsigned char>(v), static_cast<unsigned char>(v >> 8),
-                        static_cast<unsigned char>(v >> 16), static_cast<unsigned char>(v >> 24)};
-  return update_bytes(b, 4);
-}
-ContentHasher& ContentHasher::update_u64(std::uint64_t v) {
-  unsigned char b[8];
-  put_le64(b, v);
-  return update_bytes(b, 8);
-}
-ContentHasher& ContentHasher::update_f64(double v) {
-  std::uint64_t bits;
-  std::memcpy(&bits, &v, 8);
-  return update_u64(bits);
-}
-ContentHasher& ContentHasher::update_string(std::string_view s) {
-  update_u64(s.size());
-  return update_bytes(s.data(), s.size());
-}
-ContentHasher& ContentHasher::update_hash(const ContentHash& h) {
-  update_u64(h.lo);
-  return update_u64(h.hi);
-}
 
 ContentHash ContentHasher::digest() const {
-  flush();
-  XXH128_hash_t h = XXH3_128bits_digest(st(state_));
+  XXH128_hash_t h;
+  if (!streaming_) {
+    h = XXH3_128bits_withSeed(pending_, pending_n_, seed_);
+  } else {
+    // A copy of the state, so that more updates may follow this digest.
+    alignas(64) unsigned char copy[kStateBytes];
+    std::memcpy(copy, state_, sizeof(XXH3_state_t));
+    if (pending_n_ != 0) XXH3_128bits_update(st(copy), pending_, pending_n_);
+    h = XXH3_128bits_digest(st(copy));
+  }
   return ContentHash{h.low64, h.high64};
 }
 

@@ -24,7 +24,7 @@ std::uint64_t op_signature(const record::Trace& t, std::size_t op) {
   for (std::size_t k = 0; k < t.ops[op].n_tensors; ++k) {
     const auto& m = t.tensors[base + k];
     h.update_u8(static_cast<std::uint8_t>(m.dtype)).update_u8(m.device_kind).update_u8(m.flags & record::tensor_flag::kOutput);
-    for (std::int64_t d : t.sizes(base + k)) h.update_i64(d);
+    h.update_i64s(t.sizes(base + k));
     h.update_u8(0xFF);  // separates tensors: [2,3][4] != [2][3,4]
   }
   return h.digest().lo;

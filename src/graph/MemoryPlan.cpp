@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 
 namespace crucible::graph {
 namespace {
@@ -22,30 +21,36 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
                          "use 16, 64, 256, ...");
   MemoryPlan plan;
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
-  // Persistent: storages read before produced (graph externals) or classified external.
-  absl::flat_hash_set<std::uint64_t> persistent;
+  // One lookup per tensor: storage -> its block, or kPersistent for storages read before
+  // produced (graph externals) or classified external, whose sizes are summed apart.
+  constexpr std::size_t kPersistent = SIZE_MAX;
+  absl::flat_hash_map<std::uint64_t, std::size_t> index;
   absl::flat_hash_map<std::uint64_t, std::uint64_t> persistent_size;
-  for (const auto& x : g.externals()) persistent.insert(x.storage_id);
-  absl::flat_hash_map<std::uint64_t, std::size_t> index;  // storage -> block
+  index.reserve(2 * n);
+  for (const auto& x : g.externals()) index.emplace(x.storage_id, kPersistent);
   for (std::uint32_t node = 0; node < n; ++node) {
     const std::size_t op = g.trace_op(node);
     auto touch = [&](const record::TensorMeta& m, bool output) {
       if (m.flags & record::tensor_flag::kNoStorage || m.storage_id == 0) return;
-      if (persistent.contains(m.storage_id) || t.externals.contains(m.storage_id)) {
-        auto& sz = persistent_size[m.storage_id];
-        sz = std::max(sz, m.storage_nbytes);
-        return;
-      }
       auto it = index.find(m.storage_id);
       if (it == index.end()) {
-        if (!output) return;  // unreachable: a non-persistent input was produced earlier
-        index.emplace(m.storage_id, plan.blocks.size());
-        Block b;
-        b.storage_id = m.storage_id;
-        b.bytes = m.storage_nbytes;
-        b.first = b.last = node;
-        b.producer = node;
-        plan.blocks.push_back(b);
+        if (t.externals.contains(m.storage_id)) {
+          it = index.emplace(m.storage_id, kPersistent).first;
+        } else {
+          if (!output) return;  // unreachable: a non-persistent input was produced earlier
+          index.emplace(m.storage_id, plan.blocks.size());
+          Block b;
+          b.storage_id = m.storage_id;
+          b.bytes = m.storage_nbytes;
+          b.first = b.last = node;
+          b.producer = node;
+          plan.blocks.push_back(b);
+          return;
+        }
+      }
+      if (it->second == kPersistent) {
+        auto& sz = persistent_size[m.storage_id];
+        sz = std::max(sz, m.storage_nbytes);
         return;
       }
       Block& b = plan.blocks[it->second];
@@ -83,24 +88,26 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     if (x.first != y.first) return x.first < y.first;
     return x.storage_id < y.storage_id;
   });
-  std::vector<std::size_t> placed;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;  // [offset, end) of overlapping
+  // Placed blocks in increasing offset order: walking them, the first lifetime-overlapping
+  // block that starts at or past off + bytes proves [off, off + bytes) free (every later one
+  // starts later still); one that does not pushes off past its end. The same first fit as
+  // sorting the overlapping blocks' intervals, without building or sorting them per block.
+  std::vector<std::size_t> by_offset;
+  by_offset.reserve(plan.blocks.size());
   for (std::size_t bi : order) {
     Block& b = plan.blocks[bi];
-    busy.clear();
-    for (std::size_t pi : placed) {
-      const Block& p = plan.blocks[pi];
-      if (p.first <= b.last && b.first <= p.last) busy.emplace_back(p.offset, p.offset + p.bytes);
-    }
-    std::sort(busy.begin(), busy.end());
     std::uint64_t off = 0;
-    for (const auto& [s, e] : busy) {
-      if (off + b.bytes <= s) break;
-      off = std::max(off, e);  // blocks are aligned sizes at aligned offsets: off stays aligned
+    for (std::size_t pi : by_offset) {
+      const Block& p = plan.blocks[pi];
+      if (p.first > b.last || b.first > p.last) continue;
+      if (off + b.bytes <= p.offset) break;
+      off = std::max(off, p.offset + p.bytes);  // aligned sizes at aligned offsets: off stays aligned
     }
     b.offset = off;
     plan.arena_bytes = std::max(plan.arena_bytes, off + b.bytes);
-    placed.push_back(bi);
+    auto at = std::upper_bound(by_offset.begin(), by_offset.end(), off,
+                               [&](std::uint64_t o, std::size_t pi) { return o < plan.blocks[pi].offset; });
+    by_offset.insert(at, bi);
   }
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
     std::vector<const Block*> at_peak;

@@ -2,10 +2,10 @@
 #include "crucible/graph/MerkleDag.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
-#include <tuple>
-#include <unordered_map>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace crucible::graph {
 namespace {
@@ -17,10 +17,8 @@ void hash_meta(ContentHasher& h, const record::Trace& t, std::size_t tensor_inde
   h.update_u8(m.flags & record::tensor_flag::kWrappedNumber);  // not requires_grad: see header
   h.update_u32(m.arg_index).update_u32(m.list_index);
   h.update_i64(m.storage_offset);
-  for (std::int64_t d : t.sizes(tensor_index)) h.update_i64(d);
-  h.update_u8(0xFE);
-  for (std::int64_t d : t.strides(tensor_index)) h.update_i64(d);
-  h.update_u8(0xFF);
+  h.update_i64s(t.sizes(tensor_index)).update_u8(0xFE);
+  h.update_i64s(t.strides(tensor_index)).update_u8(0xFF);
   if (m.flags & record::tensor_flag::kWrappedNumber) h.update_f64(m.wrapped_value);
 }
 
@@ -47,13 +45,11 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
   for (std::uint32_t n = begin; n < end; ++n) {
     h.update_hash(local[n]);
     // Only wiring inside the region: an input from outside (another region or an external) is
-    // described by its metadata in the local hash, wherever it comes from.
-    std::vector<std::tuple<std::uint16_t, std::int64_t, std::uint8_t>> wires;
+    // described by its metadata in the local hash, wherever it comes from. Predecessors come
+    // in increasing slot order (TraceGraph), so no sort is needed.
     for (const Edge& e : g.predecessors(n))
       if (e.node >= begin && e.node < end)
-        wires.emplace_back(e.slot, static_cast<std::int64_t>(n - e.node), static_cast<std::uint8_t>(e.kind));
-    std::sort(wires.begin(), wires.end());
-    for (auto [slot, rel, kind] : wires) h.update_u32(slot).update_i64(rel).update_u8(kind);
+        h.update_u32(e.slot).update_i64(static_cast<std::int64_t>(n - e.node)).update_u8(static_cast<std::uint8_t>(e.kind));
     h.update_u8(0xFF);
   }
   return h.digest();
@@ -64,26 +60,38 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
   const std::size_t n = g.num_nodes();
   d.local_hashes_.resize(n);
   d.node_hashes_.resize(n);
-  // Externals by consumer and slot, classified when the trace knows why they are external.
-  std::vector<std::vector<std::pair<std::uint16_t, std::uint8_t>>> ext(n);
-  for (const auto& x : g.externals()) {
-    auto it = t.externals.find(x.storage_id);
-    ext[x.node].emplace_back(x.slot, it == t.externals.end() ? 0 : static_cast<std::uint8_t>(it->second));
+  // An external input hashes as its classification (0 when the trace does not know why it is
+  // external): one hash per kind, computed once.
+  ContentHash external_hash[record::kMaxExternalKind + 1];
+  for (std::uint8_t k = 0; k <= record::kMaxExternalKind; ++k) {
+    ContentHasher x;
+    x.update_string("external").update_u8(k);
+    external_hash[k] = x.digest();
   }
+  // Externals are listed in node order, then slot order, as are each node's predecessors:
+  // merging the two by slot feeds every input in slot order.
+  const auto& externals = g.externals();
+  std::size_t xi = 0;
   for (std::size_t node = 0; node < n; ++node) {
     d.local_hashes_[node] = local_hash(t, g.trace_op(node));
     ContentHasher h;
     h.update_hash(d.local_hashes_[node]);
-    // Producers in slot order (edges are appended in slot order; sort to be safe).
-    std::vector<std::pair<std::uint16_t, ContentHash>> ins;
-    for (const Edge& e : g.predecessors(node)) ins.emplace_back(e.slot, d.node_hashes_[e.node]);
-    for (auto [slot, kind] : ext[node]) {
-      ContentHasher x;
-      x.update_string("external").update_u8(kind);
-      ins.emplace_back(slot, x.digest());
+    const auto preds = g.predecessors(node);
+    std::size_t pi = 0;
+    while (pi < preds.size() || (xi < externals.size() && externals[xi].node == node)) {
+      const bool take_external = xi < externals.size() && externals[xi].node == node &&
+                                 (pi == preds.size() || externals[xi].slot < preds[pi].slot);
+      if (take_external) {
+        auto it = t.externals.find(externals[xi].storage_id);
+        auto kind = it == t.externals.end() ? std::uint8_t{0} : static_cast<std::uint8_t>(it->second);
+        if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
+        h.update_u32(externals[xi].slot).update_hash(external_hash[kind]);
+        ++xi;
+      } else {
+        h.update_u32(preds[pi].slot).update_hash(d.node_hashes_[preds[pi].node]);
+        ++pi;
+      }
     }
-    std::sort(ins.begin(), ins.end());
-    for (const auto& [slot, hh] : ins) h.update_u32(slot).update_hash(hh);
     d.node_hashes_[node] = h.digest();
   }
   ContentHasher root;
@@ -103,22 +111,26 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
   // Module scope regions: for every module path P seen, maximal runs of nodes whose path is P
   // or inside it (P + "."): a block's region holds its submodules' ops too. One pass over the
   // nodes; each node extends the open run of every scope on its path.
-  std::map<std::string, std::size_t> scope_index;  // path -> scope slot
-  std::vector<std::string> scope_path;
-  std::unordered_map<std::uint32_t, std::vector<std::size_t>> scopes_of;  // module id -> scopes
+  // Scopes are found once per distinct module id; paths are views of the trace's strings.
+  std::uint32_t max_module = 0;
+  for (std::uint32_t i = 0; i < N; ++i) max_module = std::max(max_module, g.module_id(i));
+  absl::flat_hash_map<std::string_view, std::size_t> scope_index;  // path -> scope slot
+  std::vector<std::string_view> scope_path;
+  std::vector<std::vector<std::size_t>> scopes_of(N == 0 ? 0 : max_module + 1);  // module id -> scopes
+  std::vector<bool> module_seen(scopes_of.size(), false);
   for (std::uint32_t i = 0; i < N; ++i) {
     const std::uint32_t mod = g.module_id(i);
-    if (scopes_of.count(mod)) continue;
-    std::vector<std::size_t>& list = scopes_of[mod];
-    const std::string& p = t.module_path(mod);
-    for (std::size_t dot = 0; !p.empty() && dot != std::string::npos;) {
+    if (module_seen[mod]) continue;
+    module_seen[mod] = true;
+    const std::string_view p = t.module_path(mod);
+    for (std::size_t dot = 0; !p.empty() && dot != std::string_view::npos;) {
       dot = p.find('.', dot + 1);
       auto [it, added] = scope_index.emplace(p.substr(0, dot), scope_path.size());
       if (added) scope_path.push_back(it->first);
-      list.push_back(it->second);
+      scopes_of[mod].push_back(it->second);
     }
   }
-  std::unordered_map<std::string, std::uint32_t> id_of_path;
+  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
   for (std::size_t k = 0; k < t.module_paths.size(); ++k)
     id_of_path.emplace(t.module_paths[k], static_cast<std::uint32_t>(k));
   std::vector<std::uint32_t> open_begin(scope_path.size(), 0), open_end(scope_path.size(), 0);
@@ -150,11 +162,11 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
     return runs[a].first < runs[b].first;
   });
   for (std::size_t k : order) {
-    const std::string& path = scope_path[runs[k].second];
+    const std::string_view path = scope_path[runs[k].second];
     auto idit = id_of_path.find(path);
     d.regions_.push_back(Region{RegionKind::Module, idit == id_of_path.end() ? 0 : idit->second,
                                 runs[k].first, run_end[k],
-                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), path});
+                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), std::string(path)});
   }
   return d;
 }

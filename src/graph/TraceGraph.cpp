@@ -24,8 +24,10 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   g.phases_.resize(n);
   g.modules_.resize(n);
   absl::flat_hash_map<Key, Producer> last_writer;
+  last_writer.reserve(3 * n);
   struct Raw { std::uint32_t from, to; std::uint16_t slot; EdgeKind kind; };
   std::vector<Raw> raw;
+  raw.reserve(3 * n);
   for (std::size_t node = 0; node < n; ++node) {
     const std::size_t op = ops[node];
     g.phases_[node] = t.ops[op].phase;

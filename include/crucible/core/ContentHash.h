@@ -10,7 +10,9 @@
 // signs or compares across trust boundaries.
 #pragma once
 
+#include <bit>
 #include <compare>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -31,34 +33,65 @@ static_assert(sizeof(ContentHash) == 16);
 
 class ContentHasher {
  public:
-  explicit ContentHasher(std::uint64_t seed = 0);
-  ~ContentHasher();
+  explicit ContentHasher(std::uint64_t seed = 0) : seed_(seed) {}
+  ~ContentHasher() = default;
   ContentHasher(const ContentHasher&) = delete;
   ContentHasher& operator=(const ContentHasher&) = delete;
 
-  ContentHasher& update_bytes(std::span<const std::byte> bytes);
-  ContentHasher& update_bytes(const void* data, std::size_t n);
-  ContentHasher& update_u8(std::uint8_t v);
-  ContentHasher& update_u32(std::uint32_t v);
-  ContentHasher& update_u64(std::uint64_t v);
+  ContentHasher& update_bytes(std::span<const std::byte> bytes) { return update_bytes(bytes.data(), bytes.size()); }
+  ContentHasher& update_bytes(const void* data, std::size_t n) {
+    if (pending_n_ + n > kPending) return update_slow(data, n);
+    std::memcpy(pending_ + pending_n_, data, n);
+    pending_n_ += n;
+    return *this;
+  }
+  ContentHasher& update_u8(std::uint8_t v) { return update_bytes(&v, 1); }
+  ContentHasher& update_u32(std::uint32_t v) {
+    if constexpr (std::endian::native != std::endian::little) v = byteswap32(v);
+    return update_bytes(&v, 4);
+  }
+  ContentHasher& update_u64(std::uint64_t v) {
+    if constexpr (std::endian::native != std::endian::little) v = byteswap64(v);
+    return update_bytes(&v, 8);
+  }
   ContentHasher& update_i64(std::int64_t v) { return update_u64(static_cast<std::uint64_t>(v)); }
-  ContentHasher& update_f64(double v);               // IEEE-754 bits; -0.0 != 0.0, NaNs by bits
-  ContentHasher& update_string(std::string_view s);  // length-prefixed
-  ContentHasher& update_hash(const ContentHash& h);  // lo then hi, little-endian
+  // Each element as update_i64 would feed it (one copy on little-endian hosts).
+  ContentHasher& update_i64s(std::span<const std::int64_t> v) {
+    if constexpr (std::endian::native == std::endian::little) return update_bytes(v.data(), v.size_bytes());
+    for (std::int64_t x : v) update_i64(x);
+    return *this;
+  }
+  ContentHasher& update_f64(double v) { return update_u64(std::bit_cast<std::uint64_t>(v)); }  // -0.0 != 0.0, NaNs by bits
+  ContentHasher& update_string(std::string_view s) {  // length-prefixed
+    update_u64(s.size());
+    return update_bytes(s.data(), s.size());
+  }
+  ContentHasher& update_hash(const ContentHash& h) { return update_u64(h.lo).update_u64(h.hi); }  // lo then hi
 
   // The hash of everything fed so far. Can be called again after more updates.
   [[nodiscard]] ContentHash digest() const;
 
  private:
-  // XXH3_state_t lives inline (576 bytes, 64-aligned; checked in ContentHash.cpp) so a hasher
-  // costs no heap allocation: the graph stage makes several per node.
+  static constexpr std::uint32_t byteswap32(std::uint32_t v) {
+    return (v >> 24) | ((v >> 8) & 0xFF00u) | ((v << 8) & 0xFF0000u) | (v << 24);
+  }
+  static constexpr std::uint64_t byteswap64(std::uint64_t v) {
+    return (static_cast<std::uint64_t>(byteswap32(static_cast<std::uint32_t>(v))) << 32) | byteswap32(static_cast<std::uint32_t>(v >> 32));
+  }
+  ContentHasher& update_slow(const void* data, std::size_t n);
+
+  // Note [Lazy XXH3 state]: most hashes here are short (a DAG node's local description is
+  // 100-200 bytes), and one-shot XXH3-128 over them gives the same digest as the streaming API.
+  // So bytes gather in pending_ and the 576-byte XXH3 state (whose reset copies a 192-byte
+  // secret) is set up only once more than kPending bytes arrive; the graph stage makes several
+  // hashers per node, and building a state each time cost about half of the DAG's build time.
+  static constexpr std::size_t kPending = 1024;
   static constexpr std::size_t kStateBytes = 640;
-  alignas(64) mutable unsigned char state_[kStateBytes];
-  // Small updates (a u32, a dim) gather here and reach XXH3 in 256-byte chunks: one library
-  // call per chunk instead of per field. Chunking does not change the hash.
-  void flush() const;
-  mutable unsigned char pending_[256];
-  mutable std::size_t pending_n_ = 0;
+  std::uint64_t seed_;
+  std::size_t pending_n_ = 0;
+  bool streaming_ = false;  // state_ holds everything before pending_
+  unsigned char pending_[kPending];
+  alignas(64) unsigned char state_[kStateBytes];
 };
 
 // One-shot XXH3-128 of a byte string.

@@ -9,7 +9,9 @@
 // Inputs no op in the range produced are the graph's externals (parameters, batch, state...).
 //
 // CSR: fwd_offsets[n+1] / fwd_edges for successors, rev_offsets[n+1] / rev_edges for
-// predecessors; each edge stores (other node, kind, input slot of the consumer).
+// predecessors; each edge stores (other node, kind, input slot of the consumer). A node's
+// predecessors are in increasing slot order, at most one per slot; externals() is in node order,
+// then slot order. The Merkle hashes rely on both orders.
 #pragma once
 
 #include <cstdint>
