@@ -2,9 +2,17 @@
 #include "crucible/pipeline/Pipeline.h"
 
 #include <chrono>
+#include <ctime>
 #include <unordered_map>
 
 namespace crucible::pipeline {
+namespace {
+std::uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
 
 Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), plan_(plan) {
   detect_ = std::thread([this] { detect_loop(); });
@@ -99,14 +107,20 @@ void Pipeline::build_loop() {
     std::unique_ptr<std::vector<std::size_t>> ops(m.ops);
     std::unique_ptr<graph::IterationReport> report(m.report);
     const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t cpu0 = thread_cpu_ns();
     auto trace = std::make_shared<record::Trace>(rec_.copy_ops(*ops));
+    const auto t_copied = std::chrono::steady_clock::now();
     std::vector<std::size_t> local(trace->num_ops());
     for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
     std::shared_ptr<graph::Iteration> it = graph::build_iteration(*trace, std::move(local), plan_);
     it->trace = std::move(trace);
     it->report = std::move(*report);
-    last_build_ns_.store(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    const std::uint64_t cpu1 = thread_cpu_ns();
+    const auto t1 = std::chrono::steady_clock::now();
+    auto ns = [](auto d) { return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
+    last_build_ns_.store(ns(t1 - t0), std::memory_order_relaxed);
+    last_copy_ns_.store(ns(t_copied - t0), std::memory_order_relaxed);
+    last_build_cpu_ns_.store(cpu1 - cpu0, std::memory_order_relaxed);
     builds_.fetch_add(1, std::memory_order_relaxed);
     to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new graph::Iteration(std::move(*it))});
   }
@@ -145,7 +159,8 @@ std::string Pipeline::last_reason() const {
 PipelineStats Pipeline::stats() const {
   return PipelineStats{ops_seen_.load(std::memory_order_relaxed), detections_.load(std::memory_order_relaxed),
                        builds_.load(std::memory_order_relaxed), published_.load(std::memory_order_relaxed),
-                       last_build_ns_.load(std::memory_order_relaxed)};
+                       last_build_ns_.load(std::memory_order_relaxed), last_copy_ns_.load(std::memory_order_relaxed),
+                       last_build_cpu_ns_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace crucible::pipeline

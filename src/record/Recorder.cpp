@@ -6,6 +6,7 @@
 
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
+#include "absl/container/flat_hash_set.h"
 
 namespace crucible::record {
 namespace {
@@ -311,17 +312,39 @@ void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_r
 
 Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
   Trace out;
+  // Only what the copied ops refer to: their schema names and the classification of their
+  // storages (the recorder's tables grow with the run; copying them whole made each build
+  // cost more the longer training went on).
+  absl::flat_hash_set<std::uint64_t> schemas, storages;
   {
     std::lock_guard<std::mutex> g(trace_mu_);
+    std::size_t n_tensors = 0, n_dims = 0, n_scalars = 0;
     for (std::size_t op : ops) {
       if (op >= trace_.num_ops()) continue;
       const TraceEntry& e = trace_.ops[op];
+      n_tensors += e.n_tensors;
+      n_scalars += e.n_scalars;
+      for (std::size_t k = 0; k < e.n_tensors; ++k) n_dims += 2u * trace_.tensors[trace_.op_tensor_begin[op] + k].ndim;
+    }
+    out.ops.reserve(ops.size());
+    out.op_tensor_begin.reserve(ops.size());
+    out.op_scalar_begin.reserve(ops.size());
+    out.tensors.reserve(n_tensors);
+    out.tensor_dims_begin.reserve(n_tensors);
+    out.dims.reserve(n_dims);
+    out.scalars.reserve(n_scalars);
+    storages.reserve(n_tensors);
+    for (std::size_t op : ops) {
+      if (op >= trace_.num_ops()) continue;
+      const TraceEntry& e = trace_.ops[op];
+      schemas.insert(e.schema_hash);
       out.op_tensor_begin.push_back(out.tensors.size());
       out.op_scalar_begin.push_back(out.scalars.size());
       out.ops.push_back(e);
       for (std::size_t k = 0; k < e.n_tensors; ++k) {
         const std::size_t ti = trace_.op_tensor_begin[op] + k;
         out.tensors.push_back(trace_.tensors[ti]);
+        if (trace_.tensors[ti].storage_id != 0) storages.insert(trace_.tensors[ti].storage_id);
         out.tensor_dims_begin.push_back(out.dims.size());
         const auto sz = trace_.sizes(ti);
         const auto st = trace_.strides(ti);
@@ -333,9 +356,15 @@ Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
     }
   }
   std::lock_guard<std::mutex> g(names_mu_);
-  for (const auto& [h, n] : schema_names_) out.schema_names.emplace(h, n);
+  for (std::uint64_t h : schemas) {
+    auto it = schema_names_.find(h);
+    if (it != schema_names_.end()) out.schema_names.emplace(h, it->second);
+  }
   out.module_paths = module_paths_;
-  out.externals = externals_;
+  for (std::uint64_t sid : storages) {
+    auto it = externals_.find(sid);
+    if (it != externals_.end()) out.externals.emplace(sid, it->second);
+  }
   return out;
 }
 
@@ -393,7 +422,7 @@ Trace Recorder::snapshot() {
     std::lock_guard<std::mutex> g(names_mu_);
     for (const auto& [h, n] : schema_names_) t.schema_names.emplace(h, n);
     t.module_paths = module_paths_;
-    t.externals = externals_;
+    t.externals.insert(externals_.begin(), externals_.end());
   }
   t.threads = thread_stats();
   return t;

@@ -378,6 +378,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     const auto st = p.stats();
     d["pipeline_builds"] = st.builds;
     d["pipeline_build_us"] = static_cast<double>(st.last_build_ns) / 1000.0;
+    d["pipeline_copy_us"] = static_cast<double>(st.last_copy_ns) / 1000.0;
+    d["pipeline_build_cpu_us"] = static_cast<double>(st.last_build_cpu_ns) / 1000.0;
     return d;
   });
   m.def("start_pipeline", [] { (void)global_pipeline(); });

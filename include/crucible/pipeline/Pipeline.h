@@ -30,7 +30,12 @@ struct PipelineStats {
   std::uint64_t detections = 0;      // detector runs
   std::uint64_t builds = 0;          // iterations built
   std::uint64_t published = 0;       // iterations published
-  std::uint64_t last_build_ns = 0;   // wall time of the last build
+  // The last build: wall time from taking the ops out of the trace to a built iteration, the
+  // part of it spent copying the ops, and the build thread's CPU time over the same span (on a
+  // busy machine the wall time includes waiting for a core; CPU time does not).
+  std::uint64_t last_build_ns = 0;
+  std::uint64_t last_copy_ns = 0;
+  std::uint64_t last_build_cpu_ns = 0;
 };
 
 class Pipeline final : public record::DrainSink {
@@ -86,7 +91,8 @@ class Pipeline final : public record::DrainSink {
   std::atomic<std::shared_ptr<const graph::Iteration>> latest_;
   std::atomic<std::uint64_t> next_token_{1};
   std::atomic<std::uint64_t> published_token_{0};
-  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, published_{0}, last_build_ns_{0};
+  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, published_{0}, last_build_ns_{0},
+      last_copy_ns_{0}, last_build_cpu_ns_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;

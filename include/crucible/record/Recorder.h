@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "crucible/core/SpscRing.h"
 #include "crucible/core/Status.h"
 #include "crucible/record/Trace.h"
@@ -156,7 +157,7 @@ class Recorder {
   std::unordered_map<std::uint64_t, std::string> schema_names_;
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
-  std::map<std::uint64_t, ExternalKind> externals_;
+  absl::flat_hash_map<std::uint64_t, ExternalKind> externals_;  // sorted into Trace::externals on copy
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
