@@ -113,20 +113,26 @@ bool Recorder::commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell
     }
   }
   bool waited = false;
-  auto wait = [&] {
+  auto wait = [&](const auto& ring) {  // `ring` was found full
     if (!waited) {
       waited = true;
       bump(log.waits_, 1);
     }
-    wake_drain();
-    std::this_thread::yield();
+    const std::uint32_t bell = log.bell_.load(std::memory_order_acquire);
+    log.waiting_.store(true, std::memory_order_seq_cst);
+    // Re-check after announcing: a pop the drain made before it could see waiting_ is seen here.
+    if (ring.size_approx() >= ring.capacity()) {
+      wake_drain();
+      log.bell_.wait(bell, std::memory_order_acquire);
+    }
+    log.waiting_.store(false, std::memory_order_relaxed);
   };
   auto push_all = [&](auto& ring, auto items) {
     std::size_t done = 0;
     while (done < items.size()) {
       const std::size_t n = ring.try_push_n(items.subspan(done));
       done += n;
-      if (n == 0) wait();
+      if (n == 0) wait(ring);
     }
   };
   push_all(log.metas_, cells);
@@ -137,7 +143,7 @@ bool Recorder::commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell
     entry.flags |= op_flag::kAfterDrop;
     log.after_drop_ = false;
   }
-  while (!log.entries_.try_push(entry)) wait();
+  while (!log.entries_.try_push(entry)) wait(log.entries_);
   bump(log.ops_[static_cast<int>(entry.phase) % kNumPhases], 1);
   bump(log.bytes_, sizeof(TraceEntry) + cells.size() * sizeof(MetaCell) +
                        scalars.size() * sizeof(ScalarRecord));
@@ -226,6 +232,13 @@ bool Recorder::drain_log(ThreadLog& log) {
   }
   if (n != 0)
     log.drained_.store(log.drained_.load(std::memory_order_relaxed) + n, std::memory_order_release);
+  if (moved) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the pops before the load of waiting_
+    if (log.waiting_.load(std::memory_order_relaxed)) {
+      log.bell_.fetch_add(1, std::memory_order_release);
+      log.bell_.notify_one();
+    }
+  }
   return moved;
 }
 

@@ -63,6 +63,14 @@ class ThreadLog {
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::uint64_t> waits_{0};
   bool after_drop_ = false;
+  // Back-pressure parking: a producer facing a full ring sets waiting_ and sleeps on bell_
+  // (a futex) until the drain has moved something out of this log; the drain bumps bell_ and
+  // wakes it when it sees waiting_. seq_cst on both sides (store/fence, then load): either the
+  // drain sees waiting_ or the producer's wait sees the new bell value, so no wake-up is lost.
+  // Parking, not yielding: a producer spinning on sched_yield kept one of two cores busy that
+  // the drain and the pipeline stages needed.
+  std::atomic<bool> waiting_{false};
+  std::atomic<std::uint32_t> bell_{0};
   // Written by the drain only.
   std::atomic<std::uint64_t> drained_{0};
   std::vector<MetaCell> meta_stage_;      // cells popped ahead of their entry
