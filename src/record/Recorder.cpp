@@ -325,59 +325,72 @@ void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_r
 
 Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
   Trace out;
-  // Only what the copied ops refer to: their schema names and the classification of their
-  // storages (the recorder's tables grow with the run; copying them whole made each build
-  // cost more the longer training went on).
-  absl::flat_hash_set<std::uint64_t> schemas, storages;
+  absl::flat_hash_set<std::uint64_t> schemas;
   {
     std::lock_guard<std::mutex> g(trace_mu_);
-    std::size_t n_tensors = 0, n_dims = 0, n_scalars = 0;
-    for (std::size_t op : ops) {
-      if (op >= trace_.num_ops()) continue;
-      const TraceEntry& e = trace_.ops[op];
-      n_tensors += e.n_tensors;
-      n_scalars += e.n_scalars;
-      for (std::size_t k = 0; k < e.n_tensors; ++k) n_dims += 2u * trace_.tensors[trace_.op_tensor_begin[op] + k].ndim;
-    }
-    out.ops.reserve(ops.size());
-    out.op_tensor_begin.reserve(ops.size());
-    out.op_scalar_begin.reserve(ops.size());
+    const Trace& t = trace_;
+    const std::size_t n_ops = t.num_ops();
+    // Bounds of op / tensor ranges in the trace's flat arrays (an op's tensors, dims and
+    // scalars are contiguous and in op order: Trace::append).
+    auto tensor_at = [&](std::size_t op) { return op < n_ops ? t.op_tensor_begin[op] : t.tensors.size(); };
+    auto scalar_at = [&](std::size_t op) { return op < n_ops ? t.op_scalar_begin[op] : t.scalars.size(); };
+    auto dim_at = [&](std::size_t tensor) { return tensor < t.tensors.size() ? t.tensor_dims_begin[tensor] : t.dims.size(); };
+    // The ops of one recording thread's iteration are one run of consecutive indices, unless
+    // other threads recorded in between: copy run by run, each with one bulk copy per array.
+    auto for_runs = [&](auto&& f) {
+      for (std::size_t i = 0; i < ops.size();) {
+        if (ops[i] >= n_ops) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i + 1;
+        while (j < ops.size() && ops[j] == ops[j - 1] + 1 && ops[j] < n_ops) ++j;
+        f(ops[i], ops[j - 1] + 1);
+        i = j;
+      }
+    };
+    std::size_t n_copied = 0, n_tensors = 0, n_dims = 0, n_scalars = 0;
+    for_runs([&](std::size_t a, std::size_t b) {
+      n_copied += b - a;
+      n_tensors += tensor_at(b) - tensor_at(a);
+      n_dims += dim_at(tensor_at(b)) - dim_at(tensor_at(a));
+      n_scalars += scalar_at(b) - scalar_at(a);
+    });
+    out.ops.reserve(n_copied);
+    out.op_tensor_begin.reserve(n_copied);
+    out.op_scalar_begin.reserve(n_copied);
     out.tensors.reserve(n_tensors);
     out.tensor_dims_begin.reserve(n_tensors);
     out.dims.reserve(n_dims);
     out.scalars.reserve(n_scalars);
-    storages.reserve(n_tensors);
-    for (std::size_t op : ops) {
-      if (op >= trace_.num_ops()) continue;
-      const TraceEntry& e = trace_.ops[op];
-      schemas.insert(e.schema_hash);
-      out.op_tensor_begin.push_back(out.tensors.size());
-      out.op_scalar_begin.push_back(out.scalars.size());
-      out.ops.push_back(e);
-      for (std::size_t k = 0; k < e.n_tensors; ++k) {
-        const std::size_t ti = trace_.op_tensor_begin[op] + k;
-        out.tensors.push_back(trace_.tensors[ti]);
-        if (trace_.tensors[ti].storage_id != 0) storages.insert(trace_.tensors[ti].storage_id);
-        out.tensor_dims_begin.push_back(out.dims.size());
-        const auto sz = trace_.sizes(ti);
-        const auto st = trace_.strides(ti);
-        out.dims.insert(out.dims.end(), sz.begin(), sz.end());
-        out.dims.insert(out.dims.end(), st.begin(), st.end());
+    for_runs([&](std::size_t a, std::size_t b) {
+      const std::size_t t0 = tensor_at(a), t1 = tensor_at(b), s0 = scalar_at(a), d0 = dim_at(t0);
+      const std::size_t out_t = out.tensors.size(), out_s = out.scalars.size(), out_d = out.dims.size();
+      out.ops.insert(out.ops.end(), t.ops.begin() + static_cast<long>(a), t.ops.begin() + static_cast<long>(b));
+      for (std::size_t op = a; op < b; ++op) {
+        schemas.insert(t.ops[op].schema_hash);
+        out.op_tensor_begin.push_back(t.op_tensor_begin[op] - t0 + out_t);
+        out.op_scalar_begin.push_back(t.op_scalar_begin[op] - s0 + out_s);
       }
-      const auto sc = trace_.scalars_of(op);
-      out.scalars.insert(out.scalars.end(), sc.begin(), sc.end());
-    }
+      out.tensors.insert(out.tensors.end(), t.tensors.begin() + static_cast<long>(t0), t.tensors.begin() + static_cast<long>(t1));
+      for (std::size_t k = t0; k < t1; ++k) out.tensor_dims_begin.push_back(t.tensor_dims_begin[k] - d0 + out_d);
+      out.dims.insert(out.dims.end(), t.dims.begin() + static_cast<long>(d0), t.dims.begin() + static_cast<long>(dim_at(t1)));
+      out.scalars.insert(out.scalars.end(), t.scalars.begin() + static_cast<long>(s0),
+                         t.scalars.begin() + static_cast<long>(scalar_at(b)));
+    });
   }
+  // Only what the copied ops refer to: their schema names and the classification of their
+  // storages (the recorder's tables grow with the run; copying them whole made each build
+  // cost more the longer training went on).
   std::lock_guard<std::mutex> g(names_mu_);
   for (std::uint64_t h : schemas) {
     auto it = schema_names_.find(h);
     if (it != schema_names_.end()) out.schema_names.emplace(h, it->second);
   }
   out.module_paths = module_paths_;
-  for (std::uint64_t sid : storages) {
-    auto it = externals_.find(sid);
-    if (it != externals_.end()) out.externals.emplace(sid, it->second);
-  }
+  if (!externals_.empty())
+    for (const TensorMeta& m : out.tensors)
+      if (auto it = externals_.find(m.storage_id); it != externals_.end()) out.externals.emplace(it->first, it->second);
   return out;
 }
 

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "test_util.h"
@@ -132,6 +134,60 @@ TEST(Recorder, ThreadsRecordIntoTheirOwnLogsInProgramOrder) {
   }
   EXPECT_EQ(t.threads.size(), static_cast<std::size_t>(kThreads));
   EXPECT_EQ(t.total_ops(Phase::Backward), kThreads * kOps);
+}
+
+// copy_ops takes runs of consecutive ops in bulk: the copy must equal the ops one by one, for
+// one thread's ops interleaved with another's, for a strided subset, and with an index past
+// the end (skipped). It carries the names and external classifications those ops use, only.
+TEST(Recorder, CopyOpsEqualsTheOpsOneByOne) {
+  auto r = *Recorder::create();
+  const auto relu = r->intern_schema("aten::relu"), add = r->intern_schema("aten::add.Tensor");
+  const auto unused = r->intern_schema("aten::unused");
+  std::vector<std::thread> ts;
+  for (int k = 0; k < 2; ++k)
+    ts.emplace_back([&, k] {
+      OpBuilder b;
+      for (std::uint64_t i = 0; i < 3000; ++i) commit_synthetic(*r, b, k == 0 ? relu : add, i);
+    });
+  for (auto& t : ts) t.join();
+  r->classify_external(1, ExternalKind::Parameter);     // the first input of op i = 0 of each thread
+  r->classify_external(99999999, ExternalKind::Input);  // no op uses it
+  const Trace t = r->snapshot();
+  std::vector<std::size_t> thread0, strided{0};  // op 0 is some thread's i = 0: it reads storage 1
+  for (std::size_t op = 0; op < t.num_ops(); ++op) {
+    if (t.ops[op].thread == t.ops[0].thread) thread0.push_back(op);
+    if (op % 3 == 2) strided.push_back(op);
+  }
+  strided.push_back(t.num_ops() + 5);
+  for (const auto& ops : {thread0, strided}) {
+    const Trace c = r->copy_ops(ops);
+    std::size_t k = 0;
+    for (std::size_t op : ops) {
+      if (op >= t.num_ops()) continue;
+      ASSERT_LT(k, c.num_ops());
+      EXPECT_EQ(std::memcmp(&c.ops[k], &t.ops[op], sizeof(TraceEntry)), 0) << "op " << op;
+      const auto ci = c.inputs(k), ti = t.inputs(op), co = c.outputs(k), to = t.outputs(op);
+      ASSERT_EQ(ci.size(), ti.size());
+      ASSERT_EQ(co.size(), to.size());
+      for (std::size_t j = 0; j < ci.size() + co.size(); ++j) {
+        const TensorMeta& a = j < ci.size() ? ci[j] : co[j - ci.size()];
+        const TensorMeta& b = j < ti.size() ? ti[j] : to[j - ti.size()];
+        EXPECT_EQ(std::memcmp(&a, &b, sizeof(TensorMeta)), 0);
+        const auto as = c.sizes(c.tensor_index(&a)), bs = t.sizes(t.tensor_index(&b));
+        const auto ast = c.strides(c.tensor_index(&a)), bst = t.strides(t.tensor_index(&b));
+        EXPECT_TRUE(std::equal(as.begin(), as.end(), bs.begin(), bs.end()));
+        EXPECT_TRUE(std::equal(ast.begin(), ast.end(), bst.begin(), bst.end()));
+      }
+      const auto cs = c.scalars_of(k), tsc = t.scalars_of(op);
+      ASSERT_EQ(cs.size(), tsc.size());
+      for (std::size_t j = 0; j < cs.size(); ++j) EXPECT_EQ(std::memcmp(&cs[j], &tsc[j], sizeof(ScalarRecord)), 0);
+      ++k;
+    }
+    EXPECT_EQ(k, c.num_ops());
+    EXPECT_FALSE(c.schema_names.contains(unused));
+    EXPECT_EQ(c.externals.size(), 1u);
+    EXPECT_TRUE(c.externals.contains(1));
+  }
 }
 
 TEST(Recorder, ModulePathsAreInternedOnce) {
