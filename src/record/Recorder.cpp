@@ -94,7 +94,7 @@ ThreadLog& Recorder::thread_log() {
   return *t_logs.log;
 }
 
-bool Recorder::commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell> cells,
+bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const MetaCell> cells,
                       std::span<const ScalarRecord> scalars) {
   CRUCIBLE_PRE(cells.size() == entry.n_meta_cells && scalars.size() == entry.n_scalars,
                "entry counts match the cells and scalars given");
@@ -137,17 +137,29 @@ bool Recorder::commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell
   };
   push_all(log.metas_, cells);
   push_all(log.scalars_, scalars);
-  entry.seq = log.committed_.load(std::memory_order_relaxed);
-  entry.thread = log.index_;
-  if (log.after_drop_) {
-    entry.flags |= op_flag::kAfterDrop;
-    log.after_drop_ = false;
-  }
-  while (!log.entries_.try_push(entry)) wait(log.entries_);
+  const std::uint64_t seq = log.committed_.load(std::memory_order_relaxed);
+  const std::uint8_t flags = entry.flags | (log.after_drop_ ? op_flag::kAfterDrop : 0);
+  log.after_drop_ = false;
+  auto fill = [&](TraceEntry& slot) {  // field by field into the ring (see try_push_with)
+    slot.schema_hash = entry.schema_hash;
+    slot.seq = seq;
+    slot.n_tensors = entry.n_tensors;
+    slot.n_inputs = entry.n_inputs;
+    slot.n_meta_cells = entry.n_meta_cells;
+    slot.n_scalars = entry.n_scalars;
+    slot.module_id = entry.module_id;
+    slot.thread = log.index_;
+    slot.n_args = entry.n_args;
+    slot.phase = entry.phase;
+    slot.flags = flags;
+    slot.reserved0 = 0;
+    slot.reserved[0] = slot.reserved[1] = 0;
+  };
+  while (!log.entries_.try_push_with(fill)) wait(log.entries_);
   bump(log.ops_[static_cast<int>(entry.phase) % kNumPhases], 1);
   bump(log.bytes_, sizeof(TraceEntry) + cells.size() * sizeof(MetaCell) +
                        scalars.size() * sizeof(ScalarRecord));
-  log.committed_.store(entry.seq + 1, std::memory_order_release);
+  log.committed_.store(seq + 1, std::memory_order_release);
   return true;
 }
 

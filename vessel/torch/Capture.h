@@ -141,6 +141,8 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 // Entering an op at the current depth: false if it is a kernel internal (the caller passes it
 // through unrecorded), else marks the parent as decomposed and returns the op's frame, reset.
 // See Note [One op level] in misc/CRUCIBLE.md.
+// Counts a composite op that was not recorded because the ops it decomposed into were.
+void count_decomposed();
 Frame* enter_op(ThreadState& ts, bool composite_implicit);
 // Appends a recorded op to the thread's active capture (call only when ts.capture is set).
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,

@@ -107,6 +107,8 @@ std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_prof
 
 }  // namespace
 namespace detail {
+void count_decomposed() { g_skip_decomposed.fetch_add(1, std::memory_order_relaxed); }
+
 Phase current_phase(ThreadState& ts) {
   if (ts.optimizer_depth > 0) return Phase::Optimizer;
   // The engine sets the current graph task on every thread while it runs backward nodes.
@@ -135,14 +137,17 @@ double wrapped_value(const at::Tensor& t) {
 namespace detail {
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output) {
-  TensorMeta m;
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   const c10::Device device = t.device();
   const c10::Layout layout = t.layout();
+  const c10::IntArrayRef sizes = t.sizes();
+  // Written where it lives in the builder, field by field (OpBuilder::begin_tensor).
+  TensorMeta& m = b.begin_tensor(static_cast<std::uint16_t>(sizes.size()));
   m.arg_index = arg;
   m.list_index = list_index;
   m.dtype = static_cast<std::int8_t>(t.scalar_type());
-  m.device_kind = static_cast<std::uint8_t>(device_kind_of(device.type()));
+  m.device_kind = static_cast<std::uint8_t>(device.type() == c10::DeviceType::CPU ? DeviceKind::CPU
+                                                                                  : device_kind_of(device.type()));
   m.device_index = device.index();
   m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(layout)));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
@@ -157,10 +162,12 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
     m.wrapped_value = wrapped_value(t);
   }
   if (t.is_inference()) f |= record::tensor_flag::kInference;
-  else m.version = t._version();
+  else m.version = impl->version_counter().current_version();  // inline, unlike Tensor::_version()
   const bool strided = layout == at::kStrided;
-  if (strided && impl->has_storage()) {
-    const c10::Storage& s = impl->storage();
+  // unsafe_storage(): no virtual has_storage() call, and no throw for wrapper tensors whose
+  // storage() refuses access (their storage_ is empty, so they count as storage-less).
+  const c10::Storage& s = impl->unsafe_storage();
+  if (strided && s.unsafeGetStorageImpl() != nullptr) {
     m.storage_id = ts.storage_ids.id(s);
     m.storage_offset = t.storage_offset();
     m.storage_nbytes = s.nbytes();
@@ -173,10 +180,10 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   }
   m.flags = f;
   if (strided) {
-    b.add_tensor(m, t.sizes(), t.strides());
+    b.set_dims(sizes, t.strides());
   } else {
-    std::vector<std::int64_t> zeros(t.dim(), 0);  // non-strided layouts have no strides
-    b.add_tensor(m, t.sizes(), zeros);
+    std::vector<std::int64_t> zeros(sizes.size(), 0);  // non-strided layouts have no strides
+    b.set_dims(sizes, zeros);
   }
 }
 
@@ -343,7 +350,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   Frame& done = ts.frames[ts.depth];  // same frame; deque references are stable
   if (done.had_child) {
     done.cap_args.clear();  // a decomposed op is not captured: drop its arguments now
-    g_skip_decomposed.fetch_add(1, std::memory_order_relaxed);
+    detail::count_decomposed();
     return;
   }
   const std::size_t n_ret = op.schema().returns().size();

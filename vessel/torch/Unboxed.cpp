@@ -17,6 +17,19 @@
 #include <ATen/ops/addcdiv_ops.h>
 #include <ATen/ops/addcmul_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/cross_entropy_loss_ops.h>
+#include <ATen/ops/linear_ops.h>
+#include <ATen/ops/log_softmax_ops.h>
+#include <ATen/ops/nll_loss_nd_ops.h>
+#include <ATen/ops/nll_loss_ops.h>
+#include <ATen/ops/conv2d_ops.h>
+#include <ATen/ops/batch_norm_ops.h>
+#include <ATen/ops/layer_norm_ops.h>
+#include <ATen/ops/dropout_ops.h>
+#include <ATen/ops/matmul_ops.h>
+#include <ATen/ops/softmax_ops.h>
+#include <ATen/ops/flatten_ops.h>
+#include <ATen/ops/zeros_ops.h>
 #include <ATen/ops/clone_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
@@ -198,6 +211,53 @@ struct Rec<Op, Ret(Args...)> {
   }
 };
 
+// A CompositeImplicitAutograd op above Autograd: like the boxed fallback, run its decomposition
+// with the key still included so the ops it calls come back and are recorded, and do not record
+// the op itself when they did. The boxed path captures the arguments before the call in case
+// nothing comes back; here the ops listed below decompose into at least one dispatched call
+// whenever they compute anything (linear -> addmm/matmul, cross_entropy_loss -> log_softmax +
+// nll_loss_nd, ...), so arguments are captured only in the rare case that nothing came back
+// (dropout in eval, a no-op flatten), after the call. None of these ops writes to an argument,
+// so the version counters read after the call are the ones the boxed path reads before it.
+template <class Op, class Fn>
+struct Decomposed;
+
+template <class Op, class Ret, class... Args>
+struct Decomposed<Op, Ret(Args...)> {
+  static Ret call(c10::DispatchKeySet ks, Args... args) {
+    const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+    ThreadState& ts = t_state;
+    Frame* f = enter_op(ts, /*composite_implicit=*/true);
+    if (f == nullptr) {
+      c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // kernel internals, as in the fallback
+      return Op::redispatch(after, args...);
+    }
+    ++ts.depth;
+    struct Depth {
+      int& d;
+      ~Depth() { --d; }
+    } restore{ts.depth};
+    decltype(auto) result = Op::redispatch(after, args...);
+    Frame& done = ts.frames[ts.depth - 1];  // deque references are stable
+    if (done.had_child) {
+      count_decomposed();
+      return result;
+    }
+    const Site& s = site<Op>();
+    const Phase phase = current_phase(ts);
+    Cap in{ts, done.b, false};
+    std::uint16_t i = 0;
+    (cap(in, args, i++), ...);
+    done.b.end_inputs();
+    Cap out{ts, done.b, true};
+    cap_result(out, result);
+    if (ts.capture != nullptr)
+      capture_op(ts, s.handle, c10::impl::boxArgs<Args...>(args...), box_result(result), phase);
+    commit_op(ts, done, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, op_flags(s.is_mutable));
+    return result;
+  }
+};
+
 template <class Op>
 void reg(torch::Library& lib) {
   std::string name = std::string(Op::name).substr(std::strlen("aten::"));
@@ -206,7 +266,28 @@ void reg(torch::Library& lib) {
                              TORCH_FN((&Rec<Op, typename Op::schema>::call))));
 }
 
+template <class Op>
+bool reg_decomposed(torch::Library& lib) {
+  // Only where this PyTorch really decomposes the op above Autograd; otherwise the boxed
+  // fallback handles it (and records it whole).
+  const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  if (!handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) || handle.schema().is_mutable())
+    return false;
+  std::string name = std::string(Op::name).substr(std::strlen("aten::"));
+  if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
+  lib.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(
+                             TORCH_FN((&Decomposed<Op, typename Op::schema>::call))));
+  return true;
+}
+
+std::size_t g_decomposed_registered = 0;
+
 }  // namespace
+
+// Composite ops of the same models, decomposed without a boxed round trip.
+#define CRUCIBLE_DECOMPOSED_OPS(_)                                                            \
+  _(linear) _(cross_entropy_loss) _(log_softmax_int) _(nll_loss_nd) _(nll_loss) _(conv2d)      \
+  _(batch_norm) _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints)
 
 // The hot ops: those that dominate MLP, CNN, resnet18 and transformer training steps.
 #define CRUCIBLE_HOT_OPS(_)                                                                   \
@@ -215,17 +296,21 @@ void reg(torch::Library& lib) {
   _(threshold_backward) _(clone) _(add_Tensor) _(add__Tensor) _(mul_Tensor) _(mul__Tensor)     \
   _(mul__Scalar) _(add__Scalar) _(div_Tensor) _(zero_) _(sqrt) _(addcmul_) _(addcdiv_)         \
   _(convolution) _(convolution_backward) _(native_batch_norm) _(native_batch_norm_backward)    \
-  _(max_pool2d_with_indices) _(max_pool2d_with_indices_backward) _(empty_memory_format)
+  _(max_pool2d_with_indices) _(max_pool2d_with_indices_backward) _(empty_memory_format) _(zeros)
 
 void register_unboxed(torch::Library& lib) {
 #define CRUCIBLE_REG(op) reg<at::_ops::op>(lib);
   CRUCIBLE_HOT_OPS(CRUCIBLE_REG)
 #undef CRUCIBLE_REG
+  g_decomposed_registered = 0;
+#define CRUCIBLE_REG_DECOMPOSED(op) g_decomposed_registered += reg_decomposed<at::_ops::op>(lib);
+  CRUCIBLE_DECOMPOSED_OPS(CRUCIBLE_REG_DECOMPOSED)
+#undef CRUCIBLE_REG_DECOMPOSED
 }
 
 std::size_t unboxed_op_count() {
 #define CRUCIBLE_COUNT(op) +1
-  return 0 CRUCIBLE_HOT_OPS(CRUCIBLE_COUNT);
+  return 0 CRUCIBLE_HOT_OPS(CRUCIBLE_COUNT) + g_decomposed_registered;
 #undef CRUCIBLE_COUNT
 }
 

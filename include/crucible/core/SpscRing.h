@@ -23,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "crucible/core/Contract.h"
 
@@ -54,6 +55,22 @@ class SpscRing {
       if (head - prod_.cached_tail > mask_) return false;
     }
     slots_[head & mask_] = item;
+    prod_.head.store(head + 1, std::memory_order_release);
+    return true;
+  }
+
+  // Producer only. Like try_push, but the item is written in place: fill(T& slot) sets the
+  // fields of the claimed slot (which holds a stale item) before it is published. A record
+  // assembled field by field on the stack and then copied in with one 64-byte vector load stalls
+  // on store forwarding (~20 cycles); writing the fields where they go does not.
+  template <class Fill>
+  bool try_push_with(Fill&& fill) noexcept(noexcept(fill(std::declval<T&>()))) {
+    const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
+    if (head - prod_.cached_tail > mask_) {
+      prod_.cached_tail = cons_.tail.load(std::memory_order_acquire);
+      if (head - prod_.cached_tail > mask_) return false;
+    }
+    fill(slots_[head & mask_]);
     prod_.head.store(head + 1, std::memory_order_release);
     return true;
   }

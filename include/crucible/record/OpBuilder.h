@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "crucible/core/ContentHash.h"
+#include "crucible/core/Contract.h"
 #include "crucible/record/TraceRecord.h"
 
 namespace crucible::record {
@@ -31,22 +33,34 @@ class OpBuilder {
   }
 
   // `m.ndim` is set from sizes; sizes and strides must have equal length.
-  void add_tensor(TensorMeta m, std::span<const std::int64_t> sizes,
+  void add_tensor(const TensorMeta& m, std::span<const std::int64_t> sizes,
                   std::span<const std::int64_t> strides) {
-    m.ndim = static_cast<std::uint16_t>(sizes.size());
-    MetaCell head;
-    head.meta = m;
-    cells_.push_back(head);
-    const std::uint32_t n = dims_cells(m.ndim);
-    const std::size_t base = cells_.size();
-    cells_.resize(base + n);
-    for (std::uint32_t k = 0; k < m.ndim; ++k) cells_[base + k / 8].dims.v[k % 8] = sizes[k];
-    for (std::uint32_t k = 0; k < m.ndim; ++k) {
-      const std::uint32_t j = m.ndim + k;
-      cells_[base + j / 8].dims.v[j % 8] = strides[k];
-    }
+    const auto ndim = static_cast<std::uint16_t>(sizes.size());
+    TensorMeta& d = begin_tensor(ndim);
+    d = m;
+    d.ndim = ndim;
+    set_dims(sizes, strides);
+  }
+
+  // The same in two steps, for a hot caller: begin_tensor appends a tensor of `ndim`
+  // dimensions and returns its metadata (defaults, ndim set) to fill in place, valid until the
+  // next call on this builder; set_dims writes its sizes and strides. Filling the record where
+  // it lives avoids assembling it on the stack and copying it, which stalls on store forwarding.
+  TensorMeta& begin_tensor(std::uint16_t ndim) {
+    last_ = cells_.size();
+    cells_.resize(last_ + 1 + dims_cells(ndim));
+    TensorMeta* m = ::new (&cells_[last_].meta) TensorMeta();
+    m->ndim = ndim;
     ++n_tensors_;
     if (!inputs_done_) ++n_inputs_;
+    return *m;
+  }
+  void set_dims(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) {
+    const std::uint32_t nd = cells_[last_].meta.ndim;
+    CRUCIBLE_ASSERT(sizes.size() == nd && strides.size() == nd, "sizes and strides match ndim");
+    MetaCell* dims = cells_.data() + last_ + 1;
+    for (std::uint32_t k = 0; k < nd; ++k) dims[k / 8].dims.v[k % 8] = sizes[k];
+    for (std::uint32_t k = 0; k < nd; ++k) dims[(nd + k) / 8].dims.v[(nd + k) % 8] = strides[k];
   }
   void end_inputs() { inputs_done_ = true; }
 
@@ -85,6 +99,7 @@ class OpBuilder {
  private:
   std::vector<MetaCell> cells_;
   std::vector<ScalarRecord> scalars_;
+  std::size_t last_ = 0;  // head cell of the tensor begun last
   std::uint32_t n_tensors_ = 0, n_inputs_ = 0;
   bool inputs_done_ = false;
 };

@@ -114,7 +114,7 @@ class Recorder {
   // records. entry.seq and entry.thread are filled in here. Returns false only when the op
   // was dropped (drop mode and not enough free room); with back-pressure an op of any size
   // goes through, in pieces if it is larger than a ring.
-  bool commit(ThreadLog& log, TraceEntry entry, std::span<const MetaCell> cells,
+  bool commit(ThreadLog& log, const TraceEntry& entry, std::span<const MetaCell> cells,
                       std::span<const ScalarRecord> scalars);
 
   // Name tables, shared by everything in the process that records into this recorder.
