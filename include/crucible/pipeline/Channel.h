@@ -30,8 +30,11 @@ class Channel {
       std::this_thread::yield();
     }
     // Full fence: the ring's release store must not pass the load of sleeping_ (Dekker).
+    // Taking the flag (exchange) rings once per sleep: a consumer that was rung but is not
+    // running yet leaves the flag set, and every further push of a burst would otherwise make
+    // its own futex wake call (tens of thousands of syscalls per second behind a drain).
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_relaxed)) ring_doorbell();
+    if (sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false, std::memory_order_relaxed)) ring_doorbell();
   }
 
   bool try_pop(T& out) { return ring_.try_pop(out); }
