@@ -114,6 +114,24 @@ def test_recorded_level_is_the_decomposed_one():
     assert crucible.stats()["skipped"]["decomposed"] >= 2  # the two aten::linear
 
 
+def test_reused_addresses_get_fresh_storage_ids():
+    # Each result dies at the next iteration; once the id table has dropped a dead storage (it
+    # sweeps once per 256 new ones), malloc may hand its StorageImpl's memory to a new storage:
+    # StorageImpl addresses repeat. Storage ids must not.
+    x = torch.randn(64)
+    addresses = set()
+    crucible.enable()
+    for _ in range(3000):
+        y = x + 1
+        addresses.add(crucible._storage_cdata(y))
+    crucible.disable()
+    del y
+    outs = [o["outputs"][0] for o in crucible.trace().ops() if o["name"] == "aten::add.Tensor"]
+    assert len(outs) == 3000
+    assert len(addresses) < 2000  # the test does exercise address reuse
+    assert len({o["storage_id"] for o in outs}) == len(outs)
+
+
 def test_module_paths_and_phases_are_attached():
     s = models.make("cnn")
     trace, _ = record_iterations(s, iters=1)
