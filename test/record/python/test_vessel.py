@@ -1,4 +1,5 @@
 """The PyTorch Vessel against eager PyTorch: what it records, at which level, with no loss."""
+import json
 import os
 import subprocess
 import sys
@@ -128,8 +129,12 @@ def test_reused_addresses_get_fresh_storage_ids():
     del y
     outs = [o["outputs"][0] for o in crucible.trace().ops() if o["name"] == "aten::add.Tensor"]
     assert len(outs) == 3000
-    assert len(addresses) < 2000  # the test does exercise address reuse
     assert len({o["storage_id"] for o in outs}) == len(outs)
+    # The test does exercise address reuse, except under ASan, whose quarantine keeps freed
+    # memory from being handed out again.
+    with open(os.path.join(crucible.build_dir(), "lib", "crucible_build.json")) as f:
+        if "asan" not in json.load(f).get("sanitizer", "none"):
+            assert len(addresses) < 2000
 
 
 def test_module_paths_and_phases_are_attached():
