@@ -33,11 +33,14 @@ Pipeline::~Pipeline() {
 }
 
 void Pipeline::on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) {
-  for (std::size_t i = first; i < first + count; ++i)
-    to_detect_.push(SigMsg{SigMsg::Op, thread, i, graph::op_signature(t, i)});
+  if (count == 0) return;
+  // One message per batch: a message (and its fence) per op cost the drain more than hashing.
+  auto* sigs = new std::uint64_t[count];
+  for (std::size_t k = 0; k < count; ++k) sigs[k] = graph::op_signature(t, first + k);
+  to_detect_.push(SigMsg{SigMsg::Ops, thread, first, sigs, static_cast<std::uint32_t>(count)});
 }
-void Pipeline::on_barrier(std::uint64_t token) { to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, 0}); }
-void Pipeline::on_clear() { to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, 0}); }
+void Pipeline::on_barrier(std::uint64_t token) { to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0}); }
+void Pipeline::on_clear() { to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0}); }
 
 void Pipeline::detect_loop() {
   struct PerThread {
@@ -66,17 +69,20 @@ void Pipeline::detect_loop() {
   SigMsg m;
   while (to_detect_.pop(m)) {
     switch (m.kind) {
-      case SigMsg::Op: {
-        ops_seen_.fetch_add(1, std::memory_order_relaxed);
+      case SigMsg::Ops: {
+        std::unique_ptr<std::uint64_t[]> sigs(m.sigs);
+        ops_seen_.fetch_add(m.count, std::memory_order_relaxed);
         PerThread& pt = threads[m.thread];
-        pt.sigs.push_back(m.sig);
-        pt.ops.push_back(m.op);
-        if (pt.sigs.size() > 2 * kWindow) {
-          pt.sigs.erase(pt.sigs.begin(), pt.sigs.end() - static_cast<long>(kWindow));
-          pt.ops.erase(pt.ops.begin(), pt.ops.end() - static_cast<long>(kWindow));
+        for (std::uint32_t k = 0; k < m.count; ++k) {
+          pt.sigs.push_back(sigs[k]);
+          pt.ops.push_back(m.op + k);
+          if (pt.sigs.size() > 2 * kWindow) {
+            pt.sigs.erase(pt.sigs.begin(), pt.sigs.end() - static_cast<long>(kWindow));
+            pt.ops.erase(pt.ops.begin(), pt.ops.end() - static_cast<long>(kWindow));
+          }
+          // Re-detect once the thread's ops grew by half (amortised O(1) per op).
+          if (++pt.new_ops >= std::max<std::size_t>(4096, pt.sigs.size() / 2)) detect(pt);
         }
-        // Re-detect once the thread's ops grew by half (amortised O(1) per op).
-        if (++pt.new_ops >= std::max<std::size_t>(4096, pt.sigs.size() / 2)) detect(pt);
         break;
       }
       case SigMsg::Barrier:

@@ -87,7 +87,13 @@ void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
     tensors.push_back(m);
     tensor_dims_begin.push_back(dims.size());
     const std::uint32_t nd = dims_cells(m.ndim);
-    for (std::uint32_t k = 0; k < 2u * m.ndim; ++k) dims.push_back(cells[c + k / 8].dims.v[k % 8]);
+    CRUCIBLE_ASSERT(c + nd <= cells.size(), "entry's cell count covers its dims");
+    // Sizes then strides, 2 * ndim values, filling whole cells of 8 but the last.
+    for (std::uint32_t left = 2u * m.ndim, k = 0; left != 0; ++k) {
+      const std::uint32_t take = left < 8 ? left : 8;
+      dims.insert(dims.end(), cells[c + k].dims.v, cells[c + k].dims.v + take);
+      left -= take;
+    }
     c += nd;
   }
   scalars.insert(scalars.end(), sc.begin(), sc.end());

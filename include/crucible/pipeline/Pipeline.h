@@ -2,7 +2,7 @@
 //
 // Threads (each stage one thread; SPSC Channels between them, consumers park when idle):
 //   drain    the Recorder's own drain thread; as a DrainSink it computes each new op's
-//            signature and sends (thread, op index, signature) to detect;
+//            signature and sends each drained batch's (thread, first op, signatures) to detect;
 //   detect   keeps each recording thread's signatures, runs the IterationDetector when enough
 //            new ops arrived (or at a barrier), and sends the latest steady iteration's op
 //            range to build when it is a new one;
@@ -62,10 +62,11 @@ class Pipeline final : public record::DrainSink {
 
  private:
   struct SigMsg {
-    enum Kind : std::uint8_t { Op, Barrier, Clear } kind;
+    enum Kind : std::uint8_t { Ops, Barrier, Clear } kind;
     std::uint32_t thread;
-    std::uint64_t op;   // trace index (Op) or token (Barrier)
-    std::uint64_t sig;
+    std::uint64_t op;     // trace index of the first op (Ops) or token (Barrier)
+    std::uint64_t* sigs;  // Ops: one signature per op, owned by the message (new[])
+    std::uint32_t count;  // Ops: how many
   };
   struct BuildMsg {
     enum Kind : std::uint8_t { Build, Barrier, Clear } kind;
@@ -85,7 +86,7 @@ class Pipeline final : public record::DrainSink {
 
   record::Recorder& rec_;
   const graph::PlanOptions plan_;
-  Channel<SigMsg> to_detect_{1 << 16};
+  Channel<SigMsg> to_detect_{1 << 12};  // one message per drained batch (<= 256 ops)
   Channel<BuildMsg> to_build_{64};
   Channel<PublishMsg> to_publish_{64};
   std::atomic<std::shared_ptr<const graph::Iteration>> latest_;
