@@ -177,13 +177,35 @@ const Site& site() {
   return s;
 }
 
+// The keys after ours: where a kernel of ours redispatches to.
+c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {
+  return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+}
+
+// One nesting level deeper for the duration of the op's own call (exceptions included).
+struct DepthGuard {
+  ThreadState& ts;
+  explicit DepthGuard(ThreadState& t) : ts(t) { ++ts.depth; }
+  ~DepthGuard() { --ts.depth; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+};
+
+// "addmm", "add.Tensor": the name torch::Library::impl takes.
+template <class Op>
+std::string impl_name() {
+  std::string name = std::string(Op::name).substr(std::strlen("aten::"));
+  if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
+  return name;
+}
+
 template <class Op, class Fn>
 struct Rec;
 
 template <class Op, class Ret, class... Args>
 struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
-    const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+    const c10::DispatchKeySet after = after_key(ks);
     c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // nested calls are internals (see above)
     ThreadState& ts = t_state;
     Frame* f = enter_op(ts, /*composite_implicit=*/false);
@@ -197,11 +219,7 @@ struct Rec<Op, Ret(Args...)> {
     f->b.end_inputs();
     std::vector<c10::IValue> cap_args;
     if (ts.capture != nullptr) cap_args = c10::impl::boxArgs<Args...>(args...);
-    ++ts.depth;
-    struct Depth {
-      int& d;
-      ~Depth() { --d; }
-    } restore{ts.depth};
+    DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
@@ -225,20 +243,16 @@ struct Decomposed;
 template <class Op, class Ret, class... Args>
 struct Decomposed<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
-    const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+    const c10::DispatchKeySet after = after_key(ks);
     ThreadState& ts = t_state;
     Frame* f = enter_op(ts, /*composite_implicit=*/true);
     if (f == nullptr) {
       c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // kernel internals, as in the fallback
       return Op::redispatch(after, args...);
     }
-    ++ts.depth;
-    struct Depth {
-      int& d;
-      ~Depth() { --d; }
-    } restore{ts.depth};
+    DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
-    Frame& done = ts.frames[ts.depth - 1];  // deque references are stable
+    Frame& done = *f;  // frames live in a deque: references stay valid as children push more
     if (done.had_child) {
       count_decomposed();
       return result;
@@ -260,10 +274,8 @@ struct Decomposed<Op, Ret(Args...)> {
 
 template <class Op>
 void reg(torch::Library& lib) {
-  std::string name = std::string(Op::name).substr(std::strlen("aten::"));
-  if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
-  lib.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(
-                             TORCH_FN((&Rec<Op, typename Op::schema>::call))));
+  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
+                                        TORCH_FN((&Rec<Op, typename Op::schema>::call))));
 }
 
 template <class Op>
@@ -273,10 +285,8 @@ bool reg_decomposed(torch::Library& lib) {
   const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
   if (!handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) || handle.schema().is_mutable())
     return false;
-  std::string name = std::string(Op::name).substr(std::strlen("aten::"));
-  if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
-  lib.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(
-                             TORCH_FN((&Decomposed<Op, typename Op::schema>::call))));
+  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
+                                        TORCH_FN((&Decomposed<Op, typename Op::schema>::call))));
   return true;
 }
 
