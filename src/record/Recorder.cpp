@@ -121,6 +121,9 @@ bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const M
     const std::uint32_t bell = log.bell_.load(std::memory_order_acquire);
     log.waiting_.store(true, std::memory_order_seq_cst);
     // Re-check after announcing: a pop the drain made before it could see waiting_ is seen here.
+    // The fence orders the store before the re-check's loads (a seq_cst store alone does not
+    // order a later acquire load on every architecture).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ring.size_approx() >= ring.capacity()) {
       wake_drain();
       log.bell_.wait(bell, std::memory_order_acquire);

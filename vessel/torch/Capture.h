@@ -92,23 +92,31 @@ class StorageIds {
     auto it = g.map.find(p);
     if (it != g.map.end()) return it->second.id;  // weakly held: same storage
     if (g.young.size() >= kYoung) {
-      bool dropped = false;
+      // Dropped entries keep their weak references (so their StorageImpls stay allocated and
+      // their addresses taken) until the epoch has moved on: a thread that then meets a new
+      // storage at one of those addresses is sure to see the new epoch and skip its cache.
+      std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> dropped;
       for (c10::StorageImpl* y : g.young) {
         auto yt = g.map.find(y);
         if (yt != g.map.end() && yt->second.weak.expired()) {
+          dropped.push_back(std::move(yt->second.weak));
           g.map.erase(yt);
-          dropped = true;
         }
       }
       g.young.clear();
       if (g.map.size() > 2 * g.survivors_at_full_sweep + kYoung) {
-        const std::size_t before = g.map.size();
-        absl::erase_if(g.map, [](const auto& kv) { return kv.second.weak.expired(); });
-        dropped |= g.map.size() != before;
+        for (auto it = g.map.begin(); it != g.map.end();) {
+          if (it->second.weak.expired()) {
+            dropped.push_back(std::move(it->second.weak));
+            g.map.erase(it++);
+          } else {
+            ++it;
+          }
+        }
         g.survivors_at_full_sweep = g.map.size();
       }
-      if (dropped) *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
-    }
+      if (!dropped.empty()) *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
+    }  // `dropped` releases its references here, after the bump
     const std::uint64_t id = g.next++;
     g.map.emplace(p, Entry{s.getWeakStorageImpl(), id});
     g.young.push_back(p);

@@ -164,14 +164,20 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   if (t.is_inference()) f |= record::tensor_flag::kInference;
   else m.version = impl->version_counter().current_version();  // inline, unlike Tensor::_version()
   const bool strided = layout == at::kStrided;
-  // unsafe_storage(): no virtual has_storage() call, and no throw for wrapper tensors whose
-  // storage() refuses access (their storage_ is empty, so they count as storage-less).
+  // unsafe_storage(): no virtual has_storage() call, and no throw for wrapper tensors (Python
+  // subclasses, FakeTensor) whose storage() refuses access: their placeholder storage is named
+  // like any other, so a wrapper keeps one identity. Its data pointer may refuse access too
+  // (PyTorch 2.x): it is only recorded for debugging, so it is then 0.
   const c10::Storage& s = impl->unsafe_storage();
   if (strided && s.unsafeGetStorageImpl() != nullptr) {
     m.storage_id = ts.storage_ids.id(s);
     m.storage_offset = t.storage_offset();
     m.storage_nbytes = s.nbytes();
-    const auto* base = static_cast<const char*>(s.data());
+    const char* base = nullptr;
+    try {
+      base = static_cast<const char*>(s.data());
+    } catch (const c10::Error&) {
+    }
     m.data_ptr = base == nullptr ? 0
                                  : reinterpret_cast<std::uint64_t>(base) +
                                        static_cast<std::uint64_t>(m.storage_offset) * t.element_size();

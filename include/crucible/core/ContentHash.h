@@ -40,6 +40,7 @@ class ContentHasher {
 
   ContentHasher& update_bytes(std::span<const std::byte> bytes) { return update_bytes(bytes.data(), bytes.size()); }
   ContentHasher& update_bytes(const void* data, std::size_t n) {
+    if (n == 0) return *this;  // data may be null (an empty span): no memcpy from it
     if (pending_n_ + n > kPending) return update_slow(data, n);
     std::memcpy(pending_ + pending_n_, data, n);
     pending_n_ += n;

@@ -48,6 +48,7 @@ class Channel {
     for (;;) {
       const std::uint32_t bell = doorbell_.load(std::memory_order_acquire);
       sleeping_.store(true, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // the store before the re-check's loads
       if (ring_.try_pop(out)) {
         sleeping_.store(false, std::memory_order_relaxed);
         return true;

@@ -137,6 +137,37 @@ def test_reused_addresses_get_fresh_storage_ids():
             assert len(addresses) < 2000
 
 
+class _Wrapper(torch.Tensor):
+    """A Python wrapper subclass: its storage is a placeholder whose storage() access throws."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(), dtype=elem.dtype,
+                                                device=elem.device, requires_grad=elem.requires_grad)
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(x):
+            return x.elem if isinstance(x, _Wrapper) else x
+        out = func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+        return _Wrapper(out) if isinstance(out, torch.Tensor) else out
+
+
+def test_wrapper_subclass_tensors_are_recorded_with_one_identity():
+    a = _Wrapper(torch.randn(4, 4))
+    crucible.enable()
+    b = torch.relu(a + a)
+    crucible.disable()
+    ops = crucible.trace().ops()
+    assert [o["name"] for o in ops] == ["aten::add.Tensor", "aten::relu"]
+    add, relu = ops
+    assert add["inputs"][0]["storage_id"] == add["inputs"][1]["storage_id"] != 0
+    assert relu["inputs"][0]["storage_id"] == add["outputs"][0]["storage_id"]
+    assert list(relu["outputs"][0]["shape"]) == [4, 4] and isinstance(b, _Wrapper)
+
+
 def test_module_paths_and_phases_are_attached():
     s = models.make("cnn")
     trace, _ = record_iterations(s, iters=1)
