@@ -24,6 +24,7 @@ Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), 
 Pipeline::~Pipeline() {
   rec_.set_sink(nullptr);
   rec_.flush_token(0);  // returns after the drain thread's last call into this sink
+  for (const SigMsg& m : pending_) delete[] m.sigs;  // none: on_unlocked follows every on_ops
   to_detect_.close();
   detect_.join();
   to_build_.close();
@@ -37,10 +38,21 @@ void Pipeline::on_ops(const record::Trace& t, std::uint32_t thread, std::size_t 
   // One message per batch: a message (and its fence) per op cost the drain more than hashing.
   auto* sigs = new std::uint64_t[count];
   for (std::size_t k = 0; k < count; ++k) sigs[k] = graph::op_signature(t, first + k);
-  to_detect_.push(SigMsg{SigMsg::Ops, thread, first, sigs, static_cast<std::uint32_t>(count)});
+  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, sigs, static_cast<std::uint32_t>(count)});
 }
-void Pipeline::on_barrier(std::uint64_t token) { to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0}); }
-void Pipeline::on_clear() { to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0}); }
+void Pipeline::on_unlocked() {
+  // May block while detect is behind; never with the trace locked (build's copy needs it).
+  for (const SigMsg& m : pending_) to_detect_.push(m);
+  pending_.clear();
+}
+void Pipeline::on_barrier(std::uint64_t token) {
+  on_unlocked();
+  to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0});
+}
+void Pipeline::on_clear() {
+  on_unlocked();
+  to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0});
+}
 
 void Pipeline::detect_loop() {
   struct PerThread {

@@ -217,6 +217,7 @@ bool Recorder::drain_log(ThreadLog& log) {
     log.scalar_stage_.insert(log.scalar_stage_.end(), sc, sc + k);
     moved = true;
   }
+  DrainSink* const sink = n != 0 ? sink_.load(std::memory_order_acquire) : nullptr;
   if (n != 0) {
     std::lock_guard<std::mutex> g(trace_mu_);
     const std::size_t first = trace_.num_ops();
@@ -233,8 +234,9 @@ bool Recorder::drain_log(ThreadLog& log) {
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
     }
-    if (DrainSink* sink = sink_.load(std::memory_order_acquire)) sink->on_ops(trace_, log.index_, first, n);
+    if (sink != nullptr) sink->on_ops(trace_, log.index_, first, n);
   }
+  if (sink != nullptr) sink->on_unlocked();
   // Compact the stages once their consumed prefix dominates.
   if (log.meta_stage_head_ > 4096 && log.meta_stage_head_ * 2 > log.meta_stage_.size()) {
     log.meta_stage_.erase(log.meta_stage_.begin(), log.meta_stage_.begin() + log.meta_stage_head_);
@@ -308,12 +310,14 @@ void Recorder::deliver_tokens() {
       if (ev.clear) {
         trace_.clear();
         baseline_ = ev.baseline;
-        if (sink != nullptr) sink->on_clear();
-      } else if (sink != nullptr) {
-        sink->on_barrier(ev.token);
       }
     }
   }
+  if (sink != nullptr)  // outside the lock: the sink may block on its next stage
+    for (const Event& ev : events) {
+      if (ev.clear) sink->on_clear();
+      else sink->on_barrier(ev.token);
+    }
   events_done_.fetch_add(events.size(), std::memory_order_release);
 }
 

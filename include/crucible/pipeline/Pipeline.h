@@ -57,6 +57,7 @@ class Pipeline final : public record::DrainSink {
 
   // DrainSink (drain thread).
   void on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) override;
+  void on_unlocked() override;
   void on_barrier(std::uint64_t token) override;
   void on_clear() override;
 
@@ -86,6 +87,7 @@ class Pipeline final : public record::DrainSink {
 
   record::Recorder& rec_;
   const graph::PlanOptions plan_;
+  std::vector<SigMsg> pending_;  // drain thread: messages made under the trace lock, sent after it
   Channel<SigMsg> to_detect_{1 << 12};  // one message per drained batch (<= 256 ops)
   Channel<BuildMsg> to_build_{64};
   Channel<PublishMsg> to_publish_{64};

@@ -80,14 +80,17 @@ class ThreadLog {
 };
 
 // Receives what the drain thread appends, in the drain thread, in order. The pipeline stage
-// implements it to feed iteration detection. Calls come with the trace locked: read it, do not
-// keep references into it.
+// implements it to feed iteration detection. on_ops comes with the trace locked: read it, do
+// not keep references into it, and do not block (hand work on in on_unlocked, which follows
+// every on_ops once the lock is released: a sink that blocked under the lock could wait on a
+// stage that waits for the lock). on_barrier and on_clear come without the lock.
 class DrainSink {
  public:
   virtual ~DrainSink() = default;
   // Ops [first, first + count) were appended to `t`; all of them belong to recording thread
   // `thread` (one call per thread per drain pass).
   virtual void on_ops(const Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) = 0;
+  virtual void on_unlocked() {}
   // Every op committed before flush_token(token) was called has been passed to on_ops.
   virtual void on_barrier(std::uint64_t token) = 0;
   // clear() dropped every op: indices restart at 0.
