@@ -276,8 +276,8 @@ void Recorder::drain_loop() {
   // core) a busy drain steals cycles from the thread it records. So the drain empties every
   // ring, then sleeps: 1 ms while ops keep coming (a 64K-entry ring fills in 13 ms even at
   // 5M ops/s), backing off to 16 ms when idle. A full ring, flush() and shutdown wake it at
-  // once through the condition variable. (At 200 us the wake-ups alone were ~5000 context
-  // switches a second while an MLP trained: 32.6K in a 6 s run, 11K at 1 ms.)
+  // once through the condition variable. (A shorter pause buys nothing but wake-ups: at 200 us
+  // they are ~5000 context switches a second of training.)
   using namespace std::chrono;
   int idle = 0;
   for (;;) {
@@ -400,8 +400,8 @@ Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
     });
   }
   // Only what the copied ops refer to: their schema names and the classification of their
-  // storages (the recorder's tables grow with the run; copying them whole made each build
-  // cost more the longer training went on).
+  // storages (the recorder's tables grow with the run; copying them whole would make each
+  // build cost more the longer training goes on).
   std::lock_guard<std::mutex> g(names_mu_);
   for (std::uint64_t h : schemas) {
     auto it = schema_names_.find(h);

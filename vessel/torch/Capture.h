@@ -44,9 +44,9 @@ inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 // and freeing them soon lets malloc hand the memory straight back), and when the survivors have
 // doubled it sweeps the whole table. Once an entry is dropped its address may be reused and gets
 // a new id, so a sweep that drops anything bumps an epoch; each thread's direct-mapped cache (no
-// references of its own) trusts only entries of the current epoch. (A full sweep every 4096 new
-// storages read each entry's refcount cold and held the dead objects back from malloc: about
-// 140 ns of the cost of recording an op that makes a new storage.)
+// references of its own) trusts only entries of the current epoch. (Sweeping the whole table
+// per batch would read every entry's refcount cold and hold dead objects back from malloc
+// longer.)
 class StorageIds {
  public:
   std::uint64_t id(const c10::Storage& s) {

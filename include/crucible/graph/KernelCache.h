@@ -8,8 +8,8 @@
 // is later replaced.
 //
 // The lock prefers writers: once a writer waits, new readers queue behind it. glibc's default
-// rwlock (what std::shared_mutex is on Linux) prefers readers, and three readers looking up in
-// a loop on two cores kept it shared almost always: an insert waited minutes for its turn.
+// rwlock (what std::shared_mutex is on Linux) prefers readers: three readers looking up in a
+// loop on two cores keep it shared almost always, and an insert can wait tens of seconds.
 #pragma once
 
 #include <pthread.h>
