@@ -5,6 +5,8 @@
 #include <ctime>
 #include <unordered_map>
 
+#include "crucible/core/Contract.h"
+
 namespace crucible::pipeline {
 namespace {
 std::uint64_t thread_cpu_ns() {
@@ -24,7 +26,7 @@ Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), 
 Pipeline::~Pipeline() {
   rec_.set_sink(nullptr);
   rec_.flush_token(0);  // returns after the drain thread's last call into this sink
-  for (const SigMsg& m : pending_) delete[] m.sigs;  // none: on_unlocked follows every on_ops
+  CRUCIBLE_ASSERT(pending_.empty(), "on_unlocked follows every on_ops");
   to_detect_.close();
   detect_.join();
   to_build_.close();

@@ -6,7 +6,6 @@
 
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
-#include "absl/container/flat_hash_set.h"
 
 namespace crucible::record {
 namespace {
@@ -345,7 +344,6 @@ void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_r
 
 Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
   Trace out;
-  absl::flat_hash_set<std::uint64_t> schemas;
   {
     std::lock_guard<std::mutex> g(trace_mu_);
     const Trace& t = trace_;
@@ -388,7 +386,6 @@ Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
       const std::size_t out_t = out.tensors.size(), out_s = out.scalars.size(), out_d = out.dims.size();
       out.ops.insert(out.ops.end(), t.ops.begin() + static_cast<long>(a), t.ops.begin() + static_cast<long>(b));
       for (std::size_t op = a; op < b; ++op) {
-        schemas.insert(t.ops[op].schema_hash);
         out.op_tensor_begin.push_back(t.op_tensor_begin[op] - t0 + out_t);
         out.op_scalar_begin.push_back(t.op_scalar_begin[op] - s0 + out_s);
       }
@@ -403,10 +400,9 @@ Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
   // storages (the recorder's tables grow with the run; copying them whole would make each
   // build cost more the longer training goes on).
   std::lock_guard<std::mutex> g(names_mu_);
-  for (std::uint64_t h : schemas) {
-    auto it = schema_names_.find(h);
-    if (it != schema_names_.end()) out.schema_names.emplace(h, it->second);
-  }
+  for (const TraceEntry& e : out.ops)
+    if (!out.schema_names.contains(e.schema_hash))
+      if (auto it = schema_names_.find(e.schema_hash); it != schema_names_.end()) out.schema_names.emplace(it->first, it->second);
   out.module_paths = module_paths_;
   if (!externals_.empty())
     for (const TensorMeta& m : out.tensors)

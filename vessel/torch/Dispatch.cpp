@@ -69,7 +69,7 @@ const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
 
 }  // namespace
 namespace detail {
-DeviceKind device_kind_of(c10::DeviceType t) {
+DeviceKind device_kind_lookup(c10::DeviceType t) {
   switch (t) {
     case c10::DeviceType::CPU: return DeviceKind::CPU;
     case c10::DeviceType::CUDA: return DeviceKind::CUDA;
@@ -146,8 +146,7 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   m.arg_index = arg;
   m.list_index = list_index;
   m.dtype = static_cast<std::int8_t>(t.scalar_type());
-  m.device_kind = static_cast<std::uint8_t>(device.type() == c10::DeviceType::CPU ? DeviceKind::CPU
-                                                                                  : device_kind_of(device.type()));
+  m.device_kind = static_cast<std::uint8_t>(device_kind_of(device.type()));
   m.device_index = device.index();
   m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(layout)));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
