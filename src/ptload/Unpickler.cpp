@@ -10,6 +10,7 @@
 // nesting deeper than UnpickleLimits::max_depth.
 #include "crucible/ptload/Unpickler.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <optional>
@@ -424,6 +425,10 @@ class Vm {
   std::unordered_map<std::string, std::shared_ptr<const TensorStorage>> storages_;
   std::vector<std::optional<PickleValue>> converted_;
   std::vector<bool> on_path_;
+  // Levels of nesting inside each converted node (0 for a leaf): a node met again through the
+  // memo adds its whole height at the depth where it is met, so sharing cannot stack deep
+  // values past max_depth.
+  std::vector<std::uint32_t> height_;
 };
 
 Result<PickleValue> Vm::run() {
@@ -435,6 +440,7 @@ Result<PickleValue> Vm::run() {
   const std::uint32_t root = stack_.back();
   converted_.resize(nodes_.size());
   on_path_.assign(nodes_.size(), false);
+  height_.assign(nodes_.size(), 0);
   return to_value(root, 0);
 }
 
@@ -966,8 +972,8 @@ Status Vm::set_item(std::uint32_t dict, std::uint32_t key, std::uint32_t value) 
 }
 
 Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
-  if (converted_[id]) return *converted_[id];
-  if (depth > limits_.max_depth)
+  if (converted_[id] && depth + height_[id] <= limits_.max_depth) return *converted_[id];
+  if (depth + (converted_[id] ? height_[id] : 0) > limits_.max_depth)
     return exhausted(
         "pt pickle: containers nest deeper than " + std::to_string(limits_.max_depth) + where(),
         "flatten the saved object; real checkpoints nest a few levels");
@@ -975,6 +981,7 @@ Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
   on_path_[id] = true;
   const Node& n = nodes_[id];
   PickleValue v;
+  std::uint32_t height = 0;
   switch (n.kind) {
     case NodeKind::None:
       break;
@@ -1007,6 +1014,7 @@ Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
       for (std::uint32_t item : n.items) {  // nodes_ does not grow here: n stays valid
         auto c = to_value(item, depth + 1);
         if (!c.ok()) return c.status();
+        height = std::max(height, height_[item] + 1);
         items.push_back(std::move(*c));
       }
       v = PickleValue::sequence(static_cast<PickleValue::Kind>(n.kind), std::move(items));
@@ -1020,12 +1028,14 @@ Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
         if (!key.ok()) return key.status();
         auto val = to_value(n.items[k + 1], depth + 1);
         if (!val.ok()) return val.status();
+        height = std::max({height, height_[n.items[k]] + 1, height_[n.items[k + 1]] + 1});
         entries.emplace_back(std::move(*key), std::move(*val));
       }
       PickleValue attrs;
       if (n.attrs != kNoNode) {
         auto a = to_value(n.attrs, depth + 1);
         if (!a.ok()) return a.status();
+        height = std::max(height, height_[n.attrs] + 1);
         attrs = std::move(*a);
       }
       v = PickleValue::dict(std::move(entries), n.flag, std::move(attrs));
@@ -1038,6 +1048,7 @@ Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
   }
   on_path_[id] = false;
   converted_[id] = v;
+  height_[id] = height;
   return v;
 }
 

@@ -164,6 +164,22 @@ TEST(Unpickler, NestingDeeperThanTheLimitIsReportedNotCrashed) {
   EXPECT_TRUE(run(deep, roomy).ok());
 }
 
+TEST(Unpickler, SharingCannotStackNestingPastTheLimit) {
+  // [X, Y]: X is 200 nested lists (memoized); Y is 200 nested lists with X inside the innermost.
+  // X alone is under the limit, Y holding X is 400 deep (a fuzzer find: the memo handed X back
+  // without counting its height).
+  const std::string x = std::string(200, ']') + std::string(199, 'a') + std::string("q\x01", 2);
+  const std::string y = std::string(200, ']') + std::string("h\x01", 2) + std::string(200, 'a');
+  const std::string both = "]" + x + "a" + y + "a";
+  auto r = run(both);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status().message();
+  EXPECT_NE(r.status().message().find("deeper than 256"), std::string::npos);
+  UnpickleLimits roomy;
+  roomy.max_depth = 450;
+  EXPECT_TRUE(run(both, roomy).ok());
+}
+
 TEST(Unpickler, SharedDagConvertsInLinearTime) {
   // 60 levels, each a tuple of the previous twice: 2^60 paths, 61 nodes.
   std::string p(
