@@ -1,9 +1,12 @@
 """Graph pipeline figures on real training steps, against what eager PyTorch does.
 
 For MLP, small CNN, resnet18 and a small transformer + AdamW (batch sizes as in the tests):
-  * build time of one iteration (copy of its ops out of the trace, graph + Merkle DAG + memory
-    plan, measured by the pipeline's build stage: wall and build-thread CPU time, median of
-    --rounds recordings) and per op;
+  * build time of one iteration (structure key and copy of its ops out of the trace, graph +
+    Merkle DAG + memory plan, measured by the pipeline's build stage with reuse off: wall and
+    build-thread CPU time, median of --rounds recordings) and per op;
+  * with reuse on, the time to republish the last analysis for a new run of the same step (its
+    structure key matched), median of --rounds recordings; a step whose scalars change every
+    step (AdamW) is rebuilt instead, and the line says so;
   * static arena bytes vs the lower bound (largest total of simultaneously live bytes);
   * static arena bytes vs eager PyTorch's peak of allocated CPU bytes in the same step, measured
     by wrapping the CPU allocator (the profiler's memory events undercount: they missed 40% of
@@ -47,18 +50,31 @@ def main():
             s.step()
         peak = eager_peak_bytes(s)
         builds = []
+        crucible._ext.pipeline_reuse(False)
         for _ in range(rounds):  # each round: a fresh recording whose iteration is built once
             crucible.clear()
             models.record(s, 3)
             it = crucible.iteration()
             builds.append((it["pipeline_build_us"], it["pipeline_copy_us"], it["pipeline_build_cpu_us"]))
         build_us, copy_us, cpu_us = (statistics.median(b[k] for b in builds) for k in range(3))
+        # The same again with reuse on: the last build's analysis is republished when the
+        # structure key matches (Note [Reusing the last build]).
+        crucible._ext.pipeline_reuse(True)
+        reuses, reused_before = [], it["pipeline_reused"]
+        for _ in range(rounds):
+            crucible.clear()
+            models.record(s, 3)
+            it = crucible.iteration()
+            reuses.append(it["pipeline_reuse_us"] if it["pipeline_reused"] > reused_before else None)
+            reused_before = it["pipeline_reused"]
+        reuse_us = statistics.median(reuses) if all(x is not None for x in reuses) else None
         r = {
             "ops": it["total_ops"],
             "build_us": build_us,
             "build_copy_us": copy_us,
             "build_cpu_us": cpu_us,
             "build_us_per_op": build_us / it["total_ops"],
+            "reuse_us": reuse_us,
             "arena_bytes": it["arena_bytes"],
             "lower_bound_bytes": it["lower_bound_bytes"],
             "arena_over_lower_bound": it["plan_ratio"],
@@ -67,7 +83,8 @@ def main():
         }
         results[name] = r
         print(f"{name:12s} {r['ops']:5d} ops  build {build_us:7.1f} us wall ({r['build_us_per_op']:.2f} us/op; "
-              f"copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us)  "
+              f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us)  "
+              + (f"reused {reuse_us:6.1f} us  " if reuse_us is not None else "rebuilt (scalars change per step)  ") +
               f"arena {r['arena_bytes'] / 2**20:6.2f} MiB  lower bound {r['lower_bound_bytes'] / 2**20:6.2f} MiB "
               f"(ratio {r['arena_over_lower_bound']:.3f})  eager peak {peak / 2**20:6.2f} MiB "
               f"(arena / eager {r['arena_over_eager_peak']:.2f}x)")

@@ -2,6 +2,7 @@
 #include "crucible/graph/MerkleDag.h"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <string_view>
 
@@ -12,27 +13,29 @@ namespace {
 
 void hash_meta(ContentHasher& h, const record::Trace& t, std::size_t tensor_index) {
   const auto& m = t.tensors[tensor_index];
-  h.update_u8(static_cast<std::uint8_t>(m.dtype)).update_u8(m.device_kind).update_u8(m.layout);
-  h.update_u8(static_cast<std::uint8_t>(m.device_index));
-  h.update_u8(m.flags & record::tensor_flag::kWrappedNumber);  // not requires_grad: see header
-  h.update_u32(m.arg_index).update_u32(m.list_index);
-  h.update_i64(m.storage_offset);
-  h.update_i64s(t.sizes(tensor_index)).update_u8(0xFE);
-  h.update_i64s(t.strides(tensor_index)).update_u8(0xFF);
-  if (m.flags & record::tensor_flag::kWrappedNumber) h.update_f64(m.wrapped_value);
+  const bool wrapped = m.flags & record::tensor_flag::kWrappedNumber;  // not requires_grad: see header
+  h.update_words(std::uint64_t{static_cast<std::uint8_t>(m.dtype)} | std::uint64_t{m.device_kind} << 8 |
+                     std::uint64_t{m.layout} << 16 | std::uint64_t{static_cast<std::uint8_t>(m.device_index)} << 24 |
+                     std::uint64_t{wrapped} << 32 | std::uint64_t{m.ndim} << 40,
+                 std::uint64_t{m.arg_index} | std::uint64_t{m.list_index} << 32,
+                 static_cast<std::uint64_t>(m.storage_offset),
+                 wrapped ? std::bit_cast<std::uint64_t>(m.wrapped_value) : std::uint64_t{0});
+  // Sizes then strides, contiguous in the trace; ndim above delimits them.
+  h.update_i64s({t.dims.data() + t.tensor_dims_begin[tensor_index], 2 * static_cast<std::size_t>(m.ndim)});
 }
 
 // Everything about the op itself: schema, tensor metadata, scalar arguments.
 ContentHash local_hash(const record::Trace& t, std::size_t op) {
   ContentHasher h;
-  h.update_u64(t.ops[op].schema_hash).update_u8(static_cast<std::uint8_t>(t.ops[op].phase));
-  h.update_u32(t.ops[op].n_inputs).update_u32(t.ops[op].n_tensors);
+  const record::TraceEntry& e = t.ops[op];
+  h.update_words(e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
+                 std::uint64_t{static_cast<std::uint8_t>(e.phase)});
   const std::size_t base = t.op_tensor_begin[op];
-  for (std::size_t k = 0; k < t.ops[op].n_tensors; ++k) hash_meta(h, t, base + k);
-  for (const auto& s : t.scalars_of(op)) {
-    h.update_u8(static_cast<std::uint8_t>(s.kind)).update_u32(s.arg_index).update_u32(s.aux);
-    h.update_u64(s.bits);
-  }
+  for (std::size_t k = 0; k < e.n_tensors; ++k) hash_meta(h, t, base + k);
+  for (const auto& s : t.scalars_of(op))
+    h.update_words(std::uint64_t{static_cast<std::uint8_t>(s.kind)} | std::uint64_t{s.arg_index} << 8 |
+                       std::uint64_t{s.aux} << 24,
+                   s.bits);
   return h.digest();
 }
 
@@ -43,14 +46,14 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
   ContentHasher h;
   h.update_u32(end - begin);
   for (std::uint32_t n = begin; n < end; ++n) {
-    h.update_hash(local[n]);
+    h.update_words(local[n].lo, local[n].hi);
     // Only wiring inside the region: an input from outside (another region or an external) is
     // described by its metadata in the local hash, wherever it comes from. Predecessors come
     // in increasing slot order (TraceGraph), so no sort is needed.
     for (const Edge& e : g.predecessors(n))
       if (e.node >= begin && e.node < end)
-        h.update_u32(e.slot).update_i64(static_cast<std::int64_t>(n - e.node)).update_u8(static_cast<std::uint8_t>(e.kind));
-    h.update_u8(0xFF);
+        h.update_words(std::uint64_t{e.slot} | std::uint64_t{static_cast<std::uint8_t>(e.kind)} << 16 | std::uint64_t{n - e.node} << 24);
+    h.update_words(~std::uint64_t{0});  // ends the member (no edge word is all ones)
   }
   return h.digest();
 }
@@ -85,10 +88,11 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
         auto it = t.externals.find(externals[xi].storage_id);
         auto kind = it == t.externals.end() ? std::uint8_t{0} : static_cast<std::uint8_t>(it->second);
         if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
-        h.update_u32(externals[xi].slot).update_hash(external_hash[kind]);
+        h.update_words(std::uint64_t{externals[xi].slot}, external_hash[kind].lo, external_hash[kind].hi);
         ++xi;
       } else {
-        h.update_u32(preds[pi].slot).update_hash(d.node_hashes_[preds[pi].node]);
+        const ContentHash& p = d.node_hashes_[preds[pi].node];
+        h.update_words(std::uint64_t{preds[pi].slot}, p.lo, p.hi);
         ++pi;
       }
     }

@@ -116,7 +116,20 @@ void Pipeline::detect_loop() {
   }
 }
 
+// Note [Reusing the last build]
+// A training loop records the same step again and again, and detect sends a new iteration
+// every few thousand ops. Its ops differ from the last one built only in storage ids, version
+// counts and data pointers, which no part of the analysis depends on: the graph is keyed by
+// (storage, version) pairs that map one to one, and hashes and plan read metadata only. Their
+// structure key says so without copying them; build then republishes the last analysis (which
+// describes an earlier occurrence of the same step, whose trace it holds) with the new
+// detection report. Key and copy are taken under one hold of the trace lock, so the key
+// stored with an analysis describes the very ops it was built from, even if a clear() raced.
+// The last build survives clear(): it is a cache keyed by content, not recorded data.
 void Pipeline::build_loop() {
+  std::shared_ptr<const graph::Iteration> last;  // the last full build, and its structure key
+  ContentHash last_key;
+  auto ns = [](auto d) { return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
   BuildMsg m;
   while (to_build_.pop(m)) {
     if (m.kind != BuildMsg::Build) {
@@ -128,8 +141,18 @@ void Pipeline::build_loop() {
     std::unique_ptr<graph::IterationReport> report(m.report);
     const auto t0 = std::chrono::steady_clock::now();
     const std::uint64_t cpu0 = thread_cpu_ns();
-    auto trace = std::make_shared<record::Trace>(rec_.copy_ops(*ops));
+    const bool may_reuse = last && reuse_.load(std::memory_order_relaxed);
+    record::Recorder::KeyedCopy kc = rec_.key_and_copy(*ops, true, may_reuse ? &last_key : nullptr);
     const auto t_copied = std::chrono::steady_clock::now();
+    if (!kc.copy) {
+      auto it = std::make_shared<graph::Iteration>(*last);
+      it->report = std::move(*report);
+      last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
+      reused_.fetch_add(1, std::memory_order_relaxed);
+      to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(std::move(it))});
+      continue;
+    }
+    auto trace = std::make_shared<record::Trace>(std::move(*kc.copy));
     std::vector<std::size_t> local(trace->num_ops());
     for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
     std::shared_ptr<graph::Iteration> it = graph::build_iteration(*trace, std::move(local), plan_);
@@ -137,12 +160,13 @@ void Pipeline::build_loop() {
     it->report = std::move(*report);
     const std::uint64_t cpu1 = thread_cpu_ns();
     const auto t1 = std::chrono::steady_clock::now();
-    auto ns = [](auto d) { return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
     last_build_ns_.store(ns(t1 - t0), std::memory_order_relaxed);
     last_copy_ns_.store(ns(t_copied - t0), std::memory_order_relaxed);
     last_build_cpu_ns_.store(cpu1 - cpu0, std::memory_order_relaxed);
     builds_.fetch_add(1, std::memory_order_relaxed);
-    to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new graph::Iteration(std::move(*it))});
+    last = it;
+    last_key = kc.key;
+    to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
   }
 }
 
@@ -150,7 +174,8 @@ void Pipeline::publish_loop() {
   PublishMsg m;
   while (to_publish_.pop(m)) {
     if (m.kind == PublishMsg::Publish) {
-      latest_.store(std::shared_ptr<const graph::Iteration>(m.it), std::memory_order_release);
+      std::unique_ptr<std::shared_ptr<const graph::Iteration>> it(m.it);
+      latest_.store(std::move(*it), std::memory_order_release);
       published_.fetch_add(1, std::memory_order_relaxed);
     } else if (m.kind == PublishMsg::Clear) {
       latest_.store(nullptr, std::memory_order_release);
@@ -177,10 +202,17 @@ std::string Pipeline::last_reason() const {
 }
 
 PipelineStats Pipeline::stats() const {
-  return PipelineStats{ops_seen_.load(std::memory_order_relaxed), detections_.load(std::memory_order_relaxed),
-                       builds_.load(std::memory_order_relaxed), published_.load(std::memory_order_relaxed),
-                       last_build_ns_.load(std::memory_order_relaxed), last_copy_ns_.load(std::memory_order_relaxed),
-                       last_build_cpu_ns_.load(std::memory_order_relaxed)};
+  PipelineStats s;
+  s.ops_seen = ops_seen_.load(std::memory_order_relaxed);
+  s.detections = detections_.load(std::memory_order_relaxed);
+  s.builds = builds_.load(std::memory_order_relaxed);
+  s.reused = reused_.load(std::memory_order_relaxed);
+  s.published = published_.load(std::memory_order_relaxed);
+  s.last_build_ns = last_build_ns_.load(std::memory_order_relaxed);
+  s.last_copy_ns = last_copy_ns_.load(std::memory_order_relaxed);
+  s.last_build_cpu_ns = last_build_cpu_ns_.load(std::memory_order_relaxed);
+  s.last_reuse_ns = last_reuse_ns_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace crucible::pipeline

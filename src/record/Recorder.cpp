@@ -342,60 +342,91 @@ void Recorder::flush_token(std::uint64_t token) {
 
 void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_release); }
 
-Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
-  Trace out;
-  {
-    std::lock_guard<std::mutex> g(trace_mu_);
-    const Trace& t = trace_;
-    const std::size_t n_ops = t.num_ops();
-    // Bounds of op / tensor ranges in the trace's flat arrays (an op's tensors, dims and
-    // scalars are contiguous and in op order: Trace::append).
-    auto tensor_at = [&](std::size_t op) { return op < n_ops ? t.op_tensor_begin[op] : t.tensors.size(); };
-    auto scalar_at = [&](std::size_t op) { return op < n_ops ? t.op_scalar_begin[op] : t.scalars.size(); };
-    auto dim_at = [&](std::size_t tensor) { return tensor < t.tensors.size() ? t.tensor_dims_begin[tensor] : t.dims.size(); };
-    // The ops of one recording thread's iteration are one run of consecutive indices, unless
-    // other threads recorded in between: copy run by run, each with one bulk copy per array.
-    auto for_runs = [&](auto&& f) {
-      for (std::size_t i = 0; i < ops.size();) {
-        if (ops[i] >= n_ops) {
-          ++i;
-          continue;
-        }
-        std::size_t j = i + 1;
-        while (j < ops.size() && ops[j] == ops[j - 1] + 1 && ops[j] < n_ops) ++j;
-        f(ops[i], ops[j - 1] + 1);
-        i = j;
-      }
-    };
-    std::size_t n_copied = 0, n_tensors = 0, n_dims = 0, n_scalars = 0;
-    for_runs([&](std::size_t a, std::size_t b) {
-      n_copied += b - a;
-      n_tensors += tensor_at(b) - tensor_at(a);
-      n_dims += dim_at(tensor_at(b)) - dim_at(tensor_at(a));
-      n_scalars += scalar_at(b) - scalar_at(a);
-    });
-    out.ops.reserve(n_copied);
-    out.op_tensor_begin.reserve(n_copied);
-    out.op_scalar_begin.reserve(n_copied);
-    out.tensors.reserve(n_tensors);
-    out.tensor_dims_begin.reserve(n_tensors);
-    out.dims.reserve(n_dims);
-    out.scalars.reserve(n_scalars);
-    for_runs([&](std::size_t a, std::size_t b) {
-      const std::size_t t0 = tensor_at(a), t1 = tensor_at(b), s0 = scalar_at(a), d0 = dim_at(t0);
-      const std::size_t out_t = out.tensors.size(), out_s = out.scalars.size(), out_d = out.dims.size();
-      out.ops.insert(out.ops.end(), t.ops.begin() + static_cast<long>(a), t.ops.begin() + static_cast<long>(b));
-      for (std::size_t op = a; op < b; ++op) {
-        out.op_tensor_begin.push_back(t.op_tensor_begin[op] - t0 + out_t);
-        out.op_scalar_begin.push_back(t.op_scalar_begin[op] - s0 + out_s);
-      }
-      out.tensors.insert(out.tensors.end(), t.tensors.begin() + static_cast<long>(t0), t.tensors.begin() + static_cast<long>(t1));
-      for (std::size_t k = t0; k < t1; ++k) out.tensor_dims_begin.push_back(t.tensor_dims_begin[k] - d0 + out_d);
-      out.dims.insert(out.dims.end(), t.dims.begin() + static_cast<long>(d0), t.dims.begin() + static_cast<long>(dim_at(t1)));
-      out.scalars.insert(out.scalars.end(), t.scalars.begin() + static_cast<long>(s0),
-                         t.scalars.begin() + static_cast<long>(scalar_at(b)));
-    });
+Trace Recorder::copy_ops(std::span<const std::size_t> ops) { return *key_and_copy(ops, false, nullptr).copy; }
+
+ContentHash Recorder::structure_key(std::span<const std::size_t> ops) { return key_and_copy(ops, true, nullptr).key; }
+
+Recorder::KeyedCopy Recorder::key_and_copy(std::span<const std::size_t> ops, bool want_key, const ContentHash* unless) {
+  KeyedCopy r;
+  // Indices past the trace (a clear() raced with the caller) are skipped, by the key and the
+  // copy alike.
+  std::vector<std::size_t> in_range;
+  std::vector<std::uint64_t> storages;
+  ContentHash body;
+  std::unique_lock<std::mutex> trace_lock(trace_mu_);
+  const Trace& t = trace_;
+  const std::size_t n_ops = t.num_ops();
+  if (want_key) {
+    // Hashing first reads the ops from memory (they are cold by now); the copy after it
+    // finds them in cache.
+    std::span<const std::size_t> valid = ops;
+    if (std::any_of(ops.begin(), ops.end(), [&](std::size_t op) { return op >= n_ops; })) {
+      for (std::size_t op : ops)
+        if (op < n_ops) in_range.push_back(op);
+      valid = in_range;
+    }
+    body = record::structure_body(t, valid, storages);
+    std::vector<std::uint8_t> kinds(storages.size(), 0);
+    {
+      // trace_mu_ then names_mu_: nothing takes them in the other order.
+      std::lock_guard<std::mutex> g(names_mu_);
+      if (!externals_.empty())
+        for (std::size_t i = 0; i < storages.size(); ++i)
+          if (auto it = externals_.find(storages[i]); it != externals_.end()) kinds[i] = static_cast<std::uint8_t>(it->second);
+    }
+    r.key = record::structure_key(body, kinds);
+    if (unless != nullptr && r.key == *unless) return r;  // no copy: the caller has these ops' analysis
   }
+  r.copy.emplace();
+  Trace& out = *r.copy;
+  // Bounds of op / tensor ranges in the trace's flat arrays (an op's tensors, dims and
+  // scalars are contiguous and in op order: Trace::append).
+  auto tensor_at = [&](std::size_t op) { return op < n_ops ? t.op_tensor_begin[op] : t.tensors.size(); };
+  auto scalar_at = [&](std::size_t op) { return op < n_ops ? t.op_scalar_begin[op] : t.scalars.size(); };
+  auto dim_at = [&](std::size_t tensor) { return tensor < t.tensors.size() ? t.tensor_dims_begin[tensor] : t.dims.size(); };
+  // The ops of one recording thread's iteration are one run of consecutive indices, unless
+  // other threads recorded in between: copy run by run, each with one bulk copy per array.
+  auto for_runs = [&](auto&& f) {
+    for (std::size_t i = 0; i < ops.size();) {
+      if (ops[i] >= n_ops) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i + 1;
+      while (j < ops.size() && ops[j] == ops[j - 1] + 1 && ops[j] < n_ops) ++j;
+      f(ops[i], ops[j - 1] + 1);
+      i = j;
+    }
+  };
+  std::size_t n_copied = 0, n_tensors = 0, n_dims = 0, n_scalars = 0;
+  for_runs([&](std::size_t a, std::size_t b) {
+    n_copied += b - a;
+    n_tensors += tensor_at(b) - tensor_at(a);
+    n_dims += dim_at(tensor_at(b)) - dim_at(tensor_at(a));
+    n_scalars += scalar_at(b) - scalar_at(a);
+  });
+  out.ops.reserve(n_copied);
+  out.op_tensor_begin.reserve(n_copied);
+  out.op_scalar_begin.reserve(n_copied);
+  out.tensors.reserve(n_tensors);
+  out.tensor_dims_begin.reserve(n_tensors);
+  out.dims.reserve(n_dims);
+  out.scalars.reserve(n_scalars);
+  for_runs([&](std::size_t a, std::size_t b) {
+    const std::size_t t0 = tensor_at(a), t1 = tensor_at(b), s0 = scalar_at(a), d0 = dim_at(t0);
+    const std::size_t out_t = out.tensors.size(), out_s = out.scalars.size(), out_d = out.dims.size();
+    out.ops.insert(out.ops.end(), t.ops.begin() + static_cast<long>(a), t.ops.begin() + static_cast<long>(b));
+    for (std::size_t op = a; op < b; ++op) {
+      out.op_tensor_begin.push_back(t.op_tensor_begin[op] - t0 + out_t);
+      out.op_scalar_begin.push_back(t.op_scalar_begin[op] - s0 + out_s);
+    }
+    out.tensors.insert(out.tensors.end(), t.tensors.begin() + static_cast<long>(t0), t.tensors.begin() + static_cast<long>(t1));
+    for (std::size_t k = t0; k < t1; ++k) out.tensor_dims_begin.push_back(t.tensor_dims_begin[k] - d0 + out_d);
+    out.dims.insert(out.dims.end(), t.dims.begin() + static_cast<long>(d0), t.dims.begin() + static_cast<long>(dim_at(t1)));
+    out.scalars.insert(out.scalars.end(), t.scalars.begin() + static_cast<long>(s0),
+                       t.scalars.begin() + static_cast<long>(scalar_at(b)));
+  });
+  trace_lock.unlock();
   // Only what the copied ops refer to: their schema names and the classification of their
   // storages (the recorder's tables grow with the run; copying them whole would make each
   // build cost more the longer training goes on).
@@ -407,7 +438,7 @@ Trace Recorder::copy_ops(std::span<const std::size_t> ops) {
   if (!externals_.empty())
     for (const TensorMeta& m : out.tensors)
       if (auto it = externals_.find(m.storage_id); it != externals_.end()) out.externals.emplace(it->first, it->second);
-  return out;
+  return r;
 }
 
 void Recorder::flush() {

@@ -1,6 +1,7 @@
 // Trace.cpp — accessors and append for the in-memory trace.
 #include "crucible/record/Trace.h"
 
+#include <bit>
 #include <cstdio>
 #include <cstring>
 
@@ -109,6 +110,80 @@ bool Trace::operator==(const Trace& o) const {
   return bytes_eq(ops, o.ops) && bytes_eq(tensors, o.tensors) && dims == o.dims &&
          bytes_eq(scalars, o.scalars) && schema_names == o.schema_names &&
          module_paths == o.module_paths && threads == o.threads && externals == o.externals;
+}
+
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std::vector<std::uint64_t>& storages) {
+  // Storage id -> (first-touch index, first version seen): an open-addressed table sized for
+  // every tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
+  // they spread evenly). It replaced absl::flat_hash_map here, whose probes were a third of
+  // the key's time.
+  struct Slot {
+    std::uint64_t id;  // 0: empty (storage id 0 means "no storage" and is never looked up)
+    std::uint32_t index;
+    std::uint32_t first_version;
+  };
+  std::size_t n_tensors = 0;
+  for (const std::size_t op : ops) {
+    CRUCIBLE_PRE(op < t.ops.size(), "op index in range");
+    n_tensors += t.ops[op].n_tensors;
+  }
+  unsigned bits = 4;
+  while ((std::size_t{1} << bits) < 2 * n_tensors) ++bits;
+  std::vector<Slot> table(std::size_t{1} << bits, Slot{0, 0, 0});
+  const std::size_t mask = table.size() - 1;
+  storages.clear();
+  ContentHasher h;
+  h.update_u64(ops.size());
+  for (const std::size_t op : ops) {
+    const TraceEntry& e = t.ops[op];
+    __builtin_prefetch(&e + 4);
+    h.update_words(e.schema_hash, e.n_tensors | std::uint64_t{e.n_inputs} << 32, e.n_scalars | std::uint64_t{e.module_id} << 32,
+                   e.n_args | std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 16 | std::uint64_t{e.flags} << 24);
+    const std::size_t base = t.op_tensor_begin[op];
+    for (std::size_t k = base; k < base + e.n_tensors; ++k) {
+      const TensorMeta& m = t.tensors[k];
+      __builtin_prefetch(&m + 8);
+      __builtin_prefetch(t.dims.data() + t.tensor_dims_begin[k] + 64);
+      std::uint32_t canon = 0, version = 0;
+      if (m.storage_id != 0) {
+        std::size_t i = static_cast<std::size_t>((m.storage_id * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        while (table[i].id != 0 && table[i].id != m.storage_id) i = (i + 1) & mask;
+        if (table[i].id == 0) {  // at most n_tensors of 2 * n_tensors slots fill: a probe ends
+          table[i] = Slot{m.storage_id, static_cast<std::uint32_t>(storages.size() + 1), m.version};
+          storages.push_back(m.storage_id);
+        }
+        canon = table[i].index;
+        version = m.version - table[i].first_version;  // modular: only equality matters
+      }
+      h.update_words(canon | std::uint64_t{version} << 32, static_cast<std::uint64_t>(m.storage_offset), m.storage_nbytes,
+                     std::bit_cast<std::uint64_t>(m.wrapped_value),
+                     m.list_index | std::uint64_t{m.arg_index} << 32 | std::uint64_t{m.ndim} << 48,
+                     std::uint64_t{static_cast<std::uint8_t>(m.dtype)} | std::uint64_t{m.device_kind} << 8 |
+                         std::uint64_t{static_cast<std::uint8_t>(m.device_index)} << 16 | std::uint64_t{m.layout} << 24 |
+                         std::uint64_t{m.flags} << 32);
+      h.update_i64s({t.dims.data() + t.tensor_dims_begin[k], 2 * static_cast<std::size_t>(m.ndim)});
+    }
+    for (const ScalarRecord& s : t.scalars_of(op)) {
+      h.update_words(std::uint64_t{static_cast<std::uint8_t>(s.kind)} | std::uint64_t{s.arg_index} << 8 | std::uint64_t{s.aux} << 24,
+                     s.bits);
+    }
+  }
+  return h.digest();
+}
+
+ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds) {
+  ContentHasher h;
+  h.update_hash(body).update_u64(kinds.size()).update_bytes(kinds.data(), kinds.size());
+  return h.digest();
+}
+
+ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops) {
+  std::vector<std::uint64_t> storages;
+  const ContentHash body = structure_body(t, ops, storages);
+  std::vector<std::uint8_t> kinds(storages.size(), 0);
+  for (std::size_t i = 0; i < storages.size(); ++i)
+    if (auto it = t.externals.find(storages[i]); it != t.externals.end()) kinds[i] = static_cast<std::uint8_t>(it->second);
+  return structure_key(body, kinds);
 }
 
 }  // namespace crucible::record

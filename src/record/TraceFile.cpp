@@ -1,6 +1,7 @@
 // TraceFile.cpp — .crtrace encoder and validating decoder.
 #include "crucible/record/TraceFile.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -100,7 +101,9 @@ std::vector<std::byte> encode_trace(const Trace& t) {
     put_pod(stats, r);
   }
   std::vector<std::byte> externals;
-  for (const auto& [sid, kind] : t.externals) {
+  std::vector<std::pair<std::uint64_t, ExternalKind>> sorted_externals(t.externals.begin(), t.externals.end());
+  std::sort(sorted_externals.begin(), sorted_externals.end());  // the same file for the same trace
+  for (const auto& [sid, kind] : sorted_externals) {
     ExternalRecord r{};
     r.storage_id = sid;
     r.kind = static_cast<std::uint8_t>(kind);

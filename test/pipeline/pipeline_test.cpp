@@ -54,6 +54,69 @@ TEST(Pipeline, FlushPublishesTheLatestIterationExactly) {
   EXPECT_EQ(p.stats().ops_seen, 41u + 80u + 120u);
 }
 
+// Note [Reusing the last build] in Pipeline.cpp: later runs of one step (new storage ids,
+// versions) republish the last analysis without building; a changed step is built again.
+TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  for (int s = 0; s < 3; ++s) record_step(*r, b, s, 40, 16, sid);
+  p.flush();
+  const auto first = p.latest();
+  ASSERT_NE(first, nullptr) << p.last_reason();
+  EXPECT_EQ(p.stats().builds, 1u);
+  for (int s = 3; s < 6; ++s) record_step(*r, b, s, 40, 16, sid);
+  p.flush();
+  const auto again = p.latest();
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again, first);  // published anew, with the new detection report
+  EXPECT_EQ(p.stats().builds, 1u);
+  EXPECT_EQ(p.stats().reused, 1u);
+  EXPECT_GT(again->report.segments.size(), first->report.segments.size());
+  EXPECT_EQ(again->dag.root(), first->dag.root());
+  EXPECT_EQ(again->plan->arena_bytes, first->plan->arena_bytes);
+  EXPECT_GT(p.stats().last_reuse_ns, 0u);
+
+  // What a fresh build of those last ops gives, from a snapshot of the whole trace.
+  const Trace all = r->snapshot();
+  const std::vector<std::size_t> last_ops = [&] {
+    std::vector<std::size_t> v(40);
+    for (std::size_t i = 0; i < 40; ++i) v[i] = all.num_ops() - 40 + i;
+    return v;
+  }();
+  const auto fresh = graph::build_iteration(all, last_ops);
+  EXPECT_EQ(fresh->dag.root(), again->dag.root());
+  EXPECT_EQ(fresh->plan->arena_bytes, again->plan->arena_bytes);
+  EXPECT_EQ(fresh->graph.num_edges(), again->graph.num_edges());
+  // The recorder's in-place key is the key of a copy of the same ops.
+  EXPECT_EQ(r->structure_key(last_ops), record::structure_key(r->copy_ops(last_ops), [] {
+              std::vector<std::size_t> v(40);
+              for (std::size_t i = 0; i < 40; ++i) v[i] = i;
+              return v;
+            }()));
+
+  // A cache keyed by content: it survives clear(), and what follows is published again.
+  r->clear();
+  p.flush();
+  EXPECT_EQ(p.latest(), nullptr);
+  for (int s = 6; s < 9; ++s) record_step(*r, b, s, 40, 16, sid);
+  p.flush();
+  ASSERT_NE(p.latest(), nullptr);
+  EXPECT_EQ(p.latest()->dag.root(), first->dag.root());
+  EXPECT_EQ(p.stats().builds, 1u);
+
+  // Another width: built from scratch. With reuse off, the same step is built again too.
+  for (int s = 9; s < 12; ++s) record_step(*r, b, s, 40, 24, sid);
+  p.flush();
+  EXPECT_EQ(p.stats().builds, 2u);
+  EXPECT_NE(p.latest()->dag.root(), first->dag.root());
+  p.set_reuse(false);
+  for (int s = 12; s < 15; ++s) record_step(*r, b, s, 40, 24, sid);
+  p.flush();
+  EXPECT_EQ(p.stats().builds, 3u);
+}
+
 TEST(Pipeline, NonPeriodicPublishesNothingAndSaysWhy) {
   auto r = *Recorder::create();
   pipeline::Pipeline p(*r);

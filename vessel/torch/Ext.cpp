@@ -8,6 +8,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -343,7 +344,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
       .def_property_readonly("module_paths", [](const Trace& t) { return t.module_paths; })
       .def_property_readonly("externals", [](const Trace& t) {
         py::dict d;
-        for (const auto& [sid, k] : t.externals) d[py::int_(sid)] = external_kind_name(k);
+        std::vector<std::pair<std::uint64_t, ExternalKind>> sorted(t.externals.begin(), t.externals.end());
+        std::sort(sorted.begin(), sorted.end());  // a stable order for the user
+        for (const auto& [sid, k] : sorted) d[py::int_(sid)] = external_kind_name(k);
         return d;
       })
       .def("save", [](const Trace& t, const std::string& path) { check(save_trace(t, path)); })
@@ -380,9 +383,12 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_build_us"] = static_cast<double>(st.last_build_ns) / 1000.0;
     d["pipeline_copy_us"] = static_cast<double>(st.last_copy_ns) / 1000.0;
     d["pipeline_build_cpu_us"] = static_cast<double>(st.last_build_cpu_ns) / 1000.0;
+    d["pipeline_reused"] = st.reused;
+    d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
     return d;
   });
   m.def("start_pipeline", [] { (void)global_pipeline(); });
+  m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));

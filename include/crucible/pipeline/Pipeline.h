@@ -6,7 +6,11 @@
 //   detect   keeps each recording thread's signatures, runs the IterationDetector when enough
 //            new ops arrived (or at a barrier), and sends the latest steady iteration's op
 //            range to build when it is a new one;
-//   build    copies those ops out of the trace and builds TraceGraph, MerkleDag, MemoryPlan;
+//   build    copies those ops out of the trace and builds TraceGraph, MerkleDag, MemoryPlan,
+//            unless they have the structure key (Trace.h) of the last iteration it built: then
+//            that analysis describes them exactly, and build republishes it under the new
+//            detection report without copying (a training loop repeats one step: see
+//            Note [Reusing the last build]);
 //   publish  swaps the result into an atomic shared_ptr that readers load without locks.
 // flush() is exact: it returns once every op recorded before the call has gone through all
 // four stages and whatever iteration they complete is published.
@@ -28,14 +32,18 @@ namespace crucible::pipeline {
 struct PipelineStats {
   std::uint64_t ops_seen = 0;        // signatures received by detect
   std::uint64_t detections = 0;      // detector runs
-  std::uint64_t builds = 0;          // iterations built
+  std::uint64_t builds = 0;          // iterations built (copied and analysed)
+  std::uint64_t reused = 0;          // iterations whose structure key matched the last build
   std::uint64_t published = 0;       // iterations published
   // The last build: wall time from taking the ops out of the trace to a built iteration, the
-  // part of it spent copying the ops, and the build thread's CPU time over the same span (on a
-  // busy machine the wall time includes waiting for a core; CPU time does not).
+  // part of it spent on their structure key and copy, and the build thread's CPU time over the
+  // same span (on a busy machine the wall time includes waiting for a core; CPU time does not).
   std::uint64_t last_build_ns = 0;
   std::uint64_t last_copy_ns = 0;
   std::uint64_t last_build_cpu_ns = 0;
+  // The last iteration handled by reuse: wall time from taking its ops to a publishable
+  // iteration (structure key over the ops in the trace, and a copy of the last analysis).
+  std::uint64_t last_reuse_ns = 0;
 };
 
 class Pipeline final : public record::DrainSink {
@@ -54,6 +62,9 @@ class Pipeline final : public record::DrainSink {
   std::string last_reason() const;
   void flush();
   PipelineStats stats() const;
+  // Whether build may reuse its last analysis (on by default); off, every iteration is built
+  // from scratch (for measuring builds, and for comparing the two).
+  void set_reuse(bool on) { reuse_.store(on, std::memory_order_relaxed); }
 
   // DrainSink (drain thread).
   void on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) override;
@@ -79,7 +90,7 @@ class Pipeline final : public record::DrainSink {
   struct PublishMsg {
     enum Kind : std::uint8_t { Publish, Barrier, Clear } kind;
     std::uint64_t token;
-    const graph::Iteration* it;  // owned by the message (Publish)
+    std::shared_ptr<const graph::Iteration>* it;  // owned by the message (Publish)
   };
   void detect_loop();
   void build_loop();
@@ -94,8 +105,9 @@ class Pipeline final : public record::DrainSink {
   std::atomic<std::shared_ptr<const graph::Iteration>> latest_;
   std::atomic<std::uint64_t> next_token_{1};
   std::atomic<std::uint64_t> published_token_{0};
-  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, published_{0}, last_build_ns_{0},
-      last_copy_ns_{0}, last_build_cpu_ns_{0};
+  std::atomic<bool> reuse_{true};
+  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, published_{0}, last_build_ns_{0},
+      last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;

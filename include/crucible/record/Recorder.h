@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -136,6 +137,16 @@ class Recorder {
   void set_sink(DrainSink* sink);
   // A copy of the given ops (trace indices) with their tensors, scalars, names, externals.
   Trace copy_ops(std::span<const std::size_t> ops);
+  // structure_key (Trace.h) of the given ops, read in place: what copy_ops(ops) would give
+  // record::structure_key(copy, all ops), without copying.
+  ContentHash structure_key(std::span<const std::size_t> ops);
+  // Both under one hold of the trace lock, so that the key describes the copy even if a
+  // clear() races: the key (when want_key), then the copy, unless the key equals *unless.
+  struct KeyedCopy {
+    ContentHash key;
+    std::optional<Trace> copy;  // empty when the key matched `unless`
+  };
+  KeyedCopy key_and_copy(std::span<const std::size_t> ops, bool want_key, const ContentHash* unless);
   // flush(), then a copy of the trace so far, with current names and per-thread stats.
   Trace snapshot();
   // flush(), then forget every drained op; stats restart from zero (names stay).
@@ -168,7 +179,7 @@ class Recorder {
   std::unordered_map<std::uint64_t, std::string> schema_names_;
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
-  absl::flat_hash_map<std::uint64_t, ExternalKind> externals_;  // sorted into Trace::externals on copy
+  absl::flat_hash_map<std::uint64_t, ExternalKind> externals_;
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "crucible/core/ContentHash.h"
 #include "crucible/record/TraceRecord.h"
 
 namespace crucible::record {
@@ -40,7 +42,9 @@ class Trace {
   std::map<std::uint64_t, std::string> schema_names;  // schema_hash -> "aten::add.Tensor"
   std::vector<std::string> module_paths;              // module_id -> "layer1.0.conv1"; [0] = ""
   std::vector<ThreadStats> threads;
-  std::map<std::uint64_t, ExternalKind> externals;    // storage_id -> why it is external
+  // storage_id -> why it is external. A hash map: every build looks up hundreds of storages in
+  // it (a std::map's pointer chase was a tenth of the Merkle DAG's time); save sorts it.
+  absl::flat_hash_map<std::uint64_t, ExternalKind> externals;
 
   // Derived offsets (rebuilt by append/validate): first tensor / scalar / dim of each op/tensor.
   std::vector<std::uint64_t> op_tensor_begin, op_scalar_begin, tensor_dims_begin;
@@ -65,5 +69,25 @@ class Trace {
   void clear();
   bool operator==(const Trace& o) const;
 };
+
+// Note [Structure key]
+// Two runs of one training step record the same ops on different storages: fresh storage ids
+// for every intermediate, version counters that keep counting, other data pointers. The
+// structure key of a list of ops hashes everything an analysis of them reads (schema, op
+// flags and module, every tensor's metadata and dims, every scalar, and how each storage an op
+// reads is classified when external) with each storage id replaced by the order in which the
+// ops first touch it and each version by its distance from the version first seen there;
+// data pointers and sequence numbers are left out. Two runs of one step get equal keys, and
+// anything that could change a graph, DAG or plan built from the ops (one shape, one scalar,
+// one input wired to another producer) gives a different key, up to XXH3-128 collisions.
+//
+// The body and the classification come apart so that a recorder can hash the body under its
+// trace lock and look the storages up in its external table afterwards.
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
+                           std::vector<std::uint64_t>& storages);  // distinct ids, first-touch order
+// kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
+ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
+// Both, with the classification from t.externals.
+ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops);
 
 }  // namespace crucible::record

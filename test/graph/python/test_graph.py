@@ -83,6 +83,34 @@ def test_root_hash_is_the_same_in_two_processes(name):
     assert crucible.iteration()["root_hash"] == outs[0][0], "and the same as in this process"
 
 
+@pytest.mark.parametrize("name", models.MODELS)
+def test_a_reused_build_equals_a_fresh_analysis(name):
+    """More runs of one step: the pipeline republishes its last analysis when the structure
+    key matches (SGD steps) and builds again when it does not (AdamW's bias corrections are
+    scalars that change every step); either way what it publishes equals a fresh analysis of
+    the same recording."""
+    s = models.make(name)
+    record(s, 3)
+    first = crucible.iteration()
+    crucible.enable()
+    for _ in range(3):
+        s.step()
+    crucible.disable()
+    again = crucible.iteration()
+    fresh = crucible._ext.iteration(crucible._ext.snapshot(), -1, 0, 64)
+    for k in ("root_hash", "arena_bytes", "lower_bound_bytes", "persistent_bytes", "edges", "externals",
+              "regions", "ops", "total_ops"):
+        assert again[k] == fresh[k], k
+    assert again["steady_iterations"] > first["steady_iterations"]
+    if name == "transformer":
+        assert again["pipeline_builds"] > first["pipeline_builds"]
+        assert again["root_hash"] != first["root_hash"]
+    else:
+        assert again["pipeline_reused"] > first["pipeline_reused"]
+        assert again["pipeline_builds"] == first["pipeline_builds"]
+        assert again["root_hash"] == first["root_hash"]
+
+
 def test_shape_or_dtype_change_changes_the_root_hash():
     def root(batch, dtype=torch.float32):
         crucible.clear()
