@@ -35,12 +35,16 @@ Pipeline::~Pipeline() {
   publish_.join();
 }
 
-void Pipeline::on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) {
+void Pipeline::on_ops(const record::Trace& t, std::uint64_t generation, std::uint32_t thread, std::size_t first,
+                      std::size_t count) {
   if (count == 0) return;
   // One message per batch: a message (and its fence) per op cost the drain more than hashing.
-  auto* sigs = new std::uint64_t[count];
-  for (std::size_t k = 0; k < count; ++k) sigs[k] = graph::op_signature(t, first + k);
-  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, sigs, static_cast<std::uint32_t>(count)});
+  auto* words = new std::uint64_t[2 * count];
+  for (std::size_t k = 0; k < count; ++k) {
+    words[k] = graph::op_signature(t, first + k);
+    words[count + k] = record::op_content(t, first + k);
+  }
+  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, words, static_cast<std::uint32_t>(count), generation});
 }
 void Pipeline::on_unlocked() {
   // May block while detect is behind; never with the trace locked (build's copy needs it).
@@ -49,16 +53,17 @@ void Pipeline::on_unlocked() {
 }
 void Pipeline::on_barrier(std::uint64_t token) {
   on_unlocked();
-  to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0});
+  to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0, 0});
 }
 void Pipeline::on_clear() {
   on_unlocked();
-  to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0});
+  to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0, 0});
 }
 
 void Pipeline::detect_loop() {
   struct PerThread {
-    std::vector<std::uint64_t> sigs, ops;  // last kWindow..2*kWindow ops of the thread
+    std::vector<std::uint64_t> sigs, ops, contents;  // last kWindow..2*kWindow ops of the thread
+    std::uint64_t generation = 0;
     std::size_t new_ops = 0;
     std::size_t last_sent_first = SIZE_MAX;  // trace index of the last iteration sent to build
   };
@@ -76,9 +81,12 @@ void Pipeline::detect_loop() {
     const std::size_t first = pt.ops[s.begin];
     if (first == pt.last_sent_first) return;
     pt.last_sent_first = first;
-    auto* ops = new std::vector<std::size_t>(pt.ops.begin() + static_cast<long>(s.begin),
-                                             pt.ops.begin() + static_cast<long>(s.end));
-    to_build_.push(BuildMsg{BuildMsg::Build, 0, 0, ops, new graph::IterationReport(std::move(r))});
+    auto* w = new BuildWork;
+    w->ops.assign(pt.ops.begin() + static_cast<long>(s.begin), pt.ops.begin() + static_cast<long>(s.end));
+    w->contents.assign(pt.contents.begin() + static_cast<long>(s.begin), pt.contents.begin() + static_cast<long>(s.end));
+    w->generation = pt.generation;
+    w->report = std::move(r);
+    to_build_.push(BuildMsg{BuildMsg::Build, 0, w});
   };
   SigMsg m;
   while (to_detect_.pop(m)) {
@@ -87,11 +95,14 @@ void Pipeline::detect_loop() {
         std::unique_ptr<std::uint64_t[]> sigs(m.sigs);
         ops_seen_.fetch_add(m.count, std::memory_order_relaxed);
         PerThread& pt = threads[m.thread];
+        pt.generation = m.generation;  // a clear() empties threads first: one generation per window
         for (std::uint32_t k = 0; k < m.count; ++k) {
           pt.sigs.push_back(sigs[k]);
+          pt.contents.push_back(sigs[m.count + k]);
           pt.ops.push_back(m.op + k);
           if (pt.sigs.size() > 2 * kWindow) {
             pt.sigs.erase(pt.sigs.begin(), pt.sigs.end() - static_cast<long>(kWindow));
+            pt.contents.erase(pt.contents.begin(), pt.contents.end() - static_cast<long>(kWindow));
             pt.ops.erase(pt.ops.begin(), pt.ops.end() - static_cast<long>(kWindow));
           }
           // Re-detect once the thread's ops grew by half (amortised O(1) per op).
@@ -102,7 +113,7 @@ void Pipeline::detect_loop() {
       case SigMsg::Barrier:
         for (auto& [th, pt] : threads)
           if (pt.new_ops != 0) detect(pt);
-        to_build_.push(BuildMsg{BuildMsg::Barrier, 0, m.op, nullptr, nullptr});
+        to_build_.push(BuildMsg{BuildMsg::Barrier, m.op, nullptr});
         break;
       case SigMsg::Clear:  // recorder.clear(): forget everything, unpublish
         threads.clear();
@@ -110,7 +121,7 @@ void Pipeline::detect_loop() {
           std::lock_guard<std::mutex> g(reason_mu_);
           last_reason_ = "no ops recorded since the last clear()";
         }
-        to_build_.push(BuildMsg{BuildMsg::Clear, 0, 0, nullptr, nullptr});
+        to_build_.push(BuildMsg{BuildMsg::Clear, 0, nullptr});
         break;
     }
   }
@@ -137,16 +148,20 @@ void Pipeline::build_loop() {
                                   m.token, nullptr});
       continue;
     }
-    std::unique_ptr<std::vector<std::size_t>> ops(m.ops);
-    std::unique_ptr<graph::IterationReport> report(m.report);
+    std::unique_ptr<BuildWork> w(m.work);
     const auto t0 = std::chrono::steady_clock::now();
     const std::uint64_t cpu0 = thread_cpu_ns();
-    const bool may_reuse = last && reuse_.load(std::memory_order_relaxed);
-    record::Recorder::KeyedCopy kc = rec_.key_and_copy(*ops, true, may_reuse ? &last_key : nullptr);
+    record::Recorder::CopyRequest req{w->ops};
+    req.want_key = true;
+    req.contents = w->contents;
+    req.unless = last && reuse_.load(std::memory_order_relaxed) ? &last_key : nullptr;
+    req.generation = w->generation;
+    record::Recorder::KeyedCopy kc = rec_.key_and_copy(req);
     const auto t_copied = std::chrono::steady_clock::now();
+    if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {
       auto it = std::make_shared<graph::Iteration>(*last);
-      it->report = std::move(*report);
+      it->report = std::move(w->report);
       last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
       reused_.fetch_add(1, std::memory_order_relaxed);
       to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(std::move(it))});
@@ -157,7 +172,7 @@ void Pipeline::build_loop() {
     for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
     std::shared_ptr<graph::Iteration> it = graph::build_iteration(*trace, std::move(local), plan_);
     it->trace = std::move(trace);
-    it->report = std::move(*report);
+    it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();
     const auto t1 = std::chrono::steady_clock::now();
     last_build_ns_.store(ns(t1 - t0), std::memory_order_relaxed);

@@ -233,7 +233,7 @@ bool Recorder::drain_log(ThreadLog& log) {
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
     }
-    if (sink != nullptr) sink->on_ops(trace_, log.index_, first, n);
+    if (sink != nullptr) sink->on_ops(trace_, generation_, log.index_, first, n);
   }
   if (sink != nullptr) sink->on_unlocked();
   // Compact the stages once their consumed prefix dominates.
@@ -308,6 +308,7 @@ void Recorder::deliver_tokens() {
     for (const Event& ev : events) {
       if (ev.clear) {
         trace_.clear();
+        ++generation_;
         baseline_ = ev.baseline;
       }
     }
@@ -342,11 +343,17 @@ void Recorder::flush_token(std::uint64_t token) {
 
 void Recorder::set_sink(DrainSink* sink) { sink_.store(sink, std::memory_order_release); }
 
-Trace Recorder::copy_ops(std::span<const std::size_t> ops) { return *key_and_copy(ops, false, nullptr).copy; }
+Trace Recorder::copy_ops(std::span<const std::size_t> ops) { return *key_and_copy(CopyRequest{ops}).copy; }
 
-ContentHash Recorder::structure_key(std::span<const std::size_t> ops) { return key_and_copy(ops, true, nullptr).key; }
+ContentHash Recorder::structure_key(std::span<const std::size_t> ops) {
+  CopyRequest req{ops};
+  req.want_key = true;
+  req.want_copy = false;
+  return key_and_copy(req).key;
+}
 
-Recorder::KeyedCopy Recorder::key_and_copy(std::span<const std::size_t> ops, bool want_key, const ContentHash* unless) {
+Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
+  const std::span<const std::size_t> ops = req.ops;
   KeyedCopy r;
   // Indices past the trace (a clear() raced with the caller) are skipped, by the key and the
   // copy alike.
@@ -354,9 +361,13 @@ Recorder::KeyedCopy Recorder::key_and_copy(std::span<const std::size_t> ops, boo
   std::vector<std::uint64_t> storages;
   ContentHash body;
   std::unique_lock<std::mutex> trace_lock(trace_mu_);
+  if (req.generation != kAnyGeneration && req.generation != generation_) {
+    r.stale = true;
+    return r;
+  }
   const Trace& t = trace_;
   const std::size_t n_ops = t.num_ops();
-  if (want_key) {
+  if (req.want_key) {
     // Hashing first reads the ops from memory (they are cold by now); the copy after it
     // finds them in cache.
     std::span<const std::size_t> valid = ops;
@@ -365,7 +376,8 @@ Recorder::KeyedCopy Recorder::key_and_copy(std::span<const std::size_t> ops, boo
         if (op < n_ops) in_range.push_back(op);
       valid = in_range;
     }
-    body = record::structure_body(t, valid, storages);
+    // Contents belong to the ops as given; with some of them gone, compute them afresh.
+    body = record::structure_body(t, valid, storages, valid.size() == ops.size() ? req.contents : std::span<const std::uint64_t>{});
     std::vector<std::uint8_t> kinds(storages.size(), 0);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
@@ -375,8 +387,9 @@ Recorder::KeyedCopy Recorder::key_and_copy(std::span<const std::size_t> ops, boo
           if (auto it = externals_.find(storages[i]); it != externals_.end()) kinds[i] = static_cast<std::uint8_t>(it->second);
     }
     r.key = record::structure_key(body, kinds);
-    if (unless != nullptr && r.key == *unless) return r;  // no copy: the caller has these ops' analysis
+    if (req.unless != nullptr && r.key == *req.unless) return r;  // no copy: the caller has these ops' analysis
   }
+  if (!req.want_copy) return r;
   r.copy.emplace();
   Trace& out = *r.copy;
   // Bounds of op / tensor ranges in the trace's flat arrays (an op's tensors, dims and

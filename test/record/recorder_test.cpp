@@ -190,6 +190,55 @@ TEST(Recorder, CopyOpsEqualsTheOpsOneByOne) {
   }
 }
 
+// What the pipeline relies on in key_and_copy: the key of ops read in place equals the key of
+// their copy, contents computed by a sink while draining give the same key as contents
+// computed later, and after a clear() the old generation's indices are refused as stale.
+TEST(Recorder, KeyAndCopyAgreeAndRefuseAStaleGeneration) {
+  struct Sink final : DrainSink {
+    std::vector<std::uint64_t> contents, generations;
+    void on_ops(const Trace& t, std::uint64_t generation, std::uint32_t, std::size_t first, std::size_t count) override {
+      for (std::size_t k = first; k < first + count; ++k) {
+        contents.push_back(op_content(t, k));
+        generations.push_back(generation);
+      }
+    }
+    void on_barrier(std::uint64_t) override {}
+    void on_clear() override {}
+  } sink;
+  auto r = *Recorder::create();
+  r->set_sink(&sink);
+  const auto relu = r->intern_schema("aten::relu");
+  OpBuilder b;
+  for (std::uint64_t i = 0; i < 50; ++i) commit_synthetic(*r, b, relu, i);
+  r->classify_external(1, ExternalKind::Input);
+  r->flush_token(1);
+  ASSERT_EQ(sink.contents.size(), 50u);
+  std::vector<std::size_t> ops(50), all(50);
+  for (std::size_t i = 0; i < 50; ++i) ops[i] = all[i] = i;
+  Recorder::CopyRequest req{ops};
+  req.want_key = true;
+  req.contents = sink.contents;
+  req.generation = sink.generations[0];
+  const Recorder::KeyedCopy kc = r->key_and_copy(req);
+  ASSERT_FALSE(kc.stale);
+  ASSERT_TRUE(kc.copy.has_value());
+  EXPECT_EQ(kc.key, structure_key(*kc.copy, all));
+  EXPECT_EQ(kc.key, r->structure_key(ops));
+  const crucible::ContentHash known = kc.key;
+  req.unless = &known;
+  EXPECT_FALSE(r->key_and_copy(req).copy.has_value()) << "a matching key skips the copy";
+  r->classify_external(3, ExternalKind::Parameter);  // a storage op 1 reads: another structure
+  EXPECT_NE(r->structure_key(ops), known);
+  r->clear();
+  for (std::uint64_t i = 0; i < 50; ++i) commit_synthetic(*r, b, relu, i);
+  r->flush_token(2);
+  const Recorder::KeyedCopy after = r->key_and_copy(req);
+  EXPECT_TRUE(after.stale);
+  EXPECT_FALSE(after.copy.has_value());
+  EXPECT_NE(sink.generations.back(), sink.generations.front());
+  r->set_sink(nullptr);
+}
+
 TEST(Recorder, ModulePathsAreInternedOnce) {
   auto r = *Recorder::create();
   EXPECT_EQ(r->intern_module(""), 0u);

@@ -2,7 +2,8 @@
 //
 // Threads (each stage one thread; SPSC Channels between them, consumers park when idle):
 //   drain    the Recorder's own drain thread; as a DrainSink it computes each new op's
-//            signature and sends each drained batch's (thread, first op, signatures) to detect;
+//            signature and content (record::op_content) while the op is in cache, and sends
+//            each drained batch's (thread, first op, signatures, contents) to detect;
 //   detect   keeps each recording thread's signatures, runs the IterationDetector when enough
 //            new ops arrived (or at a barrier), and sends the latest steady iteration's op
 //            range to build when it is a new one;
@@ -67,7 +68,8 @@ class Pipeline final : public record::DrainSink {
   void set_reuse(bool on) { reuse_.store(on, std::memory_order_relaxed); }
 
   // DrainSink (drain thread).
-  void on_ops(const record::Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) override;
+  void on_ops(const record::Trace& t, std::uint64_t generation, std::uint32_t thread, std::size_t first,
+              std::size_t count) override;
   void on_unlocked() override;
   void on_barrier(std::uint64_t token) override;
   void on_clear() override;
@@ -77,15 +79,22 @@ class Pipeline final : public record::DrainSink {
     enum Kind : std::uint8_t { Ops, Barrier, Clear } kind;
     std::uint32_t thread;
     std::uint64_t op;     // trace index of the first op (Ops) or token (Barrier)
-    std::uint64_t* sigs;  // Ops: one signature per op, owned by the message (new[])
+    // Ops: 2 * count words, owned by the message (new[]): each op's signature (detection), then
+    // each op's record::op_content (the structure key), both computed while the op is in cache.
+    std::uint64_t* sigs;
     std::uint32_t count;  // Ops: how many
+    std::uint64_t generation;  // Ops: the trace generation the indices belong to
+  };
+  struct BuildWork {  // one iteration to build
+    std::vector<std::size_t> ops;          // trace indices
+    std::vector<std::uint64_t> contents;   // op_content of each
+    std::uint64_t generation = 0;
+    graph::IterationReport report;
   };
   struct BuildMsg {
     enum Kind : std::uint8_t { Build, Barrier, Clear } kind;
-    std::uint32_t thread;
     std::uint64_t token;
-    std::vector<std::size_t>* ops;  // owned by the message (Build)
-    graph::IterationReport* report;
+    BuildWork* work;  // owned by the message (Build)
   };
   struct PublishMsg {
     enum Kind : std::uint8_t { Publish, Barrier, Clear } kind;

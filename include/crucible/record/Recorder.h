@@ -89,8 +89,10 @@ class DrainSink {
  public:
   virtual ~DrainSink() = default;
   // Ops [first, first + count) were appended to `t`; all of them belong to recording thread
-  // `thread` (one call per thread per drain pass).
-  virtual void on_ops(const Trace& t, std::uint32_t thread, std::size_t first, std::size_t count) = 0;
+  // `thread` (one call per thread per drain pass). `generation` counts the clear()s before
+  // them: indices name these ops only while it is current (see CopyRequest).
+  virtual void on_ops(const Trace& t, std::uint64_t generation, std::uint32_t thread, std::size_t first,
+                      std::size_t count) = 0;
   virtual void on_unlocked() {}
   // Every op committed before flush_token(token) was called has been passed to on_ops.
   virtual void on_barrier(std::uint64_t token) = 0;
@@ -140,13 +142,25 @@ class Recorder {
   // structure_key (Trace.h) of the given ops, read in place: what copy_ops(ops) would give
   // record::structure_key(copy, all ops), without copying.
   ContentHash structure_key(std::span<const std::size_t> ops);
-  // Both under one hold of the trace lock, so that the key describes the copy even if a
-  // clear() races: the key (when want_key), then the copy, unless the key equals *unless.
-  struct KeyedCopy {
-    ContentHash key;
-    std::optional<Trace> copy;  // empty when the key matched `unless`
+  // Key and copy under one hold of the trace lock, for a consumer of on_ops (the pipeline):
+  // the structure key of the ops (when want_key), then their copy unless the key equals
+  // *unless. With a generation, ops recorded before a later clear() are not there any more:
+  // the answer is `stale`, with neither key nor copy (their indices name other ops now).
+  static constexpr std::uint64_t kAnyGeneration = UINT64_MAX;
+  struct CopyRequest {
+    std::span<const std::size_t> ops;
+    bool want_key = false;
+    bool want_copy = true;
+    std::span<const std::uint64_t> contents;  // op_content of each op, if the caller has them
+    const ContentHash* unless = nullptr;
+    std::uint64_t generation = kAnyGeneration;
   };
-  KeyedCopy key_and_copy(std::span<const std::size_t> ops, bool want_key, const ContentHash* unless);
+  struct KeyedCopy {
+    bool stale = false;
+    ContentHash key;
+    std::optional<Trace> copy;  // empty when stale, not wanted, or the key matched `unless`
+  };
+  KeyedCopy key_and_copy(const CopyRequest& req);
   // flush(), then a copy of the trace so far, with current names and per-thread stats.
   Trace snapshot();
   // flush(), then forget every drained op; stats restart from zero (names stay).
@@ -183,6 +197,7 @@ class Recorder {
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
+  std::uint64_t generation_ = 0;       // clear()s of trace_ so far
   std::vector<ThreadStats> baseline_;  // counters at the last clear(), per thread index
 
   std::atomic<DrainSink*> sink_{nullptr};

@@ -83,8 +83,15 @@ class Trace {
 //
 // The body and the classification come apart so that a recorder can hash the body under its
 // trace lock and look the storages up in its external table afterwards.
+//
+// The body is, per op, its content (op_content: everything but storage identities, 64 bits)
+// and then its tensors' storage identities and version distances. A caller that already has
+// the ops' contents (the pipeline's drain computes them while the ops are in cache) passes
+// them, one per op, and the ops' dims and scalars are not read again.
+std::uint64_t op_content(const Trace& t, std::size_t op);
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
-                           std::vector<std::uint64_t>& storages);  // distinct ids, first-touch order
+                           std::vector<std::uint64_t>& storages,  // distinct ids, first-touch order
+                           std::span<const std::uint64_t> contents = {});
 // kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
 // Both, with the classification from t.externals.
