@@ -2,44 +2,13 @@
 #include "crucible/graph/MerkleDag.h"
 
 #include <algorithm>
-#include <bit>
 #include <string>
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "crucible/core/Contract.h"
 
 namespace crucible::graph {
-namespace {
-
-void hash_meta(ContentHasher& h, const record::Trace& t, std::size_t tensor_index) {
-  const auto& m = t.tensors[tensor_index];
-  const bool wrapped = m.flags & record::tensor_flag::kWrappedNumber;  // not requires_grad: see header
-  h.update_words(std::uint64_t{static_cast<std::uint8_t>(m.dtype)} | std::uint64_t{m.device_kind} << 8 |
-                     std::uint64_t{m.layout} << 16 | std::uint64_t{static_cast<std::uint8_t>(m.device_index)} << 24 |
-                     std::uint64_t{wrapped} << 32 | std::uint64_t{m.ndim} << 40,
-                 std::uint64_t{m.arg_index} | std::uint64_t{m.list_index} << 32,
-                 static_cast<std::uint64_t>(m.storage_offset),
-                 wrapped ? std::bit_cast<std::uint64_t>(m.wrapped_value) : std::uint64_t{0});
-  // Sizes then strides, contiguous in the trace; ndim above delimits them.
-  h.update_i64s({t.dims.data() + t.tensor_dims_begin[tensor_index], 2 * static_cast<std::size_t>(m.ndim)});
-}
-
-// Everything about the op itself: schema, tensor metadata, scalar arguments.
-ContentHash local_hash(const record::Trace& t, std::size_t op) {
-  ContentHasher h;
-  const record::TraceEntry& e = t.ops[op];
-  h.update_words(e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
-                 std::uint64_t{static_cast<std::uint8_t>(e.phase)});
-  const std::size_t base = t.op_tensor_begin[op];
-  for (std::size_t k = 0; k < e.n_tensors; ++k) hash_meta(h, t, base + k);
-  for (const auto& s : t.scalars_of(op))
-    h.update_words(std::uint64_t{static_cast<std::uint8_t>(s.kind)} | std::uint64_t{s.arg_index} << 8 |
-                       std::uint64_t{s.aux} << 24,
-                   s.bits);
-  return h.digest();
-}
-
-}  // namespace
 
 ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& local,
                         std::uint32_t begin, std::uint32_t end) {
@@ -58,9 +27,10 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
   return h.digest();
 }
 
-MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
+MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::span<const ContentHash> locals) {
   MerkleDag d;
   const std::size_t n = g.num_nodes();
+  CRUCIBLE_PRE(locals.empty() || locals.size() == n, "one local hash per node, or none");
   d.local_hashes_.resize(n);
   d.node_hashes_.resize(n);
   // An external input hashes as its classification (0 when the trace does not know why it is
@@ -76,7 +46,7 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g) {
   const auto& externals = g.externals();
   std::size_t xi = 0;
   for (std::size_t node = 0; node < n; ++node) {
-    d.local_hashes_[node] = local_hash(t, g.trace_op(node));
+    d.local_hashes_[node] = locals.empty() ? record::op_content(t, g.trace_op(node)) : locals[node];
     ContentHasher h;
     h.update_hash(d.local_hashes_[node]);
     const auto preds = g.predecessors(node);

@@ -39,12 +39,13 @@ void Pipeline::on_ops(const record::Trace& t, std::uint64_t generation, std::uin
                       std::size_t count) {
   if (count == 0) return;
   // One message per batch: a message (and its fence) per op cost the drain more than hashing.
-  auto* words = new std::uint64_t[2 * count];
+  auto* sigs = new std::uint64_t[count];
+  auto* contents = new ContentHash[count];
   for (std::size_t k = 0; k < count; ++k) {
-    words[k] = graph::op_signature(t, first + k);
-    words[count + k] = record::op_content(t, first + k);
+    sigs[k] = graph::op_signature(t, first + k);
+    contents[k] = record::op_content(t, first + k);
   }
-  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, words, static_cast<std::uint32_t>(count), generation});
+  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, sigs, contents, static_cast<std::uint32_t>(count), generation});
 }
 void Pipeline::on_unlocked() {
   // May block while detect is behind; never with the trace locked (build's copy needs it).
@@ -53,16 +54,17 @@ void Pipeline::on_unlocked() {
 }
 void Pipeline::on_barrier(std::uint64_t token) {
   on_unlocked();
-  to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, 0, 0});
+  to_detect_.push(SigMsg{SigMsg::Barrier, 0, token, nullptr, nullptr, 0, 0});
 }
 void Pipeline::on_clear() {
   on_unlocked();
-  to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, 0, 0});
+  to_detect_.push(SigMsg{SigMsg::Clear, 0, 0, nullptr, nullptr, 0, 0});
 }
 
 void Pipeline::detect_loop() {
   struct PerThread {
-    std::vector<std::uint64_t> sigs, ops, contents;  // last kWindow..2*kWindow ops of the thread
+    std::vector<std::uint64_t> sigs, ops;  // last kWindow..2*kWindow ops of the thread
+    std::vector<ContentHash> contents;
     std::uint64_t generation = 0;
     std::size_t new_ops = 0;
     std::size_t last_sent_first = SIZE_MAX;  // trace index of the last iteration sent to build
@@ -93,12 +95,13 @@ void Pipeline::detect_loop() {
     switch (m.kind) {
       case SigMsg::Ops: {
         std::unique_ptr<std::uint64_t[]> sigs(m.sigs);
+        std::unique_ptr<ContentHash[]> contents(m.contents);
         ops_seen_.fetch_add(m.count, std::memory_order_relaxed);
         PerThread& pt = threads[m.thread];
         pt.generation = m.generation;  // a clear() empties threads first: one generation per window
         for (std::uint32_t k = 0; k < m.count; ++k) {
           pt.sigs.push_back(sigs[k]);
-          pt.contents.push_back(sigs[m.count + k]);
+          pt.contents.push_back(contents[k]);
           pt.ops.push_back(m.op + k);
           if (pt.sigs.size() > 2 * kWindow) {
             pt.sigs.erase(pt.sigs.begin(), pt.sigs.end() - static_cast<long>(kWindow));
@@ -170,7 +173,10 @@ void Pipeline::build_loop() {
     auto trace = std::make_shared<record::Trace>(std::move(*kc.copy));
     std::vector<std::size_t> local(trace->num_ops());
     for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
-    std::shared_ptr<graph::Iteration> it = graph::build_iteration(*trace, std::move(local), plan_);
+    // The copy holds exactly the requested ops, in order, when none was skipped as missing.
+    const bool whole = trace->num_ops() == w->contents.size();
+    std::shared_ptr<graph::Iteration> it = graph::build_iteration(
+        *trace, std::move(local), plan_, whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{});
     it->trace = std::move(trace);
     it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();

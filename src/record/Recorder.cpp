@@ -377,7 +377,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       valid = in_range;
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
-    body = record::structure_body(t, valid, storages, valid.size() == ops.size() ? req.contents : std::span<const std::uint64_t>{});
+    body = record::structure_body(t, valid, storages, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
     std::vector<std::uint8_t> kinds(storages.size(), 0);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.

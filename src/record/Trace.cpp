@@ -112,37 +112,33 @@ bool Trace::operator==(const Trace& o) const {
          module_paths == o.module_paths && threads == o.threads && externals == o.externals;
 }
 
-namespace {
-// Everything about op `op` but its storages' identities and versions, into h.
-void feed_op_content(ContentHasher& h, const Trace& t, std::size_t op) {
+ContentHash op_content(const Trace& t, std::size_t op) {
+  CRUCIBLE_PRE(op < t.ops.size(), "op index in range");
+  ContentHasher h;
   const TraceEntry& e = t.ops[op];
-  h.update_words(e.schema_hash, e.n_tensors | std::uint64_t{e.n_inputs} << 32, e.n_scalars | std::uint64_t{e.module_id} << 32,
-                 e.n_args | std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 16 | std::uint64_t{e.flags} << 24);
+  h.update_words(e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
+                 std::uint64_t{static_cast<std::uint8_t>(e.phase)});
   const std::size_t base = t.op_tensor_begin[op];
   for (std::size_t k = base; k < base + e.n_tensors; ++k) {
     const TensorMeta& m = t.tensors[k];
-    h.update_words(static_cast<std::uint64_t>(m.storage_offset), m.storage_nbytes, std::bit_cast<std::uint64_t>(m.wrapped_value),
-                   m.list_index | std::uint64_t{m.arg_index} << 32 | std::uint64_t{m.ndim} << 48,
-                   std::uint64_t{static_cast<std::uint8_t>(m.dtype)} | std::uint64_t{m.device_kind} << 8 |
-                       std::uint64_t{static_cast<std::uint8_t>(m.device_index)} << 16 | std::uint64_t{m.layout} << 24 |
-                       std::uint64_t{m.flags} << 32 | std::uint64_t{m.storage_id == 0} << 40);
+    const bool wrapped = m.flags & tensor_flag::kWrappedNumber;
+    h.update_words(std::uint64_t{static_cast<std::uint8_t>(m.dtype)} | std::uint64_t{m.device_kind} << 8 |
+                       std::uint64_t{m.layout} << 16 | std::uint64_t{static_cast<std::uint8_t>(m.device_index)} << 24 |
+                       std::uint64_t{wrapped} << 32 | std::uint64_t{m.ndim} << 40,
+                   std::uint64_t{m.arg_index} | std::uint64_t{m.list_index} << 32,
+                   static_cast<std::uint64_t>(m.storage_offset),
+                   wrapped ? std::bit_cast<std::uint64_t>(m.wrapped_value) : std::uint64_t{0});
+    // Sizes then strides, contiguous in the trace; ndim above delimits them.
     h.update_i64s({t.dims.data() + t.tensor_dims_begin[k], 2 * static_cast<std::size_t>(m.ndim)});
   }
   for (const ScalarRecord& s : t.scalars_of(op))
     h.update_words(std::uint64_t{static_cast<std::uint8_t>(s.kind)} | std::uint64_t{s.arg_index} << 8 | std::uint64_t{s.aux} << 24,
                    s.bits);
-}
-}  // namespace
-
-std::uint64_t op_content(const Trace& t, std::size_t op) {
-  CRUCIBLE_PRE(op < t.ops.size(), "op index in range");
-  ContentHasher h;
-  feed_op_content(h, t, op);
-  return h.digest().lo;
+  return h.digest();
 }
 
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std::vector<std::uint64_t>& storages,
-                           std::span<const std::uint64_t> contents) {
+                           std::span<const ContentHash> contents) {
   CRUCIBLE_PRE(contents.empty() || contents.size() == ops.size(), "one op_content per op, or none");
   // Storage id -> (first-touch index, first version seen): an open-addressed table sized for
   // every tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
@@ -163,16 +159,17 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std
   std::vector<Slot> table(std::size_t{1} << bits, Slot{0, 0, 0});
   const std::size_t mask = table.size() - 1;
   storages.clear();
-  // Per op: its content (op_content, computed here or given), then the identity of each of its
-  // tensors' storages. Given contents spare reading the dims and scalars again: the drain
-  // computes them while the ops are still in cache.
+  // Per op: its content (op_content, computed here or given), what the content leaves out of
+  // the entry, then each tensor's storage identity, size and flags. Given contents spare reading
+  // the dims and scalars again: the drain computes them while the ops are still in cache.
   ContentHasher h;
   h.update_u64(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::size_t op = ops[i];
     const TraceEntry& e = t.ops[op];
     __builtin_prefetch(&e + 4);
-    h.update_u64(contents.empty() ? op_content(t, op) : contents[i]);
+    const ContentHash c = contents.empty() ? op_content(t, op) : contents[i];
+    h.update_words(c.lo, c.hi, e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48);
     const std::size_t base = t.op_tensor_begin[op];
     for (std::size_t k = base; k < base + e.n_tensors; ++k) {
       const TensorMeta& m = t.tensors[k];
@@ -188,7 +185,7 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std
         canon = table[j].index;
         version = m.version - table[j].first_version;  // modular: only equality matters
       }
-      h.update_words(canon | std::uint64_t{version} << 32);
+      h.update_words(canon | std::uint64_t{version} << 32, m.storage_nbytes, std::uint64_t{m.flags});
     }
   }
   return h.digest();

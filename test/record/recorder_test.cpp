@@ -195,7 +195,8 @@ TEST(Recorder, CopyOpsEqualsTheOpsOneByOne) {
 // computed later, and after a clear() the old generation's indices are refused as stale.
 TEST(Recorder, KeyAndCopyAgreeAndRefuseAStaleGeneration) {
   struct Sink final : DrainSink {
-    std::vector<std::uint64_t> contents, generations;
+    std::vector<crucible::ContentHash> contents;
+    std::vector<std::uint64_t> generations;
     void on_ops(const Trace& t, std::uint64_t generation, std::uint32_t, std::size_t first, std::size_t count) override {
       for (std::size_t k = first; k < first + count; ++k) {
         contents.push_back(op_content(t, k));

@@ -27,9 +27,10 @@ struct Iteration {
   Status plan_status;
 };
 
-// Builds graph, DAG and plan for the given ops (indices into t) of one iteration.
+// Builds graph, DAG and plan for the given ops (indices into t) of one iteration; `locals`, if
+// given, are the ops' record::op_content (MerkleDag::build).
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
-                                           const PlanOptions& plan = {});
+                                           const PlanOptions& plan = {}, std::span<const ContentHash> locals = {});
 
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
 // trace with no periodic iteration (the message carries the detector's reason).

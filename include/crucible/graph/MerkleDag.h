@@ -1,9 +1,10 @@
 // MerkleDag.h — content hashes of a TraceGraph's nodes and of its regions.
 //
-// Node hash (Merkle): schema, every input's (shape, stride, dtype, device, layout), every
-// output's metadata (requires_grad is not part of it: the first layer's input needs no grad,
-// the second layer's does, and they still compute the same thing), the scalar arguments, and for each input the hash of the node that
-// produced it (or, for an external input, its classification and metadata). Data pointers,
+// Node hash (Merkle): the node's local hash, record::op_content (schema, every tensor's shape,
+// stride, dtype, device, layout, the scalar arguments; not requires_grad: the first layer's
+// input needs no grad, the second layer's does, and they still compute the same thing), and
+// for each input the hash of the node that produced it (or, for an external input, its
+// classification; its metadata is in the local hash). Data pointers,
 // storage ids and versions are never hashed: the same model recorded in two processes gets the
 // same hashes, and changing one shape or dtype changes the hash of that node and everything
 // downstream.
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,7 +39,9 @@ struct Region {
 
 class MerkleDag {
  public:
-  static MerkleDag build(const record::Trace& t, const TraceGraph& g);
+  // `locals`: the nodes' local hashes (record::op_content of each node's op) when the caller
+  // has them already (the pipeline's drain computes them); empty, they are computed here.
+  static MerkleDag build(const record::Trace& t, const TraceGraph& g, std::span<const ContentHash> locals = {});
 
   const ContentHash& node_hash(std::size_t node) const { return node_hashes_[node]; }
   const ContentHash& root() const { return root_; }  // hash of every node hash, in order

@@ -79,15 +79,17 @@ class Pipeline final : public record::DrainSink {
     enum Kind : std::uint8_t { Ops, Barrier, Clear } kind;
     std::uint32_t thread;
     std::uint64_t op;     // trace index of the first op (Ops) or token (Barrier)
-    // Ops: 2 * count words, owned by the message (new[]): each op's signature (detection), then
-    // each op's record::op_content (the structure key), both computed while the op is in cache.
+    // Ops, each an array of count owned by the message (new[]), computed while the ops are in
+    // cache: their signatures (detection) and their record::op_content (the Merkle DAG's local
+    // hashes and the structure key).
     std::uint64_t* sigs;
+    ContentHash* contents;
     std::uint32_t count;  // Ops: how many
     std::uint64_t generation;  // Ops: the trace generation the indices belong to
   };
   struct BuildWork {  // one iteration to build
     std::vector<std::size_t> ops;          // trace indices
-    std::vector<std::uint64_t> contents;   // op_content of each
+    std::vector<ContentHash> contents;     // op_content of each
     std::uint64_t generation = 0;
     graph::IterationReport report;
   };

@@ -70,6 +70,14 @@ class Trace {
   bool operator==(const Trace& o) const;
 };
 
+// What an op computes, from its own record: schema, phase, argument counts, and for every
+// tensor its dtype, device, layout, storage offset, sizes, strides and argument position (and
+// the value of a wrapped Python number), and every scalar argument. Not its storages' ids,
+// versions, sizes or addresses, not requires_grad (the first layer's input needs no grad, the
+// second's does, and they compute the same thing), not the module it ran in (two identical
+// blocks compute alike). The Merkle DAG's local hash of a node (graph/MerkleDag.h).
+ContentHash op_content(const Trace& t, std::size_t op);
+
 // Note [Structure key]
 // Two runs of one training step record the same ops on different storages: fresh storage ids
 // for every intermediate, version counters that keep counting, other data pointers. The
@@ -84,14 +92,13 @@ class Trace {
 // The body and the classification come apart so that a recorder can hash the body under its
 // trace lock and look the storages up in its external table afterwards.
 //
-// The body is, per op, its content (op_content: everything but storage identities, 64 bits)
-// and then its tensors' storage identities and version distances. A caller that already has
-// the ops' contents (the pipeline's drain computes them while the ops are in cache) passes
-// them, one per op, and the ops' dims and scalars are not read again.
-std::uint64_t op_content(const Trace& t, std::size_t op);
+// The body is, per op, its content (op_content), the rest of its entry (module, flags), and
+// then each tensor's storage identity, version distance, storage size and flags. A caller
+// that already has the ops' contents (the pipeline's drain computes them while the ops are in
+// cache) passes them, one per op, and the ops' dims and scalars are not read again.
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
                            std::vector<std::uint64_t>& storages,  // distinct ids, first-touch order
-                           std::span<const std::uint64_t> contents = {});
+                           std::span<const ContentHash> contents = {});
 // kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
 // Both, with the classification from t.externals.
