@@ -86,7 +86,7 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     const Block &x = plan.blocks[a], &y = plan.blocks[b];
     if (x.bytes != y.bytes) return x.bytes > y.bytes;
     if (x.first != y.first) return x.first < y.first;
-    return x.storage_id < y.storage_id;
+    return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
   });
   // Placed blocks in increasing offset order: walking them, the first lifetime-overlapping
   // block that starts at or past off + bytes proves [off, off + bytes) free (every later one

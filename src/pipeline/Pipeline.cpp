@@ -63,6 +63,7 @@ void Pipeline::on_clear() {
 
 void Pipeline::detect_loop() {
   struct PerThread {
+    std::uint32_t thread = 0;
     std::vector<std::uint64_t> sigs, ops;  // last kWindow..2*kWindow ops of the thread
     std::vector<ContentHash> contents;
     std::uint64_t generation = 0;
@@ -87,6 +88,7 @@ void Pipeline::detect_loop() {
     w->ops.assign(pt.ops.begin() + static_cast<long>(s.begin), pt.ops.begin() + static_cast<long>(s.end));
     w->contents.assign(pt.contents.begin() + static_cast<long>(s.begin), pt.contents.begin() + static_cast<long>(s.end));
     w->generation = pt.generation;
+    w->thread = pt.thread;
     w->report = std::move(r);
     to_build_.push(BuildMsg{BuildMsg::Build, 0, w});
   };
@@ -98,6 +100,7 @@ void Pipeline::detect_loop() {
         std::unique_ptr<ContentHash[]> contents(m.contents);
         ops_seen_.fetch_add(m.count, std::memory_order_relaxed);
         PerThread& pt = threads[m.thread];
+        pt.thread = m.thread;
         pt.generation = m.generation;  // a clear() empties threads first: one generation per window
         for (std::uint32_t k = 0; k < m.count; ++k) {
           pt.sigs.push_back(sigs[k]);
@@ -133,12 +136,15 @@ void Pipeline::detect_loop() {
 // Note [Reusing the last build]
 // A training loop records the same step again and again, and detect sends a new iteration
 // every few thousand ops. Its ops differ from the last one built only in storage ids, version
-// counts and data pointers, which no part of the analysis depends on: the graph is keyed by
-// (storage, version) pairs that map one to one, and hashes and plan read metadata only. Their
+// counts, data pointers and sequence numbers (and the recording thread, which the published
+// iteration takes from the new ops), which no part of the analysis depends on: the graph is
+// keyed by (storage, version) pairs that map one to one, hashes and plan read metadata, and
+// the plan breaks ties by first-touch order, never by raw storage id. Their
 // structure key says so without copying them; build then republishes the last analysis (which
 // describes an earlier occurrence of the same step, whose trace it holds) with the new
-// detection report. Key and copy are taken under one hold of the trace lock, so the key
-// stored with an analysis describes the very ops it was built from, even if a clear() raced.
+// detection report. Key and copy are taken under one hold of the trace lock, and the copy's
+// external classification is the one the key hashed, so the key stored with an analysis
+// describes the very ops it was built from, even if a clear() or a classification raced.
 // The last build survives clear(): it is a cache keyed by content, not recorded data.
 void Pipeline::build_loop() {
   std::shared_ptr<const graph::Iteration> last;  // the last full build, and its structure key
@@ -163,8 +169,9 @@ void Pipeline::build_loop() {
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {
-      auto it = std::make_shared<graph::Iteration>(*last);
+      auto it = std::make_shared<graph::Iteration>(*last);  // a copy: ~2 us for resnet18
       it->report = std::move(w->report);
+      it->thread = w->thread;  // another thread may record the same step
       last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
       reused_.fetch_add(1, std::memory_order_relaxed);
       to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(std::move(it))});

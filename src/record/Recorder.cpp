@@ -359,6 +359,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
   // copy alike.
   std::vector<std::size_t> in_range;
   std::vector<std::uint64_t> storages;
+  std::vector<std::uint8_t> kinds;  // with the key: the classification it hashed, for the copy too
   ContentHash body;
   std::unique_lock<std::mutex> trace_lock(trace_mu_);
   if (req.generation != kAnyGeneration && req.generation != generation_) {
@@ -378,7 +379,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
     body = record::structure_body(t, valid, storages, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
-    std::vector<std::uint8_t> kinds(storages.size(), 0);
+    kinds.assign(storages.size(), 0);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);
@@ -448,9 +449,15 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
     if (!out.schema_names.contains(e.schema_hash))
       if (auto it = schema_names_.find(e.schema_hash); it != schema_names_.end()) out.schema_names.emplace(it->first, it->second);
   out.module_paths = module_paths_;
-  if (!externals_.empty())
+  if (req.want_key) {
+    // The classification the key was computed from (a classify_external() since then must
+    // not make the copy disagree with its key); the key's storages are the copy's storages.
+    for (std::size_t i = 0; i < storages.size(); ++i)
+      if (kinds[i] != 0) out.externals.emplace(storages[i], static_cast<ExternalKind>(kinds[i]));
+  } else if (!externals_.empty()) {
     for (const TensorMeta& m : out.tensors)
       if (auto it = externals_.find(m.storage_id); it != externals_.end()) out.externals.emplace(it->first, it->second);
+  }
   return r;
 }
 

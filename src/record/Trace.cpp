@@ -167,13 +167,13 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::size_t op = ops[i];
     const TraceEntry& e = t.ops[op];
-    __builtin_prefetch(&e + 4);
+    if (i + 4 < ops.size()) __builtin_prefetch(&t.ops[ops[i + 4]]);
     const ContentHash c = contents.empty() ? op_content(t, op) : contents[i];
     h.update_words(c.lo, c.hi, e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48);
     const std::size_t base = t.op_tensor_begin[op];
     for (std::size_t k = base; k < base + e.n_tensors; ++k) {
       const TensorMeta& m = t.tensors[k];
-      __builtin_prefetch(&m + 8);
+      if (k + 8 < t.tensors.size()) __builtin_prefetch(&t.tensors[k + 8]);
       std::uint32_t canon = 0, version = 0;
       if (m.storage_id != 0) {
         std::size_t j = static_cast<std::size_t>((m.storage_id * 0x9E3779B97F4A7C15ull) >> (64 - bits));

@@ -26,45 +26,60 @@ struct Shape {
   ExternalKind input_kind = ExternalKind::Input;
 };
 
-// Records one step of `s`. `rename` moves every storage id, version and address, as another
-// run of the same step would.
+// Records one step of `s`. `rename` renames every storage (ids in another order: a bijection
+// that scrambles them), moves every version by a per-storage amount and every address, as
+// another run of the same step would. Every fourth op makes a second output of the same size,
+// which nothing reads: two blocks of one size born at one op, placed by tie-break.
 synth::Builder step(const Shape& s, std::uint64_t rename) {
   synth::Builder b;
-  const std::uint64_t param = 7 + rename * 1000, input = 8 + rename * 1000;
-  const std::uint32_t pv = static_cast<std::uint32_t>(3 * rename);  // the parameter's version
+  // Odd multiplier mod 2^32, then xor: a bijection on 32-bit ids that does not keep their order.
+  auto id = [&](std::uint64_t base) -> std::uint64_t {
+    if (rename == 0) return base;
+    return static_cast<std::uint32_t>(static_cast<std::uint32_t>(base * 2654435761u) ^ static_cast<std::uint32_t>(rename * 40503u)) + std::uint64_t{1};
+  };
+  auto ver = [&](std::uint64_t sid) { return static_cast<std::uint32_t>(rename == 0 ? 0 : (sid * 7 + rename * 13) % 97); };
+  auto val = [&](std::uint64_t base, std::vector<std::int64_t> shape, std::uint32_t bump = 0) {
+    const std::uint64_t sid = id(base);
+    return T{sid, ver(sid) + bump, std::move(shape), 6, sid * 64 + rename};
+  };
+  const std::uint64_t param = 7, input = 8;
   auto value = [&](int src) -> T {
-    if (src == -1) return T{param, pv, {8, 8}, 6, param * 64};
-    if (src == -2) return T{input, 0, {8, 8}, 6, input * 64};
+    if (src == -1) return val(param, {8, 8});
+    if (src == -2) return val(input, {8, 8});
     const auto k = static_cast<std::size_t>(src);
-    return T{100 + k + rename * 1000, 0, {8, s.width[k]}, 6, (100 + k + rename * 1000) * 64};
+    return val(100 + k, {8, s.width[k]});
   };
   for (std::size_t op = 0; op < s.reads.size(); ++op) {
-    T out{100 + op + rename * 1000, 0, {8, s.width[op]}, 6, (100 + op + rename * 1000) * 64};
-    b.op(op % 2 ? "aten::mul" : "aten::add", {value(s.reads[op][0]), value(s.reads[op][1])}, {out},
+    std::vector<T> outs{val(100 + op, {8, s.width[op]})};
+    if (op % 4 == 3) outs.push_back(val(5000 + op, {8, s.width[op]}));
+    b.op(op % 2 ? "aten::mul" : "aten::add", {value(s.reads[op][0]), value(s.reads[op][1])}, outs,
          op < s.reads.size() / 2 ? Phase::Forward : Phase::Backward, op % 3 ? "block" : "", {s.alpha});
   }
   // The optimizer updates the parameter in place: a new version of its storage.
-  b.op("aten::add_", {T{param, pv, {8, 8}, 6, param * 64}, value(static_cast<int>(s.reads.size()) - 1)},
-       {T{param, pv + 1, {8, 8}, 6, param * 64}}, Phase::Optimizer);
-  b.trace.externals[param] = ExternalKind::Parameter;
-  b.trace.externals[input] = s.input_kind;
+  b.op("aten::add_", {val(param, {8, 8}), value(static_cast<int>(s.reads.size()) - 1)}, {val(param, {8, 8}, 1)},
+       Phase::Optimizer);
+  b.trace.externals[id(param)] = ExternalKind::Parameter;
+  b.trace.externals[id(input)] = s.input_kind;
   return b;
 }
 
-// What a user of the analysis can observe, storage ids aside.
+// What a user of the analysis can observe, storage ids aside: hashes, the plan's figures and
+// every block's size and offset in first-touch order.
 struct Observed {
   ContentHash root;
   std::vector<ContentHash> regions;
   std::uint64_t arena, lower_bound, persistent;
   std::size_t edges, externals;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;  // (bytes, offset)
   bool operator==(const Observed&) const = default;
 };
 
 Observed analyse(const synth::Builder& b) {
   auto it = build_iteration(b.trace, b.all());
   Observed o{it->dag.root(), {}, it->plan->arena_bytes, it->plan->lower_bound, it->plan->persistent_bytes,
-             it->graph.num_edges(), it->graph.externals().size()};
+             it->graph.num_edges(), it->graph.externals().size(), {}};
   for (const auto& r : it->dag.regions()) o.regions.push_back(r.hash);
+  for (const auto& bl : it->plan->blocks) o.blocks.emplace_back(bl.bytes, bl.offset);
   return o;
 }
 
@@ -129,8 +144,67 @@ TEST(StructureKey, OneStorageReadTwiceIsNotTwoStorages) {
   EXPECT_NE(analyse(same).persistent, analyse(two).persistent);
 }
 
-// The property the pipeline relies on, over random programs: whenever two steps share a key
-// their analyses are equal, and a renamed step always shares its original's key.
+// Every field of a record that an analysis could read changes the key when it changes; the
+// fields no analysis reads (addresses, sequence numbers, the recording thread) do not.
+TEST(StructureKey, EveryFieldAnAnalysisReadsIsInTheKey) {
+  Shape s = chain(4);
+  s.alpha = 3;
+  const synth::Builder base = step(s, 0);
+  const ContentHash k = key(base);
+  const Observed o = analyse(base);
+  int changed_analyses = 0;
+  auto expect_change = [&](const char* what, auto&& mutate) {
+    synth::Builder b = base;
+    mutate(b.trace);
+    EXPECT_NE(key(b), k) << what;
+    if (!(analyse(b) == o)) ++changed_analyses;
+  };
+  using record::Trace;
+  expect_change("schema", [](Trace& t) { t.ops[1].schema_hash ^= 1; });
+  expect_change("phase", [](Trace& t) { t.ops[1].phase = Phase::Optimizer; });
+  expect_change("op flags", [](Trace& t) { t.ops[1].flags ^= record::op_flag::kGradMode; });
+  expect_change("module", [](Trace& t) { t.ops[0].module_id = 1; });
+  expect_change("argument count", [](Trace& t) { t.ops[1].n_args += 1; });
+  const std::size_t k1 = base.trace.op_tensor_begin[1];  // op 1's first input
+  expect_change("storage offset", [&](Trace& t) { t.tensors[k1].storage_offset = 2; });
+  expect_change("storage bytes", [&](Trace& t) { t.tensors[k1 + 2].storage_nbytes *= 2; });  // its output
+  expect_change("list index", [&](Trace& t) { t.tensors[k1].list_index = 1; });
+  expect_change("argument index", [&](Trace& t) { t.tensors[k1].arg_index = 5; });
+  expect_change("dtype", [&](Trace& t) { t.tensors[k1].dtype = 7; });
+  expect_change("device", [&](Trace& t) { t.tensors[k1].device_kind = 1; });
+  expect_change("device index", [&](Trace& t) { t.tensors[k1].device_index = 1; });
+  expect_change("layout", [&](Trace& t) { t.tensors[k1].layout = 1; });
+  expect_change("requires_grad", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kRequiresGrad; });
+  expect_change("view", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kIsView; });
+  expect_change("wrapped number", [&](Trace& t) {
+    t.tensors[k1].flags |= record::tensor_flag::kWrappedNumber;
+    t.tensors[k1].wrapped_value = 2.5;
+  });
+  expect_change("no storage", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kNoStorage; });
+  expect_change("size", [&](Trace& t) { t.dims[t.tensor_dims_begin[k1]] = 9; });
+  expect_change("stride", [&](Trace& t) { t.dims[t.tensor_dims_begin[k1] + 3] = 2; });
+  const std::size_t s1 = base.trace.op_scalar_begin[1];
+  expect_change("scalar value", [&](Trace& t) { t.scalars[s1].bits ^= 1; });
+  expect_change("scalar kind", [&](Trace& t) { t.scalars[s1].kind = record::ScalarKind::Bool; });
+  expect_change("scalar position", [&](Trace& t) { t.scalars[s1].arg_index += 1; });
+  expect_change("scalar aux", [&](Trace& t) { t.scalars[s1].aux = 4; });
+  expect_change("classification", [&](Trace& t) { t.externals[t.tensors[k1].storage_id] = ExternalKind::Buffer; });
+  expect_change("version", [&](Trace& t) { t.tensors[k1].version += 1; });
+  EXPECT_GT(changed_analyses, 10) << "the mutations reach the analysis";
+  auto expect_same = [&](const char* what, auto&& mutate) {
+    synth::Builder b = base;
+    mutate(b.trace);
+    EXPECT_EQ(key(b), k) << what;
+    EXPECT_EQ(analyse(b), o) << what;
+  };
+  expect_same("addresses", [](Trace& t) { for (auto& m : t.tensors) m.data_ptr += 4096; });
+  expect_same("sequence numbers", [](Trace& t) { for (auto& e : t.ops) e.seq += 100; });
+  expect_same("thread", [](Trace& t) { for (auto& e : t.ops) e.thread = 3; });
+}
+
+// The property the pipeline relies on, over random programs: a renamed step (ids permuted,
+// versions moved) always shares its original's key and its analysis, block offsets included;
+// and programs that share a key have equal analyses.
 TEST(StructureKey, EqualKeysMeanEqualAnalysesOverRandomPrograms) {
   std::mt19937 rng(12345);
   std::vector<std::pair<ContentHash, Observed>> seen;
@@ -147,7 +221,9 @@ TEST(StructureKey, EqualKeysMeanEqualAnalysesOverRandomPrograms) {
     s.alpha = static_cast<std::int64_t>(rng() % 2);
     const ContentHash k = key(step(s, 0));
     const Observed o = analyse(step(s, 0));
-    ASSERT_EQ(key(step(s, 1 + trial)), k) << "a renamed run got another key, trial " << trial;
+    const synth::Builder renamed = step(s, 1 + static_cast<std::uint64_t>(trial));
+    ASSERT_EQ(key(renamed), k) << "a renamed run got another key, trial " << trial;
+    ASSERT_EQ(analyse(renamed), o) << "a renamed run got another analysis, trial " << trial;
     for (const auto& [k2, o2] : seen) {
       if (k2 != k) continue;
       ++shared;

@@ -106,6 +106,19 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   EXPECT_EQ(p.latest()->dag.root(), first->dag.root());
   EXPECT_EQ(p.stats().builds, 1u);
 
+  // The same step recorded by another thread: reused, and published as that thread's.
+  const std::uint64_t reused_before = p.stats().reused;
+  std::thread other([&] {
+    OpBuilder ob;
+    for (int s = 0; s < 3; ++s) record_step(*r, ob, s, 40, 16, sid);
+  });
+  other.join();
+  p.flush();
+  ASSERT_NE(p.latest(), nullptr);
+  EXPECT_EQ(p.stats().reused, reused_before + 1);
+  EXPECT_EQ(first->thread, 0u);  // thread indices in order of first recording
+  EXPECT_EQ(p.latest()->thread, 1u);
+
   // Another width: built from scratch. With reuse off, the same step is built again too.
   for (int s = 9; s < 12; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();

@@ -91,6 +91,7 @@ class Pipeline final : public record::DrainSink {
     std::vector<std::size_t> ops;          // trace indices
     std::vector<ContentHash> contents;     // op_content of each
     std::uint64_t generation = 0;
+    std::uint32_t thread = 0;              // the recording thread (not part of the structure key)
     graph::IterationReport report;
   };
   struct BuildMsg {

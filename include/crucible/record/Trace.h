@@ -70,7 +70,7 @@ class Trace {
   bool operator==(const Trace& o) const;
 };
 
-// What an op computes, from its own record: schema, phase, argument counts, and for every
+// What an op computes, from its own record: schema, phase, input and tensor counts, and for every
 // tensor its dtype, device, layout, storage offset, sizes, strides and argument position (and
 // the value of a wrapped Python number), and every scalar argument. Not its storages' ids,
 // versions, sizes or addresses, not requires_grad (the first layer's input needs no grad, the
@@ -81,21 +81,23 @@ ContentHash op_content(const Trace& t, std::size_t op);
 // Note [Structure key]
 // Two runs of one training step record the same ops on different storages: fresh storage ids
 // for every intermediate, version counters that keep counting, other data pointers. The
-// structure key of a list of ops hashes everything an analysis of them reads (schema, op
-// flags and module, every tensor's metadata and dims, every scalar, and how each storage an op
-// reads is classified when external) with each storage id replaced by the order in which the
-// ops first touch it and each version by its distance from the version first seen there;
-// data pointers and sequence numbers are left out. Two runs of one step get equal keys, and
-// anything that could change a graph, DAG or plan built from the ops (one shape, one scalar,
-// one input wired to another producer) gives a different key, up to XXH3-128 collisions.
+// structure key of a list of ops hashes everything an analysis of them reads (schema, op flags
+// and module, every tensor's metadata and dims, every scalar, and how each storage the ops
+// touch is classified when external) with each storage id replaced by the order in which the
+// ops first touch it and each version by its distance from the version first seen there; data
+// pointers, sequence numbers and the recording thread are left out. Two runs of one step get
+// equal keys, and anything that could change a graph, DAG or plan built from the ops (one
+// shape, one scalar, one input wired to another producer) gives a different key, up to
+// XXH3-128 collisions.
 //
 // The body and the classification come apart so that a recorder can hash the body under its
 // trace lock and look the storages up in its external table afterwards.
 //
-// The body is, per op, its content (op_content), the rest of its entry (module, flags), and
-// then each tensor's storage identity, version distance, storage size and flags. A caller
-// that already has the ops' contents (the pipeline's drain computes them while the ops are in
-// cache) passes them, one per op, and the ops' dims and scalars are not read again.
+// The body is, per op, its content (op_content), the rest of its entry (module, argument
+// count, flags), and then each tensor's storage identity, version distance, storage size and
+// flags. A caller that already has the ops' contents (the pipeline's drain computes them while
+// the ops are in cache) passes them, one per op, and the ops' dims and scalars are not read
+// again.
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
                            std::vector<std::uint64_t>& storages,  // distinct ids, first-touch order
                            std::span<const ContentHash> contents = {});
