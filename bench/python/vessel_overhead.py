@@ -3,7 +3,9 @@
 MLP step (Linear 64->128, ReLU, Linear 128->10, batch 32, cross-entropy, SGD momentum 0.9) and
 a resnet18 step (batch 8, 64x64). For each: eager step time, recorded step time, added time
 per op, and the same for a TorchDispatchMode recorder that keeps (op name, output shapes).
-Prints the ratios and writes bench/baselines/vessel_overhead.json.
+Also the recording thread's CPU time per step, eager vs recorded (less sensitive than wall time
+to other work on a shared machine; it leaves out the drain and pipeline threads). Prints the
+ratios and writes bench/baselines/vessel_overhead.json.
 """
 import json
 import os
@@ -59,10 +61,14 @@ def step(m, opt, x, y):
     opt.step()
 
 
-def time_block(fn, n):
-    t0 = time.perf_counter()
+def time_block(fn, n, cpu=None):
+    """Wall seconds per call; with a list `cpu`, also appends this thread's CPU seconds per call
+    (on a shared 2-core machine wall time also counts time the thread waited for a core)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(n):
         fn()
+    if cpu is not None:
+        cpu.append((time.thread_time() - c0) / n)
     return (time.perf_counter() - t0) / n
 
 
@@ -76,18 +82,23 @@ def measure(make, steps, rounds):
     crucible.disable()
     ops_per_step = crucible.stats()["total"]
     crucible.clear()
-    eager, rec, pyrec = [], [], []
+    eager, rec, pyrec, eager_cpu, rec_cpu = [], [], [], [], []
     for _ in range(rounds):  # interleaved, so drift hits all three alike
-        eager.append(time_block(lambda: step(m, opt, x, y), steps))
+        eager.append(time_block(lambda: step(m, opt, x, y), steps, eager_cpu))
         crucible.enable()
-        rec.append(time_block(lambda: step(m, opt, x, y), steps))
+        rec.append(time_block(lambda: step(m, opt, x, y), steps, rec_cpu))
         crucible.disable()
         crucible.clear()
         r = PyRecorder()
         with r:
             pyrec.append(time_block(lambda: step(m, opt, x, y), steps))
     e, c, p = statistics.median(eager), statistics.median(rec), statistics.median(pyrec)
+    ec, cc = statistics.median(eager_cpu), statistics.median(rec_cpu)
     return {
+        # The recording thread's own CPU time (the drain and pipeline threads not included).
+        "eager_step_cpu_us": ec * 1e6,
+        "crucible_step_cpu_us": cc * 1e6,
+        "crucible_added_cpu_pct": (cc - ec) / ec * 100,
         "ops_per_step": ops_per_step,
         "eager_step_us": e * 1e6,
         "crucible_step_us": c * 1e6,
@@ -108,8 +119,9 @@ def main():
     }
     for name, r in results.items():
         print(f"{name}: {r['ops_per_step']} ops/step; eager {r['eager_step_us']:.1f} us, "
-              f"crucible {r['crucible_step_us']:.1f} us (+{r['crucible_added_pct']:.1f}%, "
-              f"{r['crucible_added_us_per_op']:.3f} us/op), TorchDispatchMode "
+              f"crucible {r['crucible_step_us']:.1f} us ({r['crucible_added_pct']:+.1f}%, "
+              f"{r['crucible_added_us_per_op']:.3f} us/op; recording thread's CPU "
+              f"{r['crucible_added_cpu_pct']:+.1f}%), TorchDispatchMode "
               f"{r['dispatch_mode_step_us']:.1f} us ({r['dispatch_mode_added_us_per_op']:.3f} us/op); "
               + (f"crucible adds {r['added_per_op_ratio_dispatch_mode_over_crucible']:.1f}x less per op"
                  if r['added_per_op_ratio_dispatch_mode_over_crucible'] is not None

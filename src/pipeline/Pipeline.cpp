@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <memory>
 #include <unordered_map>
 
 #include "crucible/core/Contract.h"
@@ -39,13 +40,15 @@ void Pipeline::on_ops(const record::Trace& t, std::uint64_t generation, std::uin
                       std::size_t count) {
   if (count == 0) return;
   // One message per batch: a message (and its fence) per op cost the drain more than hashing.
-  auto* sigs = new std::uint64_t[count];
-  auto* contents = new ContentHash[count];
+  auto sigs = std::make_unique<std::uint64_t[]>(count);
+  auto contents = std::make_unique<ContentHash[]>(count);
   for (std::size_t k = 0; k < count; ++k) {
     sigs[k] = graph::op_signature(t, first + k);
     contents[k] = record::op_content(t, first + k);
   }
-  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, sigs, contents, static_cast<std::uint32_t>(count), generation});
+  pending_.reserve(pending_.size() + 1);  // cannot throw after this: the message owns the arrays
+  pending_.push_back(SigMsg{SigMsg::Ops, thread, first, sigs.release(), contents.release(),
+                            static_cast<std::uint32_t>(count), generation});
 }
 void Pipeline::on_unlocked() {
   // May block while detect is behind; never with the trace locked (build's copy needs it).
