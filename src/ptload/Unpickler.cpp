@@ -972,11 +972,12 @@ Status Vm::set_item(std::uint32_t dict, std::uint32_t key, std::uint32_t value) 
 }
 
 Result<PickleValue> Vm::to_value(std::uint32_t id, std::size_t depth) {
-  if (converted_[id] && depth + height_[id] <= limits_.max_depth) return *converted_[id];
+  // A node met again through the memo reaches as deep as its height below `depth`.
   if (depth + (converted_[id] ? height_[id] : 0) > limits_.max_depth)
     return exhausted(
         "pt pickle: containers nest deeper than " + std::to_string(limits_.max_depth) + where(),
         "flatten the saved object; real checkpoints nest a few levels");
+  if (converted_[id]) return *converted_[id];
   if (on_path_[id]) return refuse("an object that contains itself (a reference cycle)");
   on_path_[id] = true;
   const Node& n = nodes_[id];
