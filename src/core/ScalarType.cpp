@@ -94,9 +94,4 @@ std::string_view layout_kind_name(LayoutKind k) noexcept {
   return i < kLayoutNames.size() ? kLayoutNames[i] : kLayoutNames.back();
 }
 
-LayoutKind layout_from_ordinal(std::int8_t ord) noexcept {
-  if (ord < 0 || ord >= static_cast<int>(LayoutKind::Unknown)) return LayoutKind::Unknown;
-  return static_cast<LayoutKind>(ord);
-}
-
 }  // namespace crucible

@@ -44,7 +44,7 @@ inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 // and freeing them soon lets malloc hand the memory straight back), and when the survivors have
 // doubled it sweeps the whole table. Once an entry is dropped its address may be reused and gets
 // a new id, so a sweep that drops anything bumps an epoch; each thread's direct-mapped cache (no
-// references of its own) trusts only entries of the current epoch. (Sweeping the whole table
+// references of its own) is emptied when it sees the epoch change. (Sweeping the whole table
 // per batch would read every entry's refcount cold and hold dead objects back from malloc
 // longer.)
 class StorageIds {
@@ -52,21 +52,29 @@ class StorageIds {
   std::uint64_t id(const c10::Storage& s) {
     c10::StorageImpl* p = s.unsafeGetStorageImpl();
     if (p == nullptr) return 0;
-    Slot& slot = cache_[(reinterpret_cast<std::uintptr_t>(p) >> 4) & (kCacheSize - 1)];
     const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
-    if (slot.key == p && slot.epoch == epoch) return slot.id;
-    const std::uint64_t id = global_id(s, p, &slot.epoch);
-    slot.key = p;
-    slot.id = id;
+    if (epoch != epoch_) {  // addresses may have been reused since: forget every slot
+      for (Slot& sl : cache_) sl = Slot{};
+      epoch_ = epoch;
+    }
+    Slot& slot = cache_[(reinterpret_cast<std::uintptr_t>(p) >> 4) & (kCacheSize - 1)];
+    if (slot.key == p) return slot.id;
+    std::uint64_t seen = 0;
+    const std::uint64_t id = global_id(s, p, &seen);
+    if (seen == epoch_) {  // else the entry may be stale by the time the next lookup runs
+      slot.key = p;
+      slot.id = id;
+    }
     return id;
   }
 
  private:
-  static constexpr std::size_t kCacheSize = 1024;
+  // 512 slots of 16 bytes: 8 KiB, small enough to stay in cache between ops (a miss on the slot
+  // was a third of add_tensor with 1024 slots of 24 bytes).
+  static constexpr std::size_t kCacheSize = 512;
   struct Slot {
     c10::StorageImpl* key = nullptr;
     std::uint64_t id = 0;
-    std::uint64_t epoch = 0;
   };
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> weak;
@@ -77,6 +85,7 @@ class StorageIds {
     absl::flat_hash_map<c10::StorageImpl*, Entry> map;
     std::uint64_t next = 1;
     std::vector<c10::StorageImpl*> young;  // inserted since the last young sweep
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> dropped;  // a sweep's, until the bump
     std::size_t survivors_at_full_sweep = 0;  // map size after the last full sweep
   };
   static constexpr std::size_t kYoung = 256;
@@ -89,13 +98,21 @@ class StorageIds {
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mu);
     *epoch_out = g_epoch.load(std::memory_order_relaxed);  // stable: only changed under mu
-    auto it = g.map.find(p);
-    if (it != g.map.end()) return it->second.id;  // weakly held: same storage
-    if (g.young.size() >= kYoung) {
+    // One probe finds the storage or makes its entry: while an entry holds its weak reference
+    // no other StorageImpl can have its address, so a hit is the same storage.
+    bool inserted = false;
+    const auto it = g.map.lazy_emplace(p, [&](const auto& construct) {
+      inserted = true;
+      construct(p, Entry{s.getWeakStorageImpl(), g.next++});
+    });
+    const std::uint64_t id = it->second.id;
+    if (!inserted) return id;
+    g.young.push_back(p);
+    if (g.young.size() > kYoung) {  // p is alive and young: the sweep keeps it
       // Dropped entries keep their weak references (so their StorageImpls stay allocated and
       // their addresses taken) until the epoch has moved on: a thread that then meets a new
       // storage at one of those addresses is sure to see the new epoch and skip its cache.
-      std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> dropped;
+      auto& dropped = g.dropped;
       for (c10::StorageImpl* y : g.young) {
         auto yt = g.map.find(y);
         if (yt != g.map.end() && yt->second.weak.expired()) {
@@ -105,24 +122,23 @@ class StorageIds {
       }
       g.young.clear();
       if (g.map.size() > 2 * g.survivors_at_full_sweep + kYoung) {
-        for (auto it = g.map.begin(); it != g.map.end();) {
-          if (it->second.weak.expired()) {
-            dropped.push_back(std::move(it->second.weak));
-            g.map.erase(it++);
+        for (auto jt = g.map.begin(); jt != g.map.end();) {
+          if (jt->second.weak.expired()) {
+            dropped.push_back(std::move(jt->second.weak));
+            g.map.erase(jt++);
           } else {
-            ++it;
+            ++jt;
           }
         }
         g.survivors_at_full_sweep = g.map.size();
       }
       if (!dropped.empty()) *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
-    }  // `dropped` releases its references here, after the bump
-    const std::uint64_t id = g.next++;
-    g.map.emplace(p, Entry{s.getWeakStorageImpl(), id});
-    g.young.push_back(p);
+      dropped.clear();  // releases their references, after the bump
+    }
     return id;
   }
   Slot cache_[kCacheSize];
+  std::uint64_t epoch_ = 0;  // the epoch every filled slot belongs to
 };
 
 // ---------------------------------------------------------------------------------------
@@ -161,6 +177,16 @@ struct ThreadState {
 };
 
 extern thread_local ThreadState t_state;
+
+// The calling thread's state, for the per-op paths. GCC treats a thread_local's address as a
+// constant it may recompute at every use instead of keeping it in a register, and in a shared
+// library each recomputation is a __tls_get_addr call: a recording kernel made about ten per op.
+// The empty asm makes the address an ordinary value, computed once per call.
+inline ThreadState& thread_state() {
+  ThreadState* p = &t_state;
+  asm("" : "+r"(p));
+  return *p;
+}
 
 Phase current_phase(ThreadState& ts);
 DeviceKind device_kind_lookup(c10::DeviceType t);  // any type: the table, then by name

@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -194,8 +195,10 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 
 std::uint8_t op_flags(bool is_mutable) {
   std::uint8_t flags = is_mutable ? record::op_flag::kMutable : 0;
-  if (c10::GradMode::is_enabled()) flags |= record::op_flag::kGradMode;
-  if (c10::InferenceMode::is_enabled()) flags |= record::op_flag::kInferenceMode;
+  // GradMode::is_enabled() and InferenceMode::is_enabled() read this same thread-local state.
+  const c10::AutogradState& autograd = c10::AutogradState::get_tls_state();
+  if (autograd.get_grad_mode()) flags |= record::op_flag::kGradMode;
+  if (autograd.get_inference_mode()) flags |= record::op_flag::kInferenceMode;
   return flags;
 }
 
@@ -300,7 +303,7 @@ void passthrough_excluding_key(const c10::OperatorHandle& op, c10::DispatchKeySe
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  ThreadState& ts = t_state;
+  ThreadState& ts = thread_state();
   const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
   const SchemaInfo& si = schema_info(op);
 

@@ -207,7 +207,7 @@ struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet after = after_key(ks);
     c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // nested calls are internals (see above)
-    ThreadState& ts = t_state;
+    ThreadState& ts = thread_state();
     Frame* f = enter_op(ts, /*composite_implicit=*/false);
     if (f == nullptr) return Op::redispatch(after, args...);
     const Site& s = site<Op>();
@@ -244,7 +244,7 @@ template <class Op, class Ret, class... Args>
 struct Decomposed<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet after = after_key(ks);
-    ThreadState& ts = t_state;
+    ThreadState& ts = thread_state();
     Frame* f = enter_op(ts, /*composite_implicit=*/true);
     if (f == nullptr) {
       c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // kernel internals, as in the fallback

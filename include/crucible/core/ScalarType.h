@@ -63,6 +63,9 @@ enum class LayoutKind : std::uint8_t {
 };
 inline constexpr int kNumLayoutKinds = 9;
 std::string_view layout_kind_name(LayoutKind k) noexcept;
-LayoutKind layout_from_ordinal(std::int8_t c10_ordinal) noexcept;
+inline LayoutKind layout_from_ordinal(std::int8_t c10_ordinal) noexcept {  // per recorded tensor
+  if (c10_ordinal < 0 || c10_ordinal >= static_cast<int>(LayoutKind::Unknown)) return LayoutKind::Unknown;
+  return static_cast<LayoutKind>(c10_ordinal);
+}
 
 }  // namespace crucible

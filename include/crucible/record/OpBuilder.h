@@ -58,9 +58,14 @@ class OpBuilder {
   void set_dims(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) {
     const std::uint32_t nd = cells_[last_].meta.ndim;
     CRUCIBLE_ASSERT(sizes.size() == nd && strides.size() == nd, "sizes and strides match ndim");
-    MetaCell* dims = cells_.data() + last_ + 1;
-    for (std::uint32_t k = 0; k < nd; ++k) dims[k / 8].dims.v[k % 8] = sizes[k];
-    for (std::uint32_t k = 0; k < nd; ++k) dims[(nd + k) / 8].dims.v[(nd + k) % 8] = strides[k];
+    // The dims cells hold sizes then strides as one run of int64 (DimsCell is 8 of them, no
+    // padding); begin_tensor zeroed them, so the unused tail stays 0.
+    static_assert(sizeof(DimsCell) == 8 * sizeof(std::int64_t));
+    char* dims = reinterpret_cast<char*>(cells_.data() + last_ + 1);
+    if (nd != 0) {
+      std::memcpy(dims, sizes.data(), nd * sizeof(std::int64_t));
+      std::memcpy(dims + nd * sizeof(std::int64_t), strides.data(), nd * sizeof(std::int64_t));
+    }
   }
   void end_inputs() { inputs_done_ = true; }
 
