@@ -137,8 +137,8 @@ class StorageIds {
     }
     return id;
   }
+  std::uint64_t epoch_ = 0;  // the epoch every filled slot belongs to (first: beside ThreadState's hot fields)
   Slot cache_[kCacheSize];
-  std::uint64_t epoch_ = 0;  // the epoch every filled slot belongs to
 };
 
 // ---------------------------------------------------------------------------------------
@@ -171,9 +171,9 @@ struct ThreadState {
   std::vector<bool> rf_is_optimizer;  // record_function scopes: is it Optimizer.*?
   int optimizer_depth = 0;
   std::vector<std::uint32_t> modules{0};
-  StorageIds storage_ids;
   record::ThreadLog* log = nullptr;
   Capture* capture = nullptr;  // set while crucible.compile captures a call on this thread
+  StorageIds storage_ids;      // last: 8 KiB, after the fields every op reads (fewer lines)
 };
 
 extern thread_local ThreadState t_state;

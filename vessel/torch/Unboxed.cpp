@@ -50,6 +50,7 @@
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/t_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/to_ops.h>
 #include <ATen/ops/view_ops.h>
 #include <ATen/ops/zero_ops.h>
 
@@ -297,7 +298,8 @@ std::size_t g_decomposed_registered = 0;
 // Composite ops of the same models, decomposed without a boxed round trip.
 #define CRUCIBLE_DECOMPOSED_OPS(_)                                                            \
   _(linear) _(cross_entropy_loss) _(log_softmax_int) _(nll_loss_nd) _(nll_loss) _(conv2d)      \
-  _(batch_norm) _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints)
+  _(batch_norm) _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints)         \
+  _(to_dtype_layout) _(to_dtype) _(to_device) _(to_other)
 
 // The hot ops: those that dominate MLP, CNN, resnet18 and transformer training steps.
 #define CRUCIBLE_HOT_OPS(_)                                                                   \
