@@ -5,6 +5,7 @@
 // builder per thread (or per nesting depth).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -21,12 +22,12 @@ namespace crucible::record {
 class OpBuilder {
  public:
   OpBuilder() {
-    cells_.reserve(64);
+    cells_.resize(64);
     scalars_.reserve(32);
   }
 
   void reset() {
-    cells_.clear();
+    n_cells_ = 0;  // cells_ keeps its size: begin_tensor writes every cell it hands out
     scalars_.clear();
     n_tensors_ = n_inputs_ = 0;
     inputs_done_ = false;
@@ -47,8 +48,13 @@ class OpBuilder {
   // next call on this builder; set_dims writes its sizes and strides. Filling the record where
   // it lives avoids assembling it on the stack and copying it, which stalls on store forwarding.
   TensorMeta& begin_tensor(std::uint16_t ndim) {
-    last_ = cells_.size();
-    cells_.resize(last_ + 1 + dims_cells(ndim));
+    last_ = n_cells_;
+    const std::uint32_t n_dims = dims_cells(ndim);
+    n_cells_ += 1 + n_dims;
+    if (cells_.size() < n_cells_) cells_.resize(std::max(n_cells_, 2 * cells_.size()));
+    // The dims cells are zeroed here (their unused tail must read 0), the metadata by its
+    // default initialisers: each cell written once, not zeroed first by a resize.
+    if (n_dims != 0) std::memset(static_cast<void*>(&cells_[last_ + 1]), 0, n_dims * sizeof(MetaCell));
     TensorMeta* m = ::new (&cells_[last_].meta) TensorMeta();
     m->ndim = ndim;
     ++n_tensors_;
@@ -86,7 +92,7 @@ class OpBuilder {
 
   std::uint32_t n_tensors() const { return n_tensors_; }
   std::uint32_t n_inputs() const { return n_inputs_; }
-  std::span<const MetaCell> cells() const { return cells_; }
+  std::span<const MetaCell> cells() const { return {cells_.data(), n_cells_}; }
   std::span<const ScalarRecord> scalars() const { return scalars_; }
 
   TraceEntry entry(std::uint64_t schema_hash, Phase phase, std::uint8_t flags) const {
@@ -94,7 +100,7 @@ class OpBuilder {
     e.schema_hash = schema_hash;
     e.n_tensors = n_tensors_;
     e.n_inputs = n_inputs_;
-    e.n_meta_cells = static_cast<std::uint32_t>(cells_.size());
+    e.n_meta_cells = static_cast<std::uint32_t>(n_cells_);
     e.n_scalars = static_cast<std::uint32_t>(scalars_.size());
     e.phase = phase;
     e.flags = flags;
@@ -102,7 +108,8 @@ class OpBuilder {
   }
 
  private:
-  std::vector<MetaCell> cells_;
+  std::vector<MetaCell> cells_;  // the first n_cells_ are this op's
+  std::size_t n_cells_ = 0;
   std::vector<ScalarRecord> scalars_;
   std::size_t last_ = 0;  // head cell of the tensor begun last
   std::uint32_t n_tensors_ = 0, n_inputs_ = 0;
