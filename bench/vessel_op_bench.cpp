@@ -9,9 +9,12 @@
 // added to eager time, measured in this run. The recorder is cleared between benchmarks.
 // Also the MLP training step of python/vessel_overhead.py written against ATen (Linear 64->128,
 // ReLU, Linear 128->10, batch 32, cross-entropy, backward, SGD with momentum 0.9 as
-// torch.optim.SGD does it op by op): the same ops through the same dispatcher, without the
-// Python interpreter's share of the step and its noise. Repetitions are interleaved at random
-// (eager and recorded alternate), so drift on a shared machine hits both sides alike.
+// torch.optim.SGD does it op by op): the same ATen ops through the same dispatcher, without the
+// Python interpreter's share of the step and its noise. (Python's optimizer also opens
+// record_function scopes, profiler markers that go through the boxed fallback and put the SGD
+// ops in the optimizer phase; this step has none, so its SGD ops are recorded as forward.)
+// Repetitions run in random order, eager and recorded mixed, so drift on a shared machine hits
+// both sides alike.
 #include <benchmark/benchmark.h>
 
 #include <ATen/ATen.h>
@@ -51,9 +54,9 @@ void BM_Op(benchmark::State& state) {
   Recorder::global().clear();
 }
 
-double g_mlp_ops_per_step = 0;
+double g_mlp_ops_per_step = 0;  // measured by the recorded runs
 // The fastest repetition: on a shared machine interference only ever adds time.
-double kMin(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }  // measured by the recorded runs
+double kMin(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 // The MLP step. Parameters, gradients and momentum buffers persist across steps, as in Python.
 struct Mlp {
@@ -83,14 +86,21 @@ struct Mlp {
   }
 };
 
-template <bool kRecord>
-void BM_MlpStep(benchmark::State& state) {
-  at::set_num_threads(1);
-  static Mlp* m = [] {  // shared by both sides: the same tensors, warmed up once
+// Shared by both sides (not a static in the template, which would give each its own): the same
+// tensors, warmed up once.
+Mlp& shared_mlp() {
+  static Mlp* m = [] {
     auto* mlp = new Mlp();
     for (int i = 0; i < 20; ++i) mlp->step();
     return mlp;
   }();
+  return *m;
+}
+
+template <bool kRecord>
+void BM_MlpStep(benchmark::State& state) {
+  at::set_num_threads(1);
+  Mlp* m = &shared_mlp();
   crucible::vessel::set_enabled(kRecord);
   for (auto _ : state) m->step();
   crucible::vessel::set_enabled(false);

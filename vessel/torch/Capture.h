@@ -107,8 +107,7 @@ class StorageIds {
     });
     const std::uint64_t id = it->second.id;
     if (!inserted) return id;
-    g.young.push_back(p);
-    if (g.young.size() > kYoung) {  // p is alive and young: the sweep keeps it
+    if (g.young.size() >= kYoung) {  // the 256 before p; p joins the next batch
       // Dropped entries keep their weak references (so their StorageImpls stay allocated and
       // their addresses taken) until the epoch has moved on: a thread that then meets a new
       // storage at one of those addresses is sure to see the new epoch and skip its cache.
@@ -134,7 +133,9 @@ class StorageIds {
       }
       if (!dropped.empty()) *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
       dropped.clear();  // releases their references, after the bump
+      if (dropped.capacity() > 4 * kYoung) dropped.shrink_to_fit();  // after a large full sweep
     }
+    g.young.push_back(p);
     return id;
   }
   std::uint64_t epoch_ = 0;  // the epoch every filled slot belongs to (first: beside ThreadState's hot fields)

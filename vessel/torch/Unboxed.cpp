@@ -235,9 +235,10 @@ struct Rec<Op, Ret(Args...)> {
 // the op itself when they did. The boxed path captures the arguments before the call in case
 // nothing comes back; here the ops listed below decompose into at least one dispatched call
 // whenever they compute anything (linear -> addmm/matmul, cross_entropy_loss -> log_softmax +
-// nll_loss_nd, ...), so arguments are captured only in the rare case that nothing came back
-// (dropout in eval, a no-op flatten), after the call. None of these ops writes to an argument,
-// so the version counters read after the call are the ones the boxed path reads before it.
+// nll_loss_nd, to -> _to_copy, ...), so arguments are captured only when nothing came back
+// (dropout in eval, a no-op flatten, a to() that returns its input: common, e.g. log_softmax
+// with its dtype), after the call. None of these ops writes to an argument, so the version
+// counters read after the call are the ones the boxed path reads before it.
 template <class Op, class Fn>
 struct Decomposed;
 

@@ -50,8 +50,8 @@ class OpBuilder {
   TensorMeta& begin_tensor(std::uint16_t ndim) {
     last_ = n_cells_;
     const std::uint32_t n_dims = dims_cells(ndim);
-    n_cells_ += 1 + n_dims;
-    if (cells_.size() < n_cells_) cells_.resize(std::max(n_cells_, 2 * cells_.size()));
+    if (cells_.size() < n_cells_ + 1 + n_dims) cells_.resize(std::max(n_cells_ + 1 + n_dims, 2 * cells_.size()));
+    n_cells_ += 1 + n_dims;  // after the resize: if it throws, cells() is unchanged
     // The dims cells are zeroed here (their unused tail must read 0), the metadata by its
     // default initialisers: each cell written once, not zeroed first by a resize.
     if (n_dims != 0) std::memset(static_cast<void*>(&cells_[last_ + 1]), 0, n_dims * sizeof(MetaCell));
