@@ -177,18 +177,16 @@ struct ThreadState {
   StorageIds storage_ids;      // last: 8 KiB, after the fields every op reads (fewer lines)
 };
 
-extern thread_local ThreadState t_state;
-
-// The calling thread's state, for the per-op paths. GCC treats a thread_local's address as a
-// constant it may recompute at every use instead of keeping it in a register, and in a shared
-// library each recomputation is a __tls_get_addr call: a recording kernel made about ten per op.
-// The empty asm makes the address an ordinary value, computed once per call.
+// The calling thread's state. A pointer, constant-initialised, so that reaching it is one
+// __tls_get_addr call: a thread_local object with a constructor is reached through a wrapper
+// that also calls the library's TLS init function (two more calls and their code lines per op).
+// The state is allocated on the thread's first use and freed when the thread exits.
+extern constinit thread_local ThreadState* t_state_ptr;
+ThreadState& make_thread_state();  // first use on this thread
 inline ThreadState& thread_state() {
-  ThreadState* p = &t_state;
-  asm("" : "+r"(p));
-  return *p;
+  ThreadState* p = t_state_ptr;
+  return p != nullptr ? *p : make_thread_state();
 }
-
 Phase current_phase(ThreadState& ts);
 DeviceKind device_kind_lookup(c10::DeviceType t);  // any type: the table, then by name
 // CPU, the type nearly every recorded tensor has, without a call.

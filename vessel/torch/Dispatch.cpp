@@ -28,7 +28,23 @@
 
 namespace crucible::vessel {
 namespace detail {
-thread_local ThreadState t_state;
+constinit thread_local ThreadState* t_state_ptr = nullptr;
+
+ThreadState& make_thread_state() {
+  // Owns the thread's state; touched only here, so the per-op path never meets its wrapper.
+  struct Owner {
+    ThreadState* state = nullptr;
+    ~Owner() {
+      t_state_ptr = nullptr;
+      delete state;
+      state = nullptr;  // an op recorded later in the thread's exit gets a fresh (leaked) state
+    }
+  };
+  thread_local Owner owner;
+  if (owner.state == nullptr) owner.state = new ThreadState();
+  t_state_ptr = owner.state;
+  return *owner.state;
+}
 }  // namespace detail
 namespace {
 using namespace detail;
@@ -419,13 +435,14 @@ void set_enabled(bool on) { c10::impl::tls_set_dispatch_key_included(kKey, on); 
 bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
 
 void push_module(const std::string& path) {
-  t_state.modules.push_back(record::Recorder::global().intern_module(path));
+  thread_state().modules.push_back(record::Recorder::global().intern_module(path));
 }
 void pop_module() {
-  if (t_state.modules.size() > 1) t_state.modules.pop_back();
+  ThreadState& ts = thread_state();
+  if (ts.modules.size() > 1) ts.modules.pop_back();
 }
 
-std::uint64_t storage_id(const c10::Storage& s) { return t_state.storage_ids.id(s); }
+std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_ids.id(s); }
 
 SkipCounters skip_counters() {
   return SkipCounters{g_skip_internal.load(std::memory_order_relaxed),

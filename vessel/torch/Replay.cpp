@@ -38,7 +38,7 @@ namespace {
 using detail::Capture;
 using detail::CapturedOp;
 using detail::kKey;
-using detail::t_state;
+using detail::thread_state;
 
 // ---------------------------------------------------------------------------------------
 // Where a tensor of the plan comes from.
@@ -957,13 +957,13 @@ void capture_start(bool capture_only) {
   t_active->capture_only = capture_only;
   t_stopped.reset();
   t_key_was_on = is_enabled();
-  t_state.capture = t_active.get();
+  thread_state().capture = t_active.get();
   set_enabled(true);
 }
 
 void capture_stop() {
   set_enabled(t_key_was_on);
-  t_state.capture = nullptr;
+  thread_state().capture = nullptr;
   t_stopped = std::move(t_active);
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
@@ -972,7 +972,7 @@ void capture_stop() {
 
 void capture_discard() {
   if (t_active != nullptr) set_enabled(t_key_was_on);
-  t_state.capture = nullptr;
+  thread_state().capture = nullptr;
   t_active.reset();
   t_stopped.reset();
 }
