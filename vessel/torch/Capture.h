@@ -180,7 +180,8 @@ struct ThreadState {
 // The calling thread's state. A pointer, constant-initialised, so that reaching it is one
 // __tls_get_addr call: a thread_local object with a constructor is reached through a wrapper
 // that also calls the library's TLS init function (two more calls and their code lines per op).
-// The state is allocated on the thread's first use and freed when the thread exits.
+// The state is allocated on the thread's first use and freed when the thread exits (a state first
+// used after the thread's thread-local destructors ran, e.g. during static destruction, is leaked).
 extern constinit thread_local ThreadState* t_state_ptr;
 ThreadState& make_thread_state();  // first use on this thread
 inline ThreadState& thread_state() {

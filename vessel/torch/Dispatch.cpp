@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "crucible/core/ScalarType.h"
@@ -31,19 +32,15 @@ namespace detail {
 constinit thread_local ThreadState* t_state_ptr = nullptr;
 
 ThreadState& make_thread_state() {
-  // Owns the thread's state; touched only here, so the per-op path never meets its wrapper.
+  // Only ever called while t_state_ptr is null. The owner keeps no pointer of its own: its
+  // destructor clears t_state_ptr before deleting, so an op recorded during or after that
+  // (a thread-local destructor that runs torch ops) gets a fresh state, leaked, never a freed one.
   struct Owner {
-    ThreadState* state = nullptr;
-    ~Owner() {
-      t_state_ptr = nullptr;
-      delete state;
-      state = nullptr;  // an op recorded later in the thread's exit gets a fresh (leaked) state
-    }
+    ~Owner() { delete std::exchange(t_state_ptr, nullptr); }
   };
-  thread_local Owner owner;
-  if (owner.state == nullptr) owner.state = new ThreadState();
-  t_state_ptr = owner.state;
-  return *owner.state;
+  thread_local Owner owner;  // first pass registers its destructor for this thread's exit
+  t_state_ptr = new ThreadState();
+  return *t_state_ptr;
 }
 }  // namespace detail
 namespace {
