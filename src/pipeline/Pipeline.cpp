@@ -1,6 +1,8 @@
 // Pipeline.cpp — the detect, build and publish stage threads.
 #include "crucible/pipeline/Pipeline.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <ctime>
 #include <memory>
@@ -18,9 +20,19 @@ std::uint64_t thread_cpu_ns() {
 }  // namespace
 
 Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), plan_(plan) {
-  detect_ = std::thread([this] { detect_loop(); });
-  build_ = std::thread([this] { build_loop(); });
-  publish_ = std::thread([this] { publish_loop(); });
+  // Named for top, perf and gdb (at most 15 characters).
+  detect_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "crucible-detect");
+    detect_loop();
+  });
+  build_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "crucible-build");
+    build_loop();
+  });
+  publish_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "crucible-pub");
+    publish_loop();
+  });
   rec_.set_sink(this);
 }
 

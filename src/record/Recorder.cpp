@@ -1,6 +1,8 @@
 // Recorder.cpp — producer commit with back-pressure or counted drops, and the drain thread.
 #include "crucible/record/Recorder.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -67,7 +69,10 @@ Recorder& Recorder::global() {
 
 Recorder::Recorder(const RecorderConfig& cfg)
     : cfg_(cfg), uid_(g_next_uid.fetch_add(1)), drop_when_full_(cfg.drop_when_full) {
-  drain_ = std::thread([this] { drain_loop(); });
+  drain_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "crucible-drain");  // for top, perf and gdb
+    drain_loop();
+  });
 }
 
 Recorder::~Recorder() {
