@@ -6,12 +6,13 @@
 namespace crucible::graph {
 
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
-                                           const PlanOptions& plan_opt, std::span<const ContentHash> locals) {
+                                           const PlanOptions& plan_opt, std::span<const ContentHash> locals,
+                                           std::optional<record::StorageNumbering> numbering) {
   auto it = std::make_shared<Iteration>();
   it->ops = std::move(ops);
   if (!it->ops.empty()) it->thread = t.ops[it->ops.front()].thread;
   for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
-  it->graph = TraceGraph::build(t, it->ops);
+  it->graph = numbering ? TraceGraph::build(t, it->ops, std::move(*numbering)) : TraceGraph::build(t, it->ops);
   it->dag = MerkleDag::build(t, it->graph, locals);
   auto plan = plan_memory(t, it->graph, plan_opt);
   if (plan.ok()) it->plan = std::move(*plan);

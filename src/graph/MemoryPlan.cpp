@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "absl/container/flat_hash_map.h"
 
 namespace crucible::graph {
 namespace {
@@ -21,46 +20,44 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
                          "use 16, 64, 256, ...");
   MemoryPlan plan;
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
-  // One lookup per tensor: storage -> its block, or kPersistent for storages read before
-  // produced (graph externals) or classified external, whose sizes are summed apart.
-  constexpr std::size_t kPersistent = SIZE_MAX;
-  absl::flat_hash_map<std::uint64_t, std::size_t> index;
-  absl::flat_hash_map<std::uint64_t, std::uint64_t> persistent_size;
-  index.reserve(2 * n);
-  for (const auto& x : g.externals()) index.emplace(x.storage_id, kPersistent);
+  // Per storage number (the graph's numbering): its block, or kPersistent for storages read
+  // before produced (graph externals) or classified external, whose sizes are summed apart.
+  const record::StorageNumbering& num = g.numbering();
+  constexpr std::uint32_t kUnseen = UINT32_MAX, kPersistent = UINT32_MAX - 1;
+  std::vector<std::uint32_t> block_of(num.num_storages() + 1, kUnseen);
+  std::vector<std::uint64_t> persistent_size(num.num_storages() + 1, 0);
+  for (std::size_t s = 1; s <= num.num_storages(); ++s)
+    if (num.kinds[s - 1] != 0) block_of[s] = kPersistent;
+  for (const auto& x : g.externals()) block_of[x.storage_number] = kPersistent;
+  const std::uint32_t* number = num.storage.data();
   for (std::uint32_t node = 0; node < n; ++node) {
     const std::size_t op = g.trace_op(node);
-    auto touch = [&](const record::TensorMeta& m, bool output) {
-      if (m.flags & record::tensor_flag::kNoStorage || m.storage_id == 0) return;
-      auto it = index.find(m.storage_id);
-      if (it == index.end()) {
-        if (t.externals.contains(m.storage_id)) {
-          it = index.emplace(m.storage_id, kPersistent).first;
-        } else {
-          if (!output) return;  // unreachable: a non-persistent input was produced earlier
-          index.emplace(m.storage_id, plan.blocks.size());
-          Block b;
-          b.storage_id = m.storage_id;
-          b.bytes = m.storage_nbytes;
-          b.first = b.last = node;
-          b.producer = node;
-          plan.blocks.push_back(b);
-          return;
-        }
+    auto touch = [&](const record::TensorMeta& m, std::uint32_t s, bool output) {
+      if (m.flags & record::tensor_flag::kNoStorage || s == 0) return;
+      std::uint32_t& slot = block_of[s];
+      if (slot == kUnseen) {
+        if (!output) return;  // unreachable: an input not produced earlier is a graph external
+        slot = static_cast<std::uint32_t>(plan.blocks.size());
+        Block b;
+        b.storage_id = m.storage_id;
+        b.bytes = m.storage_nbytes;
+        b.first = b.last = node;
+        b.producer = node;
+        plan.blocks.push_back(b);
+      } else if (slot == kPersistent) {
+        persistent_size[s] = std::max(persistent_size[s], m.storage_nbytes);
+      } else {
+        Block& b = plan.blocks[slot];
+        b.bytes = std::max(b.bytes, m.storage_nbytes);
+        b.last = node;
       }
-      if (it->second == kPersistent) {
-        auto& sz = persistent_size[m.storage_id];
-        sz = std::max(sz, m.storage_nbytes);
-        return;
-      }
-      Block& b = plan.blocks[it->second];
-      b.bytes = std::max(b.bytes, m.storage_nbytes);
-      b.last = node;
     };
-    for (const auto& m : t.inputs(op)) touch(m, false);
-    for (const auto& m : t.outputs(op)) touch(m, true);
+    const auto ins = t.inputs(op), outs = t.outputs(op);
+    for (std::size_t k = 0; k < ins.size(); ++k) touch(ins[k], number[k], false);
+    for (std::size_t k = 0; k < outs.size(); ++k) touch(outs[k], number[ins.size() + k], true);
+    number += ins.size() + outs.size();
   }
-  for (const auto& [sid, sz] : persistent_size) plan.persistent_bytes += sz;
+  for (const std::uint64_t sz : persistent_size) plan.persistent_bytes += sz;
   for (Block& b : plan.blocks) {
     b.bytes = (b.bytes + opt.alignment - 1) & ~(opt.alignment - 1);
     if (b.bytes == 0) b.bytes = opt.alignment;  // empty tensors still get a distinct address
@@ -88,26 +85,30 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     if (x.first != y.first) return x.first < y.first;
     return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
   });
-  // Placed blocks in increasing offset order: walking them, the first lifetime-overlapping
-  // block that starts at or past off + bytes proves [off, off + bytes) free (every later one
-  // starts later still); one that does not pushes off past its end. The same first fit as
-  // sorting the overlapping blocks' intervals, without building or sorting them per block.
-  std::vector<std::size_t> by_offset;
-  by_offset.reserve(plan.blocks.size());
+  // Placed blocks in increasing offset order, as (offset, end, first, last) side by side. Walking
+  // them, a lifetime-overlapping block moves off past its end; the first block of any lifetime
+  // that starts at or past off + bytes proves [off, off + bytes) free, since every later block
+  // starts later still and every earlier overlapping one ends at or before off. The same first
+  // fit as sorting the overlapping blocks' intervals, without building or sorting them per
+  // block.
+  struct Placed {
+    std::uint64_t offset, end;
+    std::uint32_t first, last;
+  };
+  std::vector<Placed> placed;
+  placed.reserve(plan.blocks.size());
   for (std::size_t bi : order) {
     Block& b = plan.blocks[bi];
     std::uint64_t off = 0;
-    for (std::size_t pi : by_offset) {
-      const Block& p = plan.blocks[pi];
-      if (p.first > b.last || b.first > p.last) continue;
+    for (const Placed& p : placed) {
       if (off + b.bytes <= p.offset) break;
-      off = std::max(off, p.offset + p.bytes);  // aligned sizes at aligned offsets: off stays aligned
+      if ((p.first <= b.last) & (b.first <= p.last)) off = std::max(off, p.end);  // aligned: off stays aligned
     }
     b.offset = off;
     plan.arena_bytes = std::max(plan.arena_bytes, off + b.bytes);
-    auto at = std::upper_bound(by_offset.begin(), by_offset.end(), off,
-                               [&](std::uint64_t o, std::size_t pi) { return o < plan.blocks[pi].offset; });
-    by_offset.insert(at, bi);
+    auto at = std::upper_bound(placed.begin(), placed.end(), off,
+                               [](std::uint64_t o, const Placed& p) { return o < p.offset; });
+    placed.insert(at, Placed{off, off + b.bytes, b.first, b.last});
   }
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
     std::vector<const Block*> at_peak;

@@ -55,8 +55,7 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
       const bool take_external = xi < externals.size() && externals[xi].node == node &&
                                  (pi == preds.size() || externals[xi].slot < preds[pi].slot);
       if (take_external) {
-        auto it = t.externals.find(externals[xi].storage_id);
-        auto kind = it == t.externals.end() ? std::uint8_t{0} : static_cast<std::uint8_t>(it->second);
+        std::uint8_t kind = externals[xi].kind;  // from the graph's numbering: no lookup by id
         if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
         h.update_words(std::uint64_t{externals[xi].slot}, external_hash[kind].lo, external_hash[kind].hi);
         ++xi;

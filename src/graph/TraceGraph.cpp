@@ -1,58 +1,73 @@
 // TraceGraph.cpp — producer lookup by (storage, version) and CSR construction.
 #include "crucible/graph/TraceGraph.h"
 
-#include "absl/container/flat_hash_map.h"
+#include "crucible/core/Contract.h"
 
 namespace crucible::graph {
-namespace {
-struct Key {
-  std::uint64_t storage;
-  std::uint32_t version;
-  bool operator==(const Key&) const = default;
-  template <class H>
-  friend H AbslHashValue(H h, const Key& k) { return H::combine(std::move(h), k.storage, k.version); }
-};
-struct Producer {
-  std::uint32_t node;
-};
-}  // namespace
 
 TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t> ops) {
+  return build(t, ops, record::number_storages(t, ops));
+}
+
+TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t> ops, record::StorageNumbering numbering) {
   TraceGraph g;
   const std::size_t n = ops.size();
+  std::size_t n_tensors = 0;
+  for (std::size_t op : ops) n_tensors += t.ops[op].n_tensors;
+  const bool fits = numbering.storage.size() == n_tensors && numbering.version.size() == n_tensors &&
+                    numbering.kinds.size() == numbering.storages.size();
+  CRUCIBLE_PRE(fits, "the numbering is of these ops, with their kinds");
+  if (!fits) numbering = record::number_storages(t, ops);  // observed (release): go on with a right one
   g.ops_.assign(ops.begin(), ops.end());
   g.phases_.resize(n);
   g.modules_.resize(n);
-  absl::flat_hash_map<Key, Producer> last_writer;
-  last_writer.reserve(3 * n);
+  // Every write of each storage, newest first: head[number] indexes writes, and each write
+  // links to the one before. A reader almost always wants the newest; an older version (a
+  // tensor whose version counter is not its storage's, as .data gives) walks back.
+  constexpr std::uint32_t kNone = UINT32_MAX;
+  struct Write {
+    std::uint32_t version, node, prev;
+  };
+  std::vector<std::uint32_t> head(numbering.num_storages() + 1, kNone);
+  std::vector<Write> writes;
+  writes.reserve(n_tensors);
   struct Raw { std::uint32_t from, to; std::uint16_t slot; EdgeKind kind; };
   std::vector<Raw> raw;
   raw.reserve(3 * n);
+  const std::uint32_t* number = numbering.storage.data();
+  const std::uint32_t* version = numbering.version.data();
   for (std::size_t node = 0; node < n; ++node) {
     const std::size_t op = ops[node];
     g.phases_[node] = t.ops[op].phase;
     g.modules_[node] = t.ops[op].module_id;
     const auto ins = t.inputs(op);
     const auto outs = t.outputs(op);
+    const std::uint32_t* out_number = number + ins.size();
+    const std::uint32_t* out_version = version + ins.size();
     for (std::size_t k = 0; k < ins.size(); ++k) {
-      const auto& m = ins[k];
-      if (m.flags & record::tensor_flag::kNoStorage || m.storage_id == 0) continue;
-      auto it = last_writer.find(Key{m.storage_id, m.version});
+      const std::uint32_t s = number[k], v = version[k];
+      if (ins[k].flags & record::tensor_flag::kNoStorage || s == 0) continue;
+      std::uint32_t w = head[s];
+      while (w != kNone && writes[w].version != v) w = writes[w].prev;
       // A view op's output shares the input's storage at the same version: an alias edge.
       bool alias = false;
-      for (const auto& o : outs)
-        alias |= o.storage_id == m.storage_id && o.version == m.version;
-      if (it == last_writer.end()) {
-        g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint16_t>(k), m.storage_id, m.version});
-      } else if (it->second.node != node) {
-        raw.push_back({it->second.node, static_cast<std::uint32_t>(node), static_cast<std::uint16_t>(k),
+      for (std::size_t j = 0; j < outs.size(); ++j) alias |= out_number[j] == s && out_version[j] == v;
+      if (w == kNone) {
+        g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint16_t>(k), numbering.kinds[s - 1],
+                                ins[k].storage_id, ins[k].version, s});
+      } else if (writes[w].node != node) {
+        raw.push_back({writes[w].node, static_cast<std::uint32_t>(node), static_cast<std::uint16_t>(k),
                        alias ? EdgeKind::Alias : EdgeKind::DataFlow});
       }
     }
-    for (const auto& o : outs) {
-      if (o.flags & record::tensor_flag::kNoStorage || o.storage_id == 0) continue;
-      last_writer[Key{o.storage_id, o.version}] = Producer{static_cast<std::uint32_t>(node)};
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      const std::uint32_t s = out_number[j];
+      if (outs[j].flags & record::tensor_flag::kNoStorage || s == 0) continue;
+      writes.push_back({out_version[j], static_cast<std::uint32_t>(node), head[s]});
+      head[s] = static_cast<std::uint32_t>(writes.size() - 1);
     }
+    number += ins.size() + outs.size();
+    version += ins.size() + outs.size();
   }
   // CSR in both directions (counting sort by endpoint keeps edges in input order).
   g.fwd_offsets_.assign(n + 1, 0);
@@ -73,6 +88,7 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
     g.fwd_edges_[fpos[e.from]++] = Edge{e.to, e.slot, e.kind};
     g.rev_edges_[rpos[e.to]++] = Edge{e.from, e.slot, e.kind};
   }
+  g.numbering_ = std::move(numbering);
   return g;
 }
 

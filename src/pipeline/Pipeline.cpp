@@ -198,7 +198,8 @@ void Pipeline::build_loop() {
     // The copy holds exactly the requested ops, in order, when none was skipped as missing.
     const bool whole = trace->num_ops() == w->contents.size();
     std::shared_ptr<graph::Iteration> it = graph::build_iteration(
-        *trace, std::move(local), plan_, whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{});
+        *trace, std::move(local), plan_, whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{},
+        std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
     it->trace = std::move(trace);
     it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();

@@ -363,8 +363,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
   // Indices past the trace (a clear() raced with the caller) are skipped, by the key and the
   // copy alike.
   std::vector<std::size_t> in_range;
-  std::vector<std::uint64_t> storages;
-  std::vector<std::uint8_t> kinds;  // with the key: the classification it hashed, for the copy too
+  StorageNumbering& numbering = r.numbering;  // with the key: its kinds are the classification it hashed, for the copy too
   ContentHash body;
   std::unique_lock<std::mutex> trace_lock(trace_mu_);
   if (req.generation != kAnyGeneration && req.generation != generation_) {
@@ -383,16 +382,17 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       valid = in_range;
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
-    body = record::structure_body(t, valid, storages, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
-    kinds.assign(storages.size(), 0);
+    body = record::structure_body(t, valid, numbering, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
+    const std::vector<std::uint64_t>& storages = numbering.storages;
+    numbering.kinds.assign(storages.size(), 0);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);
       if (!externals_.empty())
         for (std::size_t i = 0; i < storages.size(); ++i)
-          if (auto it = externals_.find(storages[i]); it != externals_.end()) kinds[i] = static_cast<std::uint8_t>(it->second);
+          if (auto it = externals_.find(storages[i]); it != externals_.end()) numbering.kinds[i] = static_cast<std::uint8_t>(it->second);
     }
-    r.key = record::structure_key(body, kinds);
+    r.key = record::structure_key(body, numbering.kinds);
     if (req.unless != nullptr && r.key == *req.unless) return r;  // no copy: the caller has these ops' analysis
   }
   if (!req.want_copy) return r;
@@ -457,8 +457,8 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
   if (req.want_key) {
     // The classification the key was computed from (a classify_external() since then must
     // not make the copy disagree with its key); the key's storages are the copy's storages.
-    for (std::size_t i = 0; i < storages.size(); ++i)
-      if (kinds[i] != 0) out.externals.emplace(storages[i], static_cast<ExternalKind>(kinds[i]));
+    for (std::size_t i = 0; i < numbering.storages.size(); ++i)
+      if (numbering.kinds[i] != 0) out.externals.emplace(numbering.storages[i], static_cast<ExternalKind>(numbering.kinds[i]));
   } else if (!externals_.empty()) {
     for (const TensorMeta& m : out.tensors)
       if (auto it = externals_.find(m.storage_id); it != externals_.end()) out.externals.emplace(it->first, it->second);

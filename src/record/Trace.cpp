@@ -137,16 +137,20 @@ ContentHash op_content(const Trace& t, std::size_t op) {
   return h.digest();
 }
 
-ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std::vector<std::uint64_t>& storages,
+namespace {
+// The pass behind structure_body and number_storages: numbers the ops' storages and, when
+// kHash, hashes the structure body.
+template <bool kHash>
+ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& out,
                            std::span<const ContentHash> contents) {
   CRUCIBLE_PRE(contents.empty() || contents.size() == ops.size(), "one op_content per op, or none");
-  // Storage id -> (first-touch index, first version seen): an open-addressed table sized for
-  // every tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
+  // Storage id -> (number, first version seen): an open-addressed table sized for every
+  // tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
   // they spread evenly). It replaced absl::flat_hash_map here, whose probes were a third of
   // the key's time.
   struct Slot {
     std::uint64_t id;  // 0: empty (storage id 0 means "no storage" and is never looked up)
-    std::uint32_t index;
+    std::uint32_t number;
     std::uint32_t first_version;
   };
   std::size_t n_tensors = 0;
@@ -158,20 +162,26 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std
   while ((std::size_t{1} << bits) < 2 * n_tensors) ++bits;
   std::vector<Slot> table(std::size_t{1} << bits, Slot{0, 0, 0});
   const std::size_t mask = table.size() - 1;
-  storages.clear();
+  out.storages.clear();
+  out.kinds.clear();
+  out.storage.resize(n_tensors);
+  out.version.resize(n_tensors);
+  std::size_t cursor = 0;
   // Per op: its content (op_content, computed here or given), what the content leaves out of
   // the entry, then each tensor's storage identity, size and flags. Given contents spare reading
   // the dims and scalars again: the drain computes them while the ops are still in cache.
   ContentHasher h;
-  h.update_u64(ops.size());
+  if constexpr (kHash) h.update_u64(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::size_t op = ops[i];
     const TraceEntry& e = t.ops[op];
     if (i + 4 < ops.size()) __builtin_prefetch(&t.ops[ops[i + 4]]);
-    const ContentHash c = contents.empty() ? op_content(t, op) : contents[i];
-    h.update_words(c.lo, c.hi, e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48);
+    if constexpr (kHash) {
+      const ContentHash c = contents.empty() ? op_content(t, op) : contents[i];
+      h.update_words(c.lo, c.hi, e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48);
+    }
     const std::size_t base = t.op_tensor_begin[op];
-    for (std::size_t k = base; k < base + e.n_tensors; ++k) {
+    for (std::size_t k = base; k < base + e.n_tensors; ++k, ++cursor) {
       const TensorMeta& m = t.tensors[k];
       if (k + 8 < t.tensors.size()) __builtin_prefetch(&t.tensors[k + 8]);
       std::uint32_t canon = 0, version = 0;
@@ -179,16 +189,39 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, std
         std::size_t j = static_cast<std::size_t>((m.storage_id * 0x9E3779B97F4A7C15ull) >> (64 - bits));
         while (table[j].id != 0 && table[j].id != m.storage_id) j = (j + 1) & mask;
         if (table[j].id == 0) {  // at most n_tensors of 2 * n_tensors slots fill: a probe ends
-          table[j] = Slot{m.storage_id, static_cast<std::uint32_t>(storages.size() + 1), m.version};
-          storages.push_back(m.storage_id);
+          out.storages.push_back(m.storage_id);
+          table[j] = Slot{m.storage_id, static_cast<std::uint32_t>(out.storages.size()), m.version};
         }
-        canon = table[j].index;
+        canon = table[j].number;
         version = m.version - table[j].first_version;  // modular: only equality matters
       }
-      h.update_words(canon | std::uint64_t{version} << 32, m.storage_nbytes, std::uint64_t{m.flags});
+      out.storage[cursor] = canon;
+      out.version[cursor] = version;
+      if constexpr (kHash) h.update_words(canon | std::uint64_t{version} << 32, m.storage_nbytes, std::uint64_t{m.flags});
     }
   }
-  return h.digest();
+  if constexpr (kHash) return h.digest();
+  return ContentHash{};
+}
+
+void classify_from(const Trace& t, StorageNumbering& n) {
+  n.kinds.assign(n.storages.size(), 0);
+  if (!t.externals.empty())
+    for (std::size_t i = 0; i < n.storages.size(); ++i)
+      if (auto it = t.externals.find(n.storages[i]); it != t.externals.end()) n.kinds[i] = static_cast<std::uint8_t>(it->second);
+}
+}  // namespace
+
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
+                           std::span<const ContentHash> contents) {
+  return walk_structure<true>(t, ops, numbering, contents);
+}
+
+StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops) {
+  StorageNumbering n;
+  walk_structure<false>(t, ops, n, {});
+  classify_from(t, n);
+  return n;
 }
 
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds) {
@@ -198,12 +231,10 @@ ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t>
 }
 
 ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops) {
-  std::vector<std::uint64_t> storages;
-  const ContentHash body = structure_body(t, ops, storages);
-  std::vector<std::uint8_t> kinds(storages.size(), 0);
-  for (std::size_t i = 0; i < storages.size(); ++i)
-    if (auto it = t.externals.find(storages[i]); it != t.externals.end()) kinds[i] = static_cast<std::uint8_t>(it->second);
-  return structure_key(body, kinds);
+  StorageNumbering n;
+  const ContentHash body = structure_body(t, ops, n);
+  classify_from(t, n);
+  return structure_key(body, n.kinds);
 }
 
 }  // namespace crucible::record

@@ -96,4 +96,74 @@ TEST(TraceGraph, SubsetOfOpsTreatsOutsideProducersAsExternal) {
   EXPECT_EQ(g.externals()[0].storage_id, 2u);
   EXPECT_EQ(g.trace_op(0), 1u);
 }
+TEST(TraceGraph, ReadingAnOlderVersionLinksToItsWriter) {
+  // A tensor with its own version counter (what .data gives) reads storage 1 at version 0
+  // after an in-place op wrote version 1: the reader links to the op that wrote version 0, not
+  // to the newest writer. A version nobody wrote is an external input.
+  synth::Builder b;
+  b.op("aten::zeros", {}, {T{1, 0}});
+  b.op("aten::add_", {T{1, 0}, T{9}}, {T{1, 1}});
+  b.op("aten::neg", {T{1, 0}}, {T{2}});
+  b.op("aten::neg", {T{1, 1}}, {T{3}});
+  b.op("aten::neg", {T{1, 7}}, {T{4}});
+  auto g = TraceGraph::build(b.trace, b.all());
+  ASSERT_EQ(g.predecessors(2).size(), 1u);
+  EXPECT_EQ(g.predecessors(2)[0].node, 0u);
+  ASSERT_EQ(g.predecessors(3).size(), 1u);
+  EXPECT_EQ(g.predecessors(3)[0].node, 1u);
+  EXPECT_TRUE(g.predecessors(4).empty());
+  ASSERT_EQ(g.externals().size(), 2u);  // storage 9 into add_, storage 1 v7 into the last neg
+  EXPECT_EQ(g.externals()[1].node, 4u);
+  EXPECT_EQ(g.externals()[1].storage_id, 1u);
+  EXPECT_EQ(g.externals()[1].version, 7u);
+}
+
+TEST(TraceGraph, StorageNumberingIsFirstTouchOrderWithVersionDistances) {
+  synth::Builder b;
+  b.op("aten::add_", {T{50, 3}, T{40}}, {T{50, 4}});
+  b.op("aten::mul", {T{40}, T{50, 4}}, {T{60}});
+  b.trace.externals.emplace(40, crucible::record::ExternalKind::Parameter);
+  const auto ops = b.all();
+  const crucible::record::StorageNumbering n = crucible::record::number_storages(b.trace, ops);
+  EXPECT_EQ(n.storages, (std::vector<std::uint64_t>{50, 40, 60}));
+  EXPECT_EQ(n.kinds, (std::vector<std::uint8_t>{0, 1, 0}));
+  EXPECT_EQ(n.storage, (std::vector<std::uint32_t>{1, 2, 1, 2, 1, 3}));
+  EXPECT_EQ(n.version, (std::vector<std::uint32_t>{0, 0, 1, 0, 1, 0}));
+  // The structure key's pass numbers the same way (the pipeline hands its numbering to build).
+  crucible::record::StorageNumbering from_key;
+  (void)crucible::record::structure_body(b.trace, ops, from_key);
+  EXPECT_EQ(from_key.storages, n.storages);
+  EXPECT_EQ(from_key.storage, n.storage);
+  EXPECT_EQ(from_key.version, n.version);
+  // The graph carries each external's classification and number.
+  auto g = TraceGraph::build(b.trace, ops, n);
+  ASSERT_EQ(g.externals().size(), 3u);  // 50 and 40 into add_, 40 into mul
+  EXPECT_EQ(g.externals()[0].storage_number, 1u);
+  EXPECT_EQ(g.externals()[0].kind, 0u);
+  EXPECT_EQ(g.externals()[1].storage_id, 40u);
+  EXPECT_EQ(g.externals()[1].storage_number, 2u);
+  EXPECT_EQ(g.externals()[1].kind, 1u);
+  EXPECT_EQ(g.externals()[2].node, 1u);
+  EXPECT_EQ(g.externals()[2].kind, 1u);
+  ASSERT_EQ(g.predecessors(1).size(), 1u);
+  EXPECT_EQ(g.predecessors(1)[0].slot, 1u);
+}
+
+TEST(TraceGraphDeathTest, NumberingOfOtherOpsIsAContractViolation) {
+  synth::Builder b;
+  b.op("aten::relu", {T{1}}, {T{2}});
+  b.op("aten::neg", {T{2}}, {T{3}});
+  const std::vector<std::size_t> second{1};
+  auto wrong = crucible::record::number_storages(b.trace, b.all());
+#if CRUCIBLE_CONTRACT_SEMANTIC == 2
+  EXPECT_DEATH((void)TraceGraph::build(b.trace, second, wrong), "numbering");
+#else
+  // Observed (release builds): the graph numbers the ops itself and comes out right.
+  auto g = TraceGraph::build(b.trace, second, wrong);
+  ASSERT_EQ(g.externals().size(), 1u);
+  EXPECT_EQ(g.externals()[0].storage_id, 2u);
+  EXPECT_EQ(g.externals()[0].storage_number, 1u);
+  EXPECT_EQ(g.numbering().storages, (std::vector<std::uint64_t>{2, 3}));
+#endif
+}
 }  // namespace

@@ -28,9 +28,12 @@ struct Iteration {
 };
 
 // Builds graph, DAG and plan for the given ops (indices into t) of one iteration; `locals`, if
-// given, are the ops' record::op_content (MerkleDag::build).
+// given, are the ops' record::op_content (MerkleDag::build), and `numbering`, if given, their
+// storage numbering with kinds (record::number_storages; the pipeline has it from the structure
+// key's pass).
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
-                                           const PlanOptions& plan = {}, std::span<const ContentHash> locals = {});
+                                           const PlanOptions& plan = {}, std::span<const ContentHash> locals = {},
+                                           std::optional<record::StorageNumbering> numbering = std::nullopt);
 
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
 // trace with no periodic iteration (the message carries the detector's reason).

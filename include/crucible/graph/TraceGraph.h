@@ -7,6 +7,8 @@
 //   DATA_FLOW  c consumes the value p produced;
 //   ALIAS      c is a view of p's output (c's output shares the storage at the same version).
 // Inputs no op in the range produced are the graph's externals (parameters, batch, state...).
+// Storages are looked up by their number in the ops' record::StorageNumbering (Note [Storage
+// numbering]), not by id in a hash map.
 //
 // CSR: fwd_offsets[n+1] / fwd_edges for successors, rev_offsets[n+1] / rev_edges for
 // predecessors; each edge stores (other node, kind, input slot of the consumer). A node's
@@ -35,14 +37,19 @@ static_assert(sizeof(Edge) == 8);
 struct ExternalInput {
   std::uint32_t node;   // consumer
   std::uint16_t slot;   // its input index
+  std::uint8_t kind;    // the storage's record::ExternalKind, 0 when the trace does not say
   std::uint64_t storage_id;
   std::uint32_t version;
+  std::uint32_t storage_number;  // in the graph's numbering (record::StorageNumbering)
 };
 
 class TraceGraph {
  public:
   // Builds the graph of trace ops `ops` (indices into t.ops, in execution order).
   static TraceGraph build(const record::Trace& t, std::span<const std::size_t> ops);
+  // The same, with the ops' storage numbering already made (record::number_storages, or the
+  // structure key's pass); the graph keeps it for the analyses built on it.
+  static TraceGraph build(const record::Trace& t, std::span<const std::size_t> ops, record::StorageNumbering numbering);
 
   std::size_t num_nodes() const { return ops_.size(); }
   std::size_t num_edges() const { return fwd_edges_.size(); }
@@ -56,6 +63,7 @@ class TraceGraph {
   record::Phase phase(std::size_t node) const { return phases_[node]; }
   std::uint32_t module_id(std::size_t node) const { return modules_[node]; }
   const std::vector<ExternalInput>& externals() const { return externals_; }
+  const record::StorageNumbering& numbering() const { return numbering_; }
 
  private:
   std::vector<std::size_t> ops_;
@@ -64,6 +72,7 @@ class TraceGraph {
   std::vector<std::uint32_t> fwd_offsets_, rev_offsets_;
   std::vector<Edge> fwd_edges_, rev_edges_;
   std::vector<ExternalInput> externals_;
+  record::StorageNumbering numbering_;
 };
 
 }  // namespace crucible::graph

@@ -159,6 +159,9 @@ class Recorder {
     bool stale = false;
     ContentHash key;
     std::optional<Trace> copy;  // empty when stale, not wanted, or the key matched `unless`
+    // With the key: the ops' storage numbering (Trace.h), which also numbers the copy's
+    // tensors (local ops 0, 1, ... in order), with the classification the key hashed.
+    StorageNumbering numbering;
   };
   KeyedCopy key_and_copy(const CopyRequest& req);
   // flush(), then a copy of the trace so far, with current names and per-thread stats.

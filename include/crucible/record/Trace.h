@@ -98,12 +98,35 @@ ContentHash op_content(const Trace& t, std::size_t op);
 // flags. A caller that already has the ops' contents (the pipeline's drain computes them while
 // the ops are in cache) passes them, one per op, and the ops' dims and scalars are not read
 // again.
-ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
-                           std::vector<std::uint64_t>& storages,  // distinct ids, first-touch order
+//
+// The same pass numbers the ops' storages (Note [Storage numbering]) into `numbering`; its
+// kinds are left empty (the caller knows the classification it wants).
+struct StorageNumbering;
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
                            std::span<const ContentHash> contents = {});
 // kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
 // Both, with the classification from t.externals.
 ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops);
+
+// Note [Storage numbering]
+// The graph, the Merkle DAG and the memory plan of a list of ops all ask, per tensor, "which
+// storage, at which version, and how is it classified". Asking a hash map keyed by storage id
+// for each tensor, in each of them, was most of a build. Instead the storages the ops touch
+// are numbered 1, 2, ... in first-touch order, once, by the same pass that computes the
+// structure key (the pipeline needs the key anyway), and the analyses index plain arrays by
+// number. Number 0 means no storage (storage id 0). A version is kept as its distance from the
+// first version seen on its storage: two tensors have equal (number, version) exactly when
+// they have equal (storage id, version).
+struct StorageNumbering {
+  std::vector<std::uint64_t> storages;  // [n - 1]: the storage id numbered n
+  std::vector<std::uint8_t> kinds;      // [n - 1]: its ExternalKind, 0 when not classified
+  // Per tensor of the ops, in order (each op's inputs, then its outputs), as the ops' tensors
+  // appear in t: its storage's number (0: none) and its version distance.
+  std::vector<std::uint32_t> storage, version;
+  std::size_t num_storages() const { return storages.size(); }
+};
+// The numbering of the ops' storages alone, with kinds from t.externals.
+StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops);
 
 }  // namespace crucible::record
