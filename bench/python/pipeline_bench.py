@@ -4,6 +4,8 @@ For MLP, small CNN, resnet18 and a small transformer + AdamW (batch sizes as in 
   * build time of one iteration (structure key and copy of its ops out of the trace, graph +
     Merkle DAG + memory plan, measured by the pipeline's build stage with reuse off: wall and
     build-thread CPU time, median of --rounds recordings) and per op;
+  * the same work (key, copy, graph, DAG, plan) repeated back to back on one thread: the
+    build's own cost on a busy core, without the pipeline thread's wake-up on an idle core;
   * with reuse on, the time to republish the last analysis for a new run of the same step (its
     structure key matched), median of --rounds recordings; a step whose scalars change every
     step (AdamW) is rebuilt instead, and the line says so;
@@ -57,6 +59,10 @@ def main():
             it = crucible.iteration()
             builds.append((it["pipeline_build_us"], it["pipeline_copy_us"], it["pipeline_build_cpu_us"]))
         build_us, copy_us, cpu_us = (statistics.median(b[k] for b in builds) for k in range(3))
+        # The same work repeated back to back on this thread, on the iteration just published:
+        # what the build costs on a busy core. The build thread wakes on an idle one, which on
+        # this VM makes the same code about twice as slow (see bench/README.md).
+        hot_us = statistics.median(crucible._ext.time_build(50))
         # The same again with reuse on: the last build's analysis is republished when the
         # structure key matches (Note [Reusing the last build]).
         crucible._ext.pipeline_reuse(True)
@@ -74,6 +80,7 @@ def main():
             "build_copy_us": copy_us,
             "build_cpu_us": cpu_us,
             "build_us_per_op": build_us / it["total_ops"],
+            "build_hot_us": hot_us,
             "reuse_us": reuse_us,
             "arena_bytes": it["arena_bytes"],
             "lower_bound_bytes": it["lower_bound_bytes"],
@@ -83,7 +90,7 @@ def main():
         }
         results[name] = r
         print(f"{name:12s} {r['ops']:5d} ops  build {build_us:7.1f} us wall ({r['build_us_per_op']:.2f} us/op; "
-              f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us)  "
+              f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us; back to back {hot_us:6.1f} us)  "
               + (f"reused {reuse_us:6.1f} us  " if reuse_us is not None else "rebuilt (scalars change per step)  ") +
               f"arena {r['arena_bytes'] / 2**20:6.2f} MiB  lower bound {r['lower_bound_bytes'] / 2**20:6.2f} MiB "
               f"(ratio {r['arena_over_lower_bound']:.3f})  eager peak {peak / 2**20:6.2f} MiB "

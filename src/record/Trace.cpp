@@ -203,14 +203,14 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
   if constexpr (kHash) return h.digest();
   return ContentHash{};
 }
+}  // namespace
 
-void classify_from(const Trace& t, StorageNumbering& n) {
+void classify_storages(const Trace& t, StorageNumbering& n) {
   n.kinds.assign(n.storages.size(), 0);
   if (!t.externals.empty())
     for (std::size_t i = 0; i < n.storages.size(); ++i)
       if (auto it = t.externals.find(n.storages[i]); it != t.externals.end()) n.kinds[i] = static_cast<std::uint8_t>(it->second);
 }
-}  // namespace
 
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
                            std::span<const ContentHash> contents) {
@@ -220,7 +220,7 @@ ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, Sto
 StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops) {
   StorageNumbering n;
   walk_structure<false>(t, ops, n, {});
-  classify_from(t, n);
+  classify_storages(t, n);
   return n;
 }
 
@@ -233,7 +233,7 @@ ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t>
 ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops) {
   StorageNumbering n;
   const ContentHash body = structure_body(t, ops, n);
-  classify_from(t, n);
+  classify_storages(t, n);
   return structure_key(body, n.kinds);
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
 
 #include "Dispatch.h"
@@ -387,6 +388,38 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
     return d;
   });
+  // The build stage's work on the latest published iteration, repeated back to back on this
+  // thread: structure key and storage numbering, a copy of the ops, graph + Merkle DAG + memory
+  // plan (the ops' contents are computed first, as the drain does). Microseconds per round. It
+  // is the build's own cost on a busy core; the pipeline's build runs on a core that was idle,
+  // and pays for waking up (pipeline_bench.py reports both).
+  m.def("time_build", [](int rounds) {
+    if (rounds < 1) throw std::invalid_argument("rounds must be at least 1");
+    pipeline::Pipeline& p = global_pipeline();
+    std::vector<double> us;
+    {
+      py::gil_scoped_release nogil;
+      p.flush();
+      auto it = p.latest();
+      if (!it || !it->trace) throw std::runtime_error("no built iteration published yet: " + p.last_reason());
+      const Trace& t = *it->trace;
+      std::vector<std::size_t> ops(t.num_ops());
+      for (std::size_t i = 0; i < ops.size(); ++i) ops[i] = i;
+      std::vector<ContentHash> contents(ops.size());
+      for (std::size_t i = 0; i < ops.size(); ++i) contents[i] = op_content(t, i);
+      for (int r = 0; r < rounds; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        StorageNumbering numbering;
+        const ContentHash body = structure_body(t, ops, numbering, contents);
+        classify_storages(t, numbering);
+        (void)structure_key(body, numbering.kinds);
+        auto copy = std::make_shared<Trace>(t);
+        auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents, std::move(numbering));
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    return us;
+  }, py::arg("rounds"));
   m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {

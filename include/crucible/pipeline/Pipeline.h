@@ -66,6 +66,7 @@ class Pipeline final : public record::DrainSink {
   // Whether build may reuse its last analysis (on by default); off, every iteration is built
   // from scratch (for measuring builds, and for comparing the two).
   void set_reuse(bool on) { reuse_.store(on, std::memory_order_relaxed); }
+  const graph::PlanOptions& plan_options() const { return plan_; }
 
   // DrainSink (drain thread).
   void on_ops(const record::Trace& t, std::uint64_t generation, std::uint32_t thread, std::size_t first,

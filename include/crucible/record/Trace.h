@@ -128,5 +128,7 @@ struct StorageNumbering {
 };
 // The numbering of the ops' storages alone, with kinds from t.externals.
 StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops);
+// Sets n.kinds from t.externals.
+void classify_storages(const Trace& t, StorageNumbering& n);
 
 }  // namespace crucible::record

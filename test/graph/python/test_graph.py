@@ -111,6 +111,17 @@ def test_a_reused_build_equals_a_fresh_analysis(name):
         assert again["root_hash"] == first["root_hash"]
 
 
+def test_time_build_repeats_the_published_build():
+    """The benchmark's back-to-back build timing runs on the published iteration's ops."""
+    s = models.make("mlp")
+    record(s, 3)
+    crucible.iteration()
+    times = crucible._ext.time_build(3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    with pytest.raises(ValueError, match="at least 1"):
+        crucible._ext.time_build(0)
+
+
 def test_shape_or_dtype_change_changes_the_root_hash():
     def root(batch, dtype=torch.float32):
         crucible.clear()
