@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "crucible/core/ContentHash.h"
+#include "crucible/core/HugePageAllocator.h"
 #include "crucible/record/TraceRecord.h"
 
 namespace crucible::record {
@@ -35,10 +36,13 @@ const char* external_kind_name(ExternalKind k) noexcept;
 
 class Trace {
  public:
-  std::vector<TraceEntry> ops;
-  std::vector<TensorMeta> tensors;       // inputs then outputs of each op, in op order
-  std::vector<std::int64_t> dims;        // per tensor: ndim sizes then ndim strides
-  std::vector<ScalarRecord> scalars;     // per op, in op order
+  // The arrays that grow with the recording ask for huge pages (Note [Huge pages for the trace]).
+  template <class T>
+  using Array = std::vector<T, HugePageAllocator<T>>;
+  Array<TraceEntry> ops;
+  Array<TensorMeta> tensors;        // inputs then outputs of each op, in op order
+  Array<std::int64_t> dims;         // per tensor: ndim sizes then ndim strides
+  Array<ScalarRecord> scalars;      // per op, in op order
   std::map<std::uint64_t, std::string> schema_names;  // schema_hash -> "aten::add.Tensor"
   std::vector<std::string> module_paths;              // module_id -> "layer1.0.conv1"; [0] = ""
   std::vector<ThreadStats> threads;
@@ -47,7 +51,7 @@ class Trace {
   absl::flat_hash_map<std::uint64_t, ExternalKind> externals;
 
   // Derived offsets (rebuilt by append/validate): first tensor / scalar / dim of each op/tensor.
-  std::vector<std::uint64_t> op_tensor_begin, op_scalar_begin, tensor_dims_begin;
+  Array<std::uint64_t> op_tensor_begin, op_scalar_begin, tensor_dims_begin;
 
   std::size_t num_ops() const { return ops.size(); }
   std::span<const TensorMeta> inputs(std::size_t op) const;
