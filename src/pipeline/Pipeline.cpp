@@ -1,14 +1,13 @@
 // Pipeline.cpp — the detect, build and publish stage threads.
 #include "crucible/pipeline/Pipeline.h"
 
-#include <pthread.h>
-
 #include <chrono>
 #include <ctime>
 #include <memory>
 #include <unordered_map>
 
 #include "crucible/core/Contract.h"
+#include "crucible/core/ThreadName.h"
 
 namespace crucible::pipeline {
 namespace {
@@ -22,15 +21,15 @@ std::uint64_t thread_cpu_ns() {
 Pipeline::Pipeline(record::Recorder& rec, graph::PlanOptions plan) : rec_(rec), plan_(plan) {
   // Named for top, perf and gdb (at most 15 characters).
   detect_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "crucible-detect");
+    name_this_thread("crucible-detect");
     detect_loop();
   });
   build_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "crucible-build");
+    name_this_thread("crucible-build");
     build_loop();
   });
   publish_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "crucible-pub");
+    name_this_thread("crucible-pub");
     publish_loop();
   });
   rec_.set_sink(this);
@@ -184,7 +183,7 @@ void Pipeline::build_loop() {
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {
-      auto it = std::make_shared<graph::Iteration>(*last);  // a copy: ~2 us for resnet18
+      auto it = std::make_shared<graph::Iteration>(*last);  // a copy: a few us for resnet18
       it->report = std::move(w->report);
       it->thread = w->thread;  // another thread may record the same step
       last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);

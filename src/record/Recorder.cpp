@@ -1,14 +1,13 @@
 // Recorder.cpp — producer commit with back-pressure or counted drops, and the drain thread.
 #include "crucible/record/Recorder.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <chrono>
 
 #include "absl/container/flat_hash_set.h"
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
+#include "crucible/core/ThreadName.h"
 
 namespace crucible::record {
 namespace {
@@ -71,7 +70,7 @@ Recorder& Recorder::global() {
 Recorder::Recorder(const RecorderConfig& cfg)
     : cfg_(cfg), uid_(g_next_uid.fetch_add(1)), drop_when_full_(cfg.drop_when_full) {
   drain_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "crucible-drain");  // for top, perf and gdb
+    name_this_thread("crucible-drain");  // for top, perf and gdb
     drain_loop();
   });
 }

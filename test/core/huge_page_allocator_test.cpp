@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -36,5 +37,7 @@ TEST(HugePageAllocator, SmallArraysAreOrdinary) {
 TEST(HugePageAllocator, ImpossibleSizesThrow) {
   HugePageAllocator<std::uint64_t> a;
   EXPECT_THROW((void)a.allocate(SIZE_MAX / 4), std::bad_array_new_length);
+  // Byte counts that fit in size_t but not once rounded up to whole huge pages.
+  EXPECT_THROW((void)a.allocate(SIZE_MAX / sizeof(std::uint64_t)), std::bad_alloc);
 }
 }  // namespace

@@ -8,9 +8,13 @@
 // here is 2 MiB-aligned and advised MADV_HUGEPAGE, so with transparent huge pages in "madvise"
 // mode (Debian's default) one fault maps 2 MiB. Smaller allocations are plain new/delete. The
 // advice is only advice: where huge pages are off or unavailable the memory works as usual.
+// The cost: a big array is rounded up to whole 2 MiB pages, so each of the trace's arrays can
+// hold up to 2 MiB it does not use, and after a free the C library may hand parts of an advised
+// range to other (small) allocations, which then sit on huge pages too.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -34,6 +38,7 @@ struct HugePageAllocator {
     if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
     const std::size_t bytes = n * sizeof(T);
     if (bytes < kHugePage) return std::allocator<T>{}.allocate(n);
+    if (bytes > SIZE_MAX - (kHugePage - 1)) throw std::bad_alloc();  // rounding up would wrap
     const std::size_t rounded = (bytes + kHugePage - 1) & ~(kHugePage - 1);
     void* p = std::aligned_alloc(kHugePage, rounded);
     if (p == nullptr) throw std::bad_alloc();
