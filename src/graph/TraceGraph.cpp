@@ -12,10 +12,22 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
 TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t> ops, record::StorageNumbering numbering) {
   TraceGraph g;
   const std::size_t n = ops.size();
+  // The numbering must be of these ops: one number per tensor, naming the tensor's own storage
+  // (checked per tensor: a numbering of other ops with as many tensors would give wrong edges,
+  // and a number past the table would index out of bounds below).
+  bool fits = numbering.kinds.size() == numbering.storages.size();
   std::size_t n_tensors = 0;
-  for (std::size_t op : ops) n_tensors += t.ops[op].n_tensors;
-  const bool fits = numbering.storage.size() == n_tensors && numbering.version.size() == n_tensors &&
-                    numbering.kinds.size() == numbering.storages.size();
+  for (std::size_t op : ops) {
+    const std::size_t base = t.op_tensor_begin[op], count = t.ops[op].n_tensors;
+    fits = fits && n_tensors + count <= numbering.storage.size();
+    for (std::size_t k = 0; fits && k < count; ++k) {
+      const std::uint32_t s = numbering.storage[n_tensors + k];
+      const std::uint64_t id = t.tensors[base + k].storage_id;
+      fits = s == 0 ? id == 0 : s <= numbering.storages.size() && numbering.storages[s - 1] == id;
+    }
+    n_tensors += count;
+  }
+  fits = fits && numbering.storage.size() == n_tensors && numbering.version.size() == n_tensors;
   CRUCIBLE_PRE(fits, "the numbering is of these ops, with their kinds");
   if (!fits) numbering = record::number_storages(t, ops);  // observed (release): go on with a right one
   g.ops_.assign(ops.begin(), ops.end());
@@ -23,7 +35,9 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   g.modules_.resize(n);
   // Every write of each storage, newest first: head[number] indexes writes, and each write
   // links to the one before. A reader almost always wants the newest; an older version (a
-  // tensor whose version counter is not its storage's, as .data gives) walks back.
+  // tensor whose version counter is not its storage's, as .data gives) walks back, and a
+  // version no op wrote (an external) walks them all: linear in the storage's writes in this
+  // range, which are a few (an in-place op or two per step), not the quadratic case it could be.
   constexpr std::uint32_t kNone = UINT32_MAX;
   struct Write {
     std::uint32_t version, node, prev;

@@ -153,11 +153,18 @@ TEST(TraceGraphDeathTest, NumberingOfOtherOpsIsAContractViolation) {
   synth::Builder b;
   b.op("aten::relu", {T{1}}, {T{2}});
   b.op("aten::neg", {T{2}}, {T{3}});
-  const std::vector<std::size_t> second{1};
-  auto wrong = crucible::record::number_storages(b.trace, b.all());
+  const std::vector<std::size_t> first{0}, second{1};
+  auto wrong = crucible::record::number_storages(b.trace, b.all());  // more tensors than op 1's
+  // The first op's numbering has as many tensors as the second op, but other storages.
+  auto same_size = crucible::record::number_storages(b.trace, first);
 #if CRUCIBLE_CONTRACT_SEMANTIC == 2
   EXPECT_DEATH((void)TraceGraph::build(b.trace, second, wrong), "numbering");
+  EXPECT_DEATH((void)TraceGraph::build(b.trace, second, same_size), "numbering");
 #else
+  {
+    auto g = TraceGraph::build(b.trace, second, same_size);
+    EXPECT_EQ(g.numbering().storages, (std::vector<std::uint64_t>{2, 3}));
+  }
   // Observed (release builds): the graph numbers the ops itself and comes out right.
   auto g = TraceGraph::build(b.trace, second, wrong);
   ASSERT_EQ(g.externals().size(), 1u);

@@ -390,13 +390,16 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   // The build stage's work on the latest published iteration, repeated back to back on this
   // thread: structure key and storage numbering, a copy of the ops, graph + Merkle DAG + memory
-  // plan (the ops' contents are computed first, as the drain does). Microseconds per round. It
-  // is the build's own cost on a busy core; the pipeline's build runs on a core that was idle,
-  // and pays for waking up (pipeline_bench.py reports both).
+  // plan (the ops' contents are computed first, as the drain does). Returns the microseconds of
+  // each round and the root hash built. It is the build's own cost on a busy core; the
+  // pipeline's build runs on a core that was idle, and pays for waking up (pipeline_bench.py
+  // reports both). Differences from the pipeline's build: the copy is of the published copy,
+  // one contiguous run without the recorder's lock, and every round reads the same, warm ops.
   m.def("time_build", [](int rounds) {
     if (rounds < 1) throw std::invalid_argument("rounds must be at least 1");
     pipeline::Pipeline& p = global_pipeline();
     std::vector<double> us;
+    ContentHash root;
     {
       py::gil_scoped_release nogil;
       p.flush();
@@ -416,9 +419,13 @@ PYBIND11_MODULE(_crucible_ext, m) {
         auto copy = std::make_shared<Trace>(t);
         auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents, std::move(numbering));
         us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        root = built->dag.root();
       }
     }
-    return us;
+    py::dict d;
+    d["us"] = us;
+    d["root_hash"] = root.hex();
+    return d;
   }, py::arg("rounds"));
   m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));

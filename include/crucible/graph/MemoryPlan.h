@@ -3,7 +3,8 @@
 // A block is one storage produced inside the graph (views and in-place ops of a storage share
 // its block: they are the same storage id). Persistent storages — anything the graph reads
 // before producing it (parameters, gradients, optimizer state, batch inputs) or that the trace
-// classifies as external — live outside the arena. Lifetimes run from the first node that
+// classifies as external (as the graph's storage numbering recorded it when the graph was
+// built) — live outside the arena. Lifetimes run from the first node that
 // produces a storage to the last node that touches it.
 //
 // Placement: blocks by decreasing size, each at the lowest aligned offset that overlaps no

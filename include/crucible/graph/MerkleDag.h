@@ -4,7 +4,7 @@
 // stride, dtype, device, layout, the scalar arguments; not requires_grad: the first layer's
 // input needs no grad, the second layer's does, and they still compute the same thing), and
 // for each input the hash of the node that produced it (or, for an external input, its
-// classification; its metadata is in the local hash). Data pointers,
+// classification as the graph recorded it when it was built; its metadata is in the local hash). Data pointers,
 // storage ids and versions are never hashed: the same model recorded in two processes gets the
 // same hashes, and changing one shape or dtype changes the hash of that node and everything
 // downstream.

@@ -119,9 +119,10 @@ ContentHash structure_key(const Trace& t, std::span<const std::size_t> ops);
 // for each tensor, in each of them, was most of a build. Instead the storages the ops touch
 // are numbered 1, 2, ... in first-touch order, once, by the same pass that computes the
 // structure key (the pipeline needs the key anyway), and the analyses index plain arrays by
-// number. Number 0 means no storage (storage id 0). A version is kept as its distance from the
-// first version seen on its storage: two tensors have equal (number, version) exactly when
-// they have equal (storage id, version).
+// number. Number 0 means no storage (storage id 0; a tensor flagged kNoStorage with a
+// nonzero id still gets a number, and the analyses skip it by its flag). A version is kept as
+// its distance from the first version seen on its storage: two tensors have equal (number,
+// version) exactly when they have equal (storage id, version).
 struct StorageNumbering {
   std::vector<std::uint64_t> storages;  // [n - 1]: the storage id numbered n
   std::vector<std::uint8_t> kinds;      // [n - 1]: its ExternalKind, 0 when not classified
