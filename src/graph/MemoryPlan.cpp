@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 
-
 namespace crucible::graph {
 namespace {
 std::string mib(std::uint64_t b) {
