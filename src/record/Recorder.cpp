@@ -383,14 +383,10 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
     body = record::structure_body(t, valid, numbering, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
-    const std::vector<std::uint64_t>& storages = numbering.storages;
-    numbering.kinds.assign(storages.size(), 0);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);
-      if (!externals_.empty())
-        for (std::size_t i = 0; i < storages.size(); ++i)
-          if (auto it = externals_.find(storages[i]); it != externals_.end()) numbering.kinds[i] = static_cast<std::uint8_t>(it->second);
+      classify_storages(externals_, numbering);
     }
     r.key = record::structure_key(body, numbering.kinds);
     if (req.unless != nullptr && r.key == *req.unless) return r;  // no copy: the caller has these ops' analysis

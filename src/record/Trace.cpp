@@ -205,11 +205,11 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
 }
 }  // namespace
 
-void classify_storages(const Trace& t, StorageNumbering& n) {
+void classify_storages(const absl::flat_hash_map<std::uint64_t, ExternalKind>& externals, StorageNumbering& n) {
   n.kinds.assign(n.storages.size(), 0);
-  if (!t.externals.empty())
+  if (!externals.empty())
     for (std::size_t i = 0; i < n.storages.size(); ++i)
-      if (auto it = t.externals.find(n.storages[i]); it != t.externals.end()) n.kinds[i] = static_cast<std::uint8_t>(it->second);
+      if (auto it = externals.find(n.storages[i]); it != externals.end()) n.kinds[i] = static_cast<std::uint8_t>(it->second);
 }
 
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,

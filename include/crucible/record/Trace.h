@@ -24,6 +24,11 @@ struct ThreadStats {
   std::uint64_t dropped = 0;           // ops counted but not recorded (drop mode, ring full)
   std::uint64_t bytes = 0;             // ring bytes written (entries + meta cells + scalars)
   std::uint64_t waits = 0;             // times the producer waited for the drain (back-pressure)
+  std::uint64_t total_ops() const {
+    std::uint64_t n = 0;
+    for (const std::uint64_t o : ops) n += o;
+    return n;
+  }
   bool operator==(const ThreadStats&) const = default;
 };
 
@@ -133,7 +138,9 @@ struct StorageNumbering {
 };
 // The numbering of the ops' storages alone, with kinds from t.externals.
 StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops);
-// Sets n.kinds from t.externals.
-void classify_storages(const Trace& t, StorageNumbering& n);
+// Sets n.kinds from a table of classifications (storage id -> kind): t.externals, or a
+// recorder's own table.
+void classify_storages(const absl::flat_hash_map<std::uint64_t, ExternalKind>& externals, StorageNumbering& n);
+inline void classify_storages(const Trace& t, StorageNumbering& n) { classify_storages(t.externals, n); }
 
 }  // namespace crucible::record
