@@ -134,8 +134,7 @@ int crucible_vessel_export(crucible_vessel* v, const char* path) {
 uint64_t crucible_vessel_ops_recorded(crucible_vessel* v) {
   if (v == nullptr) return 0;
   std::uint64_t n = 0;
-  for (const auto& s : v->rec->thread_stats())
-    for (auto o : s.ops) n += o;
+  for (const auto& s : v->rec->thread_stats()) n += s.total_ops();
   return n;
 }
 

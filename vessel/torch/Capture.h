@@ -85,7 +85,6 @@ class StorageIds {
     absl::flat_hash_map<c10::StorageImpl*, Entry> map;
     std::uint64_t next = 1;
     std::vector<c10::StorageImpl*> young;  // inserted since the last young sweep
-    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> dropped;  // a sweep's, until the bump
     std::size_t survivors_at_full_sweep = 0;  // map size after the last full sweep
   };
   static constexpr std::size_t kYoung = 256;
@@ -110,8 +109,8 @@ class StorageIds {
     if (g.young.size() >= kYoung) {  // the 256 before p; p joins the next batch
       // Dropped entries keep their weak references (so their StorageImpls stay allocated and
       // their addresses taken) until the epoch has moved on: a thread that then meets a new
-      // storage at one of those addresses is sure to see the new epoch and skip its cache.
-      auto& dropped = g.dropped;
+      // storage at one of those addresses is sure to see the new epoch and empty its cache.
+      std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> dropped;
       for (c10::StorageImpl* y : g.young) {
         auto yt = g.map.find(y);
         if (yt != g.map.end() && yt->second.weak.expired()) {
@@ -133,7 +132,6 @@ class StorageIds {
       }
       if (!dropped.empty()) *epoch_out = g_epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
       dropped.clear();  // releases their references, after the bump
-      if (dropped.capacity() > 4 * kYoung) dropped.shrink_to_fit();  // after a large full sweep
     }
     g.young.push_back(p);
     return id;

@@ -963,7 +963,7 @@ void capture_start(bool capture_only) {
 
 void capture_stop() {
   set_enabled(t_key_was_on);
-  thread_state().capture = nullptr;
+  if (detail::ThreadState* ts = detail::t_state_ptr) ts->capture = nullptr;  // no state to make just to clear
   t_stopped = std::move(t_active);
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
@@ -972,7 +972,7 @@ void capture_stop() {
 
 void capture_discard() {
   if (t_active != nullptr) set_enabled(t_key_was_on);
-  thread_state().capture = nullptr;
+  if (detail::ThreadState* ts = detail::t_state_ptr) ts->capture = nullptr;
   t_active.reset();
   t_stopped.reset();
 }

@@ -5,7 +5,6 @@
 // builder per thread (or per nesting depth).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -50,10 +49,11 @@ class OpBuilder {
   TensorMeta& begin_tensor(std::uint16_t ndim) {
     last_ = n_cells_;
     const std::uint32_t n_dims = dims_cells(ndim);
-    if (cells_.size() < n_cells_ + 1 + n_dims) cells_.resize(std::max(n_cells_ + 1 + n_dims, 2 * cells_.size()));
+    if (cells_.size() < n_cells_ + 1 + n_dims) cells_.resize(n_cells_ + 1 + n_dims);  // capacity grows geometrically
     n_cells_ += 1 + n_dims;  // after the resize: if it throws, cells() is unchanged
-    // The dims cells are zeroed here (their unused tail must read 0), the metadata by its
-    // default initialisers: each cell written once, not zeroed first by a resize.
+    // The dims cells are zeroed here (their unused tail must read 0; set_dims fills the rest),
+    // the metadata cell by its default initialisers: the metadata is written once, not zeroed
+    // first by a resize.
     if (n_dims != 0) std::memset(static_cast<void*>(&cells_[last_ + 1]), 0, n_dims * sizeof(MetaCell));
     TensorMeta* m = ::new (&cells_[last_].meta) TensorMeta();
     m->ndim = ndim;
