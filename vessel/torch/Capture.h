@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "AllocationTags.h"
 #include "absl/container/flat_hash_map.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/record/OpBuilder.h"
@@ -35,23 +36,26 @@ inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 #endif
 
 // ---------------------------------------------------------------------------------------
-// Storage identity. Note [Storage ids]: the caching allocator reuses addresses, and so does
-// malloc for StorageImpl objects. The global table holds a weak reference to every StorageImpl
-// it has named: that keeps the object (not its data) allocated, so while the entry exists no
-// other storage can have that address and pointer equality means identity. New StorageImpls
-// get fresh 64-bit ids. Every 256 new storages the table drops the entries of those 256 whose
-// storage already died (most are a step's temporaries; their StorageImpls are still in cache,
-// and freeing them soon lets malloc hand the memory straight back), and when the survivors have
-// doubled it sweeps the whole table. Once an entry is dropped its address may be reused and gets
-// a new id, so a sweep that drops anything bumps an epoch; each thread's direct-mapped cache (no
-// references of its own) is emptied when it sees the epoch change. (Sweeping the whole table
-// per batch would read every entry's refcount cold and hold dead objects back from malloc
-// longer.)
+// Storage identity. Note [Storage ids]: a storage whose memory carries a tag (Note [Allocation
+// tags], AllocationTags.h) is named by it; this table names the rest. The caching allocator
+// reuses addresses, and so does malloc for StorageImpl objects. The global table holds a weak
+// reference to every StorageImpl it has named: that keeps the object (not its data) allocated,
+// so while the entry exists no other storage can have that address and pointer equality means
+// identity. New StorageImpls get fresh 64-bit ids. Every 256 new storages the table drops the
+// entries of those 256 whose storage already died (most are a step's temporaries; their
+// StorageImpls are still in cache, and freeing them soon lets malloc hand the memory straight
+// back), and when the survivors have doubled it sweeps the whole table. Once an entry is
+// dropped its address may be reused and gets a new id, so a sweep that drops anything bumps an
+// epoch; each thread's direct-mapped cache (no references of its own) is emptied when it sees
+// the epoch change. (Sweeping the whole table per batch would read every entry's refcount cold
+// and hold dead objects back from malloc longer.)
 class StorageIds {
  public:
   std::uint64_t id(const c10::Storage& s) {
     c10::StorageImpl* p = s.unsafeGetStorageImpl();
     if (p == nullptr) return 0;
+    // Memory allocated while recording carries its id (Note [Allocation tags]).
+    if (const std::uint64_t tag = tag_of(static_cast<const c10::StorageImpl*>(p)->data_ptr())) return tag;
     const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
     if (epoch != epoch_) {  // addresses may have been reused since: forget every slot
       for (Slot& sl : cache_) sl = Slot{};
@@ -83,7 +87,6 @@ class StorageIds {
   struct Global {
     std::mutex mu;
     absl::flat_hash_map<c10::StorageImpl*, Entry> map;
-    std::uint64_t next = 1;
     std::vector<c10::StorageImpl*> young;  // inserted since the last young sweep
     std::size_t survivors_at_full_sweep = 0;  // map size after the last full sweep
   };
@@ -102,7 +105,7 @@ class StorageIds {
     bool inserted = false;
     const auto it = g.map.lazy_emplace(p, [&](const auto& construct) {
       inserted = true;
-      construct(p, Entry{s.getWeakStorageImpl(), g.next++});
+      construct(p, Entry{s.getWeakStorageImpl(), fresh_storage_id()});
     });
     const std::uint64_t id = it->second.id;
     if (!inserted) return id;
@@ -172,7 +175,14 @@ struct ThreadState {
   std::vector<std::uint32_t> modules{0};
   record::ThreadLog* log = nullptr;
   Capture* capture = nullptr;  // set while crucible.compile captures a call on this thread
+  bool counts_as_recording = false;  // counted in tagging_acquire (set_enabled)
   StorageIds storage_ids;      // last: 8 KiB, after the fields every op reads (fewer lines)
+  ThreadState() = default;
+  ThreadState(const ThreadState&) = delete;
+  ThreadState& operator=(const ThreadState&) = delete;
+  ~ThreadState() {
+    if (counts_as_recording) tagging_release();  // a thread that exits while recording
+  }
 };
 
 // The calling thread's state. A pointer, constant-initialised, so that reaching it is one

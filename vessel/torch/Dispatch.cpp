@@ -428,7 +428,14 @@ bool installed() {
 
 const char* dispatch_key_name() { return kKeyName; }
 
-void set_enabled(bool on) { c10::impl::tls_set_dispatch_key_included(kKey, on); }
+void set_enabled(bool on) {
+  c10::impl::tls_set_dispatch_key_included(kKey, on);
+  ThreadState& ts = thread_state();
+  if (ts.counts_as_recording == on) return;
+  ts.counts_as_recording = on;
+  if (on) detail::tagging_acquire();
+  else detail::tagging_release();
+}
 bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
 
 void push_module(const std::string& path) {
@@ -440,6 +447,11 @@ void pop_module() {
 }
 
 std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_ids.id(s); }
+
+std::string storage_id_scheme() {
+  std::string why = detail::tagging_unavailable();
+  return why.empty() ? "allocation tags" : why;
+}
 
 SkipCounters skip_counters() {
   return SkipCounters{g_skip_internal.load(std::memory_order_relaxed),

@@ -38,6 +38,9 @@ void pop_module();
 
 // Crucible's id of a storage (the same id recorded tensor metadata carries).
 std::uint64_t storage_id(const c10::Storage& s);
+// How new storages are named: "allocation tags" (Note [Allocation tags]), or why the
+// weak-reference table names them all.
+std::string storage_id_scheme();
 
 // Counters (all threads) of what the fallback saw but did not record, for stats().
 struct SkipCounters {

@@ -321,6 +321,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     skipped["decomposed"] = sk.decomposed;
     skipped["profiler"] = sk.profiler;
     d["skipped"] = skipped;
+    d["storage_ids"] = vessel::storage_id_scheme();
     return d;
   });
   m.def("storage_id", &storage_id_of);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "AllocationTags.h"
 #include "absl/container/flat_hash_map.h"
 
 namespace crucible::vessel {
@@ -82,6 +83,7 @@ void wrapper_delete(void* ptr) {
     return;
   }
   if (t == nullptr) {
+    if (detail::free_if_tagged(ptr)) return;  // a tagged block freed raw (Note [Allocation tags])
     if (g_base_raw_deleter != nullptr) g_base_raw_deleter(ptr);
     return;
   }
@@ -139,13 +141,13 @@ class Wrapper final : public c10::Allocator {
   }
 #endif
   // raw_allocate needs data == context: true of every block the wrapper hands out (the
-  // base's own, arena blocks, profiled blocks), and raw frees come to wrapper_delete.
+  // base's own, tagged, arena and profiled blocks), and raw frees come to wrapper_delete.
   c10::DeleterFnPtr raw_deleter() const override { return &wrapper_delete; }
 
  private:
   c10::DataPtr route(std::size_t n) const {
     AllocScope::Mode* m = t_mode;
-    if (m == nullptr) return base_->allocate(n);
+    if (m == nullptr) return detail::tagging() ? detail::tagged_allocate(*base_, n) : base_->allocate(n);
     if (m->kind == AllocScope::Mode::Log) {
       AllocLog& log = *m->log;
       c10::DataPtr b = base_->allocate(n);

@@ -115,19 +115,30 @@ def test_recorded_level_is_the_decomposed_one():
     assert crucible.stats()["skipped"]["decomposed"] >= 2  # the two aten::linear
 
 
-def test_reused_addresses_get_fresh_storage_ids():
-    # Each result dies at the next iteration; once the id table has dropped a dead storage (it
-    # sweeps once per 256 new ones), malloc may hand its StorageImpl's memory to a new storage:
-    # StorageImpl addresses repeat. Storage ids must not.
+@pytest.mark.parametrize("scheme", ["tags", "table"])
+def test_reused_addresses_get_fresh_storage_ids(scheme):
+    # Each result dies at the next iteration, and the allocator hands its memory (and malloc its
+    # StorageImpl's) to the next one: addresses repeat. Storage ids must not. "tags": memory
+    # allocated while recording carries its id (Note [Allocation tags]). "table": tensors made
+    # while recording is off are named by the weak-reference table, which drops dead storages
+    # once per 256 new ones, after which their StorageImpl addresses are reused.
     x = torch.randn(64)
     addresses = set()
     crucible.enable()
+    assert crucible.stats()["storage_ids"] == "allocation tags"
     for _ in range(3000):
-        y = x + 1
+        if scheme == "tags":
+            y = x + 1
+        else:
+            crucible.disable()
+            y = x + 1
+            crucible.enable()
+            y.relu_()
         addresses.add(crucible._storage_cdata(y))
     crucible.disable()
     del y
-    outs = [o["outputs"][0] for o in crucible.trace().ops() if o["name"] == "aten::add.Tensor"]
+    name = "aten::add.Tensor" if scheme == "tags" else "aten::relu_"
+    outs = [o["outputs"][0] for o in crucible.trace().ops() if o["name"] == name]
     assert len(outs) == 3000
     assert len({o["storage_id"] for o in outs}) == len(outs)
     # The test does exercise address reuse, except under ASan, whose quarantine keeps freed
@@ -135,6 +146,59 @@ def test_reused_addresses_get_fresh_storage_ids():
     with open(os.path.join(crucible.build_dir(), "lib", "crucible_build.json")) as f:
         if "asan" not in json.load(f).get("sanitizer", "none"):
             assert len(addresses) < 2000
+
+
+def test_tagged_memory_is_aligned_and_views_share_its_id():
+    crucible.enable()
+    ts = [torch.empty(n) for n in (0, 1, 3, 15, 16, 17, 1000, 1023, 1024, 4096, 100000)]
+    views = [t[1:] for t in ts if t.numel() > 1]
+    crucible.disable()
+    for t in ts:
+        assert t.numel() == 0 or t.data_ptr() % 64 == 0
+    ids = [crucible.storage_id(t) for t in ts]
+    assert len(set(ids)) == len(ids) and 0 not in ids
+    for v in views:
+        assert crucible.storage_id(v) in ids
+    assert crucible.storage_id(views[0]) == crucible.storage_id(ts[2])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without mkldnn")
+def test_raw_allocations_are_freed_by_their_own_allocator():
+    # ideep (mkldnn) allocates through the CPU allocator's raw_allocate and frees with
+    # raw_deallocate, a pointer only: blocks tagged while recording and freed after, and blocks
+    # made before recording and freed during it, must each go back to the allocator that made
+    # them (glibc aborts on a wrong pointer).
+    x = torch.randn(32, 64)
+    before = [x.to_mkldnn() for _ in range(100)]
+    crucible.enable()
+    during = [x.to_mkldnn() for _ in range(100)]
+    dense = [d.to_dense() for d in during[:3]]
+    del before
+    crucible.disable()
+    del during
+    assert all(torch.equal(d, x) for d in dense)
+    # mkldnn convolution keeps raw scratch memory inside its kernel, while recording
+    w = torch.randn(8, 3, 3, 3)
+    inp = torch.randn(16, 3, 32, 32)
+    ref = torch.nn.functional.conv2d(inp, w)
+    crucible.enable()
+    got = torch.nn.functional.conv2d(inp, w)
+    crucible.disable()
+    assert torch.allclose(got, ref)
+
+
+def test_memory_replaced_by_an_op_is_explained():
+    # add(out=c) resizes c: its storage gets new memory, and with it a new id, from that op on.
+    a, b = torch.randn(16), torch.randn(16)
+    c = torch.empty(0)
+    crucible.enable()
+    torch.add(a, b, out=c)
+    d = c * 2
+    crucible.disable()
+    ops = {o["name"]: o for o in crucible.trace().ops()}
+    add, mul = ops["aten::add.out"], ops["aten::mul.Tensor"]
+    assert mul["inputs"][0]["storage_id"] == add["outputs"][0]["storage_id"]
+    assert torch.equal(d, (a + b) * 2)
 
 
 class _Wrapper(torch.Tensor):

@@ -1,0 +1,101 @@
+// AllocationTags.cpp — see AllocationTags.h, Note [Allocation tags].
+#include "AllocationTags.h"
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+
+#include "ReplayArena.h"
+
+namespace crucible::vessel::detail {
+namespace {
+
+constexpr std::size_t kHeader = sizeof(TagHeader);
+constexpr std::uintptr_t kPage = 4096;  // the smallest page: a header never crosses into a page its data is not on
+
+// The check word's key, random per process: tensor data written just before an untagged block
+// cannot match it except by chance (2^-64 per raw free).
+std::uint64_t check_key() {
+  static const std::uint64_t key = [] {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd() ^ 0x43727563'69626c65ULL;
+  }();
+  return key;
+}
+
+// Ids come in blocks per thread, so allocating threads share one atomic once per 1024 ids.
+constexpr std::uint64_t kIdBlock = 1024;
+std::atomic<std::uint64_t> g_next_id{1};
+constinit thread_local std::uint64_t t_id_next = 0;
+constinit thread_local std::uint64_t t_id_end = 0;
+
+std::atomic<int> g_recording_threads{0};
+std::mutex g_mu;
+std::string g_unavailable = "no thread has enabled recording yet";
+
+}  // namespace
+
+std::uint64_t fresh_storage_id() {
+  if (t_id_next == t_id_end) {
+    t_id_next = g_next_id.fetch_add(kIdBlock, std::memory_order_relaxed);
+    t_id_end = t_id_next + kIdBlock;
+  }
+  return t_id_next++;
+}
+
+void tagged_delete(void* data) {
+  auto* h = reinterpret_cast<TagHeader*>(static_cast<char*>(data) - kHeader);
+  const c10::DeleterFnPtr deleter = h->deleter;
+  void* ctx = h->ctx;
+  // A stale header must never match: the base allocator may hand this address out again.
+  __atomic_store_n(&h->check, std::uint64_t{0}, __ATOMIC_RELAXED);
+  if (deleter != nullptr) deleter(ctx);
+}
+
+c10::DataPtr tagged_allocate(c10::Allocator& base, std::size_t n) {
+  if (n > SIZE_MAX - 2 * kHeader) return base.allocate(n);  // the base refuses it; untagged
+  c10::DataPtr inner = base.allocate(n + 2 * kHeader);
+  char* b = static_cast<char*>(inner.get());
+  if (b == nullptr) return inner;
+  // The data starts at least a header's length into its page (see the Note): one header in
+  // front, or two when one would put the data at a page's start.
+  char* data = b + kHeader;
+  if (reinterpret_cast<std::uintptr_t>(data) % kPage < kHeader) data += kHeader;
+  const c10::Device device = inner.device();
+  auto* h = reinterpret_cast<TagHeader*>(data - kHeader);
+  h->id = fresh_storage_id();
+  h->deleter = inner.get_deleter();
+  h->ctx = inner.release_context();
+  __atomic_store_n(&h->check, check_key() ^ reinterpret_cast<std::uintptr_t>(data), __ATOMIC_RELAXED);
+  return c10::DataPtr(data, data, &tagged_delete, device);
+}
+
+// Reads the 64 bytes before a pointer that may belong to any allocator: inside the pointer's
+// own page (mapped), but not memory the sanitizers see as this block's.
+__attribute__((no_sanitize("address", "thread", "undefined"))) bool free_if_tagged(void* data) {
+  const auto a = reinterpret_cast<std::uintptr_t>(data);
+  if (data == nullptr || a % kPage < kHeader) return false;
+  const auto* h = reinterpret_cast<const TagHeader*>(a - kHeader);
+  if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) != (check_key() ^ a)) return false;
+  tagged_delete(data);
+  return true;
+}
+
+bool tagging() { return g_recording_threads.load(std::memory_order_relaxed) > 0; }
+
+void tagging_acquire() {
+  std::lock_guard<std::mutex> g(g_mu);
+  const std::string why = ensure_arena_allocator();
+  g_unavailable = why.empty() ? "" : "storages are named by the weak-reference table: " + why;
+  g_recording_threads.fetch_add(1, std::memory_order_relaxed);
+}
+
+void tagging_release() { g_recording_threads.fetch_sub(1, std::memory_order_relaxed); }
+
+std::string tagging_unavailable() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_unavailable;
+}
+
+}  // namespace crucible::vessel::detail

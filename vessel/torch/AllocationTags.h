@@ -1,0 +1,70 @@
+// AllocationTags.h — internal to libcrucible_dispatch.so: storage ids carried by the memory
+// they name.
+//
+// Note [Allocation tags]: a storage id must name one storage for the whole recording, though
+// the caching allocator reuses data addresses and malloc reuses StorageImpl addresses. The
+// table in Capture.h (StorageIds) keeps a weak reference to every StorageImpl it named, so its
+// address cannot be reused while the entry lives; that lifecycle (an atomic count per new
+// storage, a sweep per 256, a global mutex) was the largest single cost of recording a step
+// whose ops each make a new storage. While any thread records, the CPU allocator wrapper
+// (ReplayArena.cpp, installed on the first enable) puts a 64-byte header in front of every
+// block it hands out: a fresh id, the base allocator's own deleter and context, and a check
+// word. The block's deleter is tagged_delete, so a storage's id is read from its DataPtr with
+// no lookup, lock or reference: the id lives exactly as long as the memory, and memory reused
+// later is a new block with a new header. Storages whose memory is not tagged (allocated before
+// recording began, from another allocator, or on another device) keep the table.
+//
+// raw_allocate needs a block's data pointer to be its context, and its raw_deallocate comes
+// to the wrapper's raw deleter with that pointer only (ideep's scratch memory does this). So
+// a header sits in the same page as its data (the data starts at least 64 bytes into a page),
+// and its check word is the data address xor a constant: the raw deleter reads the 64 bytes
+// before any pointer at that distance from its page start (mapped memory, whatever allocator
+// made it) and frees the block as tagged only when the check matches.
+//
+// A storage whose memory is replaced (resize_ past its capacity, set_) gets the new block's id
+// from then on: the op that replaced it records its output under the new id, so the dataflow
+// stays explained.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace crucible::vessel::detail {
+
+struct TagHeader {
+  std::uint64_t check;         // kTagCheck ^ the data address
+  std::uint64_t id;            // the storage id of every storage this memory backs
+  c10::DeleterFnPtr deleter;   // the base block's deleter and context
+  void* ctx;
+  unsigned char pad[32];
+};
+static_assert(sizeof(TagHeader) == 64, "the header keeps the data 64-byte aligned");
+
+void tagged_delete(void* data);  // the deleter of every tagged block
+
+// The id a tagged block carries, or 0 for any other block.
+inline std::uint64_t tag_of(const c10::DataPtr& dp) {
+  if (dp.get_deleter() != &tagged_delete) return 0;
+  return reinterpret_cast<const TagHeader*>(static_cast<const char*>(dp.get_context()) - sizeof(TagHeader))->id;
+}
+
+// n bytes from base, tagged; the data pointer is the context (raw_allocate accepts it).
+c10::DataPtr tagged_allocate(c10::Allocator& base, std::size_t n);
+// A raw free: frees `data` and returns true if it is a tagged block's data pointer.
+bool free_if_tagged(void* data);
+
+// True while at least one thread records (tag new blocks).
+bool tagging();
+// Counted per recording thread: the first acquire installs the wrapper (once per process).
+void tagging_acquire();
+void tagging_release();
+// "" while tags work; else why storages are named by the table alone.
+std::string tagging_unavailable();
+
+// A fresh storage id; tagged blocks and the table draw from the same sequence.
+std::uint64_t fresh_storage_id();
+
+}  // namespace crucible::vessel::detail
