@@ -5,10 +5,12 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "AllocationTags.h"
 #include "Dispatch.h"
 #include "crucible/record/Recorder.h"
 
@@ -119,6 +121,76 @@ TEST_F(Dispatch, TaggedStoragesAcrossThreadsAndRawBlocks) {
   std::set<std::uint64_t> distinct(ids.begin(), ids.end());
   EXPECT_EQ(distinct.size(), ids.size()) << "every storage made while recording has its own id";
   EXPECT_EQ(distinct.count(0), 0u);
+}
+
+// A base allocator that hands out chosen addresses inside a page-aligned buffer, so the
+// header placement of Note [Allocation tags] is checked at page boundaries, not by chance.
+alignas(4096) unsigned char g_pages[3 * 4096];
+int g_base_frees = 0;
+void* g_base_freed_ctx = nullptr;
+struct FixedBase final : c10::Allocator {
+  std::size_t offset = 0;
+  static void del(void* ctx) {
+    ++g_base_frees;
+    g_base_freed_ctx = ctx;
+  }
+  c10::DataPtr make(std::size_t n) const {
+    if (n > sizeof(g_pages) - offset) return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
+    void* p = g_pages + offset;
+    return c10::DataPtr(p, p, &del, c10::Device(c10::DeviceType::CPU));
+  }
+  // PyTorch 1.13 declares allocate const, 2.x not, and 2.x adds copy_data: define all three.
+  c10::DataPtr allocate(std::size_t n) const { return make(n); }
+  c10::DataPtr allocate(std::size_t n) { return make(n); }
+  void copy_data(void* d, const void* s, std::size_t c) const { std::memcpy(d, s, c); }
+};
+
+TEST(AllocationTags, HeaderStaysInTheDataPageAndFreesReachTheBase) {
+  using namespace vessel::detail;
+  FixedBase base;
+  std::memset(g_pages, 0, sizeof(g_pages));
+  for (std::size_t offset : {std::size_t{0}, std::size_t{4096 - 64}, std::size_t{4096 - 128}}) {
+    base.offset = offset;
+    g_base_frees = 0;
+    {
+      c10::DataPtr dp = tagged_allocate(base, 100);
+      const auto data = reinterpret_cast<std::uintptr_t>(dp.get());
+      EXPECT_EQ(dp.get(), dp.get_context());  // raw_allocate's requirement
+      EXPECT_EQ(data % 64, 0u);
+      EXPECT_GE(data % 4096, 64u) << "offset " << offset;
+      EXPECT_LE(data + 100, reinterpret_cast<std::uintptr_t>(g_pages) + offset + 100 + 128);
+      EXPECT_NE(tag_of(dp), 0u);
+    }
+    EXPECT_EQ(g_base_frees, 1);
+    EXPECT_EQ(g_base_freed_ctx, g_pages + offset);
+  }
+  // A raw free of a tagged block goes through its header to the base's deleter; a stale
+  // header (the block already freed) and untagged pointers are not taken.
+  base.offset = 0;
+  g_base_frees = 0;
+  void* raw = tagged_allocate(base, 64).release_context();
+  const std::uint64_t before = tagged_raw_frees();
+  EXPECT_TRUE(free_if_tagged(raw));
+  EXPECT_EQ(g_base_frees, 1);
+  EXPECT_EQ(tagged_raw_frees(), before + 1);
+  EXPECT_FALSE(free_if_tagged(raw));            // its check word was cleared
+  EXPECT_FALSE(free_if_tagged(g_pages + 4096));  // at a page start: nothing before it is read
+  EXPECT_FALSE(free_if_tagged(g_pages + 8192 + 128));
+  EXPECT_FALSE(free_if_tagged(nullptr));
+  EXPECT_EQ(g_base_frees, 1);
+  // A size the header cannot be added to is the base's own request, untagged.
+  c10::DataPtr huge = tagged_allocate(base, SIZE_MAX - 10);
+  EXPECT_EQ(huge.get(), nullptr);
+  EXPECT_EQ(tag_of(huge), 0u);
+  // A cleared DataPtr (StorageImpl::reset) has freed its block and keeps its deleter, with no
+  // context: no tag, no read.
+  c10::DataPtr cleared = tagged_allocate(base, 8);
+  void* ctx = cleared.get_context();
+  cleared.clear();
+  EXPECT_EQ(g_base_frees, 2);
+  EXPECT_EQ(cleared.get_deleter(), &tagged_delete);
+  EXPECT_EQ(tag_of(cleared), 0u);
+  EXPECT_FALSE(free_if_tagged(ctx));
 }
 
 TEST_F(Dispatch, DisabledThreadRecordsNothing) {

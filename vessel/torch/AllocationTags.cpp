@@ -4,8 +4,10 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <pthread.h>
 #include <random>
 
+#include "Capture.h"
 #include "ReplayArena.h"
 
 namespace crucible::vessel::detail {
@@ -31,8 +33,13 @@ constinit thread_local std::uint64_t t_id_next = 0;
 constinit thread_local std::uint64_t t_id_end = 0;
 
 std::atomic<int> g_recording_threads{0};
+std::atomic<std::uint64_t> g_raw_frees{0};
 std::mutex g_mu;
-std::string g_unavailable = "no thread has enabled recording yet";
+// Leaked, like every global a thread may reach during static destruction.
+std::string& unavailable() {
+  static std::string* s = new std::string("storages are named by the weak-reference table: no thread has enabled recording yet");
+  return *s;
+}
 
 }  // namespace
 
@@ -79,15 +86,28 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) bool free_if_tagg
   const auto* h = reinterpret_cast<const TagHeader*>(a - kHeader);
   if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) != (check_key() ^ a)) return false;
   tagged_delete(data);
+  g_raw_frees.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
+
+std::uint64_t tagged_raw_frees() { return g_raw_frees.load(std::memory_order_relaxed); }
 
 bool tagging() { return g_recording_threads.load(std::memory_order_relaxed) > 0; }
 
 void tagging_acquire() {
   std::lock_guard<std::mutex> g(g_mu);
+  static const bool once = [] {
+    (void)check_key();  // here, not first inside a deleter (random_device may throw)
+    // A forked child (DataLoader workers) keeps only the forking thread: count it alone.
+    pthread_atfork(nullptr, nullptr, [] {
+      const ThreadState* ts = t_state_ptr;
+      g_recording_threads.store(ts != nullptr && ts->counts_as_recording ? 1 : 0, std::memory_order_relaxed);
+    });
+    return true;
+  }();
+  (void)once;
   const std::string why = ensure_arena_allocator();
-  g_unavailable = why.empty() ? "" : "storages are named by the weak-reference table: " + why;
+  unavailable() = why.empty() ? "" : "storages are named by the weak-reference table: " + why;
   g_recording_threads.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -95,7 +115,7 @@ void tagging_release() { g_recording_threads.fetch_sub(1, std::memory_order_rela
 
 std::string tagging_unavailable() {
   std::lock_guard<std::mutex> g(g_mu);
-  return g_unavailable;
+  return unavailable();
 }
 
 }  // namespace crucible::vessel::detail

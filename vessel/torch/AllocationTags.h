@@ -7,23 +7,31 @@
 // address cannot be reused while the entry lives; that lifecycle (an atomic count per new
 // storage, a sweep per 256, a global mutex) was the largest single cost of recording a step
 // whose ops each make a new storage. While any thread records, the CPU allocator wrapper
-// (ReplayArena.cpp, installed on the first enable) puts a 64-byte header in front of every
-// block it hands out: a fresh id, the base allocator's own deleter and context, and a check
-// word. The block's deleter is tagged_delete, so a storage's id is read from its DataPtr with
-// no lookup, lock or reference: the id lives exactly as long as the memory, and memory reused
-// later is a new block with a new header. Storages whose memory is not tagged (allocated before
-// recording began, from another allocator, or on another device) keep the table.
+// (ReplayArena.cpp; installed on the first enable, or by crucible.compile) asks its base for
+// n + 128 bytes for every non-empty block it hands out and puts a 64-byte header just before
+// the data: a fresh id, the base allocator's own deleter and context, and a check word. The
+// block's deleter is tagged_delete, so a CPU storage's id is read from its DataPtr with no
+// lookup, lock or reference: the id lives exactly as long as the memory, and memory reused
+// later is a new block with a new header. Storages whose memory is not tagged (allocated
+// before recording began or while no thread recorded, empty, from another allocator, inside a
+// compiled plan's arena, or on another device) keep the table.
 //
 // raw_allocate needs a block's data pointer to be its context, and its raw_deallocate comes
-// to the wrapper's raw deleter with that pointer only (ideep's scratch memory does this). So
-// a header sits in the same page as its data (the data starts at least 64 bytes into a page),
-// and its check word is the data address xor a constant: the raw deleter reads the 64 bytes
-// before any pointer at that distance from its page start (mapped memory, whatever allocator
-// made it) and frees the block as tagged only when the check matches.
+// to the current allocator's raw deleter with that pointer only (ideep's scratch memory does
+// this). So a header sits in the same page as its data (the data starts at least 64 bytes
+// into a page), and its check word is the data address xor a random per-process key: the raw
+// deleter reads the 64 bytes before any pointer at that distance from its page start (mapped
+// memory, whatever allocator made it) and frees the block as tagged only when the check
+// matches. Blocks are tagged only while the wrapper is PyTorch's current allocator; a raw
+// block tagged before another library replaced it and freed raw after would reach that
+// library's deleter (not detected).
 //
-// A storage whose memory is replaced (resize_ past its capacity, set_) gets the new block's id
-// from then on: the op that replaced it records its output under the new id, so the dataflow
-// stays explained.
+// Ids follow memory, not StorageImpls. An op that gives a storage new memory (resize_ past
+// its capacity, an out= argument resized) records its output under the new block's id, so the
+// dataflow stays explained. Memory replaced outside the dispatcher is not seen: a Python
+// storage resize_, share_memory_(), PyTorch 2.x copy-on-write, a tool that swaps the deleter.
+// Later reads of that storage then look like a new external input, and storage_id() after
+// the change differs from the ids recorded before it.
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -45,9 +53,10 @@ static_assert(sizeof(TagHeader) == 64, "the header keeps the data 64-byte aligne
 
 void tagged_delete(void* data);  // the deleter of every tagged block
 
-// The id a tagged block carries, or 0 for any other block.
+// The id a tagged block carries, or 0 for any other block (a cleared DataPtr keeps its
+// deleter but loses its context).
 inline std::uint64_t tag_of(const c10::DataPtr& dp) {
-  if (dp.get_deleter() != &tagged_delete) return 0;
+  if (dp.get_deleter() != &tagged_delete || dp.get_context() == nullptr) return 0;
   return reinterpret_cast<const TagHeader*>(static_cast<const char*>(dp.get_context()) - sizeof(TagHeader))->id;
 }
 
@@ -55,13 +64,14 @@ inline std::uint64_t tag_of(const c10::DataPtr& dp) {
 c10::DataPtr tagged_allocate(c10::Allocator& base, std::size_t n);
 // A raw free: frees `data` and returns true if it is a tagged block's data pointer.
 bool free_if_tagged(void* data);
+std::uint64_t tagged_raw_frees();  // how many free_if_tagged freed (tests)
 
 // True while at least one thread records (tag new blocks).
 bool tagging();
 // Counted per recording thread: the first acquire installs the wrapper (once per process).
 void tagging_acquire();
 void tagging_release();
-// "" while tags work; else why storages are named by the table alone.
+// "" while the wrapper is installed; else why storages are named by the table alone.
 std::string tagging_unavailable();
 
 // A fresh storage id; tagged blocks and the table draw from the same sequence.

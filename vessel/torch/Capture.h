@@ -54,8 +54,16 @@ class StorageIds {
   std::uint64_t id(const c10::Storage& s) {
     c10::StorageImpl* p = s.unsafeGetStorageImpl();
     if (p == nullptr) return 0;
-    // Memory allocated while recording carries its id (Note [Allocation tags]).
-    if (const std::uint64_t tag = tag_of(static_cast<const c10::StorageImpl*>(p)->data_ptr())) return tag;
+    // CPU memory allocated while recording carries its id (Note [Allocation tags]). PyTorch 2.x
+    // may refuse access to a storage's DataPtr (CUDA graph trees): then it has no tag.
+    if (p->device_type() == c10::DeviceType::CPU) {
+      std::uint64_t tag = 0;
+      try {
+        tag = tag_of(static_cast<const c10::StorageImpl*>(p)->data_ptr());
+      } catch (const c10::Error&) {
+      }
+      if (tag != 0) return tag;
+    }
     const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
     if (epoch != epoch_) {  // addresses may have been reused since: forget every slot
       for (Slot& sl : cache_) sl = Slot{};

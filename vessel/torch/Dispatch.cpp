@@ -430,11 +430,18 @@ const char* dispatch_key_name() { return kKeyName; }
 
 void set_enabled(bool on) {
   c10::impl::tls_set_dispatch_key_included(kKey, on);
+  if (!on) {  // a thread that never recorded has nothing to release (and needs no state)
+    ThreadState* ts = t_state_ptr;
+    if (ts != nullptr && ts->counts_as_recording) {
+      ts->counts_as_recording = false;
+      detail::tagging_release();
+    }
+    return;
+  }
   ThreadState& ts = thread_state();
-  if (ts.counts_as_recording == on) return;
-  ts.counts_as_recording = on;
-  if (on) detail::tagging_acquire();
-  else detail::tagging_release();
+  if (ts.counts_as_recording) return;
+  detail::tagging_acquire();
+  ts.counts_as_recording = true;  // after: an acquire that throws counted nothing
 }
 bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
 
@@ -447,6 +454,12 @@ void pop_module() {
 }
 
 std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_ids.id(s); }
+
+bool storage_is_tagged(const c10::Storage& s) {
+  const c10::StorageImpl* p = s.unsafeGetStorageImpl();
+  return p != nullptr && p->device_type() == c10::DeviceType::CPU && detail::tag_of(p->data_ptr()) != 0;
+}
+std::uint64_t tagged_raw_frees() { return detail::tagged_raw_frees(); }
 
 std::string storage_id_scheme() {
   std::string why = detail::tagging_unavailable();

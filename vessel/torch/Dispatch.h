@@ -41,6 +41,9 @@ std::uint64_t storage_id(const c10::Storage& s);
 // How new storages are named: "allocation tags" (Note [Allocation tags]), or why the
 // weak-reference table names them all.
 std::string storage_id_scheme();
+// For tests: does the storage's memory carry its id? How many raw frees were of tagged blocks?
+bool storage_is_tagged(const c10::Storage& s);
+std::uint64_t tagged_raw_frees();
 
 // Counters (all threads) of what the fallback saw but did not record, for stats().
 struct SkipCounters {

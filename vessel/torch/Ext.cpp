@@ -150,6 +150,14 @@ std::uint64_t storage_id_of(std::uintptr_t cdata) {
   return vessel::storage_id(s);
 }
 
+// Does the storage's memory carry its id (Note [Allocation tags])? For tests.
+bool storage_is_tagged_of(std::uintptr_t cdata) {
+  if (cdata == 0) return false;
+  auto* impl = reinterpret_cast<c10::StorageImpl*>(cdata);
+  c10::Storage s(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  return vessel::storage_is_tagged(s);
+}
+
 py::dict iteration_dict(const graph::Iteration& it) {
     py::dict d, phases;
     for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase[p];
@@ -325,6 +333,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return d;
   });
   m.def("storage_id", &storage_id_of);
+  m.def("storage_is_tagged", &storage_is_tagged_of);
+  m.def("tagged_raw_frees", &vessel::tagged_raw_frees);
   m.def("classify_external", [](std::uint64_t sid, int kind) {
     if (kind < 1 || kind > kMaxExternalKind) throw std::invalid_argument("unknown external kind " + std::to_string(kind));
     Recorder::global().classify_external(sid, static_cast<ExternalKind>(kind));

@@ -60,7 +60,8 @@ c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 
 // Every block the wrapper hands out with a context equal to its data goes through here when
 // freed raw (raw_deallocate): a profiled block is logged and freed by its base DataPtr, an
-// arena block is left alone, anything else is the base allocator's.
+// arena block is left alone, a tagged block (Note [Allocation tags]) goes back through its
+// header, anything else is the base allocator's.
 void arena_delete(void* ptr);
 
 void wrapper_delete(void* ptr) {
@@ -147,7 +148,12 @@ class Wrapper final : public c10::Allocator {
  private:
   c10::DataPtr route(std::size_t n) const {
     AllocScope::Mode* m = t_mode;
-    if (m == nullptr) return detail::tagging() ? detail::tagged_allocate(*base_, n) : base_->allocate(n);
+    if (m == nullptr) {
+      // Tag only while this wrapper is PyTorch's allocator: raw frees come back to the current
+      // allocator, and only this one knows a tagged block (Note [Allocation tags]).
+      if (n != 0 && detail::tagging() && c10::GetCPUAllocator() == this) return detail::tagged_allocate(*base_, n);
+      return base_->allocate(n);
+    }
     if (m->kind == AllocScope::Mode::Log) {
       AllocLog& log = *m->log;
       c10::DataPtr b = base_->allocate(n);

@@ -233,6 +233,8 @@ def flush() -> None:
 def stats() -> dict:
     """Ops recorded per phase and per thread, dropped ops, ring bytes, producer waits,
     and ops the fallback saw but did not record (kernel internals, decomposed composites).
+    stats()["storage_ids"]: "allocation tags" when storages allocated while recording carry
+    their ids in their memory, else why the weak-reference table names them all.
     stats()["compiled"]: crucible.compile's plan builds, plan runs, guard failures,
     divergences, eager calls and refusals, over every compiled step."""
     d = _ext.stats()

@@ -134,6 +134,7 @@ def test_reused_addresses_get_fresh_storage_ids(scheme):
             y = x + 1
             crucible.enable()
             y.relu_()
+        assert crucible._ext.storage_is_tagged(crucible._storage_cdata(y)) == (scheme == "tags")
         addresses.add(crucible._storage_cdata(y))
     crucible.disable()
     del y
@@ -154,7 +155,9 @@ def test_tagged_memory_is_aligned_and_views_share_its_id():
     views = [t[1:] for t in ts if t.numel() > 1]
     crucible.disable()
     for t in ts:
-        assert t.numel() == 0 or t.data_ptr() % 64 == 0
+        # Empty storages are left to the table; the others carry a header in the data's page.
+        assert crucible._ext.storage_is_tagged(crucible._storage_cdata(t)) == (t.numel() > 0)
+        assert t.numel() == 0 or (t.data_ptr() % 64 == 0 and t.data_ptr() % 4096 >= 64)
     ids = [crucible.storage_id(t) for t in ts]
     assert len(set(ids)) == len(ids) and 0 not in ids
     for v in views:
@@ -173,9 +176,12 @@ def test_raw_allocations_are_freed_by_their_own_allocator():
     crucible.enable()
     during = [x.to_mkldnn() for _ in range(100)]
     dense = [d.to_dense() for d in during[:3]]
+    freed = crucible._ext.tagged_raw_frees()
     del before
+    assert crucible._ext.tagged_raw_frees() == freed  # untagged: the base allocator's
     crucible.disable()
     del during
+    assert crucible._ext.tagged_raw_frees() >= freed + 100  # tagged, freed through their headers
     assert all(torch.equal(d, x) for d in dense)
     # mkldnn convolution keeps raw scratch memory inside its kernel, while recording
     w = torch.randn(8, 3, 3, 3)
@@ -189,14 +195,20 @@ def test_raw_allocations_are_freed_by_their_own_allocator():
 
 def test_memory_replaced_by_an_op_is_explained():
     # add(out=c) resizes c: its storage gets new memory, and with it a new id, from that op on.
+    crucible.enable()  # installs the allocator wrapper (the first enable in a process does)
+    crucible.disable()
+    crucible.clear()
     a, b = torch.randn(16), torch.randn(16)
     c = torch.empty(0)
     crucible.enable()
     torch.add(a, b, out=c)
     d = c * 2
     crucible.disable()
+    assert crucible._ext.storage_is_tagged(crucible._storage_cdata(c))
     ops = {o["name"]: o for o in crucible.trace().ops()}
     add, mul = ops["aten::add.out"], ops["aten::mul.Tensor"]
+    out_arg = [t for t in add["inputs"] if t["has_storage"]][-1]
+    assert out_arg["storage_id"] != add["outputs"][0]["storage_id"]
     assert mul["inputs"][0]["storage_id"] == add["outputs"][0]["storage_id"]
     assert torch.equal(d, (a + b) * 2)
 
