@@ -171,6 +171,8 @@ struct Frame {
   OpBuilder b;
   bool had_child = false;
   bool composite_implicit = false;
+  Phase phase = Phase::Forward;  // set by enter_recorded
+  std::uint8_t flags = 0;
   std::vector<c10::IValue> cap_args;  // the op's arguments while a Capture is active
 };
 
@@ -220,6 +222,9 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 // Counts a composite op that was not recorded because the ops it decomposed into were.
 void count_decomposed();
 Frame* enter_op(ThreadState& ts, bool composite_implicit);
+// enter_op for an op that is not CompositeImplicitAutograd, with the frame's phase and op
+// flags set: one call from each unboxed kernel instead of three.
+Frame* enter_recorded(ThreadState& ts, bool is_mutable);
 // Appends a recorded op to the thread's active capture (call only when ts.capture is set).
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase);

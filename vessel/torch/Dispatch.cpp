@@ -238,6 +238,14 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
   return &f;
 }
 
+Frame* enter_recorded(ThreadState& ts, bool is_mutable) {
+  Frame* f = enter_op(ts, /*composite_implicit=*/false);
+  if (f == nullptr) return nullptr;
+  f->phase = current_phase(ts);
+  f->flags = op_flags(is_mutable);
+  return f;
+}
+
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase) {
   ts.capture->ops.push_back(CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase});

@@ -75,25 +75,25 @@ struct Cap {
   bool output;
 };
 
-void cap(Cap& c, const at::Tensor& t, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, const at::Tensor& t, std::uint16_t i) {
   if (t.defined()) add_tensor(c.ts, c.b, t, i, 0, c.output);
   else c.b.add_scalar(ScalarKind::None, i, 0);
 }
-void cap(Cap& c, const c10::optional<at::Tensor>& t, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, const c10::optional<at::Tensor>& t, std::uint16_t i) {
   if (t.has_value() && t->defined()) add_tensor(c.ts, c.b, *t, i, 0, c.output);
   else c.b.add_scalar(ScalarKind::None, i, 0);
 }
-void cap(Cap& c, at::TensorList l, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, at::TensorList l, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::TensorList, i, 0, static_cast<std::uint32_t>(l.size()));
   for (std::size_t k = 0; k < l.size(); ++k) {
     if (l[k].defined()) add_tensor(c.ts, c.b, l[k], i, static_cast<std::uint32_t>(k), c.output);
     else c.b.add_scalar(ScalarKind::None, i, 0, static_cast<std::uint32_t>(k));
   }
 }
-void cap(Cap& c, std::int64_t v, std::uint16_t i) { c.b.add_int(i, v); }
-void cap(Cap& c, double v, std::uint16_t i) { c.b.add_double(i, v); }
-void cap(Cap& c, bool v, std::uint16_t i) { c.b.add_scalar(ScalarKind::Bool, i, v ? 1 : 0); }
-void cap(Cap& c, const at::Scalar& s, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, std::int64_t v, std::uint16_t i) { c.b.add_int(i, v); }
+[[gnu::noinline]] void cap(Cap& c, double v, std::uint16_t i) { c.b.add_double(i, v); }
+[[gnu::noinline]] void cap(Cap& c, bool v, std::uint16_t i) { c.b.add_scalar(ScalarKind::Bool, i, v ? 1 : 0); }
+[[gnu::noinline]] void cap(Cap& c, const at::Scalar& s, std::uint16_t i) {
   if (s.isBoolean()) {
     cap(c, s.toBool(), i);
   } else if (s.isIntegral(false)) {
@@ -110,29 +110,29 @@ void cap(Cap& c, const at::Scalar& s, std::uint16_t i) {
     cap(c, s.toDouble(), i);
   }
 }
-void cap(Cap& c, at::ScalarType v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
-void cap(Cap& c, at::Layout v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
-void cap(Cap& c, at::MemoryFormat v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
-void cap(Cap& c, at::Device d, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, at::ScalarType v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
+[[gnu::noinline]] void cap(Cap& c, at::Layout v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
+[[gnu::noinline]] void cap(Cap& c, at::MemoryFormat v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
+[[gnu::noinline]] void cap(Cap& c, at::Device d, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::Device, i,
                  (std::uint64_t{static_cast<std::uint8_t>(device_kind_of(d.type()))} << 8) |
                      static_cast<std::uint8_t>(d.index()));
 }
-void cap(Cap& c, at::IntArrayRef v, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, at::IntArrayRef v, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::ListBegin, i, 0, static_cast<std::uint32_t>(v.size()));
   for (std::int64_t x : v) c.b.add_int(i, x);
 }
-void cap(Cap& c, c10::SymIntArrayRef v, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, c10::SymIntArrayRef v, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::ListBegin, i, 0, static_cast<std::uint32_t>(v.size()));
   for (const c10::SymInt& x : v) c.b.add_int(i, x.expect_int());
 }
-void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) { c.b.add_int(i, v.expect_int()); }
+[[gnu::noinline]] void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) { c.b.add_int(i, v.expect_int()); }
 template <class T>
 void cap(Cap& c, c10::OptionalArrayRef<T> v, std::uint16_t i) {
   if (v.has_value()) cap(c, *v, i);
   else c.b.add_scalar(ScalarKind::None, i, 0);
 }
-void cap(Cap& c, const std::array<bool, 3>& v, std::uint16_t i) {
+[[gnu::noinline]] void cap(Cap& c, const std::array<bool, 3>& v, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::ListBegin, i, 0, 3);
   for (bool x : v) cap(c, x, i);
 }
@@ -167,15 +167,34 @@ std::vector<c10::IValue> box_result(const std::tuple<Ts...>& t) {
   return v;
 }
 
+// Note [Cold code out of the kernels]: every hot op has its own instantiation of Rec::call,
+// run once or twice per step between long stretches of interpreter and kernel code, so its
+// instructions are fetched from outside the L1 cache nearly every time. What runs only once
+// (the site's lookup) or only under crucible.compile (boxing for the capture) is kept out of
+// line and in the cold section, so the code each op does run spans fewer cache lines.
+template <class Op>
+[[gnu::noinline, gnu::cold]] Site make_site() {
+  std::string name = Op::name;
+  if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
+  const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  return Site{record::Recorder::global().intern_schema(name), handle.schema().is_mutable(), handle};
+}
+
 template <class Op>
 const Site& site() {
-  static const Site s = [] {
-    std::string name = Op::name;
-    if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
-    const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    return Site{record::Recorder::global().intern_schema(name), handle.schema().is_mutable(), handle};
-  }();
+  static const Site s = make_site<Op>();
   return s;
+}
+
+template <class... Args>
+[[gnu::noinline, gnu::cold]] std::vector<c10::IValue> cold_box_args(Args... args) {
+  return c10::impl::boxArgs<Args...>(args...);
+}
+
+template <class R>
+[[gnu::noinline, gnu::cold]] void cold_capture(ThreadState& ts, const Site& s, std::vector<c10::IValue>&& args,
+                                               const R& result, Phase phase) {
+  capture_op(ts, s.handle, std::move(args), box_result(result), phase);
 }
 
 // The keys after ours: where a kernel of ours redispatches to.
@@ -209,22 +228,22 @@ struct Rec<Op, Ret(Args...)> {
     const c10::DispatchKeySet after = after_key(ks);
     c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // nested calls are internals (see above)
     ThreadState& ts = thread_state();
-    Frame* f = enter_op(ts, /*composite_implicit=*/false);
-    if (f == nullptr) return Op::redispatch(after, args...);
     const Site& s = site<Op>();
-    const Phase phase = current_phase(ts);
-    const std::uint8_t flags = op_flags(s.is_mutable);
+    Frame* f = enter_recorded(ts, s.is_mutable);
+    if (f == nullptr) return Op::redispatch(after, args...);
+    const Phase phase = f->phase;
+    const std::uint8_t flags = f->flags;
     Cap in{ts, f->b, false};
     std::uint16_t i = 0;
     (cap(in, args, i++), ...);
     f->b.end_inputs();
     std::vector<c10::IValue> cap_args;
-    if (ts.capture != nullptr) cap_args = c10::impl::boxArgs<Args...>(args...);
+    if (ts.capture != nullptr) [[unlikely]] cap_args = cold_box_args<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
-    if (ts.capture != nullptr) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
+    if (ts.capture != nullptr) [[unlikely]] cold_capture(ts, s, std::move(cap_args), result, phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }
@@ -267,8 +286,7 @@ struct Decomposed<Op, Ret(Args...)> {
     done.b.end_inputs();
     Cap out{ts, done.b, true};
     cap_result(out, result);
-    if (ts.capture != nullptr)
-      capture_op(ts, s.handle, c10::impl::boxArgs<Args...>(args...), box_result(result), phase);
+    if (ts.capture != nullptr) [[unlikely]] cold_capture(ts, s, cold_box_args<Args...>(args...), result, phase);
     commit_op(ts, done, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, op_flags(s.is_mutable));
     return result;
   }
