@@ -149,6 +149,13 @@ double wrapped_value(const at::Tensor& t) {
 
 }  // namespace
 namespace detail {
+namespace {
+[[gnu::noinline, gnu::cold]] void set_dims_without_strides(OpBuilder& b, c10::IntArrayRef sizes) {
+  std::vector<std::int64_t> zeros(sizes.size(), 0);  // non-strided layouts have no strides
+  b.set_dims(sizes, zeros);
+}
+}  // namespace
+
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -170,7 +177,7 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
     if (t.requires_grad()) f |= record::tensor_flag::kRequiresGrad;
     if (t.is_view()) f |= record::tensor_flag::kIsView;
   }
-  if (impl->is_wrapped_number()) {
+  if (impl->is_wrapped_number()) [[unlikely]] {
     f |= record::tensor_flag::kWrappedNumber;
     m.wrapped_value = wrapped_value(t);
   }
@@ -198,12 +205,8 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
     f |= record::tensor_flag::kNoStorage;
   }
   m.flags = f;
-  if (strided) {
-    b.set_dims(sizes, t.strides());
-  } else {
-    std::vector<std::int64_t> zeros(sizes.size(), 0);  // non-strided layouts have no strides
-    b.set_dims(sizes, zeros);
-  }
+  if (strided) [[likely]] b.set_dims(sizes, t.strides());
+  else set_dims_without_strides(b, sizes);
 }
 
 std::uint8_t op_flags(bool is_mutable) {

@@ -49,7 +49,8 @@ class OpBuilder {
   TensorMeta& begin_tensor(std::uint16_t ndim) {
     last_ = n_cells_;
     const std::uint32_t n_dims = dims_cells(ndim);
-    if (cells_.size() < n_cells_ + 1 + n_dims) cells_.resize(n_cells_ + 1 + n_dims);  // capacity grows geometrically
+    if (cells_.size() < n_cells_ + 1 + n_dims) [[unlikely]]
+      cells_.resize(n_cells_ + 1 + n_dims);  // capacity grows geometrically
     n_cells_ += 1 + n_dims;  // after the resize: if it throws, cells() is unchanged
     // The dims cells are zeroed here (their unused tail must read 0; set_dims fills the rest),
     // the metadata cell by its default initialisers: the metadata is written once, not zeroed
