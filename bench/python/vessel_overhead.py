@@ -131,7 +131,7 @@ def measure(make, steps, rounds):
 def main():
     quick = "--quick" in sys.argv
     results = {
-        "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 15),
+        "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 45),
         "resnet18": measure(make_resnet, steps=2 if quick else 5, rounds=3 if quick else 7),
     }
     for name, r in results.items():
