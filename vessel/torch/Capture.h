@@ -64,6 +64,12 @@ class StorageIds {
       }
       if (tag != 0) return tag;
     }
+    return table_id(s, p);
+  }
+
+ private:
+  // Out of line: every recorded tensor inlines id(), and while recording most take the tag.
+  [[gnu::noinline]] std::uint64_t table_id(const c10::Storage& s, c10::StorageImpl* p) {
     const std::uint64_t epoch = g_epoch.load(std::memory_order_acquire);
     if (epoch != epoch_) {  // addresses may have been reused since: forget every slot
       for (Slot& sl : cache_) sl = Slot{};
@@ -80,7 +86,6 @@ class StorageIds {
     return id;
   }
 
- private:
   // 512 slots of 16 bytes: 8 KiB, small enough to stay in cache between ops (a miss on the slot
   // was a third of add_tensor with 1024 slots of 24 bytes).
   static constexpr std::size_t kCacheSize = 512;

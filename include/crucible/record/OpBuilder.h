@@ -50,7 +50,7 @@ class OpBuilder {
     last_ = n_cells_;
     const std::uint32_t n_dims = dims_cells(ndim);
     if (cells_.size() < n_cells_ + 1 + n_dims) [[unlikely]]
-      cells_.resize(n_cells_ + 1 + n_dims);  // capacity grows geometrically
+      grow(n_cells_ + 1 + n_dims);
     n_cells_ += 1 + n_dims;  // after the resize: if it throws, cells() is unchanged
     // The dims cells are zeroed here (their unused tail must read 0; set_dims fills the rest),
     // the metadata cell by its default initialisers: the metadata is written once, not zeroed
@@ -109,6 +109,10 @@ class OpBuilder {
   }
 
  private:
+  // Out of line: the vector's growth code would otherwise be inlined into every caller of
+  // begin_tensor, the recorder's hottest function.
+  [[gnu::noinline]] void grow(std::size_t n) { cells_.resize(n); }  // capacity grows geometrically
+
   std::vector<MetaCell> cells_;  // the first n_cells_ are this op's
   std::size_t n_cells_ = 0;
   std::vector<ScalarRecord> scalars_;
