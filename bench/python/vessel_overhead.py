@@ -108,6 +108,8 @@ def measure(make, steps, rounds):
     pct, per_op, ratio = added(e, c, p)
     fpct, fper_op, fratio = added(fe, fc, fp)
     return {
+        "steps_per_round": steps,
+        "rounds": rounds,
         "fastest_eager_step_us": fe * 1e6,
         "fastest_crucible_step_us": fc * 1e6,
         "fastest_dispatch_mode_step_us": fp * 1e6,

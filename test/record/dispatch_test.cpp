@@ -98,11 +98,13 @@ TEST_F(Dispatch, TaggedStoragesAcrossThreadsAndRawBlocks) {
   std::vector<at::Tensor> handed;            // freed by whichever thread takes them
   std::vector<std::uint64_t> ids;
   std::vector<void*> raw_after;              // raw blocks made while recording, freed after
+  const std::uint64_t raw_freed = vessel::tagged_raw_frees();
   auto work = [&] {
     vessel::set_enabled(true);
     for (int i = 0; i < kPerThread; ++i) {
       auto z = torch::zeros({1 + i % 97});
       EXPECT_EQ(reinterpret_cast<std::uintptr_t>(z.data_ptr()) % 64, 0u);
+      EXPECT_TRUE(vessel::storage_is_tagged(z.storage()));
       void* raw = c10::GetCPUAllocator()->raw_allocate(static_cast<std::size_t>(16 + i));
       std::lock_guard<std::mutex> g(mu);
       ids.push_back(vessel::storage_id(z.storage()));
@@ -118,6 +120,8 @@ TEST_F(Dispatch, TaggedStoragesAcrossThreadsAndRawBlocks) {
   b.join();
   for (void* p : raw_after) c10::GetCPUAllocator()->raw_deallocate(p);
   handed.clear();
+  // Every raw block was made while its thread recorded: each came back through its header.
+  EXPECT_EQ(vessel::tagged_raw_frees() - raw_freed, 2u * kPerThread);
   std::set<std::uint64_t> distinct(ids.begin(), ids.end());
   EXPECT_EQ(distinct.size(), ids.size()) << "every storage made while recording has its own id";
   EXPECT_EQ(distinct.count(0), 0u);
@@ -130,11 +134,13 @@ int g_base_frees = 0;
 void* g_base_freed_ctx = nullptr;
 struct FixedBase final : c10::Allocator {
   std::size_t offset = 0;
+  mutable std::size_t requested = 0;  // the last request's size
   static void del(void* ctx) {
     ++g_base_frees;
     g_base_freed_ctx = ctx;
   }
   c10::DataPtr make(std::size_t n) const {
+    requested = n;
     if (n > sizeof(g_pages) - offset) return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
     void* p = g_pages + offset;
     return c10::DataPtr(p, p, &del, c10::Device(c10::DeviceType::CPU));
@@ -147,6 +153,10 @@ struct FixedBase final : c10::Allocator {
 
 TEST(AllocationTags, HeaderStaysInTheDataPageAndFreesReachTheBase) {
   using namespace vessel::detail;
+  // Raw frees are checked for headers only once a thread has recorded (before, none exists).
+  ASSERT_TRUE(vessel::install().ok());
+  vessel::set_enabled(true);
+  vessel::set_enabled(false);
   FixedBase base;
   std::memset(g_pages, 0, sizeof(g_pages));
   for (std::size_t offset : {std::size_t{0}, std::size_t{4096 - 64}, std::size_t{4096 - 128}}) {
@@ -158,7 +168,8 @@ TEST(AllocationTags, HeaderStaysInTheDataPageAndFreesReachTheBase) {
       EXPECT_EQ(dp.get(), dp.get_context());  // raw_allocate's requirement
       EXPECT_EQ(data % 64, 0u);
       EXPECT_GE(data % 4096, 64u) << "offset " << offset;
-      EXPECT_LE(data + 100, reinterpret_cast<std::uintptr_t>(g_pages) + offset + 100 + 128);
+      EXPECT_LE(data + 100, reinterpret_cast<std::uintptr_t>(g_pages) + offset + base.requested)
+          << "the data ends inside the block the base gave";
       EXPECT_NE(tag_of(dp), 0u);
     }
     EXPECT_EQ(g_base_frees, 1);

@@ -2,6 +2,8 @@
 #include "AllocationTags.h"
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 #include <pthread.h>
@@ -16,7 +18,7 @@ namespace {
 constexpr std::size_t kHeader = sizeof(TagHeader);
 constexpr std::uintptr_t kPage = 4096;  // the smallest page: a header never crosses into a page its data is not on
 
-// The check word's key, random per process: tensor data written just before an untagged block
+// The check word's key (TagHeader::check = key ^ data address), random per process: tensor data written just before an untagged block
 // cannot match it except by chance (2^-64 per raw free).
 std::uint64_t check_key() {
   static const std::uint64_t key = [] {
@@ -33,6 +35,8 @@ constinit thread_local std::uint64_t t_id_next = 0;
 constinit thread_local std::uint64_t t_id_end = 0;
 
 std::atomic<int> g_recording_threads{0};
+std::atomic<bool> g_tags_made{false};  // set once the key exists: before, no block is tagged
+bool g_fork_counted = false;           // the forking thread counts as recording (prepare handler)
 std::atomic<std::uint64_t> g_raw_frees{0};
 std::mutex g_mu;
 // Leaked, like every global a thread may reach during static destruction.
@@ -53,6 +57,13 @@ std::uint64_t fresh_storage_id() {
 
 void tagged_delete(void* data) {
   auto* h = reinterpret_cast<TagHeader*>(static_cast<char*>(data) - kHeader);
+  // The header sits just after the previous block's bytes: a check word that does not match
+  // means something overran into it, and its deleter pointer must not be called.
+  if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) != (check_key() ^ reinterpret_cast<std::uintptr_t>(data))) {
+    std::fprintf(stderr, "crucible: the allocation header before %p is corrupted (a write overran the block "
+                         "before it); aborting instead of calling its deleter\n", data);
+    std::abort();
+  }
   const c10::DeleterFnPtr deleter = h->deleter;
   void* ctx = h->ctx;
   // A stale header must never match: the base allocator may hand this address out again.
@@ -82,6 +93,7 @@ c10::DataPtr tagged_allocate(c10::Allocator& base, std::size_t n) {
 // own page (mapped), but not memory the sanitizers see as this block's.
 __attribute__((no_sanitize("address", "thread", "undefined"))) bool free_if_tagged(void* data) {
   const auto a = reinterpret_cast<std::uintptr_t>(data);
+  if (!g_tags_made.load(std::memory_order_acquire)) return false;  // no block was ever tagged
   if (data == nullptr || a % kPage < kHeader) return false;
   const auto* h = reinterpret_cast<const TagHeader*>(a - kHeader);
   if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) != (check_key() ^ a)) return false;
@@ -98,11 +110,26 @@ void tagging_acquire() {
   std::lock_guard<std::mutex> g(g_mu);
   static const bool once = [] {
     (void)check_key();  // here, not first inside a deleter (random_device may throw)
-    // A forked child (DataLoader workers) keeps only the forking thread: count it alone.
-    pthread_atfork(nullptr, nullptr, [] {
-      const ThreadState* ts = t_state_ptr;
-      g_recording_threads.store(ts != nullptr && ts->counts_as_recording ? 1 : 0, std::memory_order_relaxed);
-    });
+    g_tags_made.store(true, std::memory_order_release);
+    // A forked child (DataLoader workers) keeps only the forking thread: it counts alone. The
+    // mutexes a concurrent enable() or plan install may hold are taken around the fork, so the
+    // child never inherits them locked.
+    pthread_atfork(
+        [] {
+          g_mu.lock();
+          lock_allocator_install();
+          const ThreadState* ts = t_state_ptr;
+          g_fork_counted = ts != nullptr && ts->counts_as_recording;
+        },
+        [] {
+          unlock_allocator_install();
+          g_mu.unlock();
+        },
+        [] {
+          g_recording_threads.store(g_fork_counted ? 1 : 0, std::memory_order_relaxed);
+          unlock_allocator_install();
+          g_mu.unlock();
+        });
     return true;
   }();
   (void)once;

@@ -13,8 +13,8 @@
 // block's deleter is tagged_delete, so a CPU storage's id is read from its DataPtr with no
 // lookup, lock or reference: the id lives exactly as long as the memory, and memory reused
 // later is a new block with a new header. Storages whose memory is not tagged (allocated
-// before recording began or while no thread recorded, empty, from another allocator, inside a
-// compiled plan's arena, or on another device) keep the table.
+// while no thread recorded, empty, from another allocator, during a compiled plan's run or an
+// allocation measurement, or on another device) keep the table.
 //
 // raw_allocate needs a block's data pointer to be its context, and its raw_deallocate comes
 // to the current allocator's raw deleter with that pointer only (ideep's scratch memory does
@@ -43,7 +43,7 @@
 namespace crucible::vessel::detail {
 
 struct TagHeader {
-  std::uint64_t check;         // kTagCheck ^ the data address
+  std::uint64_t check;         // a per-process random key ^ the data address
   std::uint64_t id;            // the storage id of every storage this memory backs
   c10::DeleterFnPtr deleter;   // the base block's deleter and context
   void* ctx;

@@ -440,8 +440,8 @@ bool installed() {
 const char* dispatch_key_name() { return kKeyName; }
 
 void set_enabled(bool on) {
-  c10::impl::tls_set_dispatch_key_included(kKey, on);
   if (!on) {  // a thread that never recorded has nothing to release (and needs no state)
+    c10::impl::tls_set_dispatch_key_included(kKey, false);
     ThreadState* ts = t_state_ptr;
     if (ts != nullptr && ts->counts_as_recording) {
       ts->counts_as_recording = false;
@@ -449,10 +449,13 @@ void set_enabled(bool on) {
     }
     return;
   }
+  // Everything that may throw first: a failed enable leaves the thread not recording.
   ThreadState& ts = thread_state();
-  if (ts.counts_as_recording) return;
-  detail::tagging_acquire();
-  ts.counts_as_recording = true;  // after: an acquire that throws counted nothing
+  if (!ts.counts_as_recording) {
+    detail::tagging_acquire();
+    ts.counts_as_recording = true;
+  }
+  c10::impl::tls_set_dispatch_key_included(kKey, true);
 }
 bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
 
@@ -468,7 +471,12 @@ std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_
 
 bool storage_is_tagged(const c10::Storage& s) {
   const c10::StorageImpl* p = s.unsafeGetStorageImpl();
-  return p != nullptr && p->device_type() == c10::DeviceType::CPU && detail::tag_of(p->data_ptr()) != 0;
+  if (p == nullptr || p->device_type() != c10::DeviceType::CPU) return false;
+  try {
+    return detail::tag_of(p->data_ptr()) != 0;
+  } catch (const c10::Error&) {  // PyTorch 2.x may refuse access to the DataPtr
+    return false;
+  }
 }
 std::uint64_t tagged_raw_frees() { return detail::tagged_raw_frees(); }
 

@@ -199,6 +199,9 @@ std::mutex g_install_mu;
 Wrapper* g_wrapper = nullptr;
 }  // namespace
 
+void lock_allocator_install() { g_install_mu.lock(); }
+void unlock_allocator_install() { g_install_mu.unlock(); }
+
 std::string ensure_arena_allocator() {
   std::lock_guard<std::mutex> g(g_install_mu);
   if (g_wrapper != nullptr) {

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -191,6 +192,47 @@ def test_raw_allocations_are_freed_by_their_own_allocator():
     got = torch.nn.functional.conv2d(inp, w)
     crucible.disable()
     assert torch.allclose(got, ref)
+
+
+def test_forked_child_counts_only_the_forking_thread():
+    # A DataLoader worker is a fork of a process that may be recording on several threads. The
+    # child has only the forking thread: once it stops recording, nothing tags its memory (a
+    # count inherited from the parent's other threads would tag it for good).
+    other_on, release = threading.Event(), threading.Event()
+
+    def other():
+        crucible.enable()
+        other_on.set()
+        release.wait()
+        crucible.disable()
+
+    t = threading.Thread(target=other)
+    t.start()
+    other_on.wait()
+    crucible.enable()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            tagged = crucible._ext.storage_is_tagged(crucible._storage_cdata(torch.ones(8) * 2))
+            crucible.disable()
+            untagged = not crucible._ext.storage_is_tagged(crucible._storage_cdata(torch.ones(8) * 2))
+            code = 0 if tagged and untagged else 3
+        finally:
+            os._exit(code)
+    crucible.disable()
+    release.set()
+    t.join()
+    for _ in range(600):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def test_memory_replaced_by_an_op_is_explained():
