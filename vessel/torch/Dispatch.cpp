@@ -401,7 +401,8 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 
 std::mutex g_install_mu;
 std::unique_ptr<torch::Library> g_library;
-std::unique_ptr<torch::Library> g_unboxed;
+std::unique_ptr<torch::Library> g_ops;  // the composite fallthroughs and the typed kernels
+bool g_unboxed = false;
 
 }  // namespace
 
@@ -411,11 +412,11 @@ Status install(bool unboxed_kernels) {
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
     lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
-    if (unboxed_kernels) {
-      auto ops = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
-      detail::register_unboxed(*ops);
-      g_unboxed = std::move(ops);
-    }
+    auto ops = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+    detail::register_composite_fallthroughs(*ops);
+    if (unboxed_kernels) detail::register_unboxed(*ops);
+    g_ops = std::move(ops);
+    g_unboxed = unboxed_kernels;
     g_library = std::move(lib);
   } catch (const c10::Error& e) {
     return bad_state(std::string("cannot register Crucible's fallback on DispatchKey::") + kKeyName +
@@ -429,7 +430,12 @@ Status install(bool unboxed_kernels) {
 
 std::size_t unboxed_kernel_count() {
   std::lock_guard<std::mutex> g(g_install_mu);
-  return g_unboxed ? detail::unboxed_op_count() : 0;
+  return g_library && g_unboxed ? detail::unboxed_op_count() : 0;
+}
+
+std::size_t composite_fallthrough_count() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  return g_library ? detail::composite_fallthrough_count() : 0;
 }
 
 bool installed() {

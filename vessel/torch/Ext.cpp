@@ -299,6 +299,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.doc() = "Crucible's PyTorch Vessel (native part); use crucible_native instead";
   m.def("install", [](bool unboxed) { check(vessel::install(unboxed)); }, py::arg("unboxed") = true);
   m.def("unboxed_kernel_count", &vessel::unboxed_kernel_count);
+  m.def("composite_fallthrough_count", &vessel::composite_fallthrough_count);
   m.def("installed", &vessel::installed);
   m.def("dispatch_key", &vessel::dispatch_key_name);
   m.def("set_enabled", &vessel::set_enabled);

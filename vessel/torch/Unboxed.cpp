@@ -249,73 +249,37 @@ struct Rec<Op, Ret(Args...)> {
   }
 };
 
-// A CompositeImplicitAutograd op above Autograd: like the boxed fallback, run its decomposition
-// with the key still included so the ops it calls come back and are recorded, and do not record
-// the op itself when they did. The boxed path captures the arguments before the call in case
-// nothing comes back; here the ops listed below decompose into at least one dispatched call
-// whenever they compute anything (linear -> addmm/matmul, cross_entropy_loss -> log_softmax +
-// nll_loss_nd, to -> _to_copy, ...), so arguments are captured only when nothing came back
-// (dropout in eval, a no-op flatten, a to() that returns its input: common, e.g. log_softmax
-// with its dtype), after the call. None of these ops writes to an argument, so the version
-// counters read after the call are the ones the boxed path reads before it.
-template <class Op, class Fn>
-struct Decomposed;
-
-template <class Op, class Ret, class... Args>
-struct Decomposed<Op, Ret(Args...)> {
-  static Ret call(c10::DispatchKeySet ks, Args... args) {
-    const c10::DispatchKeySet after = after_key(ks);
-    ThreadState& ts = thread_state();
-    Frame* f = enter_op(ts, /*composite_implicit=*/true);
-    if (f == nullptr) {
-      c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // kernel internals, as in the fallback
-      return Op::redispatch(after, args...);
-    }
-    DepthGuard depth{ts};
-    decltype(auto) result = Op::redispatch(after, args...);
-    Frame& done = *f;  // frames live in a deque: references stay valid as children push more
-    if (done.had_child) {
-      count_decomposed();
-      return result;
-    }
-    const Site& s = site<Op>();
-    const Phase phase = current_phase(ts);
-    Cap in{ts, done.b, false};
-    std::uint16_t i = 0;
-    (cap(in, args, i++), ...);
-    done.b.end_inputs();
-    Cap out{ts, done.b, true};
-    cap_result(out, result);
-    if (ts.capture != nullptr) [[unlikely]] cold_capture(ts, s, cold_box_args<Args...>(args...), result, phase);
-    commit_op(ts, done, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, op_flags(s.is_mutable));
-    return result;
-  }
-};
-
 template <class Op>
 void reg(torch::Library& lib) {
   lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
                                         TORCH_FN((&Rec<Op, typename Op::schema>::call))));
 }
 
+// Note [Composite fallthroughs]: a CompositeImplicitAutograd op reaches the key above Autograd
+// undecomposed, and the ops it decomposes into come back to the key (Note [One op level]). For
+// the composites below the key is a fallthrough: the dispatcher skips it for them, so they cost
+// no kernel call, no frame and no boxing, and the ops they decompose into arrive as top-level
+// ops and are recorded exactly as when the fallback passed the composite through. A composite
+// that dispatches nothing returns its input (to() with the input's dtype, dropout in eval, a
+// flatten of a 1-d tensor): nothing new exists, so nothing is recorded (the fallback records
+// such a composite of any other kind as itself).
 template <class Op>
-bool reg_decomposed(torch::Library& lib) {
-  // Only where this PyTorch really decomposes the op above Autograd; otherwise the boxed
-  // fallback handles it (and records it whole).
+bool reg_fallthrough(torch::Library& lib) {
+  // Only where this PyTorch really decomposes the op above Autograd; otherwise the op is a
+  // kernel of its own and the fallback records it.
   const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
   if (!handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) || handle.schema().is_mutable())
     return false;
-  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
-                                        TORCH_FN((&Decomposed<Op, typename Op::schema>::call))));
+  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFallthrough());
   return true;
 }
 
-std::size_t g_decomposed_registered = 0;
+std::size_t g_fallthroughs = 0;
 
 }  // namespace
 
-// Composite ops of the same models, decomposed without a boxed round trip.
-#define CRUCIBLE_DECOMPOSED_OPS(_)                                                            \
+// Composite ops of the same models (Note [Composite fallthroughs]).
+#define CRUCIBLE_COMPOSITE_OPS(_)                                                             \
   _(linear) _(cross_entropy_loss) _(log_softmax_int) _(nll_loss_nd) _(nll_loss) _(conv2d)      \
   _(batch_norm) _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints)         \
   _(to_dtype_layout) _(to_dtype) _(to_device) _(to_other)
@@ -333,16 +297,21 @@ void register_unboxed(torch::Library& lib) {
 #define CRUCIBLE_REG(op) reg<at::_ops::op>(lib);
   CRUCIBLE_HOT_OPS(CRUCIBLE_REG)
 #undef CRUCIBLE_REG
-  g_decomposed_registered = 0;
-#define CRUCIBLE_REG_DECOMPOSED(op) g_decomposed_registered += reg_decomposed<at::_ops::op>(lib);
-  CRUCIBLE_DECOMPOSED_OPS(CRUCIBLE_REG_DECOMPOSED)
-#undef CRUCIBLE_REG_DECOMPOSED
+}
+
+void register_composite_fallthroughs(torch::Library& lib) {
+  g_fallthroughs = 0;
+#define CRUCIBLE_REG_FALLTHROUGH(op) g_fallthroughs += reg_fallthrough<at::_ops::op>(lib);
+  CRUCIBLE_COMPOSITE_OPS(CRUCIBLE_REG_FALLTHROUGH)
+#undef CRUCIBLE_REG_FALLTHROUGH
 }
 
 std::size_t unboxed_op_count() {
 #define CRUCIBLE_COUNT(op) +1
-  return 0 CRUCIBLE_HOT_OPS(CRUCIBLE_COUNT) + g_decomposed_registered;
+  return 0 CRUCIBLE_HOT_OPS(CRUCIBLE_COUNT);
 #undef CRUCIBLE_COUNT
 }
+
+std::size_t composite_fallthrough_count() { return g_fallthroughs; }
 
 }  // namespace crucible::vessel::detail

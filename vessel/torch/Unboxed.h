@@ -10,4 +10,9 @@ namespace crucible::vessel::detail {
 // recording key). Throws c10::Error if another kernel is registered there.
 void register_unboxed(torch::Library& lib);
 std::size_t unboxed_op_count();
+// Registers a fallthrough on the key for the composite ops of the hot models that this PyTorch
+// decomposes above Autograd (Note [Composite fallthroughs]); registered with or without the
+// typed kernels, so both record the same ops.
+void register_composite_fallthroughs(torch::Library& lib);
+std::size_t composite_fallthrough_count();
 }  // namespace crucible::vessel::detail
