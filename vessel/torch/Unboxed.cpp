@@ -1,4 +1,5 @@
-// Unboxed.cpp — unboxed recording kernels for the hot ops.
+// Unboxed.cpp — unboxed recording kernels for the hot ops, and fallthroughs on the key for the
+// composite ops of the same models (Note [Composite fallthroughs], below).
 //
 // The boxed fallback costs a boxing round trip per op (a Stack of IValues built and torn down,
 // ~0.3-0.5 us). For the ops that dominate training steps this file registers a typed kernel on
@@ -262,7 +263,9 @@ void reg(torch::Library& lib) {
 // ops and are recorded exactly as when the fallback passed the composite through. A composite
 // that dispatches nothing returns its input (to() with the input's dtype, dropout in eval, a
 // flatten of a 1-d tensor): nothing new exists, so nothing is recorded (the fallback records
-// such a composite of any other kind as itself).
+// such a composite of any other kind as itself). Exact for dense CPU and CUDA tensors: where a
+// backend has its own kernel for one of these ops (MPS linear, nested tensors) that kernel runs
+// below Autograd and the ops it dispatches arrive as top-level ops.
 template <class Op>
 bool reg_fallthrough(torch::Library& lib) {
   // Only where this PyTorch really decomposes the op above Autograd; otherwise the op is a

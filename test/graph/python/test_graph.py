@@ -40,13 +40,15 @@ def test_not_periodic_is_reported_not_guessed():
 
 
 def test_an_op_every_third_step_is_a_variant_not_a_new_loop():
-    s = models.make("mlp")
-    s.step()  # gradients and optimizer state exist from here on
+    # The reference: one plain step of a warmed-up copy (gradients and optimizer state exist).
+    warm = models.make("mlp")
+    warm.step()
     crucible.enable()
-    s.step()
+    warm.step()
     crucible.disable()
     plain_step_ops = len(crucible.trace())
     crucible.clear()
+    s = models.make("mlp")  # fresh: its first step differs (creates gradients and state)
     crucible.enable()
     for step in range(9):
         s.step()

@@ -125,6 +125,23 @@ def test_recorded_level_is_the_decomposed_one():
     assert crucible.stats()["skipped"]["decomposed"] == before + 1
 
 
+def test_composites_that_return_their_input_record_nothing():
+    # Note [Composite fallthroughs]: the key falls through these composites; one that
+    # dispatches nothing returns its input (nothing new exists), one that computes is recorded
+    # as the ops it decomposes into.
+    x, x1 = torch.randn(4, 3), torch.randn(5)
+    crucible.enable()
+    same = [x.to(x.dtype), torch.nn.functional.dropout(x, training=False), x1.flatten()]
+    crucible.disable()
+    assert same[0] is x and same[1] is x and same[2] is x1
+    assert len(crucible.trace()) == 0
+    crucible.enable()
+    y = x.to(torch.float64)
+    crucible.disable()
+    assert [o["name"] for o in crucible.trace().ops()] == ["aten::_to_copy"]
+    assert y.dtype == torch.float64
+
+
 @pytest.mark.parametrize("scheme", ["tags", "table"])
 def test_reused_addresses_get_fresh_storage_ids(scheme):
     # Each result dies at the next iteration, and the allocator hands its memory (and malloc its
@@ -511,9 +528,9 @@ def test_unboxed_kernels_record_exactly_what_the_boxed_fallback_records(tmp_path
 
     def canonical(ops):
         # Addresses differ between processes; everything else must not, except the values of
-        # storage ids, which depend on allocation order across threads (Note [Allocation
-        # tags]). Renumbering each trace by first appearance keeps the test exact: equal
-        # canonical traces mean the two numberings are one renaming of the other.
+        # storage ids, which may differ (Note [Allocation tags]: ids are drawn in blocks per
+        # thread as memory is allocated). Renumbering each trace by first appearance keeps the
+        # test exact: equal canonical traces mean the two numberings are one renaming of the other.
         ids = {}
         for op in ops:
             for t in op["inputs"] + op["outputs"]:
