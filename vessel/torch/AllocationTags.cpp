@@ -16,10 +16,12 @@ namespace crucible::vessel::detail {
 namespace {
 
 constexpr std::size_t kHeader = sizeof(TagHeader);
-constexpr std::uintptr_t kPage = 4096;  // the smallest page: a header never crosses into a page its data is not on
+// The smallest page: a header never lies on a page its data is not on.
+constexpr std::uintptr_t kPage = 4096;
 
-// The check word's key (TagHeader::check = key ^ data address), random per process: tensor data written just before an untagged block
-// cannot match it except by chance (2^-64 per raw free).
+// The check word's key (TagHeader::check = key ^ data address), random per process: tensor
+// data written just before an untagged block cannot match it except by chance (2^-64 per raw
+// free). Made in tagging_acquire, before any block is tagged, never first inside a deleter.
 std::uint64_t check_key() {
   static const std::uint64_t key = [] {
     std::random_device rd;
@@ -41,7 +43,8 @@ std::atomic<std::uint64_t> g_raw_frees{0};
 std::mutex g_mu;
 // Leaked, like every global a thread may reach during static destruction.
 std::string& unavailable() {
-  static std::string* s = new std::string("storages are named by the weak-reference table: no thread has enabled recording yet");
+  static std::string* s =
+      new std::string("storages are named by the weak-reference table: no thread has enabled recording yet");
   return *s;
 }
 
