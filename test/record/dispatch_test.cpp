@@ -1,9 +1,10 @@
 // dispatch_test.cpp — the recording fallback driven from C++ (no Python): what a libtorch
 // program records, at which level, and with which metadata.
-#include <gtest/gtest.h>
-#include <torch/torch.h>
+#include "Dispatch.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cstring>
 #include <mutex>
@@ -11,7 +12,6 @@
 #include <thread>
 
 #include "AllocationTags.h"
-#include "Dispatch.h"
 #include "crucible/record/Recorder.h"
 
 namespace {
@@ -95,9 +95,9 @@ TEST_F(Dispatch, ReusedAddressesGetDistinctStorageIds) {
 TEST_F(Dispatch, TaggedStoragesAcrossThreadsAndRawBlocks) {
   constexpr int kPerThread = 300;
   std::mutex mu;
-  std::vector<at::Tensor> handed;            // freed by whichever thread takes them
+  std::vector<at::Tensor> handed;  // freed by whichever thread takes them
   std::vector<std::uint64_t> ids;
-  std::vector<void*> raw_after;              // raw blocks made while recording, freed after
+  std::vector<void*> raw_after;  // raw blocks made while recording, freed after
   const std::uint64_t raw_freed = vessel::tagged_raw_frees();
   auto work = [&] {
     vessel::set_enabled(true);
@@ -110,8 +110,10 @@ TEST_F(Dispatch, TaggedStoragesAcrossThreadsAndRawBlocks) {
       ids.push_back(vessel::storage_id(z.storage()));
       if (i % 2 == 0) handed.push_back(z);
       if (!handed.empty() && i % 3 == 0) handed.pop_back();
-      if (i % 5 == 0) raw_after.push_back(raw);
-      else c10::GetCPUAllocator()->raw_deallocate(raw);
+      if (i % 5 == 0)
+        raw_after.push_back(raw);
+      else
+        c10::GetCPUAllocator()->raw_deallocate(raw);
     }
     vessel::set_enabled(false);
   };
@@ -141,7 +143,8 @@ struct FixedBase final : c10::Allocator {
   }
   c10::DataPtr make(std::size_t n) const {
     requested = n;
-    if (n > sizeof(g_pages) - offset) return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
+    if (n > sizeof(g_pages) - offset)
+      return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
     void* p = g_pages + offset;
     return c10::DataPtr(p, p, &del, c10::Device(c10::DeviceType::CPU));
   }
@@ -184,7 +187,7 @@ TEST(AllocationTags, HeaderStaysInTheDataPageAndFreesReachTheBase) {
   EXPECT_TRUE(free_if_tagged(raw));
   EXPECT_EQ(g_base_frees, 1);
   EXPECT_EQ(tagged_raw_frees(), before + 1);
-  EXPECT_FALSE(free_if_tagged(raw));            // its check word was cleared
+  EXPECT_FALSE(free_if_tagged(raw));             // its check word was cleared
   EXPECT_FALSE(free_if_tagged(g_pages + 4096));  // at a page start: nothing before it is read
   EXPECT_FALSE(free_if_tagged(g_pages + 8192 + 128));
   EXPECT_FALSE(free_if_tagged(nullptr));

@@ -1,12 +1,13 @@
 // AllocationTags.cpp — see AllocationTags.h, Note [Allocation tags].
 #include "AllocationTags.h"
 
+#include <pthread.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <mutex>
-#include <pthread.h>
 #include <random>
 
 #include "Capture.h"
@@ -43,8 +44,8 @@ std::atomic<std::uint64_t> g_raw_frees{0};
 std::mutex g_mu;
 // Leaked, like every global a thread may reach during static destruction.
 std::string& unavailable() {
-  static std::string* s =
-      new std::string("storages are named by the weak-reference table: no thread has enabled recording yet");
+  static std::string* s = new std::string(
+      "storages are named by the weak-reference table: no thread has enabled recording yet");
   return *s;
 }
 
@@ -62,9 +63,13 @@ void tagged_delete(void* data) {
   auto* h = reinterpret_cast<TagHeader*>(static_cast<char*>(data) - kHeader);
   // The header sits just after the previous block's bytes: a check word that does not match
   // means something overran into it, and its deleter pointer must not be called.
-  if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) != (check_key() ^ reinterpret_cast<std::uintptr_t>(data))) {
-    std::fprintf(stderr, "crucible: the allocation header before %p is corrupted (a write overran the block "
-                         "before it); aborting instead of calling its deleter\n", data);
+  if (__atomic_load_n(&h->check, __ATOMIC_RELAXED) !=
+      (check_key() ^ reinterpret_cast<std::uintptr_t>(data))) {
+    std::fprintf(
+        stderr,
+        "crucible: the allocation header before %p is corrupted (a write overran the block "
+        "before it); aborting instead of calling its deleter\n",
+        data);
     std::abort();
   }
   const c10::DeleterFnPtr deleter = h->deleter;
@@ -88,7 +93,8 @@ c10::DataPtr tagged_allocate(c10::Allocator& base, std::size_t n) {
   h->id = fresh_storage_id();
   h->deleter = inner.get_deleter();
   h->ctx = inner.release_context();
-  __atomic_store_n(&h->check, check_key() ^ reinterpret_cast<std::uintptr_t>(data), __ATOMIC_RELAXED);
+  __atomic_store_n(&h->check, check_key() ^ reinterpret_cast<std::uintptr_t>(data),
+                   __ATOMIC_RELAXED);
   return c10::DataPtr(data, data, &tagged_delete, device);
 }
 

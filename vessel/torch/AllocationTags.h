@@ -43,9 +43,9 @@
 namespace crucible::vessel::detail {
 
 struct TagHeader {
-  std::uint64_t check;         // a per-process random key ^ the data address
-  std::uint64_t id;            // the storage id of every storage this memory backs
-  c10::DeleterFnPtr deleter;   // the base block's deleter and context
+  std::uint64_t check;        // a per-process random key ^ the data address
+  std::uint64_t id;           // the storage id of every storage this memory backs
+  c10::DeleterFnPtr deleter;  // the base block's deleter and context
   void* ctx;
   unsigned char pad[32];
 };
@@ -57,7 +57,9 @@ void tagged_delete(void* data);  // the deleter of every tagged block
 // deleter but loses its context).
 inline std::uint64_t tag_of(const c10::DataPtr& dp) {
   if (dp.get_deleter() != &tagged_delete || dp.get_context() == nullptr) return 0;
-  return reinterpret_cast<const TagHeader*>(static_cast<const char*>(dp.get_context()) - sizeof(TagHeader))->id;
+  return reinterpret_cast<const TagHeader*>(static_cast<const char*>(dp.get_context()) -
+                                            sizeof(TagHeader))
+      ->id;
 }
 
 // n bytes from base, tagged; the data pointer is the context (raw_allocate accepts it).

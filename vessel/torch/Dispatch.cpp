@@ -205,8 +205,10 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
     f |= record::tensor_flag::kNoStorage;
   }
   m.flags = f;
-  if (strided) [[likely]] b.set_dims(sizes, t.strides());
-  else set_dims_without_strides(b, sizes);
+  if (strided) [[likely]]
+    b.set_dims(sizes, t.strides());
+  else
+    set_dims_without_strides(b, sizes);
 }
 
 std::uint8_t op_flags(bool is_mutable) {
@@ -412,7 +414,8 @@ Status install(bool unboxed_kernels) {
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
     lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
-    auto ops = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
+    auto ops =
+        std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
     detail::register_composite_fallthroughs(*ops);
     if (unboxed_kernels) detail::register_unboxed(*ops);
     g_ops = std::move(ops);

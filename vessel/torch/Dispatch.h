@@ -24,7 +24,8 @@ namespace crucible::vessel {
 // clear error if another library already registered a fallback on the key.
 Status install(bool unboxed_kernels = true);
 std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
-// Composite ops the key falls through (Unboxed.cpp, Note [Composite fallthroughs]); 0 until installed.
+// Composite ops the key falls through (Unboxed.cpp, Note [Composite fallthroughs]); 0 until
+// installed.
 std::size_t composite_fallthrough_count();
 bool installed();
 // Name of the key in use ("Crucible" or "TESTING_ONLY_GenericMode").

@@ -151,7 +151,8 @@ class Wrapper final : public c10::Allocator {
     if (m == nullptr) {
       // Tag only while this wrapper is PyTorch's allocator: raw frees come back to the current
       // allocator, and only this one knows a tagged block (Note [Allocation tags]).
-      if (n != 0 && detail::tagging() && c10::GetCPUAllocator() == this) return detail::tagged_allocate(*base_, n);
+      if (n != 0 && detail::tagging() && c10::GetCPUAllocator() == this)
+        return detail::tagged_allocate(*base_, n);
       return base_->allocate(n);
     }
     if (m->kind == AllocScope::Mode::Log) {

@@ -93,7 +93,9 @@ struct Cap {
 }
 [[gnu::noinline]] void cap(Cap& c, std::int64_t v, std::uint16_t i) { c.b.add_int(i, v); }
 [[gnu::noinline]] void cap(Cap& c, double v, std::uint16_t i) { c.b.add_double(i, v); }
-[[gnu::noinline]] void cap(Cap& c, bool v, std::uint16_t i) { c.b.add_scalar(ScalarKind::Bool, i, v ? 1 : 0); }
+[[gnu::noinline]] void cap(Cap& c, bool v, std::uint16_t i) {
+  c.b.add_scalar(ScalarKind::Bool, i, v ? 1 : 0);
+}
 [[gnu::noinline]] void cap(Cap& c, const at::Scalar& s, std::uint16_t i) {
   if (s.isBoolean()) {
     cap(c, s.toBool(), i);
@@ -111,9 +113,15 @@ struct Cap {
     cap(c, s.toDouble(), i);
   }
 }
-[[gnu::noinline]] void cap(Cap& c, at::ScalarType v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
-[[gnu::noinline]] void cap(Cap& c, at::Layout v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
-[[gnu::noinline]] void cap(Cap& c, at::MemoryFormat v, std::uint16_t i) { c.b.add_int(i, static_cast<std::int64_t>(v)); }
+[[gnu::noinline]] void cap(Cap& c, at::ScalarType v, std::uint16_t i) {
+  c.b.add_int(i, static_cast<std::int64_t>(v));
+}
+[[gnu::noinline]] void cap(Cap& c, at::Layout v, std::uint16_t i) {
+  c.b.add_int(i, static_cast<std::int64_t>(v));
+}
+[[gnu::noinline]] void cap(Cap& c, at::MemoryFormat v, std::uint16_t i) {
+  c.b.add_int(i, static_cast<std::int64_t>(v));
+}
 [[gnu::noinline]] void cap(Cap& c, at::Device d, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::Device, i,
                  (std::uint64_t{static_cast<std::uint8_t>(device_kind_of(d.type()))} << 8) |
@@ -127,7 +135,9 @@ struct Cap {
   c.b.add_scalar(ScalarKind::ListBegin, i, 0, static_cast<std::uint32_t>(v.size()));
   for (const c10::SymInt& x : v) c.b.add_int(i, x.expect_int());
 }
-[[gnu::noinline]] void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) { c.b.add_int(i, v.expect_int()); }
+[[gnu::noinline]] void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) {
+  c.b.add_int(i, v.expect_int());
+}
 template <class T>
 void cap(Cap& c, c10::OptionalArrayRef<T> v, std::uint16_t i) {
   if (v.has_value()) cap(c, *v, i);
@@ -193,8 +203,9 @@ template <class... Args>
 }
 
 template <class R>
-[[gnu::noinline, gnu::cold]] void cold_capture(ThreadState& ts, const Site& s, std::vector<c10::IValue>&& args,
-                                               const R& result, Phase phase) {
+[[gnu::noinline, gnu::cold]] void cold_capture(ThreadState& ts, const Site& s,
+                                               std::vector<c10::IValue>&& args, const R& result,
+                                               Phase phase) {
   capture_op(ts, s.handle, std::move(args), box_result(result), phase);
 }
 
@@ -239,12 +250,14 @@ struct Rec<Op, Ret(Args...)> {
     (cap(in, args, i++), ...);
     f->b.end_inputs();
     std::vector<c10::IValue> cap_args;
-    if (ts.capture != nullptr) [[unlikely]] cap_args = cold_box_args<Args...>(args...);
+    if (ts.capture != nullptr) [[unlikely]]
+      cap_args = cold_box_args<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
-    if (ts.capture != nullptr) [[unlikely]] cold_capture(ts, s, std::move(cap_args), result, phase);
+    if (ts.capture != nullptr) [[unlikely]]
+      cold_capture(ts, s, std::move(cap_args), result, phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }
@@ -282,10 +295,11 @@ std::size_t g_fallthroughs = 0;
 }  // namespace
 
 // Composite ops of the same models (Note [Composite fallthroughs]).
-#define CRUCIBLE_COMPOSITE_OPS(_)                                                             \
-  _(linear) _(cross_entropy_loss) _(log_softmax_int) _(nll_loss_nd) _(nll_loss) _(conv2d)      \
-  _(batch_norm) _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints)         \
-  _(to_dtype_layout) _(to_dtype) _(to_device) _(to_other)
+#define CRUCIBLE_COMPOSITE_OPS(_)                                                                \
+  _(linear)                                                                                      \
+  _(cross_entropy_loss) _(log_softmax_int) _(nll_loss_nd) _(nll_loss) _(conv2d) _(batch_norm)    \
+      _(layer_norm) _(dropout) _(matmul) _(softmax_int) _(flatten_using_ints) _(to_dtype_layout) \
+          _(to_dtype) _(to_device) _(to_other)
 
 // The hot ops: those that dominate MLP, CNN, resnet18 and transformer training steps.
 #define CRUCIBLE_HOT_OPS(_)                                                                   \
