@@ -240,9 +240,11 @@ def test_forked_child_counts_only_the_forking_thread():
     if pid == 0:
         code = 1
         try:
-            tagged = crucible._ext.storage_is_tagged(crucible._storage_cdata(torch.ones(8) * 2))
+            during = torch.ones(8) * 2  # kept alive while its storage's address is used
+            tagged = crucible._ext.storage_is_tagged(crucible._storage_cdata(during))
             crucible.disable()
-            untagged = not crucible._ext.storage_is_tagged(crucible._storage_cdata(torch.ones(8) * 2))
+            after = torch.ones(8) * 2
+            untagged = not crucible._ext.storage_is_tagged(crucible._storage_cdata(after))
             code = 0 if tagged and untagged else 3
         finally:
             os._exit(code)
