@@ -224,8 +224,6 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 // Entering an op at the current depth: false if it is a kernel internal (the caller passes it
 // through unrecorded), else marks the parent as decomposed and returns the op's frame, reset.
 // See Note [One op level] in misc/CRUCIBLE.md.
-// Counts a composite op that was not recorded because the ops it decomposed into were.
-void count_decomposed();
 Frame* enter_op(ThreadState& ts, bool composite_implicit);
 // enter_op for an op that is not CompositeImplicitAutograd, with the frame's phase and op
 // flags set: one call from each unboxed kernel instead of three.

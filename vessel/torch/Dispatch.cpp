@@ -121,8 +121,6 @@ std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_prof
 
 }  // namespace
 namespace detail {
-void count_decomposed() { g_skip_decomposed.fetch_add(1, std::memory_order_relaxed); }
-
 Phase current_phase(ThreadState& ts) {
   if (ts.optimizer_depth > 0) return Phase::Optimizer;
   // The engine sets the current graph task on every thread while it runs backward nodes.
@@ -384,7 +382,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   Frame& done = ts.frames[ts.depth];  // same frame; deque references are stable
   if (done.had_child) {
     done.cap_args.clear();  // a decomposed op is not captured: drop its arguments now
-    detail::count_decomposed();
+    g_skip_decomposed.fetch_add(1, std::memory_order_relaxed);  // recorded as its decomposition
     return;
   }
   const std::size_t n_ret = op.schema().returns().size();

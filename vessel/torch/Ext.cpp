@@ -141,22 +141,19 @@ py::dict stats_dict(const std::vector<ThreadStats>& threads) {
   return d;
 }
 
-// Storage id of a live storage given its StorageImpl address (Python: storage._cdata).
-// Shares the recorder's id table, so ids match the ones in recorded tensor metadata.
-std::uint64_t storage_id_of(std::uintptr_t cdata) {
-  if (cdata == 0) return 0;
+// A live storage given its StorageImpl address (Python: storage._cdata); null for 0.
+c10::Storage storage_at(std::uintptr_t cdata) {
+  if (cdata == 0) return c10::Storage();
   auto* impl = reinterpret_cast<c10::StorageImpl*>(cdata);
-  c10::Storage s(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
-  return vessel::storage_id(s);
+  return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
 }
 
+// Storage id of a live storage. Shares the recorder's id table and allocation tags, so ids
+// match the ones in recorded tensor metadata.
+std::uint64_t storage_id_of(std::uintptr_t cdata) { return vessel::storage_id(storage_at(cdata)); }
+
 // Does the storage's memory carry its id (Note [Allocation tags])? For tests.
-bool storage_is_tagged_of(std::uintptr_t cdata) {
-  if (cdata == 0) return false;
-  auto* impl = reinterpret_cast<c10::StorageImpl*>(cdata);
-  c10::Storage s(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
-  return vessel::storage_is_tagged(s);
-}
+bool storage_is_tagged_of(std::uintptr_t cdata) { return vessel::storage_is_tagged(storage_at(cdata)); }
 
 py::dict iteration_dict(const graph::Iteration& it) {
     py::dict d, phases;
