@@ -20,6 +20,22 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
   return it;
 }
 
+std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
+                                             std::vector<std::size_t> ops, std::span<const ContentHash> locals,
+                                             record::StorageNumbering numbering) {
+  std::optional<TraceGraph> g = last.graph.rebased(t, ops, std::move(numbering));
+  if (!g) return nullptr;
+  auto it = std::make_shared<Iteration>();
+  it->ops = std::move(ops);
+  if (!it->ops.empty()) it->thread = t.ops[it->ops.front()].thread;
+  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  it->graph = std::move(*g);
+  it->dag = MerkleDag::rebuild(last.dag, t, it->graph, locals);
+  if (last.plan) it->plan = rebased_plan(*last.plan, it->graph.numbering());
+  it->plan_status = last.plan_status;
+  return it;
+}
+
 Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::Trace& t, int thread,
                                                                   const PlanOptions& plan_opt) {
   if (t.num_ops() == 0) return bad_state("the trace has no ops", "record some training steps first");

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "crucible/core/Contract.h"
+
 namespace crucible::graph {
 namespace {
 std::string mib(std::uint64_t b) {
@@ -42,6 +44,7 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
         b.bytes = m.storage_nbytes;
         b.first = b.last = node;
         b.producer = node;
+        b.storage_number = s;
         plan.blocks.push_back(b);
       } else if (slot == kPersistent) {
         persistent_size[s] = std::max(persistent_size[s], m.storage_nbytes);
@@ -125,6 +128,17 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     return exhausted(report, "use a smaller batch, or raise the budget if the device has more memory");
   }
   return plan;
+}
+
+MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering) {
+  MemoryPlan out = p;
+  for (Block& b : out.blocks) {
+    CRUCIBLE_PRE(b.storage_number != 0 && b.storage_number <= numbering.storages.size(),
+                 "the numbering is of ops with this plan's wiring");
+    if (b.storage_number != 0 && b.storage_number <= numbering.storages.size())
+      b.storage_id = numbering.storages[b.storage_number - 1];
+  }
+  return out;
 }
 
 Status check_plan(const MemoryPlan& p) {

@@ -27,50 +27,110 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
   return h.digest();
 }
 
+namespace {
+// An external input hashes as its classification (0 when the trace does not know why it is
+// external): one hash per kind, computed once.
+struct ExternalHashes {
+  ContentHash of[record::kMaxExternalKind + 1];
+  ExternalHashes() {
+    for (std::uint8_t k = 0; k <= record::kMaxExternalKind; ++k) {
+      ContentHasher x;
+      x.update_string("external").update_u8(k);
+      of[k] = x.digest();
+    }
+  }
+};
+
+// The Merkle hash of `node`: its local hash, then every input in slot order, as its
+// producer's node hash or its external classification. Externals are listed in node order,
+// then slot order, as are each node's predecessors: merging the two by slot feeds every input
+// in slot order. `xi` is the first external of `node` or a later node; on return, of a later
+// node.
+ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& local, const std::vector<ContentHash>& node_hashes,
+                      const ExternalHashes& ext, std::size_t& xi) {
+  const auto& externals = g.externals();
+  ContentHasher h;
+  h.update_hash(local);
+  const auto preds = g.predecessors(node);
+  std::size_t pi = 0;
+  while (pi < preds.size() || (xi < externals.size() && externals[xi].node == node)) {
+    const bool take_external = xi < externals.size() && externals[xi].node == node &&
+                               (pi == preds.size() || externals[xi].slot < preds[pi].slot);
+    if (take_external) {
+      std::uint8_t kind = externals[xi].kind;  // from the graph's numbering: no lookup by id
+      if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
+      h.update_words(std::uint64_t{externals[xi].slot}, ext.of[kind].lo, ext.of[kind].hi);
+      ++xi;
+    } else {
+      const ContentHash& p = node_hashes[preds[pi].node];
+      h.update_words(std::uint64_t{preds[pi].slot}, p.lo, p.hi);
+      ++pi;
+    }
+  }
+  return h.digest();
+}
+
+ContentHash root_of(const std::vector<ContentHash>& node_hashes) {
+  ContentHasher root;
+  root.update_u64(node_hashes.size());
+  for (const auto& h : node_hashes) root.update_hash(h);
+  return root.digest();
+}
+}  // namespace
+
+MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, const TraceGraph& g,
+                             std::span<const ContentHash> locals) {
+  const std::size_t n = g.num_nodes();
+  CRUCIBLE_PRE(locals.empty() || locals.size() == n, "one local hash per node, or none");
+  CRUCIBLE_PRE(last.num_nodes() == n, "the last DAG is of a graph with this wiring");
+  if (last.num_nodes() != n) return build(t, g, locals);  // observed (release): build afresh
+  static const ExternalHashes ext;
+  MerkleDag d;
+  d.local_hashes_.resize(n);
+  d.node_hashes_.resize(n);
+  // changed_before[i]: how many of nodes 0..i-1 have a local hash other than last's.
+  std::vector<std::uint32_t> changed_before(n + 1, 0);
+  std::vector<bool> hash_changed(n, false);
+  std::size_t xi = 0;
+  const auto& externals = g.externals();
+  for (std::size_t node = 0; node < n; ++node) {
+    const ContentHash local = locals.empty() ? record::op_content(t, g.trace_op(node)) : locals[node];
+    d.local_hashes_[node] = local;
+    const bool local_changed = local != last.local_hashes_[node];
+    changed_before[node + 1] = changed_before[node] + (local_changed ? 1u : 0u);
+    bool dirty = local_changed;
+    for (const Edge& e : g.predecessors(node)) dirty = dirty || hash_changed[e.node];
+    if (dirty) {
+      d.node_hashes_[node] = hash_node(g, node, local, d.node_hashes_, ext, xi);
+      hash_changed[node] = d.node_hashes_[node] != last.node_hashes_[node];
+    } else {
+      d.node_hashes_[node] = last.node_hashes_[node];
+      while (xi < externals.size() && externals[xi].node == node) ++xi;
+    }
+  }
+  d.root_ = root_of(d.node_hashes_);
+  // The same regions (they follow phases and modules, which the wiring fixes); a region's hash
+  // reads its members' local hashes and internal wiring, so only regions with a changed local
+  // hash are hashed again.
+  d.regions_ = last.regions_;
+  for (Region& r : d.regions_)
+    if (changed_before[r.end] != changed_before[r.begin]) r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
+  return d;
+}
+
 MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::span<const ContentHash> locals) {
   MerkleDag d;
   const std::size_t n = g.num_nodes();
   CRUCIBLE_PRE(locals.empty() || locals.size() == n, "one local hash per node, or none");
   d.local_hashes_.resize(n);
   d.node_hashes_.resize(n);
-  // An external input hashes as its classification (0 when the trace does not know why it is
-  // external): one hash per kind, computed once.
-  ContentHash external_hash[record::kMaxExternalKind + 1];
-  for (std::uint8_t k = 0; k <= record::kMaxExternalKind; ++k) {
-    ContentHasher x;
-    x.update_string("external").update_u8(k);
-    external_hash[k] = x.digest();
-  }
-  // Externals are listed in node order, then slot order, as are each node's predecessors:
-  // merging the two by slot feeds every input in slot order.
-  const auto& externals = g.externals();
+  static const ExternalHashes ext;
   std::size_t xi = 0;
   for (std::size_t node = 0; node < n; ++node) {
     d.local_hashes_[node] = locals.empty() ? record::op_content(t, g.trace_op(node)) : locals[node];
-    ContentHasher h;
-    h.update_hash(d.local_hashes_[node]);
-    const auto preds = g.predecessors(node);
-    std::size_t pi = 0;
-    while (pi < preds.size() || (xi < externals.size() && externals[xi].node == node)) {
-      const bool take_external = xi < externals.size() && externals[xi].node == node &&
-                                 (pi == preds.size() || externals[xi].slot < preds[pi].slot);
-      if (take_external) {
-        std::uint8_t kind = externals[xi].kind;  // from the graph's numbering: no lookup by id
-        if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
-        h.update_words(std::uint64_t{externals[xi].slot}, external_hash[kind].lo, external_hash[kind].hi);
-        ++xi;
-      } else {
-        const ContentHash& p = d.node_hashes_[preds[pi].node];
-        h.update_words(std::uint64_t{preds[pi].slot}, p.lo, p.hi);
-        ++pi;
-      }
-    }
-    d.node_hashes_[node] = h.digest();
+    d.node_hashes_[node] = hash_node(g, node, d.local_hashes_[node], d.node_hashes_, ext, xi);
   }
-  ContentHasher root;
-  root.update_u64(n);
-  for (const auto& h : d.node_hashes_) root.update_hash(h);
-  d.root_ = root.digest();
+  d.root_ = root_of(d.node_hashes_);
 
   // Phase regions: maximal runs of one phase.
   const auto N = static_cast<std::uint32_t>(n);

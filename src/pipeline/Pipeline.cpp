@@ -160,9 +160,16 @@ void Pipeline::detect_loop() {
 // external classification is the one the key hashed, so the key stored with an analysis
 // describes the very ops it was built from, even if a clear() or a classification raced.
 // The last build survives clear(): it is a cache keyed by content, not recorded data.
+//
+// When the structure keys differ but the wiring keys match (Note [Wiring key], Trace.h: the
+// same ops on the same wiring, other scalars, as AdamW's every step), build copies the ops as
+// for a build, rebases the last graph and plan onto the copy's storages, and hashes again the
+// Merkle DAG's nodes and regions whose contents (the drain's) changed, and their consumers
+// (graph::rebuild_iteration). The result becomes the
+// last build, so its trace, graph, DAG and plan all describe the new ops.
 void Pipeline::build_loop() {
-  std::shared_ptr<const graph::Iteration> last;  // the last full build, and its structure key
-  ContentHash last_key;
+  std::shared_ptr<const graph::Iteration> last;  // the last build, and its two keys
+  ContentHash last_key, last_wiring;
   auto ns = [](auto d) { return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
   BuildMsg m;
   while (to_build_.pop(m)) {
@@ -196,9 +203,24 @@ void Pipeline::build_loop() {
     for (std::size_t i = 0; i < local.size(); ++i) local[i] = i;
     // The copy holds exactly the requested ops, in order, when none was skipped as missing.
     const bool whole = trace->num_ops() == w->contents.size();
-    std::shared_ptr<graph::Iteration> it = graph::build_iteration(
-        *trace, std::move(local), plan_, whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{},
-        std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
+    const std::span<const ContentHash> contents =
+        whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{};
+    std::shared_ptr<graph::Iteration> it;
+    if (last && whole && reuse_.load(std::memory_order_relaxed) && kc.wiring_key == last_wiring) {
+      it = graph::rebuild_iteration(*last, *trace, local, contents, kc.numbering);
+      if (it) {
+        it->trace = std::move(trace);
+        it->report = std::move(w->report);
+        last_rewire_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
+        rewired_.fetch_add(1, std::memory_order_relaxed);
+        last = it;
+        last_key = kc.key;
+        to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
+        continue;
+      }
+    }
+    it = graph::build_iteration(*trace, std::move(local), plan_, contents,
+                                std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
     it->trace = std::move(trace);
     it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();
@@ -209,6 +231,7 @@ void Pipeline::build_loop() {
     builds_.fetch_add(1, std::memory_order_relaxed);
     last = it;
     last_key = kc.key;
+    last_wiring = kc.wiring_key;
     to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
   }
 }
@@ -250,11 +273,13 @@ PipelineStats Pipeline::stats() const {
   s.detections = detections_.load(std::memory_order_relaxed);
   s.builds = builds_.load(std::memory_order_relaxed);
   s.reused = reused_.load(std::memory_order_relaxed);
+  s.rewired = rewired_.load(std::memory_order_relaxed);
   s.published = published_.load(std::memory_order_relaxed);
   s.last_build_ns = last_build_ns_.load(std::memory_order_relaxed);
   s.last_copy_ns = last_copy_ns_.load(std::memory_order_relaxed);
   s.last_build_cpu_ns = last_build_cpu_ns_.load(std::memory_order_relaxed);
   s.last_reuse_ns = last_reuse_ns_.load(std::memory_order_relaxed);
+  s.last_rewire_ns = last_rewire_ns_.load(std::memory_order_relaxed);
   return s;
 }
 

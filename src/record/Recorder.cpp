@@ -364,7 +364,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
   // copy alike.
   std::vector<std::size_t> in_range;
   StorageNumbering& numbering = r.numbering;  // with the key: its kinds are the classification it hashed, for the copy too
-  ContentHash body;
+  ContentHash body, wiring;
   std::unique_lock<std::mutex> trace_lock(trace_mu_);
   if (req.generation != kAnyGeneration && req.generation != generation_) {
     r.stale = true;
@@ -382,13 +382,15 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       valid = in_range;
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
-    body = record::structure_body(t, valid, numbering, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{});
+    body = record::structure_body(t, valid, numbering, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{},
+                                  &wiring);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);
       classify_storages(externals_, numbering);
     }
     r.key = record::structure_key(body, numbering.kinds);
+    r.wiring_key = record::structure_key(wiring, numbering.kinds);
     if (req.unless != nullptr && r.key == *req.unless) return r;  // no copy: the caller has these ops' analysis
   }
   if (!req.want_copy) return r;

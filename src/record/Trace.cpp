@@ -30,28 +30,6 @@ const char* external_kind_name(ExternalKind k) noexcept {
   return "unknown";
 }
 
-std::span<const TensorMeta> Trace::inputs(std::size_t op) const {
-  CRUCIBLE_PRE(op < ops.size(), "op index in range");
-  return {tensors.data() + op_tensor_begin[op], ops[op].n_inputs};
-}
-std::span<const TensorMeta> Trace::outputs(std::size_t op) const {
-  CRUCIBLE_PRE(op < ops.size(), "op index in range");
-  return {tensors.data() + op_tensor_begin[op] + ops[op].n_inputs,
-          ops[op].n_tensors - ops[op].n_inputs};
-}
-std::span<const ScalarRecord> Trace::scalars_of(std::size_t op) const {
-  CRUCIBLE_PRE(op < ops.size(), "op index in range");
-  return {scalars.data() + op_scalar_begin[op], ops[op].n_scalars};
-}
-std::span<const std::int64_t> Trace::sizes(std::size_t t) const {
-  CRUCIBLE_PRE(t < tensors.size(), "tensor index in range");
-  return {dims.data() + tensor_dims_begin[t], tensors[t].ndim};
-}
-std::span<const std::int64_t> Trace::strides(std::size_t t) const {
-  CRUCIBLE_PRE(t < tensors.size(), "tensor index in range");
-  return {dims.data() + tensor_dims_begin[t] + tensors[t].ndim, tensors[t].ndim};
-}
-
 std::string Trace::schema_name(std::uint64_t hash) const {
   auto it = schema_names.find(hash);
   if (it != schema_names.end()) return it->second;
@@ -142,7 +120,7 @@ namespace {
 // kHash, hashes the structure body.
 template <bool kHash>
 ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& out,
-                           std::span<const ContentHash> contents) {
+                           std::span<const ContentHash> contents, ContentHash* wiring_out) {
   CRUCIBLE_PRE(contents.empty() || contents.size() == ops.size(), "one op_content per op, or none");
   // Storage id -> (number, first version seen): an open-addressed table sized for every
   // tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
@@ -170,15 +148,20 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
   // Per op: its content (op_content, computed here or given), what the content leaves out of
   // the entry, then each tensor's storage identity, size and flags. Given contents spare reading
   // the dims and scalars again: the drain computes them while the ops are still in cache.
-  ContentHasher h;
+  // Two hashers (Note [Wiring key]): h takes the wiring (everything but the contents), c the
+  // contents; the body hashes both digests.
+  ContentHasher h, c;
   if constexpr (kHash) h.update_u64(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::size_t op = ops[i];
     const TraceEntry& e = t.ops[op];
     if (i + 4 < ops.size()) __builtin_prefetch(&t.ops[ops[i + 4]]);
     if constexpr (kHash) {
-      const ContentHash c = contents.empty() ? op_content(t, op) : contents[i];
-      h.update_words(c.lo, c.hi, e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48);
+      const ContentHash content = contents.empty() ? op_content(t, op) : contents[i];
+      c.update_words(content.lo, content.hi);
+      h.update_words(e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
+                     e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48 |
+                         std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 56);
     }
     const std::size_t base = t.op_tensor_begin[op];
     for (std::size_t k = base; k < base + e.n_tensors; ++k, ++cursor) {
@@ -200,7 +183,13 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
       if constexpr (kHash) h.update_words(canon | std::uint64_t{version} << 32, m.storage_nbytes, std::uint64_t{m.flags});
     }
   }
-  if constexpr (kHash) return h.digest();
+  if constexpr (kHash) {
+    const ContentHash wiring = h.digest();
+    if (wiring_out != nullptr) *wiring_out = wiring;
+    ContentHasher body;
+    body.update_hash(wiring).update_hash(c.digest());
+    return body.digest();
+  }
   return ContentHash{};
 }
 }  // namespace
@@ -213,13 +202,13 @@ void classify_storages(const absl::flat_hash_map<std::uint64_t, ExternalKind>& e
 }
 
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
-                           std::span<const ContentHash> contents) {
-  return walk_structure<true>(t, ops, numbering, contents);
+                           std::span<const ContentHash> contents, ContentHash* wiring) {
+  return walk_structure<true>(t, ops, numbering, contents, wiring);
 }
 
 StorageNumbering number_storages(const Trace& t, std::span<const std::size_t> ops) {
   StorageNumbering n;
-  walk_structure<false>(t, ops, n, {});
+  walk_structure<false>(t, ops, n, {}, nullptr);
   classify_storages(t, n);
   return n;
 }

@@ -202,6 +202,109 @@ TEST(StructureKey, EveryFieldAnAnalysisReadsIsInTheKey) {
   expect_same("thread", [](Trace& t) { for (auto& e : t.ops) e.thread = 3; });
 }
 
+// Note [Wiring key] (Trace.h): the key of what the graph and the plan read, without the ops'
+// contents. Returns (wiring key, numbering with kinds).
+std::pair<ContentHash, record::StorageNumbering> wiring_key(const synth::Builder& b) {
+  record::StorageNumbering n;
+  ContentHash wiring;
+  (void)record::structure_body(b.trace, b.all(), n, {}, &wiring);
+  record::classify_storages(b.trace, n);
+  return {record::structure_key(wiring, n.kinds), std::move(n)};
+}
+
+TEST(WiringKey, CoversWhatTheGraphAndPlanReadAndNoScalarOrShape) {
+  Shape s = chain(4);
+  s.alpha = 3;
+  const synth::Builder base = step(s, 0);
+  const ContentHash w = wiring_key(base).first, k = key(base);
+  using record::Trace;
+  const std::size_t k1 = base.trace.op_tensor_begin[1];
+  auto expect_change = [&](const char* what, auto&& mutate) {
+    synth::Builder b = base;
+    mutate(b.trace);
+    EXPECT_NE(wiring_key(b).first, w) << what;
+  };
+  expect_change("schema", [](Trace& t) { t.ops[1].schema_hash ^= 1; });
+  expect_change("phase", [](Trace& t) { t.ops[1].phase = Phase::Optimizer; });
+  expect_change("op flags", [](Trace& t) { t.ops[1].flags ^= record::op_flag::kGradMode; });
+  expect_change("module", [](Trace& t) { t.ops[0].module_id = 1; });
+  expect_change("argument count", [](Trace& t) { t.ops[1].n_args += 1; });
+  expect_change("storage bytes", [&](Trace& t) { t.tensors[k1 + 2].storage_nbytes *= 2; });
+  expect_change("view", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kIsView; });
+  expect_change("no storage", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kNoStorage; });
+  expect_change("classification", [&](Trace& t) { t.externals[t.tensors[k1].storage_id] = ExternalKind::Buffer; });
+  expect_change("version", [&](Trace& t) { t.tensors[k1].version += 1; });
+  expect_change("storage", [&](Trace& t) { t.tensors[k1].storage_id = 9999; });
+  // What only the Merkle DAG reads (through the ops' contents): the same wiring, another key.
+  auto expect_same = [&](const char* what, auto&& mutate) {
+    synth::Builder b = base;
+    mutate(b.trace);
+    EXPECT_EQ(wiring_key(b).first, w) << what;
+    EXPECT_NE(key(b), k) << what;
+  };
+  const std::size_t s1 = base.trace.op_scalar_begin[1];
+  expect_same("scalar value", [&](Trace& t) { t.scalars[s1].bits ^= 1; });
+  expect_same("scalar kind", [&](Trace& t) { t.scalars[s1].kind = record::ScalarKind::Bool; });
+  expect_same("size", [&](Trace& t) { t.dims[t.tensor_dims_begin[k1]] = 9; });
+  expect_same("stride", [&](Trace& t) { t.dims[t.tensor_dims_begin[k1] + 3] = 2; });
+  expect_same("dtype", [&](Trace& t) { t.tensors[k1].dtype = 7; });
+}
+
+// The property the pipeline's rewire relies on, over random programs: a renamed run of the
+// same step with another scalar (and so another structure key) shares the wiring key, and its
+// analysis rebuilt from the original's (graph and plan rebased, DAG rehashed where contents
+// changed) equals a fresh build of it, storage ids included. Another width changes the wiring.
+TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
+  std::mt19937 rng(777);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 6);
+    Shape s;
+    for (int i = 0; i < n; ++i) {
+      std::array<int, 2> r{};
+      for (int& src : r) src = static_cast<int>(rng() % static_cast<unsigned>(i + 2)) - 2;
+      s.reads.push_back(r);
+      s.width.push_back(8);
+    }
+    s.alpha = 1;
+    const synth::Builder original = step(s, 0);
+    Shape other = s;
+    other.alpha = 2 + trial;
+    const synth::Builder variant = step(other, 1 + static_cast<std::uint64_t>(trial));
+    auto [w, numbering] = wiring_key(variant);
+    ASSERT_EQ(w, wiring_key(original).first) << "trial " << trial;
+    ASSERT_NE(key(variant), key(original)) << "trial " << trial;
+    const auto last = build_iteration(original.trace, original.all());
+    const auto rebuilt = rebuild_iteration(*last, variant.trace, variant.all(), {}, numbering);
+    ASSERT_NE(rebuilt, nullptr) << "trial " << trial;
+    const auto fresh = build_iteration(variant.trace, variant.all());
+    ASSERT_EQ(rebuilt->dag.root(), fresh->dag.root()) << "trial " << trial;
+    for (std::size_t node = 0; node < fresh->graph.num_nodes(); ++node)
+      ASSERT_EQ(rebuilt->dag.node_hash(node), fresh->dag.node_hash(node)) << "trial " << trial << " node " << node;
+    ASSERT_EQ(rebuilt->dag.regions().size(), fresh->dag.regions().size());
+    for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i)
+      ASSERT_EQ(rebuilt->dag.regions()[i].hash, fresh->dag.regions()[i].hash) << "trial " << trial;
+    ASSERT_EQ(rebuilt->graph.externals().size(), fresh->graph.externals().size());
+    for (std::size_t i = 0; i < fresh->graph.externals().size(); ++i) {
+      ASSERT_EQ(rebuilt->graph.externals()[i].storage_id, fresh->graph.externals()[i].storage_id);
+      ASSERT_EQ(rebuilt->graph.externals()[i].version, fresh->graph.externals()[i].version);
+    }
+    ASSERT_EQ(rebuilt->graph.num_edges(), fresh->graph.num_edges());
+    ASSERT_EQ(rebuilt->plan->blocks.size(), fresh->plan->blocks.size());
+    for (std::size_t i = 0; i < fresh->plan->blocks.size(); ++i) {
+      ASSERT_EQ(rebuilt->plan->blocks[i].storage_id, fresh->plan->blocks[i].storage_id) << "trial " << trial;
+      ASSERT_EQ(rebuilt->plan->blocks[i].offset, fresh->plan->blocks[i].offset) << "trial " << trial;
+    }
+    ASSERT_EQ(rebuilt->plan->arena_bytes, fresh->plan->arena_bytes);
+    Shape wider = s;
+    wider.width[0] = 16;
+    ASSERT_NE(wiring_key(step(wider, 0)).first, w) << "another storage size is another wiring";
+  }
+  // A numbering of other ops is refused, not trusted: rebuild says so and the caller builds.
+  const synth::Builder a = step(chain(4), 0), b = step(chain(5), 0);
+  const auto last = build_iteration(a.trace, a.all());
+  EXPECT_EQ(rebuild_iteration(*last, b.trace, b.all(), {}, wiring_key(b).second), nullptr);
+}
+
 // The property the pipeline relies on, over random programs: a renamed step (ids permuted,
 // versions moved) always shares its original's key and its analysis, block offsets included;
 // and programs that share a key have equal analyses.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <thread>
 
 #include "pipeline_util.h"
@@ -128,6 +129,87 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   for (int s = 12; s < 15; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();
   EXPECT_EQ(p.stats().builds, 3u);
+}
+
+// Note [Wiring key] (Trace.h): a step whose scalars change every step keeps its wiring key;
+// build rebases the last graph and plan and builds the Merkle DAG alone, and what it publishes
+// equals a fresh build of the same ops, storage ids and versions included.
+TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  for (int s = 0; s < 3; ++s) record_step(*r, b, s, 40, 16, sid, 0.5 + s);
+  p.flush();
+  const auto first = p.latest();
+  ASSERT_NE(first, nullptr) << p.last_reason();
+  EXPECT_EQ(p.stats().builds, 1u);
+  for (int s = 3; s < 6; ++s) record_step(*r, b, s, 40, 16, sid, 0.5 + s);
+  p.flush();
+  const auto again = p.latest();
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(p.stats().builds, 1u);
+  EXPECT_EQ(p.stats().reused, 0u);
+  EXPECT_EQ(p.stats().rewired, 1u);
+  EXPECT_GT(p.stats().last_rewire_ns, 0u);
+  EXPECT_NE(again->dag.root(), first->dag.root());  // the scalars are in the content hashes
+
+  // The reference: a fresh build of the last 40 ops of a snapshot. Its trace indices differ
+  // from the published copy's (0..39); everything else must be equal.
+  const Trace all = r->snapshot();
+  std::vector<std::size_t> last_ops(40);
+  for (std::size_t i = 0; i < 40; ++i) last_ops[i] = all.num_ops() - 40 + i;
+  const auto fresh = graph::build_iteration(all, last_ops);
+  EXPECT_EQ(fresh->dag.root(), again->dag.root());
+  for (std::size_t n = 0; n < 40; ++n) EXPECT_EQ(fresh->dag.node_hash(n), again->dag.node_hash(n)) << n;
+  ASSERT_EQ(fresh->dag.regions().size(), again->dag.regions().size());
+  for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i)
+    EXPECT_EQ(fresh->dag.regions()[i].hash, again->dag.regions()[i].hash);
+  ASSERT_EQ(fresh->graph.num_nodes(), again->graph.num_nodes());
+  for (std::size_t n = 0; n < fresh->graph.num_nodes(); ++n) {
+    const auto fp = fresh->graph.predecessors(n), ap = again->graph.predecessors(n);
+    ASSERT_EQ(fp.size(), ap.size());
+    for (std::size_t k = 0; k < fp.size(); ++k) {
+      EXPECT_EQ(fp[k].node, ap[k].node);
+      EXPECT_EQ(fp[k].slot, ap[k].slot);
+    }
+  }
+  ASSERT_EQ(fresh->graph.externals().size(), again->graph.externals().size());
+  for (std::size_t i = 0; i < fresh->graph.externals().size(); ++i) {
+    EXPECT_EQ(fresh->graph.externals()[i].storage_id, again->graph.externals()[i].storage_id);
+    EXPECT_EQ(fresh->graph.externals()[i].version, again->graph.externals()[i].version);
+  }
+  EXPECT_EQ(fresh->graph.numbering().storages, again->graph.numbering().storages);
+  ASSERT_TRUE(fresh->plan && again->plan);
+  ASSERT_EQ(fresh->plan->blocks.size(), again->plan->blocks.size());
+  for (std::size_t i = 0; i < fresh->plan->blocks.size(); ++i) {
+    EXPECT_EQ(fresh->plan->blocks[i].storage_id, again->plan->blocks[i].storage_id);
+    EXPECT_EQ(fresh->plan->blocks[i].offset, again->plan->blocks[i].offset);
+  }
+  EXPECT_NE(again->plan->blocks[0].storage_id, first->plan->blocks[0].storage_id);  // rebased
+  EXPECT_TRUE(graph::check_plan(*again->plan).ok());
+  // The published trace is the new ops' copy: its scalars are the last step's.
+  ASSERT_NE(again->trace, nullptr);
+  EXPECT_EQ(again->trace->scalars_of(39).size(), 1u);
+  EXPECT_EQ(std::bit_cast<double>(again->trace->scalars_of(39)[0].bits), 5.5);
+
+  // The same scalars again: the whole analysis is reused. Another width: a full build.
+  for (int s = 3; s < 6; ++s) record_step(*r, b, s, 40, 16, sid, 0.5 + s);
+  p.flush();
+  EXPECT_EQ(p.stats().reused, 1u);
+  EXPECT_EQ(p.stats().builds, 1u);
+  EXPECT_EQ(p.latest()->dag.root(), again->dag.root());
+  r->clear();  // the detector would find the 120 ops of the new width too few of the window
+  for (int s = 6; s < 9; ++s) record_step(*r, b, s, 40, 24, sid, 0.5 + s);
+  p.flush();
+  EXPECT_EQ(p.stats().builds, 2u) << p.last_reason();
+  EXPECT_EQ(p.stats().rewired, 1u);
+  // Reuse off: built, never rewired.
+  p.set_reuse(false);
+  for (int s = 9; s < 12; ++s) record_step(*r, b, s, 40, 24, sid, 0.5 + s);
+  p.flush();
+  EXPECT_EQ(p.stats().builds, 3u);
+  EXPECT_EQ(p.stats().rewired, 1u);
 }
 
 TEST(Pipeline, NonPeriodicPublishesNothingAndSaysWhy) {

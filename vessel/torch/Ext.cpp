@@ -395,6 +395,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_build_cpu_us"] = static_cast<double>(st.last_build_cpu_ns) / 1000.0;
     d["pipeline_reused"] = st.reused;
     d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
+    d["pipeline_rewired"] = st.rewired;
+    d["pipeline_rewire_us"] = static_cast<double>(st.last_rewire_ns) / 1000.0;
     return d;
   });
   // The build stage's work on the latest published iteration, repeated back to back on this

@@ -35,6 +35,15 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
                                            const PlanOptions& plan = {}, std::span<const ContentHash> locals = {},
                                            std::optional<record::StorageNumbering> numbering = std::nullopt);
 
+// The analysis of other ops with the wiring key of those `last` was built from (Note [Wiring
+// key], Trace.h): `last`'s graph and plan rebased onto their storages, and `last`'s Merkle DAG
+// hashed again where their contents differ (MerkleDag::rebuild; `locals` as for
+// build_iteration), since their scalars may. `numbering` is theirs, with kinds. nullptr when the rebase finds another wiring
+// after all (TraceGraph::rebased): build_iteration then. `last`'s report is not copied.
+std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
+                                             std::vector<std::size_t> ops, std::span<const ContentHash> locals,
+                                             record::StorageNumbering numbering);
+
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
 // trace with no periodic iteration (the message carries the detector's reason).
 Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::Trace& t, int thread,

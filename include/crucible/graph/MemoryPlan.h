@@ -34,6 +34,7 @@ struct Block {
   std::uint32_t first = 0, last = 0;  // node lifetime, inclusive
   std::uint64_t offset = 0;
   std::uint32_t producer = 0;    // node that first produced it
+  std::uint32_t storage_number = 0;  // in the graph's numbering (record::StorageNumbering)
 };
 
 struct MemoryPlan {
@@ -46,6 +47,10 @@ struct MemoryPlan {
 };
 
 Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt = {});
+
+// The plan of other ops with the same wiring key (Note [Wiring key], Trace.h): the same
+// blocks, offsets and sizes, with storage ids from their numbering (the graph's, rebased).
+MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering);
 
 // The property every plan must have: no two blocks with intersecting lifetimes overlap in the
 // arena, and every block lies inside it. An error names the first offending pair.

@@ -42,6 +42,13 @@ class MerkleDag {
   // `locals`: the nodes' local hashes (record::op_content of each node's op) when the caller
   // has them already (the pipeline's drain computes them); empty, they are computed here.
   static MerkleDag build(const record::Trace& t, const TraceGraph& g, std::span<const ContentHash> locals = {});
+  // The same DAG, built from `last`, the DAG of a graph with g's wiring (Note [Wiring key],
+  // Trace.h: same nodes, edges, externals' kinds, phases and modules): a node is hashed again
+  // only when its local hash or a predecessor's node hash differs from last's, and a region
+  // only when a member's local hash does. The regions are last's. AdamW's steps differ in the
+  // scalars of a few optimizer ops, whose updates feed nothing else in the step.
+  static MerkleDag rebuild(const MerkleDag& last, const record::Trace& t, const TraceGraph& g,
+                           std::span<const ContentHash> locals = {});
 
   const ContentHash& node_hash(std::size_t node) const { return node_hashes_[node]; }
   const ContentHash& root() const { return root_; }  // hash of every node hash, in order

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -50,6 +51,13 @@ class TraceGraph {
   // The same, with the ops' storage numbering already made (record::number_storages, or the
   // structure key's pass); the graph keeps it for the analyses built on it.
   static TraceGraph build(const record::Trace& t, std::span<const std::size_t> ops, record::StorageNumbering numbering);
+  // This graph for other ops with the same wiring key (Note [Wiring key], Trace.h): the same
+  // nodes and edges, with their numbering (whose storage ids are theirs) and the externals'
+  // storage ids and versions read from them. Empty when what can be checked without the ops
+  // this graph was built from shows another wiring (op count, storage numbers, versions,
+  // kinds, a node's phase or module, an external's slot): build afresh then.
+  std::optional<TraceGraph> rebased(const record::Trace& t, std::span<const std::size_t> ops,
+                                    record::StorageNumbering numbering) const;
 
   std::size_t num_nodes() const { return ops_.size(); }
   std::size_t num_edges() const { return fwd_edges_.size(); }

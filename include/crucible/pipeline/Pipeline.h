@@ -11,7 +11,9 @@
 //            unless they have the structure key (Trace.h) of the last iteration it built: then
 //            that analysis describes them exactly, and build republishes it under the new
 //            detection report without copying (a training loop repeats one step: see
-//            Note [Reusing the last build]);
+//            Note [Reusing the last build]); when only their wiring key matches (scalars
+//            changed: AdamW), it rebases the last graph and plan onto the new copy and hashes
+//            again only what changed in the Merkle DAG;
 //   publish  swaps the result into an atomic shared_ptr that readers load without locks.
 // flush() is exact: it returns once every op recorded before the call has gone through all
 // four stages and whatever iteration they complete is published.
@@ -35,6 +37,7 @@ struct PipelineStats {
   std::uint64_t detections = 0;      // detector runs
   std::uint64_t builds = 0;          // iterations built (copied and analysed)
   std::uint64_t reused = 0;          // iterations whose structure key matched the last build
+  std::uint64_t rewired = 0;         // iterations whose wiring key alone matched: DAG rebuilt
   std::uint64_t published = 0;       // iterations published
   // The last build: wall time from taking the ops out of the trace to a built iteration, the
   // part of it spent on their structure key and copy, and the build thread's CPU time over the
@@ -45,6 +48,9 @@ struct PipelineStats {
   // The last iteration handled by reuse: wall time from taking its ops to a publishable
   // iteration (structure key over the ops in the trace, and a copy of the last analysis).
   std::uint64_t last_reuse_ns = 0;
+  // The last iteration handled by a rewire: wall time from taking its ops to a built iteration
+  // (both keys, the copy, graph and plan rebased, the Merkle DAG's changes hashed).
+  std::uint64_t last_rewire_ns = 0;
 };
 
 class Pipeline final : public record::DrainSink {
@@ -63,8 +69,8 @@ class Pipeline final : public record::DrainSink {
   std::string last_reason() const;
   void flush();
   PipelineStats stats() const;
-  // Whether build may reuse its last analysis (on by default); off, every iteration is built
-  // from scratch (for measuring builds, and for comparing the two).
+  // Whether build may reuse its last analysis, whole or rewired (on by default); off, every
+  // iteration is built from scratch (for measuring builds, and for comparing the two).
   void set_reuse(bool on) { reuse_.store(on, std::memory_order_relaxed); }
   const graph::PlanOptions& plan_options() const { return plan_; }
 
@@ -119,8 +125,8 @@ class Pipeline final : public record::DrainSink {
   std::atomic<std::uint64_t> next_token_{1};
   std::atomic<std::uint64_t> published_token_{0};
   std::atomic<bool> reuse_{true};
-  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, published_{0}, last_build_ns_{0},
-      last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0};
+  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, rewired_{0}, published_{0},
+      last_build_ns_{0}, last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0}, last_rewire_ns_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;

@@ -158,6 +158,7 @@ class Recorder {
   struct KeyedCopy {
     bool stale = false;
     ContentHash key;
+    ContentHash wiring_key;  // with the key: Note [Wiring key] (Trace.h)
     std::optional<Trace> copy;  // empty when stale, not wanted, or the key matched `unless`
     // With the key: the ops' storage numbering (Trace.h), which also numbers the copy's
     // tensors (local ops 0, 1, ... in order), with the classification the key hashed.

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "crucible/core/ContentHash.h"
+#include "crucible/core/Contract.h"
 #include "crucible/core/HugePageAllocator.h"
 #include "crucible/record/TraceRecord.h"
 
@@ -59,11 +60,27 @@ class Trace {
   Array<std::uint64_t> op_tensor_begin, op_scalar_begin, tensor_dims_begin;
 
   std::size_t num_ops() const { return ops.size(); }
-  std::span<const TensorMeta> inputs(std::size_t op) const;
-  std::span<const TensorMeta> outputs(std::size_t op) const;
-  std::span<const ScalarRecord> scalars_of(std::size_t op) const;
-  std::span<const std::int64_t> sizes(std::size_t tensor) const;
-  std::span<const std::int64_t> strides(std::size_t tensor) const;
+  // Inline: the graph stage calls these once or twice per op in every pass.
+  std::span<const TensorMeta> inputs(std::size_t op) const {
+    CRUCIBLE_PRE(op < ops.size(), "op index in range");
+    return {tensors.data() + op_tensor_begin[op], ops[op].n_inputs};
+  }
+  std::span<const TensorMeta> outputs(std::size_t op) const {
+    CRUCIBLE_PRE(op < ops.size(), "op index in range");
+    return {tensors.data() + op_tensor_begin[op] + ops[op].n_inputs, ops[op].n_tensors - ops[op].n_inputs};
+  }
+  std::span<const ScalarRecord> scalars_of(std::size_t op) const {
+    CRUCIBLE_PRE(op < ops.size(), "op index in range");
+    return {scalars.data() + op_scalar_begin[op], ops[op].n_scalars};
+  }
+  std::span<const std::int64_t> sizes(std::size_t tensor) const {
+    CRUCIBLE_PRE(tensor < tensors.size(), "tensor index in range");
+    return {dims.data() + tensor_dims_begin[tensor], tensors[tensor].ndim};
+  }
+  std::span<const std::int64_t> strides(std::size_t tensor) const {
+    CRUCIBLE_PRE(tensor < tensors.size(), "tensor index in range");
+    return {dims.data() + tensor_dims_begin[tensor] + tensors[tensor].ndim, tensors[tensor].ndim};
+  }
   std::size_t tensor_index(const TensorMeta* t) const { return static_cast<std::size_t>(t - tensors.data()); }
   // "aten::addmm" (or "<unknown schema 0x...>" if the table lacks it: never a crash).
   std::string schema_name(std::uint64_t hash) const;
@@ -102,17 +119,30 @@ ContentHash op_content(const Trace& t, std::size_t op);
 // The body and the classification come apart so that a recorder can hash the body under its
 // trace lock and look the storages up in its external table afterwards.
 //
-// The body is, per op, its content (op_content), the rest of its entry (module, argument
-// count, flags), and then each tensor's storage identity, version distance, storage size and
-// flags. A caller that already has the ops' contents (the pipeline's drain computes them while
+// The body hashes the ops' contents (op_content, in order) and their wiring: per op the rest
+// of its entry (schema, tensor counts, phase, module, argument count, flags), and then each
+// tensor's storage identity, version distance, storage size and flags. A caller that already has the ops' contents (the pipeline's drain computes them while
 // the ops are in cache) passes them, one per op, and the ops' dims and scalars are not read
 // again.
 //
 // The same pass numbers the ops' storages (Note [Storage numbering]) into `numbering`; its
 // kinds are left empty (the caller knows the classification it wants).
+//
+// Note [Wiring key]
+// The graph and the memory plan of a list of ops read less than the structure key covers:
+// per op its schema, tensor counts, phase, module, argument count and flags, per tensor its
+// storage number, version distance, storage size and flags, and the storages'
+// classification; never a shape, a stride, a dtype or a scalar (the plan sizes blocks by
+// storage bytes). The wiring body is the structure body without the ops' contents, and the
+// structure body is the hash of the wiring body and of the contents, so one pass gives both.
+// structure_key(wiring body, kinds) is the wiring key: two lists of ops with equal wiring
+// keys have the same graph and plan up to their storage ids (TraceGraph::rebased,
+// rebased_plan), though scalars differ — AdamW's bias corrections change every step, and the
+// pipeline then hashes again only what changed in the Merkle DAG (MerkleDag::rebuild, Note
+// [Reusing the last build]).
 struct StorageNumbering;
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
-                           std::span<const ContentHash> contents = {});
+                           std::span<const ContentHash> contents = {}, ContentHash* wiring = nullptr);
 // kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
 // Both, with the classification from t.externals.
