@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
+
 namespace crucible::graph {
 
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
@@ -41,12 +43,16 @@ Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::
   if (t.num_ops() == 0) return bad_state("the trace has no ops", "record some training steps first");
   std::uint32_t th = 0;
   if (thread < 0) {
-    std::vector<std::size_t> per_thread;
-    for (const auto& e : t.ops) {
-      if (e.thread >= per_thread.size()) per_thread.resize(e.thread + 1, 0);
-      ++per_thread[e.thread];
-    }
-    th = static_cast<std::uint32_t>(std::max_element(per_thread.begin(), per_thread.end()) - per_thread.begin());
+    // A map, not a vector indexed by thread: a loaded trace's thread fields are whatever the
+    // file says (0xFFFFFFFF would wrap a vector's size to 0).
+    absl::flat_hash_map<std::uint32_t, std::size_t> per_thread;
+    for (const auto& e : t.ops) ++per_thread[e.thread];
+    std::size_t most = 0;
+    for (const auto& [thread, count] : per_thread)
+      if (count > most || (count == most && thread < th)) {
+        most = count;
+        th = thread;
+      }
   } else {
     th = static_cast<std::uint32_t>(thread);
   }

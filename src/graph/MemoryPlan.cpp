@@ -16,8 +16,8 @@ std::string mib(std::uint64_t b) {
 }  // namespace
 
 Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt) {
-  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0)
-    return invalid_input("plan alignment " + std::to_string(opt.alignment) + " is not a power of two",
+  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 || opt.alignment > (std::uint64_t{1} << 30))
+    return invalid_input("plan alignment " + std::to_string(opt.alignment) + " is not a power of two up to 2^30",
                          "use 16, 64, 256, ...");
   MemoryPlan plan;
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
@@ -59,7 +59,25 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     for (std::size_t k = 0; k < outs.size(); ++k) touch(outs[k], number[ins.size() + k], true);
     number += ins.size() + outs.size();
   }
-  for (const std::uint64_t sz : persistent_size) plan.persistent_bytes += sz;
+  // Sizes come from the trace, and a loaded file says what it likes: every total below stays
+  // under 2^62 bytes (far above any real device), so no offset, end or live sum can wrap.
+  constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 62;
+  auto too_big = [&](std::uint64_t storage_id, std::uint64_t bytes) {
+    return invalid_input("the trace's storage sizes add up to more than 2^62 bytes (storage " +
+                             std::to_string(storage_id) + " says " + std::to_string(bytes) + " bytes)",
+                         "the trace is corrupt or not of a real program: record it again");
+  };
+  std::uint64_t total = 0;
+  for (std::size_t s = 1; s < persistent_size.size(); ++s) {
+    if (persistent_size[s] > kMaxTotal - total) return too_big(num.storages[s - 1], persistent_size[s]);
+    total += persistent_size[s];
+  }
+  plan.persistent_bytes = total;
+  total = 0;
+  for (const Block& b : plan.blocks) {
+    if (b.bytes > kMaxTotal - total || opt.alignment > kMaxTotal - total - b.bytes) return too_big(b.storage_id, b.bytes);
+    total += b.bytes + opt.alignment;  // with the rounding up below
+  }
   for (Block& b : plan.blocks) {
     b.bytes = (b.bytes + opt.alignment - 1) & ~(opt.alignment - 1);
     if (b.bytes == 0) b.bytes = opt.alignment;  // empty tensors still get a distinct address

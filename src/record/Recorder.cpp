@@ -16,11 +16,14 @@ std::atomic<std::uint64_t> g_next_uid{1};
 bool pow2(std::uint32_t v) { return v >= 2 && (v & (v - 1)) == 0; }
 
 // The calling thread's logs, one per recorder it has recorded into. The cached pair makes
-// the common case (one recorder) a compare and a load.
+// the common case (one recorder) a compare and a load. The recorder owns its logs (logs_);
+// this map only finds them, so a destroyed recorder's rings are freed with it (a thread that
+// made and destroyed many recorders would otherwise keep every one's rings, megabytes each),
+// and its expired entry is dropped when the thread next looks up a log it has not cached.
 struct TlsLogs {
   std::uint64_t uid = 0;
   ThreadLog* log = nullptr;
-  std::unordered_map<std::uint64_t, std::shared_ptr<ThreadLog>> all;
+  std::unordered_map<std::uint64_t, std::weak_ptr<ThreadLog>> all;
 };
 thread_local TlsLogs t_logs;
 
@@ -83,18 +86,20 @@ Recorder::~Recorder() {
 
 ThreadLog& Recorder::thread_log() {
   if (t_logs.uid == uid_) return *t_logs.log;
+  std::erase_if(t_logs.all, [](const auto& kv) { return kv.second.expired(); });  // recorders since destroyed
   auto it = t_logs.all.find(uid_);
-  if (it == t_logs.all.end()) {
-    std::shared_ptr<ThreadLog> log;
+  // This recorder is alive (we are in its member), so its log, if this thread has one, is too.
+  std::shared_ptr<ThreadLog> log = it == t_logs.all.end() ? nullptr : it->second.lock();
+  if (log == nullptr) {
     {
       std::lock_guard<std::mutex> g(logs_mu_);
       log = std::make_shared<ThreadLog>(cfg_, static_cast<std::uint32_t>(logs_.size()));
       logs_.push_back(log);
     }
-    it = t_logs.all.emplace(uid_, std::move(log)).first;
+    t_logs.all[uid_] = log;
   }
   t_logs.uid = uid_;
-  t_logs.log = it->second.get();
+  t_logs.log = log.get();  // owned by logs_ for as long as this recorder lives
   return *t_logs.log;
 }
 
@@ -184,6 +189,11 @@ std::uint32_t Recorder::intern_module(std::string_view path) {
       module_ids_.try_emplace(std::string(path), static_cast<std::uint32_t>(module_paths_.size()));
   if (inserted) module_paths_.emplace_back(path);
   return it->second;
+}
+
+std::uint32_t Recorder::num_modules() const {
+  std::lock_guard<std::mutex> g(names_mu_);
+  return static_cast<std::uint32_t>(module_paths_.size());
 }
 
 void Recorder::classify_external(std::uint64_t storage_id, ExternalKind kind) {
@@ -286,7 +296,14 @@ void Recorder::drain_loop() {
   int idle = 0;
   for (;;) {
     bool moved = false;
-    while (drain_once()) moved = true;
+    // Events (flush tokens, clear) are delivered after every pass, not only once the rings are
+    // empty: a thread that records without pause refills a ring during every pass, and would
+    // hold another thread's flush() or clear() until it paused. An event's own ops were
+    // drained before it was queued (flush_token and clear flush first).
+    while (drain_once()) {
+      moved = true;
+      deliver_tokens();
+    }
     deliver_tokens();
     if (stop_.load(std::memory_order_acquire)) {
       if (!drain_once()) return;

@@ -62,11 +62,20 @@ int crucible_vessel_record_op(crucible_vessel* v, uint64_t schema, crucible_phas
   if ((n_inputs != 0 && inputs == nullptr) || (n_outputs != 0 && outputs == nullptr) ||
       (n_scalars != 0 && scalars == nullptr))
     return fail("crucible_vessel_record_op: a count is non-zero but its array is NULL");
+  // Argument positions are 16-bit in the trace (TensorMeta::arg_index, TraceEntry::n_args).
+  if (std::uint64_t{n_inputs} + n_scalars > 0xFFFF || n_outputs > 0xFFFF)
+    return fail("crucible_vessel_record_op: " + std::to_string(n_inputs) + " inputs + " + std::to_string(n_scalars) +
+                " scalars, " + std::to_string(n_outputs) + " outputs: an op takes at most 65535 arguments and returns "
+                "at most 65535 tensors");
+  if (const std::uint32_t modules = v->rec->num_modules(); module_id >= modules)
+    return fail("crucible_vessel_record_op: module id " + std::to_string(module_id) + " was not interned (" +
+                std::to_string(modules) + " module ids exist); use 0 or an id from crucible_vessel_module");
   thread_local OpBuilder b;
   b.reset();
-  auto add = [&](const crucible_tensor_desc& d, std::uint16_t arg, bool out) -> bool {
-    if (d.ndim != 0 && d.sizes == nullptr) return false;
-    if (d.ndim > 0xFFFF) return false;
+  // Empty on success, else what is wrong with the tensor.
+  auto add = [&](const crucible_tensor_desc& d, std::uint16_t arg, bool out) -> std::string {
+    if (d.ndim != 0 && d.sizes == nullptr) return "has ndim > 0 but sizes is NULL";
+    if (d.ndim > 0xFFFF) return "has ndim > 65535";
     TensorMeta m;
     m.storage_id = d.storage_id;
     m.storage_offset = d.storage_offset;
@@ -82,19 +91,23 @@ int crucible_vessel_record_op(crucible_vessel* v, uint64_t schema, crucible_phas
     if (d.strides != nullptr) {
       for (std::uint32_t i = 0; i < d.ndim; ++i) strides[i] = d.strides[i];
     } else {
-      std::int64_t s = 1;
-      for (std::uint32_t i = d.ndim; i-- > 0;) { strides[i] = s; s *= d.sizes[i] > 0 ? d.sizes[i] : 1; }
+      std::int64_t s = 1;  // contiguous strides; sizes whose product overflows are refused
+      for (std::uint32_t i = d.ndim; i-- > 0;) {
+        strides[i] = s;
+        if (__builtin_mul_overflow(s, d.sizes[i] > 0 ? d.sizes[i] : 1, &s))
+          return "has sizes whose product overflows 64 bits; pass strides, or real sizes";
+      }
     }
     b.add_tensor(m, std::span<const std::int64_t>(d.sizes, d.ndim), strides);
-    return true;
+    return {};
   };
   for (std::uint32_t i = 0; i < n_inputs; ++i)
-    if (!add(inputs[i], static_cast<std::uint16_t>(i), false))
-      return fail("crucible_vessel_record_op: input " + std::to_string(i) + " has ndim > 0 but sizes is NULL (or ndim > 65535)");
+    if (std::string why = add(inputs[i], static_cast<std::uint16_t>(i), false); !why.empty())
+      return fail("crucible_vessel_record_op: input " + std::to_string(i) + " " + why);
   b.end_inputs();
   for (std::uint32_t i = 0; i < n_outputs; ++i)
-    if (!add(outputs[i], static_cast<std::uint16_t>(i), true))
-      return fail("crucible_vessel_record_op: output " + std::to_string(i) + " has ndim > 0 but sizes is NULL (or ndim > 65535)");
+    if (std::string why = add(outputs[i], static_cast<std::uint16_t>(i), true); !why.empty())
+      return fail("crucible_vessel_record_op: output " + std::to_string(i) + " " + why);
   for (std::uint32_t i = 0; i < n_scalars; ++i) {
     const crucible_scalar& s = scalars[i];
     const auto arg = static_cast<std::uint16_t>(n_inputs + i);

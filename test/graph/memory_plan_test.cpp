@@ -36,6 +36,30 @@ TEST(MemoryPlan, ChainReusesMemoryAndMeetsTheLowerBound) {
   EXPECT_DOUBLE_EQ(p.ratio(), 1.0);
 }
 
+// Sizes come from the trace, and a loaded .crtrace says what it likes: three live blocks of
+// 2^63 bytes each would wrap every offset and live total. The plan refuses them and says why.
+TEST(MemoryPlan, ImpossibleStorageSizesAreRefusedNotWrapped) {
+  synth::Builder b;
+  b.op("aten::zeros", {}, {T{2, 0, {64}}});
+  b.op("aten::zeros", {}, {T{3, 0, {64}}});
+  b.op("aten::zeros", {}, {T{4, 0, {64}}});
+  b.op("aten::cat", {T{2, 0, {64}}, T{3, 0, {64}}, T{4, 0, {64}}}, {T{5, 0, {192}}});
+  for (auto& m : b.trace.tensors) m.storage_nbytes = std::uint64_t{1} << 63;
+  const auto g = TraceGraph::build(b.trace, b.all());
+  auto p = plan_memory(b.trace, g);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("more than 2^62 bytes"), absl::string_view::npos) << p.status();
+  // Persistent storages too (an external input of 2^63 bytes, twice).
+  synth::Builder e;
+  e.op("aten::add", {T{1, 0, {64}}, T{2, 0, {64}}}, {T{3, 0, {64}}});
+  for (auto& m : e.trace.tensors) m.storage_nbytes = (std::uint64_t{1} << 63) + 64;
+  EXPECT_FALSE(plan_memory(e.trace, TraceGraph::build(e.trace, e.all())).ok());
+  // An alignment past 2^30 is refused with the rest.
+  PlanOptions huge;
+  huge.alignment = std::uint64_t{1} << 40;
+  EXPECT_FALSE(plan_memory(e.trace, TraceGraph::build(e.trace, e.all()), huge).ok());
+}
+
 TEST(MemoryPlan, ViewsAndInPlaceOpsShareTheirBaseBlock) {
   synth::Builder b;
   b.op("aten::zeros", {}, {T{2, 0, {64}}});

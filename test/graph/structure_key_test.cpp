@@ -305,6 +305,22 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
   EXPECT_EQ(rebuild_iteration(*last, b.trace, b.all(), {}, wiring_key(b).second), nullptr);
 }
 
+// A loaded trace's thread fields are whatever the file says: the thread that recorded the
+// most ops is found without indexing by thread (0xFFFFFFFF once wrapped a vector to size 0).
+TEST(Analysis, AnyThreadFieldIsCountedNotIndexed) {
+  synth::Builder b;
+  for (std::uint64_t step = 0; step < 4; ++step) {
+    b.op("aten::relu", {T{1, 0, {8}}}, {T{10 + 2 * step, 0, {8}}});
+    b.op("aten::neg", {T{10 + 2 * step, 0, {8}}}, {T{11 + 2 * step, 0, {8}}});
+  }
+  for (auto& e : b.trace.ops) e.thread = 0xFFFFFFFFu;
+  b.trace.ops[0].thread = 0x40000000u;  // one op elsewhere: a vector of 2^30 counters before
+  auto r = analyze_latest_iteration(b.trace, -1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->thread, 0xFFFFFFFFu);
+  EXPECT_EQ((*r)->ops.size(), 2u);
+}
+
 // The property the pipeline relies on, over random programs: a renamed step (ids permuted,
 // versions moved) always shares its original's key and its analysis, block offsets included;
 // and programs that share a key have equal analyses.

@@ -51,6 +51,25 @@ int main(int argc, char** argv) {
     fprintf(stderr, "c_host: a bad scalar kind was not refused\n");
     return 1;
   }
+  /* A module id that was never interned would make an export the loader refuses. */
+  if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, fc1 + 7, NULL, 0, NULL, 0, NULL, 0) != -1 ||
+      strstr(crucible_vessel_last_error(), "was not interned") == NULL) {
+    fprintf(stderr, "c_host: an unknown module id was not refused\n");
+    return 1;
+  }
+  /* Sizes whose product overflows (NULL strides: contiguous ones are computed). */
+  {
+    int64_t huge[3] = {(int64_t)1 << 40, (int64_t)1 << 40, 2};
+    crucible_tensor_desc big = out[0];
+    big.ndim = 3;
+    big.sizes = huge;
+    big.strides = NULL;
+    if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, 0, &big, 1, NULL, 0, NULL, 0) != -1 ||
+        strstr(crucible_vessel_last_error(), "overflows") == NULL) {
+      fprintf(stderr, "c_host: sizes overflowing 64 bits were not refused\n");
+      return 1;
+    }
+  }
   if (check(crucible_vessel_export(v, argv[1]), "export")) return 1;
   printf("c_host: recorded %llu ops, dropped %llu, exported %s\n",
          (unsigned long long)crucible_vessel_ops_recorded(v),

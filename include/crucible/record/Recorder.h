@@ -126,6 +126,7 @@ class Recorder {
   // Name tables, shared by everything in the process that records into this recorder.
   std::uint64_t intern_schema(std::string_view qualified_name);  // returns hash64(name)
   std::uint32_t intern_module(std::string_view path);            // "" is 0
+  std::uint32_t num_modules() const;  // module ids in use: 0 .. num_modules() - 1
 
   // Records why a storage is an input of the trace without being produced by a recorded op.
   void classify_external(std::uint64_t storage_id, ExternalKind kind);
@@ -193,7 +194,7 @@ class Recorder {
   mutable std::mutex logs_mu_;  // guards logs_ (registration is rare: once per thread)
   std::vector<std::shared_ptr<ThreadLog>> logs_;
 
-  std::mutex names_mu_;
+  mutable std::mutex names_mu_;
   std::unordered_map<std::uint64_t, std::string> schema_names_;
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
