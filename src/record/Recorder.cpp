@@ -247,6 +247,7 @@ bool Recorder::drain_log(ThreadLog& log) {
                         log.scalar_stage_.data() + log.scalar_stage_head_, e.n_scalars));
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
+      if (static_cast<std::uint8_t>(e.phase) < kNumPhases) ++log.drained_ops_[static_cast<int>(e.phase)];
     }
     if (sink != nullptr) sink->on_ops(trace_, generation_, log.index_, first, n);
   }
@@ -325,13 +326,30 @@ void Recorder::deliver_tokens() {
   }
   if (events.empty()) return;
   DrainSink* sink = sink_.load(std::memory_order_acquire);
+  // A clear forgets every op drained so far, and the stats restart from exactly those: the
+  // baseline counts drained ops (this thread's own counters), not the producers' commits,
+  // which may be ahead by ops committed since clear() flushed; those are drained after the
+  // clear, so they stay both in the trace and in the stats.
+  std::vector<ThreadStats> baseline;
+  if (std::any_of(events.begin(), events.end(), [](const Event& ev) { return ev.clear; })) {
+    std::lock_guard<std::mutex> g(logs_mu_);
+    for (const auto& l : logs_) {
+      ThreadStats s;
+      s.thread = l->index_;
+      for (int p = 0; p < kNumPhases; ++p) s.ops[p] = l->drained_ops_[p];
+      s.dropped = l->dropped_.load(std::memory_order_relaxed);
+      s.bytes = l->bytes_.load(std::memory_order_relaxed);
+      s.waits = l->waits_.load(std::memory_order_relaxed);
+      baseline.push_back(s);
+    }
+  }
   {
     std::lock_guard<std::mutex> g(trace_mu_);
     for (const Event& ev : events) {
       if (ev.clear) {
         trace_.clear();
         ++generation_;
-        baseline_ = ev.baseline;
+        baseline_ = baseline;
       }
     }
   }
@@ -552,7 +570,6 @@ void Recorder::clear() {
   flush();
   Event ev;
   ev.clear = true;
-  ev.baseline = raw_thread_stats();
   run_event(std::move(ev));
 }
 

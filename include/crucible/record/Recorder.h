@@ -74,6 +74,7 @@ class ThreadLog {
   std::atomic<std::uint32_t> bell_{0};
   // Written by the drain only.
   std::atomic<std::uint64_t> drained_{0};
+  std::uint64_t drained_ops_[kNumPhases] = {};  // ops appended to the trace; read by the drain only
   std::vector<MetaCell> meta_stage_;      // cells popped ahead of their entry
   std::size_t meta_stage_head_ = 0;
   std::vector<ScalarRecord> scalar_stage_;
@@ -210,7 +211,6 @@ class Recorder {
   struct Event {
     bool clear = false;
     std::uint64_t token = 0;
-    std::vector<ThreadStats> baseline;  // for clear
   };
   void run_event(Event ev);  // queues it and waits until the drain thread has run it
   std::mutex token_mu_;
