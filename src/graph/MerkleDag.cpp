@@ -115,6 +115,16 @@ MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, cons
   d.regions_ = last.regions_;
   for (Region& r : d.regions_)
     if (changed_before[r.end] != changed_before[r.begin]) r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
+  // A module region's label is its path's id in this trace's table, where a path that was not
+  // interned when `last` was built (a parent scope entered since) may have one now.
+  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
+  for (const Region& r : d.regions_)
+    if (r.kind == RegionKind::Module) id_of_path.emplace(r.module_path, 0);
+  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
+    if (auto it = id_of_path.find(t.module_paths[k]); it != id_of_path.end() && it->second == 0)
+      it->second = static_cast<std::uint32_t>(k);
+  for (Region& r : d.regions_)
+    if (r.kind == RegionKind::Module) r.label = id_of_path[r.module_path];
   return d;
 }
 

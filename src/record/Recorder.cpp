@@ -187,14 +187,14 @@ std::uint32_t Recorder::intern_module(std::string_view path) {
   std::lock_guard<std::mutex> g(names_mu_);
   auto [it, inserted] =
       module_ids_.try_emplace(std::string(path), static_cast<std::uint32_t>(module_paths_.size()));
-  if (inserted) module_paths_.emplace_back(path);
+  if (inserted) {
+    module_paths_.emplace_back(path);
+    num_modules_.store(static_cast<std::uint32_t>(module_paths_.size()), std::memory_order_release);
+  }
   return it->second;
 }
 
-std::uint32_t Recorder::num_modules() const {
-  std::lock_guard<std::mutex> g(names_mu_);
-  return static_cast<std::uint32_t>(module_paths_.size());
-}
+std::uint32_t Recorder::num_modules() const { return num_modules_.load(std::memory_order_acquire); }
 
 void Recorder::classify_external(std::uint64_t storage_id, ExternalKind kind) {
   if (storage_id == 0) return;

@@ -91,11 +91,11 @@ int crucible_vessel_record_op(crucible_vessel* v, uint64_t schema, crucible_phas
     if (d.strides != nullptr) {
       for (std::uint32_t i = 0; i < d.ndim; ++i) strides[i] = d.strides[i];
     } else {
-      std::int64_t s = 1;  // contiguous strides; sizes whose product overflows are refused
+      std::int64_t s = 1;  // contiguous strides; a stride that overflows is refused
       for (std::uint32_t i = d.ndim; i-- > 0;) {
         strides[i] = s;
-        if (__builtin_mul_overflow(s, d.sizes[i] > 0 ? d.sizes[i] : 1, &s))
-          return "has sizes whose product overflows 64 bits; pass strides, or real sizes";
+        if (i > 0 && __builtin_mul_overflow(s, d.sizes[i] > 0 ? d.sizes[i] : 1, &s))
+          return "has sizes whose contiguous strides overflow 64 bits; pass strides, or real sizes";
       }
     }
     b.add_tensor(m, std::span<const std::int64_t>(d.sizes, d.ndim), strides);

@@ -22,7 +22,8 @@ using synth::T;
 struct Shape {
   std::vector<std::array<int, 2>> reads;
   std::vector<std::int64_t> width;   // per op: the output's second dimension
-  std::int64_t alpha = 1;            // a scalar argument of every op
+  std::int64_t alpha = 1;            // a scalar argument of every op ...
+  int alpha_every = 1;               // ... whose index is a multiple of this (the others: 0)
   ExternalKind input_kind = ExternalKind::Input;
 };
 
@@ -53,7 +54,8 @@ synth::Builder step(const Shape& s, std::uint64_t rename) {
     std::vector<T> outs{val(100 + op, {8, s.width[op]})};
     if (op % 4 == 3) outs.push_back(val(5000 + op, {8, s.width[op]}));
     b.op(op % 2 ? "aten::mul" : "aten::add", {value(s.reads[op][0]), value(s.reads[op][1])}, outs,
-         op < s.reads.size() / 2 ? Phase::Forward : Phase::Backward, op % 3 ? "block" : "", {s.alpha});
+         op < s.reads.size() / 2 ? Phase::Forward : Phase::Backward, op % 3 ? "block" : "",
+         {op % static_cast<std::size_t>(s.alpha_every) == 0 ? s.alpha : 0});
   }
   // The optimizer updates the parameter in place: a new version of its storage.
   b.op("aten::add_", {val(param, {8, 8}), value(static_cast<int>(s.reads.size()) - 1)}, {val(param, {8, 8}, 1)},
@@ -266,6 +268,9 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
       s.width.push_back(8);
     }
     s.alpha = 1;
+    // The scalar changes on some ops only: clean nodes (their externals skipped in order) come
+    // before and between dirty ones, and some module regions keep their hash.
+    s.alpha_every = 1 + trial % 4;
     const synth::Builder original = step(s, 0);
     Shape other = s;
     other.alpha = 2 + trial;
@@ -281,8 +286,10 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     for (std::size_t node = 0; node < fresh->graph.num_nodes(); ++node)
       ASSERT_EQ(rebuilt->dag.node_hash(node), fresh->dag.node_hash(node)) << "trial " << trial << " node " << node;
     ASSERT_EQ(rebuilt->dag.regions().size(), fresh->dag.regions().size());
-    for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i)
+    for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i) {
       ASSERT_EQ(rebuilt->dag.regions()[i].hash, fresh->dag.regions()[i].hash) << "trial " << trial;
+      ASSERT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label) << "trial " << trial;
+    }
     ASSERT_EQ(rebuilt->graph.externals().size(), fresh->graph.externals().size());
     for (std::size_t i = 0; i < fresh->graph.externals().size(); ++i) {
       ASSERT_EQ(rebuilt->graph.externals()[i].storage_id, fresh->graph.externals()[i].storage_id);
@@ -298,6 +305,29 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     Shape wider = s;
     wider.width[0] = 16;
     ASSERT_NE(wiring_key(step(wider, 0)).first, w) << "another storage size is another wiring";
+  }
+  // A module scope whose path was interned only after the last build ("enc", the parent of
+  // "enc.l1", entered since): the rewired region carries the path's id, as a fresh build does.
+  {
+    auto two_ops = [](std::int64_t alpha) {
+      synth::Builder b;
+      b.op("aten::relu", {T{1, 0, {8}}}, {T{2, 0, {8}}}, Phase::Forward, "enc.l1", {alpha});
+      b.op("aten::neg", {T{2, 0, {8}}}, {T{3, 0, {8}}}, Phase::Forward, "enc.l1", {alpha});
+      return b;
+    };
+    const synth::Builder before = two_ops(1);
+    synth::Builder after = two_ops(2);
+    const std::uint32_t enc = after.module("enc");
+    const auto last = build_iteration(before.trace, before.all());
+    const auto rebuilt = rebuild_iteration(*last, after.trace, after.all(), {}, wiring_key(after).second);
+    ASSERT_NE(rebuilt, nullptr);
+    const auto fresh = build_iteration(after.trace, after.all());
+    bool seen = false;
+    for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i) {
+      EXPECT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label) << fresh->dag.regions()[i].module_path;
+      seen = seen || (fresh->dag.regions()[i].module_path == "enc" && fresh->dag.regions()[i].label == enc);
+    }
+    EXPECT_TRUE(seen);
   }
   // A numbering of other ops is refused, not trusted: rebuild says so and the caller builds.
   const synth::Builder a = step(chain(4), 0), b = step(chain(5), 0);

@@ -85,11 +85,11 @@ TEST(Recorder, FlushAndClearReturnWhileAnotherThreadRecordsNonstop) {
   const auto mm = r->intern_schema("aten::mm");
   std::atomic<bool> stop{false}, running{false};
   std::thread producer([&] {
+    running.store(true, std::memory_order_relaxed);  // before the loop: a failing commit cannot leave main waiting
     OpBuilder b;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until; ++i) {
       ASSERT_TRUE(commit_synthetic(*r, b, mm, i));
-      running.store(true, std::memory_order_relaxed);
     }
     running.store(false, std::memory_order_relaxed);
   });

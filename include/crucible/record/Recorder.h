@@ -195,10 +195,11 @@ class Recorder {
   mutable std::mutex logs_mu_;  // guards logs_ (registration is rare: once per thread)
   std::vector<std::shared_ptr<ThreadLog>> logs_;
 
-  mutable std::mutex names_mu_;
+  std::mutex names_mu_;
   std::unordered_map<std::uint64_t, std::string> schema_names_;
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
+  std::atomic<std::uint32_t> num_modules_{1};  // module_paths_.size(), read without names_mu_
   absl::flat_hash_map<std::uint64_t, ExternalKind> externals_;
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
