@@ -18,7 +18,6 @@ Writes bench/baselines/pipeline.json.
 """
 import json
 import os
-import platform
 import statistics
 import sys
 
@@ -29,6 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "vessel", "torch"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "record", "python"))
 import crucible_native as crucible  # noqa: E402
 import models  # noqa: E402
+
+import benchutil  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -108,7 +109,7 @@ def main():
               f"(ratio {r['arena_over_lower_bound']:.3f})  eager peak {peak / 2**20:6.2f} MiB "
               f"(arena / eager {r['arena_over_eager_peak']:.2f}x)")
     out = {"benchmark": "pipeline", "torch": torch.__version__,
-           "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.platform()}",
+           "machine": benchutil.machine(),
            "rounds": rounds, "note": "build figures: median over rounds; eager peak from the wrapper allocator",
            "results": results}
     path = os.path.join(HERE, "..", "baselines", "pipeline.json")

@@ -145,6 +145,11 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
                 " '" + t.schema_name(t.ops[g.trace_op(at_peak[i]->producer)].schema_hash) + "']";
     return exhausted(report, "use a smaller batch, or raise the budget if the device has more memory");
   }
+  // Every plan built where contracts are enforced (every test preset but release) is checked
+  // for the property every plan must have: no two live blocks overlap. check_plan is quadratic
+  // in the blocks, so builds that only observe contracts (release) skip it.
+  if constexpr (CRUCIBLE_CONTRACT_SEMANTIC == 2)
+    CRUCIBLE_POST(check_plan(plan).ok(), "no two blocks live at one node overlap in the arena");
   return plan;
 }
 
