@@ -6,6 +6,9 @@ For MLP, small CNN, resnet18 and a small transformer + AdamW (batch sizes as in 
     build-thread CPU time, median of --rounds recordings) and per op;
   * the same work (key, copy, graph, DAG, plan) repeated back to back on one thread: the
     build's own cost on a busy core, without the pipeline thread's wake-up on an idle core;
+    and the same again with the caches emptied before each round (64 MiB written elsewhere):
+    what the build costs when none of its code or data is cached, as the pipeline's build
+    thread finds them after its core was idle;
   * with reuse on, the time to republish the last analysis for a new run of the same step (its
     structure key matched), median of --rounds recordings; for a step whose scalars change
     every step (AdamW) only the wiring key matches, and the time is that of the rewire (copy,
@@ -65,6 +68,7 @@ def main():
         # what the build costs on a busy core. The build thread wakes on an idle one, which on
         # this VM makes the same code about twice as slow (see bench/README.md).
         hot_us = statistics.median(crucible._ext.time_build(50)["us"])
+        cold_us = statistics.median(crucible._ext.time_build(15, evict_mib=64)["us"])
         # The same again with reuse on: the last build's analysis is republished when the
         # structure key matches (Note [Reusing the last build]).
         crucible._ext.pipeline_reuse(True)
@@ -90,6 +94,7 @@ def main():
             "build_cpu_us": cpu_us,
             "build_us_per_op": build_us / it["total_ops"],
             "build_hot_us": hot_us,
+            "build_cold_us": cold_us,
             "reuse_us": reuse_us,
             "rewire_us": rewire_us,
             "rewire_over_build": rewire_us / build_us if rewire_us is not None else None,
@@ -101,7 +106,8 @@ def main():
         }
         results[name] = r
         print(f"{name:12s} {r['ops']:5d} ops  build {build_us:7.1f} us wall ({r['build_us_per_op']:.2f} us/op; "
-              f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us; back to back {hot_us:6.1f} us)  "
+              f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us; back to back {hot_us:6.1f} us, "
+              f"caches emptied {cold_us:6.1f} us)  "
               + (f"reused {reuse_us:6.1f} us  " if reuse_us is not None else
                  f"rewired {rewire_us:6.1f} us ({r['rewire_over_build']:.2f}x the build; scalars change per step)  "
                  if rewire_us is not None else "rebuilt  ") +

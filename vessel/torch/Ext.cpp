@@ -406,8 +406,13 @@ PYBIND11_MODULE(_crucible_ext, m) {
   // pipeline's build runs on a core that was idle, and pays for waking up (pipeline_bench.py
   // reports both). Differences from the pipeline's build: the copy is of the published copy,
   // one contiguous run without the recorder's lock, and every round reads the same, warm ops.
-  m.def("time_build", [](int rounds) {
+  // evict_mib > 0: before each round, write that many MiB of another buffer (outside the
+  // timing), so the round starts with the caches holding none of the build's code or data,
+  // as the pipeline's build thread finds them after its core was lent to other work.
+  m.def("time_build", [](int rounds, int evict_mib) {
     if (rounds < 1) throw std::invalid_argument("rounds must be at least 1");
+    if (evict_mib < 0 || evict_mib > 1024) throw std::invalid_argument("evict_mib must be in 0..1024");
+    std::vector<unsigned char> junk(static_cast<std::size_t>(evict_mib) << 20);
     pipeline::Pipeline& p = global_pipeline();
     std::vector<double> us;
     ContentHash root;
@@ -422,6 +427,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
       std::vector<ContentHash> contents(ops.size());
       for (std::size_t i = 0; i < ops.size(); ++i) contents[i] = op_content(t, i);
       for (int r = 0; r < rounds; ++r) {
+        for (std::size_t i = 0; i < junk.size(); i += 64) junk[i] = static_cast<unsigned char>(junk[i] + 1);
         const auto t0 = std::chrono::steady_clock::now();
         StorageNumbering numbering;
         const ContentHash body = structure_body(t, ops, numbering, contents);
@@ -437,7 +443,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["us"] = us;
     d["root_hash"] = root.hex();
     return d;
-  }, py::arg("rounds"));
+  }, py::arg("rounds"), py::arg("evict_mib") = 0);
   m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {

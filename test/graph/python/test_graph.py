@@ -132,6 +132,11 @@ def test_time_build_repeats_the_published_build(name):
     assert timed["root_hash"] == it["root_hash"]
     with pytest.raises(ValueError, match="at least 1"):
         crucible._ext.time_build(0)
+    # With the caches emptied before each round: the same build.
+    cold = crucible._ext.time_build(2, evict_mib=8)
+    assert len(cold["us"]) == 2 and cold["root_hash"] == it["root_hash"]
+    with pytest.raises(ValueError, match="evict_mib"):
+        crucible._ext.time_build(1, evict_mib=-1)
 
 
 def test_shape_or_dtype_change_changes_the_root_hash():
