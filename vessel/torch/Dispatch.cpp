@@ -473,6 +473,16 @@ void pop_module() {
   ThreadState& ts = thread_state();
   if (ts.modules.size() > 1) ts.modules.pop_back();
 }
+std::size_t push_module_id(std::uint32_t module_id) {
+  std::vector<std::uint32_t>& m = thread_state().modules;
+  const std::size_t depth = m.size();
+  m.push_back(module_id);
+  return depth;
+}
+void pop_modules_to(std::size_t depth) {
+  std::vector<std::uint32_t>& m = thread_state().modules;
+  if (depth >= 1 && depth < m.size()) m.resize(depth);
+}
 
 std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_ids.id(s); }
 

@@ -35,9 +35,13 @@ const char* dispatch_key_name();
 void set_enabled(bool on);
 bool is_enabled();
 
-// Module scope of the calling thread (forward pre/post hooks call these).
+// Module scope of the calling thread (forward pre/post hooks call these). push_module_id
+// returns the scope depth before the push; pop_modules_to(depth) goes back to it, dropping
+// whatever a forward that raised left above it (the outermost scope, 0, always stays).
 void push_module(const std::string& path);
 void pop_module();
+std::size_t push_module_id(std::uint32_t module_id);
+void pop_modules_to(std::size_t depth);
 
 // Crucible's id of a storage (the same id recorded tensor metadata carries).
 std::uint64_t storage_id(const c10::Storage& s);

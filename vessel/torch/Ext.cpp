@@ -303,6 +303,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("is_enabled", &vessel::is_enabled);
   m.def("push_module", &vessel::push_module);
   m.def("pop_module", &vessel::pop_module);
+  m.def("intern_module", [](const std::string& path) { return Recorder::global().intern_module(path); });
+  m.def("push_module_id", &vessel::push_module_id);
+  m.def("pop_modules_to", &vessel::pop_modules_to);
   m.def("configure", [](std::uint32_t entries, std::uint32_t cells, std::uint32_t scalars) {
     RecorderConfig cfg;
     cfg.ring_entries = entries;
@@ -311,6 +314,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     check(Recorder::configure_global(cfg));
   });
   m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
+  m.def("drop_when_full", [] { return Recorder::global().drop_when_full(); });
   m.def("flush", [] {
     py::gil_scoped_release nogil;
     Recorder::global().flush();

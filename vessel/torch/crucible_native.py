@@ -34,7 +34,8 @@ class CrucibleError(RuntimeError):
 
 
 class CrucibleWarning(UserWarning):
-    """A compiled step runs eagerly (and why), or a plan was retired."""
+    """A compiled step runs eagerly (and why), a plan was retired, or the recording a result
+    comes from dropped ops (drop_when_full)."""
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,7 +118,10 @@ def _classify(tensors: Iterable, kind: str) -> int:
     for t in tensors:
         if t is None:
             continue
-        _ext.classify_external(storage_id(t), _KINDS[kind])
+        sid = storage_id(t)
+        if sid == 0:   # no storage (sparse, ...): nothing to classify
+            continue
+        _ext.classify_external(sid, _KINDS[kind])
         n += 1
     return n
 
@@ -130,12 +134,15 @@ def configure(ring_entries: int = 1 << 16, meta_cells: int = 1 << 17, scalar_slo
     """Sets the per-thread ring sizes (powers of two) and whether hot ops record through typed
     (unboxed) kernels — the same records, less overhead. Only before recording starts."""
     global _unboxed_kernels
-    if _ext.installed():
-        raise CrucibleError("crucible.configure() after recording started; call it first")
+    if _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
+        raise CrucibleError("crucible.configure(unboxed_kernels=...) after the recording kernels were installed "
+                            "(by enable(), recording() or compile()); call configure() before those")
     try:
         _ext.configure(ring_entries, meta_cells, scalar_slots)
     except (RuntimeError, TypeError) as e:
-        raise CrucibleError(str(e)) from None
+        raise CrucibleError(f"{e} (the recorder is made by the first enable(), recording(), compile(), "
+                            f"track_modules(), mark_inputs(), stats(), trace() or flush()): call "
+                            f"crucible.configure() before any of those") from None
     _unboxed_kernels = bool(unboxed_kernels)
 
 
@@ -144,6 +151,8 @@ def enable(drop_when_full: bool = False) -> None:
 
     drop_when_full=False (default): a full ring makes the recording thread wait for the drain.
     True: the op is counted as dropped (stats()['dropped']) and the next op is flagged.
+    The mode is the recorder's, so it applies to every recording thread: the latest enable()
+    sets it (recording() puts back the one it found when its block ends).
     """
     try:
         _ext.install(_unboxed_kernels)
@@ -154,75 +163,138 @@ def enable(drop_when_full: bool = False) -> None:
     _ext.set_enabled(True)
 
 
-def disable() -> None:
-    """Stop recording on the calling thread (already recorded ops are kept)."""
+def disable() -> bool:
+    """Stop recording on the calling thread (already recorded ops are kept). Returns whether
+    the calling thread was recording: recording is per thread, and disable() on one thread
+    leaves the others recording."""
+    was = bool(_ext.is_enabled())
     _ext.set_enabled(False)
+    return was
 
 
 def is_enabled() -> bool:
+    """Whether the calling thread records (per thread, as enable() and disable())."""
     return bool(_ext.is_enabled())
 
 
 @contextlib.contextmanager
 def recording(drop_when_full: bool = False):
-    """with crucible.recording(): ... records the block on this thread."""
+    """with crucible.recording(): ... records the block on this thread. On exit (an exception
+    included) recording is as before the block, and so is the drop_when_full mode."""
     was = is_enabled()
+    mode = bool(_ext.drop_when_full()) if _ext.installed() else False
     enable(drop_when_full)
     try:
         yield
     finally:
+        _ext.set_drop_when_full(mode)
         if not was:
             disable()
 
 
 class _Handles:
-    def __init__(self, handles):
+    def __init__(self, handles, on_remove=None):
         self._handles = handles
+        self._on_remove = on_remove
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._on_remove is not None:
+            self._on_remove()
+            self._on_remove = None
+
+
+_tracked = weakref.WeakKeyDictionary()  # model -> its _Handles, while its hooks are on
+_scopes = threading.local()              # per thread: id(module) -> scope depths of its open calls
+
+
+def _open_calls() -> dict:
+    d = getattr(_scopes, "calls", None)
+    if d is None:
+        d = _scopes.calls = {}
+    return d
 
 
 def track_modules(model) -> _Handles:
     """Every op run inside a submodule's forward carries that module's path ("layer1.0.conv1").
 
     Also classifies the model's parameters and buffers as externals of the trace.
-    Returns a handle whose remove() takes the hooks off again.
+    Returns a handle whose remove() takes the hooks off again; for a model tracked already, the
+    same handle (its parameters and buffers classified again), not a second set of hooks. A
+    forward that raises leaves no stale scope behind: the next call of that module, or the end
+    of the call of a module around it, drops it.
     """
+    if model in _tracked:
+        _classify(model.parameters(), "parameter")
+        _classify(model.buffers(), "buffer")
+        return _tracked[model]
     handles = []
     for name, mod in model.named_modules():
-        def pre(_m, _inp, _name=name):
-            _ext.push_module(_name)
+        def pre(m, _inp, _id=_ext.intern_module(name)):  # interned once, not per call
+            calls = _open_calls()
+            depths = calls.get(id(m))
+            if depths:   # a call of m that never returned (its forward raised): drop what it left
+                _ext.pop_modules_to(depths[0])
+                depths.clear()
+            elif depths is None:
+                depths = calls[id(m)] = []
+            depths.append(_ext.push_module_id(_id))
 
-        def post(_m, _inp, _out):
-            _ext.pop_module()
+        def post(m, _inp, _out):
+            depths = _open_calls().get(id(m))
+            if depths:
+                _ext.pop_modules_to(depths.pop())
 
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
     _classify(model.parameters(), "parameter")
     _classify(model.buffers(), "buffer")
-    return _Handles(handles)
+    h = _tracked[model] = _Handles(handles, lambda: _tracked.pop(model, None))
+    return h
 
 
-def track_optimizer(optimizer) -> None:
-    """Classifies the optimizer's current state tensors and the parameters' gradients."""
+def track_optimizer(optimizer) -> int:
+    """Classifies the optimizer's current state tensors and the parameters' gradients. Returns
+    how many gradient and state tensors it classified: gradients and optimizer state exist only
+    after the first backward and step, and before those it warns that it found none."""
     import torch
+    n = 0
     for group in optimizer.param_groups:
         _classify(group["params"], "parameter")
-        _classify((p.grad for p in group["params"]), "gradient")
+        n += _classify((p.grad for p in group["params"]), "gradient")
     for st in optimizer.state.values():
-        _classify((v for v in st.values() if isinstance(v, torch.Tensor)), "optimizer_state")
+        n += _classify((v for v in st.values() if isinstance(v, torch.Tensor)), "optimizer_state")
+    if n == 0:
+        import warnings
+        warnings.warn("crucible.track_optimizer: no gradients or optimizer state exist yet (they are made by "
+                      "the first backward and step); call it after the first training step", CrucibleWarning,
+                      stacklevel=2)
+    return n
 
 
-def mark_inputs(*tensors) -> None:
-    """Classifies tensors the step consumes that no recorded op produced (a batch)."""
-    _classify(tensors, "input")
+def _tensors_of(fn: str, args) -> list:
+    import torch
+    out = []
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if not isinstance(t, torch.Tensor):
+                raise CrucibleError(f"crucible.{fn}: expected tensors (or lists of them), got {type(t).__name__}")
+            out.append(t)
+    return out
 
 
-def mark_constants(*tensors) -> None:
-    _classify(tensors, "constant")
+def mark_inputs(*tensors) -> int:
+    """Classifies tensors the step consumes that no recorded op produced (a batch); lists and
+    tuples of tensors are taken apart. Returns how many it classified (a sparse tensor has no
+    storage id and is not counted)."""
+    return _classify(_tensors_of("mark_inputs", tensors), "input")
+
+
+def mark_constants(*tensors) -> int:
+    """As mark_inputs, for tensors the program reads but never changes."""
+    return _classify(_tensors_of("mark_constants", tensors), "constant")
 
 
 def flush() -> None:
@@ -239,14 +311,25 @@ def stats() -> dict:
     divergences, eager calls and refusals, over every compiled step."""
     d = _ext.stats()
     c = _compiled_totals()
-    c.update(_ext.replay_counters())
+    # The native counters under their own names: "captures" there counts only the captures
+    # that became plans' inputs, the Python total counts every capture attempt.
+    c.update({f"native_{k}": v for k, v in _ext.replay_counters().items()})
     d["compiled"] = c
     return d
 
 
+def _warn_dropped(dropped: int, what: str) -> None:
+    if dropped:
+        import warnings
+        warnings.warn(f"crucible: {dropped} ops were dropped while recording (drop_when_full): {what} "
+                      f"is of an incomplete recording", CrucibleWarning, stacklevel=3)
+
+
 def trace():
     """Everything recorded so far (flushes first), as a Trace (len(), op(i), ops())."""
-    return _ext.snapshot()
+    t = _ext.snapshot()
+    _warn_dropped(t.stats()["dropped"], "the trace")
+    return t
 
 
 def export(path: str) -> dict:
@@ -257,9 +340,7 @@ def export(path: str) -> dict:
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
     s = t.stats()
-    if s["dropped"]:
-        print(f"crucible: warning: {s['dropped']} ops were dropped (drop_when_full); "
-              f"the trace of {path} is incomplete", file=sys.stderr)
+    _warn_dropped(s["dropped"], f"the trace written to {path}")
     return s
 
 
@@ -277,25 +358,40 @@ def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64
     ratio). budget > 0 checks persistent state + arena against that many bytes: a plan that
     does not fit comes back with plan_error naming what is live at the peak.
     Raises CrucibleError when no iteration can be found (and says why)."""
+    _check_trace("iteration", trace)
     try:
         if trace is None and thread == -1 and budget == 0 and alignment == 64:
-            return _ext.published_iteration()  # what the background pipeline published
-        return _ext.iteration(trace if trace is not None else _ext.snapshot(), thread, budget, alignment)
+            it = _ext.published_iteration()  # what the background pipeline published
+            _warn_dropped(_ext.stats()["dropped"], "the iteration")
+            return it
+        t = trace if trace is not None else _ext.snapshot()
+        _warn_dropped(t.stats()["dropped"], "the iteration")
+        return _ext.iteration(t, thread, budget, alignment)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
+
+
+def _check_trace(fn: str, trace) -> None:
+    if trace is not None and not isinstance(trace, _ext.Trace):
+        raise CrucibleError(f"crucible.{fn}: trace must be a Trace (from crucible.trace() or crucible.load_trace()), "
+                            f"got {type(trace).__name__}; for a file, pass crucible.load_trace(path)")
 
 
 def export_graph(path: str, trace=None, thread: int = -1) -> int:
     """Writes the latest iteration's dataflow graph as Graphviz DOT (nodes coloured by phase,
     clustered by module). Returns the number of nodes. Render: dot -Tsvg path -o graph.svg"""
+    _check_trace("export_graph", trace)
     try:
-        return _ext.export_graph(trace if trace is not None else _ext.snapshot(), os.fspath(path), thread)
+        t = trace if trace is not None else _ext.snapshot()
+        _warn_dropped(t.stats()["dropped"], "the graph")
+        return _ext.export_graph(t, os.fspath(path), thread)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
 
 
 def clear() -> None:
-    """Forgets every recorded op (counters in stats() keep counting)."""
+    """Forgets every recorded op; stats() counts ops, drops, bytes and waits from here on
+    (the skipped-op counts and stats()["compiled"] keep counting)."""
     _ext.clear()
 
 
@@ -554,6 +650,7 @@ class CompiledStep:
         _live_steps.add(self)
         weakref.finalize(self, _retire_stats, self._stats)
         self._overflow_warned = False
+        self._recording_warned = False
         self._warm = False        # the warm-up call has run (gradients and optimizer state exist)
         self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
         self.last_refusal = None    # why the last refused signature runs eagerly
@@ -641,6 +738,17 @@ class CompiledStep:
     def __call__(self, *args, **kwargs):
         st = self._stats
         st["calls"] += 1
+        if _ext.is_enabled():
+            # A plan runs outside the recording (its ops would be missing from the trace):
+            # while this thread records, the step runs eagerly, every op recorded.
+            if not self._recording_warned:
+                import warnings
+                self._recording_warned = True
+                warnings.warn("crucible.compile: the step runs eagerly while this thread records "
+                              "(crucible.enable() / recording()), so that its ops are recorded; plans run "
+                              "again once recording is off", CrucibleWarning, stacklevel=2)
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
         try:
             key, tensors = self._signature(args, kwargs)
             e = self._entries.get(key)

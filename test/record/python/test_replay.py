@@ -521,18 +521,29 @@ def test_capture_leaves_the_trace_alone_and_stats_count():
     assert c["captures"] - before["captures"] == 2
 
 
-def test_compiled_step_while_recording_still_records():
+def test_compiled_step_while_recording_runs_eagerly_and_records_every_call():
+    """A plan runs outside the recording; while the thread records, a compiled step runs
+    eagerly instead, so the trace holds every call, as for the uncompiled step."""
     s = models.make("mlp")
     step = crucible.compile(s.step)
-    crucible.enable()
-    try:
+    for _ in range(4):
+        step()
+    assert step.stats()["plan_runs"] > 0, "a plan exists before recording starts"
+    runs = step.stats()["plan_runs"]
+    with pytest.warns(crucible.CrucibleWarning, match="runs eagerly while this thread records"):
+        with crucible.recording():
+            for _ in range(3):
+                step()
+    assert step.stats()["plan_runs"] == runs
+    recorded = crucible.stats()["total"]
+    crucible.clear()
+    ref = models.make("mlp")
+    for _ in range(4):
+        ref.step()
+    with crucible.recording():
         for _ in range(3):
-            step()
-    finally:
-        crucible.disable()
-    crucible.flush()
-    st = crucible.stats()
-    assert st["ops"]["forward"] > 0 and st["ops"]["backward"] > 0 and st["ops"]["optimizer"] > 0
+            ref.step()
+    assert recorded == crucible.stats()["total"] > 0
 
 
 def test_bad_arguments():

@@ -328,6 +328,78 @@ def test_module_paths_and_phases_are_attached():
     assert any(o["name"].endswith("_") or ".out" in o["name"] or "add_" in o["name"] for o in mutable)
 
 
+def test_module_scopes_survive_a_forward_that_raises():
+    """A forward that raises skips its modules' post-hooks; the next call drops the scopes it
+    left, so later ops are not labelled with a module they did not run in."""
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.inner, self.fail = nn.Linear(4, 4), nn.Linear(4, 4), False
+
+        def forward(self, x):
+            x = self.fc(x)
+            if self.fail:
+                raise RuntimeError("boom")
+            return self.inner(x)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.head = Block(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    m = Outer()
+    handle = crucible.track_modules(m)
+    assert crucible.track_modules(m) is handle, "tracking twice gives the same hooks, not a second set"
+    x = torch.randn(2, 4)
+    m.block.fail = True
+    with pytest.raises(RuntimeError, match="boom"):
+        with crucible.recording():
+            m(x)
+    m.block.fail = False
+    with crucible.recording():
+        y = m(x)
+        (y * 3).sum()  # outside every module
+    ops = crucible.trace().ops()
+    after = ops[[o["module"] for o in ops].index("block.inner"):]  # the second call's tail
+    assert {o["module"] for o in after if o["name"].startswith("aten::addmm")} == {"block.inner", "head"}
+    assert ops[-1]["name"].startswith("aten::sum") and ops[-1]["module"] == ""
+    assert ops[-2]["name"].startswith("aten::mul") and ops[-2]["module"] == ""
+    handle.remove()
+    assert crucible.track_modules(m) is not handle, "after remove() the model can be tracked again"
+
+
+def test_recording_block_restores_the_mode_and_disable_says_what_it_did():
+    crucible.enable()
+    with crucible.recording(drop_when_full=True):
+        assert crucible._ext.drop_when_full()
+    assert not crucible._ext.drop_when_full(), "back-pressure again after the block"
+    assert crucible.is_enabled(), "the block leaves an enclosing enable() alone"
+    assert crucible.disable() is True
+    assert crucible.disable() is False, "nothing to disable on this thread"
+
+
+def test_bad_arguments_to_the_controller_are_clear_errors():
+    with pytest.raises(crucible.CrucibleError, match="crucible.load_trace"):
+        crucible.iteration(trace="run.crtrace")
+    with pytest.raises(crucible.CrucibleError, match="expected tensors"):
+        crucible.mark_inputs(3)
+    a, b = torch.randn(2), torch.randn(3)
+    assert crucible.mark_inputs([a, b]) == 2, "lists of tensors are taken apart"
+    assert crucible.mark_constants(torch.randn(2, 2).to_sparse()) == 0, "a sparse tensor has no storage id"
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    with pytest.warns(crucible.CrucibleWarning, match="after the first training step"):
+        assert crucible.track_optimizer(opt) == 0
+    m(torch.randn(1, 2)).sum().backward()
+    opt.step()
+    assert crucible.track_optimizer(opt) == 4, "two gradients and two momentum buffers"
+
+
 def test_no_grad_and_inference_mode():
     s = models.make("mlp")
     with torch.no_grad():
