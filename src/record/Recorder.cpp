@@ -110,7 +110,7 @@ bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const M
   const auto bump = [](std::atomic<std::uint64_t>& c, std::uint64_t by) {
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   };
-  if (drop_when_full_.load(std::memory_order_relaxed)) [[unlikely]] {
+  if (log.drop_mode_ < 0 ? drop_when_full_.load(std::memory_order_relaxed) : log.drop_mode_ != 0) [[unlikely]] {
     const bool fits = log.entries_.capacity() - log.entries_.size_approx() >= 1 &&
                       log.metas_.capacity() - log.metas_.size_approx() >= cells.size() &&
                       log.scalars_.capacity() - log.scalars_.size_approx() >= scalars.size();

@@ -483,6 +483,10 @@ void pop_modules_to(std::size_t depth) {
   std::vector<std::uint32_t>& m = thread_state().modules;
   if (depth >= 1 && depth < m.size()) m.resize(depth);
 }
+void pop_modules_to_if(std::size_t depth, std::uint32_t module_id) {
+  std::vector<std::uint32_t>& m = thread_state().modules;
+  if (depth >= 1 && depth < m.size() && m[depth] == module_id) m.resize(depth);
+}
 
 std::uint64_t storage_id(const c10::Storage& s) { return thread_state().storage_ids.id(s); }
 

@@ -42,6 +42,9 @@ void push_module(const std::string& path);
 void pop_module();
 std::size_t push_module_id(std::uint32_t module_id);
 void pop_modules_to(std::size_t depth);
+// pop_modules_to(depth) if the scope at `depth` is `module_id` (a call of that module that
+// never returned); else nothing.
+void pop_modules_to_if(std::size_t depth, std::uint32_t module_id);
 
 // Crucible's id of a storage (the same id recorded tensor metadata carries).
 std::uint64_t storage_id(const c10::Storage& s);

@@ -304,7 +304,13 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("push_module", &vessel::push_module);
   m.def("pop_module", &vessel::pop_module);
   m.def("intern_module", [](const std::string& path) { return Recorder::global().intern_module(path); });
-  m.def("push_module_id", &vessel::push_module_id);
+  m.def("push_module_id", [](std::uint32_t id) {
+    if (const std::uint32_t n = Recorder::global().num_modules(); id >= n)
+      throw std::invalid_argument("module id " + std::to_string(id) + " was not interned (" + std::to_string(n) +
+                                  " exist): use an id from intern_module");
+    return vessel::push_module_id(id);
+  });
+  m.def("pop_modules_to_if", &vessel::pop_modules_to_if);
   m.def("pop_modules_to", &vessel::pop_modules_to);
   m.def("configure", [](std::uint32_t entries, std::uint32_t cells, std::uint32_t scalars) {
     RecorderConfig cfg;
@@ -315,6 +321,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
   m.def("drop_when_full", [] { return Recorder::global().drop_when_full(); });
+  m.def("set_thread_drop_when_full", [](bool on) { Recorder::global().set_thread_drop_when_full(on); });
+  m.def("thread_drop_when_full", [] { return Recorder::global().thread_drop_when_full(); });
   m.def("flush", [] {
     py::gil_scoped_release nogil;
     Recorder::global().flush();
@@ -432,6 +440,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
       for (std::size_t i = 0; i < ops.size(); ++i) contents[i] = op_content(t, i);
       for (int r = 0; r < rounds; ++r) {
         for (std::size_t i = 0; i < junk.size(); i += 64) junk[i] = static_cast<unsigned char>(junk[i] + 1);
+        asm volatile("" : : "r"(junk.data()) : "memory");  // the writes happen: nothing reads them
         const auto t0 = std::chrono::steady_clock::now();
         StorageNumbering numbering;
         const ContentHash body = structure_body(t, ops, numbering, contents);

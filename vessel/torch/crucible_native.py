@@ -130,20 +130,24 @@ _unboxed_kernels = True
 
 
 def configure(ring_entries: int = 1 << 16, meta_cells: int = 1 << 17, scalar_slots: int = 1 << 16,
-              unboxed_kernels: bool = True) -> None:
+              unboxed_kernels: Optional[bool] = None) -> None:
     """Sets the per-thread ring sizes (powers of two) and whether hot ops record through typed
-    (unboxed) kernels — the same records, less overhead. Only before recording starts."""
+    (unboxed) kernels — the same records, less overhead (None: as it is, on by default).
+    Only before the recorder exists (see the error for what makes it)."""
     global _unboxed_kernels
-    if _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
+    if unboxed_kernels is not None and _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
         raise CrucibleError("crucible.configure(unboxed_kernels=...) after the recording kernels were installed "
                             "(by enable(), recording() or compile()); call configure() before those")
     try:
         _ext.configure(ring_entries, meta_cells, scalar_slots)
     except (RuntimeError, TypeError) as e:
-        raise CrucibleError(f"{e} (the recorder is made by the first enable(), recording(), compile(), "
-                            f"track_modules(), mark_inputs(), stats(), trace() or flush()): call "
-                            f"crucible.configure() before any of those") from None
-    _unboxed_kernels = bool(unboxed_kernels)
+        msg = str(e)
+        if "already exists" in msg:
+            msg += (" (the recorder is made by the first enable(), recording(), compile(), track_modules(), "
+                    "mark_inputs(), stats(), trace() or flush()): call crucible.configure() before any of those")
+        raise CrucibleError(msg) from None
+    if unboxed_kernels is not None:
+        _unboxed_kernels = bool(unboxed_kernels)
 
 
 def enable(drop_when_full: bool = False) -> None:
@@ -151,14 +155,13 @@ def enable(drop_when_full: bool = False) -> None:
 
     drop_when_full=False (default): a full ring makes the recording thread wait for the drain.
     True: the op is counted as dropped (stats()['dropped']) and the next op is flagged.
-    The mode is the recorder's, so it applies to every recording thread: the latest enable()
-    sets it (recording() puts back the one it found when its block ends).
+    The mode is the calling thread's, as recording is.
     """
     try:
         _ext.install(_unboxed_kernels)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
-    _ext.set_drop_when_full(bool(drop_when_full))
+    _ext.set_thread_drop_when_full(bool(drop_when_full))
     _ext.start_pipeline()
     _ext.set_enabled(True)
 
@@ -182,12 +185,12 @@ def recording(drop_when_full: bool = False):
     """with crucible.recording(): ... records the block on this thread. On exit (an exception
     included) recording is as before the block, and so is the drop_when_full mode."""
     was = is_enabled()
-    mode = bool(_ext.drop_when_full()) if _ext.installed() else False
+    mode = bool(_ext.thread_drop_when_full())
     enable(drop_when_full)
     try:
         yield
     finally:
-        _ext.set_drop_when_full(mode)
+        _ext.set_thread_drop_when_full(mode)
         if not was:
             disable()
 
@@ -206,8 +209,14 @@ class _Handles:
             self._on_remove = None
 
 
-_tracked = weakref.WeakKeyDictionary()  # model -> its _Handles, while its hooks are on
-_scopes = threading.local()              # per thread: id(module) -> scope depths of its open calls
+_tracked = {}                # id(model) -> (weak reference to it, its _Handles), while its hooks are on
+_scopes = threading.local()  # per thread: id(module) -> scope depths of its open calls
+
+
+def _untrack(key: int, ref) -> None:
+    entry = _tracked.get(key)
+    if entry is not None and entry[0] is ref:
+        del _tracked[key]
 
 
 def _open_calls() -> dict:
@@ -222,24 +231,31 @@ def track_modules(model) -> _Handles:
 
     Also classifies the model's parameters and buffers as externals of the trace.
     Returns a handle whose remove() takes the hooks off again; for a model tracked already, the
-    same handle (its parameters and buffers classified again), not a second set of hooks. A
-    forward that raises leaves no stale scope behind: the next call of that module, or the end
-    of the call of a module around it, drops it.
+    same handle (its parameters and buffers classified again), not a second set of hooks. The
+    hooks hold no reference to the model. A forward that raises leaves no stale scope behind:
+    the end of the call of a module around it drops it, and so does the model's next call
+    (the model itself is never called from inside its own forward).
     """
-    if model in _tracked:
+    key = id(model)
+    entry = _tracked.get(key)
+    if entry is not None and entry[0]() is model:
         _classify(model.parameters(), "parameter")
         _classify(model.buffers(), "buffer")
-        return _tracked[model]
+        return entry[1]
     handles = []
     for name, mod in model.named_modules():
-        def pre(m, _inp, _id=_ext.intern_module(name)):  # interned once, not per call
+        def pre(m, _inp, _id=_ext.intern_module(name), _root=mod is model):  # interned once, not per call
             calls = _open_calls()
             depths = calls.get(id(m))
-            if depths:   # a call of m that never returned (its forward raised): drop what it left
-                _ext.pop_modules_to(depths[0])
-                depths.clear()
-            elif depths is None:
+            if depths is None:
                 depths = calls[id(m)] = []
+            elif depths and _root:
+                # A call of the model that never returned (its forward raised): drop the scopes
+                # it left, and what its modules' open calls above that depth remember.
+                stale = depths[0]
+                _ext.pop_modules_to_if(stale, _id)
+                for d in calls.values():
+                    d[:] = [x for x in d if x < stale]
             depths.append(_ext.push_module_id(_id))
 
         def post(m, _inp, _out):
@@ -251,7 +267,9 @@ def track_modules(model) -> _Handles:
         handles.append(mod.register_forward_hook(post))
     _classify(model.parameters(), "parameter")
     _classify(model.buffers(), "buffer")
-    h = _tracked[model] = _Handles(handles, lambda: _tracked.pop(model, None))
+    ref = weakref.ref(model, lambda r, k=key: _untrack(k, r))
+    h = _Handles(handles, lambda: _untrack(key, ref))
+    _tracked[key] = (ref, h)
     return h
 
 
@@ -266,7 +284,7 @@ def track_optimizer(optimizer) -> int:
         n += _classify((p.grad for p in group["params"]), "gradient")
     for st in optimizer.state.values():
         n += _classify((v for v in st.values() if isinstance(v, torch.Tensor)), "optimizer_state")
-    if n == 0:
+    if n == 0 and not optimizer.state:
         import warnings
         warnings.warn("crucible.track_optimizer: no gradients or optimizer state exist yet (they are made by "
                       "the first backward and step); call it after the first training step", CrucibleWarning,
@@ -279,6 +297,8 @@ def _tensors_of(fn: str, args) -> list:
     out = []
     for a in args:
         for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if t is None:  # an optional tensor that is not there
+                continue
             if not isinstance(t, torch.Tensor):
                 raise CrucibleError(f"crucible.{fn}: expected tensors (or lists of them), got {type(t).__name__}")
             out.append(t)
@@ -318,8 +338,16 @@ def stats() -> dict:
     return d
 
 
-def _warn_dropped(dropped: int, what: str) -> None:
-    if dropped:
+_warned_drops = 0  # the drop count trace(), iteration() and export_graph() last warned about
+
+
+def _warn_dropped(dropped: int, what: str, always: bool = False) -> None:
+    """Warns that `what` comes from a recording with `dropped` dropped ops: export() always,
+    the others once per new drop count (not on every call after one drop)."""
+    global _warned_drops
+    if dropped and (always or dropped != _warned_drops):
+        if not always:
+            _warned_drops = dropped
         import warnings
         warnings.warn(f"crucible: {dropped} ops were dropped while recording (drop_when_full): {what} "
                       f"is of an incomplete recording", CrucibleWarning, stacklevel=3)
@@ -340,7 +368,7 @@ def export(path: str) -> dict:
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
     s = t.stats()
-    _warn_dropped(s["dropped"], f"the trace written to {path}")
+    _warn_dropped(s["dropped"], f"the trace written to {path}", always=True)
     return s
 
 

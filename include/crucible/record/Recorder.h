@@ -64,6 +64,7 @@ class ThreadLog {
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::uint64_t> waits_{0};
   bool after_drop_ = false;
+  std::int8_t drop_mode_ = -1;  // producer only: -1 the recorder's mode, 0 back-pressure, 1 drop
   // Back-pressure parking: a producer facing a full ring sets waiting_ and sleeps on bell_
   // (a futex) until the drain has moved something out of this log; the drain bumps bell_ and
   // wakes it when it sees waiting_. seq_cst on both sides (store/fence, then load): either the
@@ -176,6 +177,13 @@ class Recorder {
   // Switches between back-pressure (false, the default) and counting drops (true).
   void set_drop_when_full(bool on) { drop_when_full_.store(on, std::memory_order_relaxed); }
   bool drop_when_full() const { return drop_when_full_.load(std::memory_order_relaxed); }
+  // The calling thread's own mode, which overrides the recorder's for its ops (the Python
+  // controller's enable(drop_when_full=...) is per thread, as recording is).
+  void set_thread_drop_when_full(bool on) { thread_log().drop_mode_ = on ? 1 : 0; }
+  bool thread_drop_when_full() {
+    const ThreadLog& l = thread_log();
+    return l.drop_mode_ < 0 ? drop_when_full() : l.drop_mode_ != 0;
+  }
   // Sets the ring sizes global() will use; an error once global() exists.
   static Status configure_global(const RecorderConfig& cfg);
 

@@ -376,11 +376,51 @@ def test_module_scopes_survive_a_forward_that_raises():
 def test_recording_block_restores_the_mode_and_disable_says_what_it_did():
     crucible.enable()
     with crucible.recording(drop_when_full=True):
-        assert crucible._ext.drop_when_full()
-    assert not crucible._ext.drop_when_full(), "back-pressure again after the block"
+        assert crucible._ext.thread_drop_when_full()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(crucible._ext.thread_drop_when_full()))
+        t.start()
+        t.join()
+        assert seen == [False], "the mode is this thread's: another thread keeps back-pressure"
+    assert not crucible._ext.thread_drop_when_full(), "back-pressure again after the block"
     assert crucible.is_enabled(), "the block leaves an enclosing enable() alone"
     assert crucible.disable() is True
     assert crucible.disable() is False, "nothing to disable on this thread"
+
+
+def test_tracked_models_are_not_kept_alive_and_recursion_keeps_its_scope():
+    import gc
+    import weakref
+    import torch.nn as nn
+
+    class Rec(nn.Module):  # calls itself: the outer call's scope must survive the inner one
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x, n=1):
+            if n:
+                x = self(x, n - 1)
+            return self.fc(x).relu()
+
+    class Top(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rec = Rec()
+
+        def forward(self, x):
+            return self.rec(x)
+
+    m = Top()
+    crucible.track_modules(m)
+    with crucible.recording():
+        m(torch.randn(2, 4))
+    relus = [o["module"] for o in crucible.trace().ops() if o["name"].startswith("aten::relu")]
+    assert relus == ["rec", "rec"], relus
+    r = weakref.ref(m)
+    del m
+    gc.collect()
+    assert r() is None, "track_modules must not keep the model (and its parameters) alive"
 
 
 def test_bad_arguments_to_the_controller_are_clear_errors():
@@ -389,7 +429,7 @@ def test_bad_arguments_to_the_controller_are_clear_errors():
     with pytest.raises(crucible.CrucibleError, match="expected tensors"):
         crucible.mark_inputs(3)
     a, b = torch.randn(2), torch.randn(3)
-    assert crucible.mark_inputs([a, b]) == 2, "lists of tensors are taken apart"
+    assert crucible.mark_inputs([a, b], None) == 2, "lists of tensors are taken apart, None skipped"
     assert crucible.mark_constants(torch.randn(2, 2).to_sparse()) == 0, "a sparse tensor has no storage id"
     m = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -554,6 +594,7 @@ def test_drop_mode_counts_and_reports_every_dropped_op(tmp_path):
     assert in_trace == recorded
     assert 1 <= flagged <= dropped
     assert "ops were dropped" in r.stderr and "incomplete" in r.stderr
+    assert "the trace written to" in r.stderr, "export() itself warns"
     back = crucible.load_trace(str(tmp_path / "d.crtrace"))
     assert back.stats()["dropped"] == dropped
 
