@@ -10,7 +10,6 @@ a shared machine cannot make faster) and writes bench/baselines/vessel_overhead.
 """
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +22,8 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
 import crucible_native as crucible  # noqa: E402
+
+import benchutil  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -151,8 +152,7 @@ def main():
               + (f", {ratio:.1f}x less per op than TorchDispatchMode" if ratio is not None else ""))
     out = {
         "benchmark": "vessel_overhead",
-        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-                   f"{platform.platform()}",
+        "machine": benchutil.machine(),
         "torch": torch.__version__,
         "threads": 1,
         "build": crucible.build_dir(),
