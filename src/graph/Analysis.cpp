@@ -23,7 +23,8 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
 }
 
 std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
-                                             std::vector<std::size_t> ops, std::span<const ContentHash> locals,
+                                             std::vector<std::size_t> ops,
+                                             std::span<const ContentHash> locals,
                                              record::StorageNumbering numbering) {
   std::optional<TraceGraph> g = last.graph.rebased(t, ops, std::move(numbering));
   if (!g) return nullptr;

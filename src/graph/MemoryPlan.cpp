@@ -16,9 +16,11 @@ std::string mib(std::uint64_t b) {
 }  // namespace
 
 Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt) {
-  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 || opt.alignment > (std::uint64_t{1} << 30))
-    return invalid_input("plan alignment " + std::to_string(opt.alignment) + " is not a power of two up to 2^30",
-                         "use 16, 64, 256, ...");
+  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 ||
+      opt.alignment > (std::uint64_t{1} << 30))
+    return invalid_input(
+        "plan alignment " + std::to_string(opt.alignment) + " is not a power of two up to 2^30",
+        "use 16, 64, 256, ...");
   MemoryPlan plan;
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
   // Per storage number (the graph's numbering): its block, or kPersistent for storages read
@@ -64,18 +66,21 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 62;
   auto too_big = [&](std::uint64_t storage_id, std::uint64_t bytes) {
     return invalid_input("the trace's storage sizes add up to more than 2^62 bytes (storage " +
-                             std::to_string(storage_id) + " says " + std::to_string(bytes) + " bytes)",
+                             std::to_string(storage_id) + " says " + std::to_string(bytes) +
+                             " bytes)",
                          "the trace is corrupt or not of a real program: record it again");
   };
   std::uint64_t total = 0;
   for (std::size_t s = 1; s < persistent_size.size(); ++s) {
-    if (persistent_size[s] > kMaxTotal - total) return too_big(num.storages[s - 1], persistent_size[s]);
+    if (persistent_size[s] > kMaxTotal - total)
+      return too_big(num.storages[s - 1], persistent_size[s]);
     total += persistent_size[s];
   }
   plan.persistent_bytes = total;
   total = 0;
   for (const Block& b : plan.blocks) {
-    if (b.bytes > kMaxTotal - total || opt.alignment > kMaxTotal - total - b.bytes) return too_big(b.storage_id, b.bytes);
+    if (b.bytes > kMaxTotal - total || opt.alignment > kMaxTotal - total - b.bytes)
+      return too_big(b.storage_id, b.bytes);
     total += b.bytes + opt.alignment;  // with the rounding up below
   }
   for (Block& b : plan.blocks) {

@@ -46,8 +46,9 @@ struct ExternalHashes {
 // then slot order, as are each node's predecessors: merging the two by slot feeds every input
 // in slot order. `xi` is the first external of `node` or a later node; on return, of a later
 // node.
-ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& local, const std::vector<ContentHash>& node_hashes,
-                      const ExternalHashes& ext, std::size_t& xi) {
+ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& local,
+                      const std::vector<ContentHash>& node_hashes, const ExternalHashes& ext,
+                      std::size_t& xi) {
   const auto& externals = g.externals();
   ContentHasher h;
   h.update_hash(local);
@@ -57,7 +58,7 @@ ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& 
     const bool take_external = xi < externals.size() && externals[xi].node == node &&
                                (pi == preds.size() || externals[xi].slot < preds[pi].slot);
     if (take_external) {
-      std::uint8_t kind = externals[xi].kind;  // from the graph's numbering: no lookup by id
+      std::uint8_t kind = externals[xi].kind;         // from the graph's numbering: no lookup by id
       if (kind > record::kMaxExternalKind) kind = 0;  // a kind this build cannot name
       h.update_words(std::uint64_t{externals[xi].slot}, ext.of[kind].lo, ext.of[kind].hi);
       ++xi;
@@ -94,7 +95,8 @@ MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, cons
   std::size_t xi = 0;
   const auto& externals = g.externals();
   for (std::size_t node = 0; node < n; ++node) {
-    const ContentHash local = locals.empty() ? record::op_content(t, g.trace_op(node)) : locals[node];
+    const ContentHash local =
+        locals.empty() ? record::op_content(t, g.trace_op(node)) : locals[node];
     d.local_hashes_[node] = local;
     const bool local_changed = local != last.local_hashes_[node];
     changed_before[node + 1] = changed_before[node] + (local_changed ? 1u : 0u);
@@ -114,7 +116,8 @@ MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, cons
   // hash are hashed again.
   d.regions_ = last.regions_;
   for (Region& r : d.regions_)
-    if (changed_before[r.end] != changed_before[r.begin]) r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
+    if (changed_before[r.end] != changed_before[r.begin])
+      r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
   // A module region's label is its path's id in this trace's table, where a path that was not
   // interned when `last` was built (a parent scope entered since) may have one now.
   absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;

@@ -106,20 +106,25 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   return g;
 }
 
-std::optional<TraceGraph> TraceGraph::rebased(const record::Trace& t, std::span<const std::size_t> ops,
+std::optional<TraceGraph> TraceGraph::rebased(const record::Trace& t,
+                                              std::span<const std::size_t> ops,
                                               record::StorageNumbering numbering) const {
-  if (ops.size() != ops_.size() || numbering.storage != numbering_.storage || numbering.version != numbering_.version ||
-      numbering.kinds != numbering_.kinds || numbering.storages.size() != numbering_.storages.size())
+  if (ops.size() != ops_.size() || numbering.storage != numbering_.storage ||
+      numbering.version != numbering_.version || numbering.kinds != numbering_.kinds ||
+      numbering.storages.size() != numbering_.storages.size())
     return std::nullopt;
   for (std::size_t node = 0; node < ops.size(); ++node) {
     const std::size_t op = ops[node];
-    if (op >= t.num_ops() || t.ops[op].phase != phases_[node] || t.ops[op].module_id != modules_[node]) return std::nullopt;
+    if (op >= t.num_ops() || t.ops[op].phase != phases_[node] ||
+        t.ops[op].module_id != modules_[node])
+      return std::nullopt;
   }
   TraceGraph g = *this;
   g.ops_.assign(ops.begin(), ops.end());
   for (ExternalInput& x : g.externals_) {
     const std::size_t op = ops[x.node];
-    if (x.slot >= t.ops[op].n_inputs || x.storage_number == 0 || x.storage_number > numbering.storages.size())
+    if (x.slot >= t.ops[op].n_inputs || x.storage_number == 0 ||
+        x.storage_number > numbering.storages.size())
       return std::nullopt;
     const record::TensorMeta& m = t.tensors[t.op_tensor_begin[op] + x.slot];
     if (m.storage_id != numbering.storages[x.storage_number - 1]) return std::nullopt;

@@ -215,12 +215,14 @@ void Pipeline::build_loop() {
         rewired_.fetch_add(1, std::memory_order_relaxed);
         last = it;
         last_key = kc.key;
-        to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
+        to_publish_.push(
+            PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
         continue;
       }
     }
-    it = graph::build_iteration(*trace, std::move(local), plan_, contents,
-                                std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
+    it = graph::build_iteration(
+        *trace, std::move(local), plan_, contents,
+        std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
     it->trace = std::move(trace);
     it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();

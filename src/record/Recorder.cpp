@@ -86,7 +86,8 @@ Recorder::~Recorder() {
 
 ThreadLog& Recorder::thread_log() {
   if (t_logs.uid == uid_) return *t_logs.log;
-  std::erase_if(t_logs.all, [](const auto& kv) { return kv.second.expired(); });  // recorders since destroyed
+  std::erase_if(t_logs.all,
+                [](const auto& kv) { return kv.second.expired(); });  // recorders since destroyed
   auto it = t_logs.all.find(uid_);
   // This recorder is alive (we are in its member), so its log, if this thread has one, is too.
   std::shared_ptr<ThreadLog> log = it == t_logs.all.end() ? nullptr : it->second.lock();
@@ -110,7 +111,8 @@ bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const M
   const auto bump = [](std::atomic<std::uint64_t>& c, std::uint64_t by) {
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   };
-  if (log.drop_mode_ < 0 ? drop_when_full_.load(std::memory_order_relaxed) : log.drop_mode_ != 0) [[unlikely]] {
+  if (log.drop_mode_ < 0 ? drop_when_full_.load(std::memory_order_relaxed) : log.drop_mode_ != 0)
+      [[unlikely]] {
     const bool fits = log.entries_.capacity() - log.entries_.size_approx() >= 1 &&
                       log.metas_.capacity() - log.metas_.size_approx() >= cells.size() &&
                       log.scalars_.capacity() - log.scalars_.size_approx() >= scalars.size();
@@ -194,6 +196,16 @@ std::uint32_t Recorder::intern_module(std::string_view path) {
   return it->second;
 }
 
+bool Recorder::thread_drop_when_full() const {
+  const ThreadLog* log = nullptr;
+  if (t_logs.uid == uid_) {
+    log = t_logs.log;
+  } else if (auto it = t_logs.all.find(uid_); it != t_logs.all.end()) {
+    log = it->second.lock().get();  // this recorder is alive, so its log is too
+  }
+  return log == nullptr || log->drop_mode_ < 0 ? drop_when_full() : log->drop_mode_ != 0;
+}
+
 std::uint32_t Recorder::num_modules() const { return num_modules_.load(std::memory_order_acquire); }
 
 void Recorder::classify_external(std::uint64_t storage_id, ExternalKind kind) {
@@ -247,7 +259,8 @@ bool Recorder::drain_log(ThreadLog& log) {
                         log.scalar_stage_.data() + log.scalar_stage_head_, e.n_scalars));
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
-      if (static_cast<std::uint8_t>(e.phase) < kNumPhases) ++log.drained_ops_[static_cast<int>(e.phase)];
+      if (static_cast<std::uint8_t>(e.phase) < kNumPhases)
+        ++log.drained_ops_[static_cast<int>(e.phase)];
     }
     if (sink != nullptr) sink->on_ops(trace_, generation_, log.index_, first, n);
   }
@@ -417,8 +430,9 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       valid = in_range;
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
-    body = record::structure_body(t, valid, numbering, valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{},
-                                  &wiring);
+    body = record::structure_body(
+        t, valid, numbering,
+        valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{}, &wiring);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);

@@ -201,8 +201,9 @@ void classify_storages(const absl::flat_hash_map<std::uint64_t, ExternalKind>& e
       if (auto it = externals.find(n.storages[i]); it != externals.end()) n.kinds[i] = static_cast<std::uint8_t>(it->second);
 }
 
-ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
-                           std::span<const ContentHash> contents, ContentHash* wiring) {
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
+                           StorageNumbering& numbering, std::span<const ContentHash> contents,
+                           ContentHash* wiring) {
   return walk_structure<true>(t, ops, numbering, contents, wiring);
 }
 

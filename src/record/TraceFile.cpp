@@ -174,7 +174,8 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
     if (found[e.kind] != nullptr) return corrupt(at, "section " + std::to_string(e.kind) + " appears twice");
     if (e.offset < table_end || e.offset > size || e.byte_length > size - e.offset)
       return corrupt(at, "section " + std::to_string(e.kind) + " lies outside the file");
-    if (e.record_size == 0) return corrupt(at, "section " + std::to_string(e.kind) + " has record size 0");
+    if (e.record_size == 0)
+      return corrupt(at, "section " + std::to_string(e.kind) + " has record size 0");
     if (e.record_size != 1 && (e.count > e.byte_length / e.record_size ||
                                e.count * e.record_size != e.byte_length))
       return corrupt(at, "section " + std::to_string(e.kind) + " length is not count x record size");

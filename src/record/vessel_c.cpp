@@ -64,12 +64,14 @@ int crucible_vessel_record_op(crucible_vessel* v, uint64_t schema, crucible_phas
     return fail("crucible_vessel_record_op: a count is non-zero but its array is NULL");
   // Argument positions are 16-bit in the trace (TensorMeta::arg_index, TraceEntry::n_args).
   if (std::uint64_t{n_inputs} + n_scalars > 0xFFFF || n_outputs > 0xFFFF)
-    return fail("crucible_vessel_record_op: " + std::to_string(n_inputs) + " inputs + " + std::to_string(n_scalars) +
-                " scalars, " + std::to_string(n_outputs) + " outputs: an op takes at most 65535 arguments and returns "
+    return fail("crucible_vessel_record_op: " + std::to_string(n_inputs) + " inputs + " +
+                std::to_string(n_scalars) + " scalars, " + std::to_string(n_outputs) +
+                " outputs: an op takes at most 65535 arguments and returns "
                 "at most 65535 tensors");
   if (const std::uint32_t modules = v->rec->num_modules(); module_id >= modules)
-    return fail("crucible_vessel_record_op: module id " + std::to_string(module_id) + " was not interned (" +
-                std::to_string(modules) + " module ids exist); use 0 or an id from crucible_vessel_module");
+    return fail("crucible_vessel_record_op: module id " + std::to_string(module_id) +
+                " was not interned (" + std::to_string(modules) +
+                " module ids exist); use 0 or an id from crucible_vessel_module");
   thread_local OpBuilder b;
   b.reset();
   // Empty on success, else what is wrong with the tensor.

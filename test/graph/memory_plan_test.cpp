@@ -48,7 +48,8 @@ TEST(MemoryPlan, ImpossibleStorageSizesAreRefusedNotWrapped) {
   const auto g = TraceGraph::build(b.trace, b.all());
   auto p = plan_memory(b.trace, g);
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("more than 2^62 bytes"), absl::string_view::npos) << p.status();
+  EXPECT_NE(p.status().message().find("more than 2^62 bytes"), absl::string_view::npos)
+      << p.status();
   // Persistent storages too (an external input of 2^63 bytes, twice).
   synth::Builder e;
   e.op("aten::add", {T{1, 0, {64}}, T{2, 0, {64}}}, {T{3, 0, {64}}});

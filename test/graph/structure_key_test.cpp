@@ -233,8 +233,10 @@ TEST(WiringKey, CoversWhatTheGraphAndPlanReadAndNoScalarOrShape) {
   expect_change("argument count", [](Trace& t) { t.ops[1].n_args += 1; });
   expect_change("storage bytes", [&](Trace& t) { t.tensors[k1 + 2].storage_nbytes *= 2; });
   expect_change("view", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kIsView; });
-  expect_change("no storage", [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kNoStorage; });
-  expect_change("classification", [&](Trace& t) { t.externals[t.tensors[k1].storage_id] = ExternalKind::Buffer; });
+  expect_change("no storage",
+                [&](Trace& t) { t.tensors[k1].flags ^= record::tensor_flag::kNoStorage; });
+  expect_change("classification",
+                [&](Trace& t) { t.externals[t.tensors[k1].storage_id] = ExternalKind::Buffer; });
   expect_change("version", [&](Trace& t) { t.tensors[k1].version += 1; });
   expect_change("storage", [&](Trace& t) { t.tensors[k1].storage_id = 9999; });
   // What only the Merkle DAG reads (through the ops' contents): the same wiring, another key.
@@ -284,11 +286,13 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     const auto fresh = build_iteration(variant.trace, variant.all());
     ASSERT_EQ(rebuilt->dag.root(), fresh->dag.root()) << "trial " << trial;
     for (std::size_t node = 0; node < fresh->graph.num_nodes(); ++node)
-      ASSERT_EQ(rebuilt->dag.node_hash(node), fresh->dag.node_hash(node)) << "trial " << trial << " node " << node;
+      ASSERT_EQ(rebuilt->dag.node_hash(node), fresh->dag.node_hash(node))
+          << "trial " << trial << " node " << node;
     ASSERT_EQ(rebuilt->dag.regions().size(), fresh->dag.regions().size());
     for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i) {
       ASSERT_EQ(rebuilt->dag.regions()[i].hash, fresh->dag.regions()[i].hash) << "trial " << trial;
-      ASSERT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label) << "trial " << trial;
+      ASSERT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label)
+          << "trial " << trial;
     }
     ASSERT_EQ(rebuilt->graph.externals().size(), fresh->graph.externals().size());
     for (std::size_t i = 0; i < fresh->graph.externals().size(); ++i) {
@@ -298,8 +302,10 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     ASSERT_EQ(rebuilt->graph.num_edges(), fresh->graph.num_edges());
     ASSERT_EQ(rebuilt->plan->blocks.size(), fresh->plan->blocks.size());
     for (std::size_t i = 0; i < fresh->plan->blocks.size(); ++i) {
-      ASSERT_EQ(rebuilt->plan->blocks[i].storage_id, fresh->plan->blocks[i].storage_id) << "trial " << trial;
-      ASSERT_EQ(rebuilt->plan->blocks[i].offset, fresh->plan->blocks[i].offset) << "trial " << trial;
+      ASSERT_EQ(rebuilt->plan->blocks[i].storage_id, fresh->plan->blocks[i].storage_id)
+          << "trial " << trial;
+      ASSERT_EQ(rebuilt->plan->blocks[i].offset, fresh->plan->blocks[i].offset)
+          << "trial " << trial;
     }
     ASSERT_EQ(rebuilt->plan->arena_bytes, fresh->plan->arena_bytes);
     Shape wider = s;
@@ -319,13 +325,16 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     synth::Builder after = two_ops(2);
     const std::uint32_t enc = after.module("enc");
     const auto last = build_iteration(before.trace, before.all());
-    const auto rebuilt = rebuild_iteration(*last, after.trace, after.all(), {}, wiring_key(after).second);
+    const auto rebuilt =
+        rebuild_iteration(*last, after.trace, after.all(), {}, wiring_key(after).second);
     ASSERT_NE(rebuilt, nullptr);
     const auto fresh = build_iteration(after.trace, after.all());
     bool seen = false;
     for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i) {
-      EXPECT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label) << fresh->dag.regions()[i].module_path;
-      seen = seen || (fresh->dag.regions()[i].module_path == "enc" && fresh->dag.regions()[i].label == enc);
+      EXPECT_EQ(rebuilt->dag.regions()[i].label, fresh->dag.regions()[i].label)
+          << fresh->dag.regions()[i].module_path;
+      seen = seen ||
+             (fresh->dag.regions()[i].module_path == "enc" && fresh->dag.regions()[i].label == enc);
     }
     EXPECT_TRUE(seen);
   }

@@ -161,7 +161,8 @@ TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
   for (std::size_t i = 0; i < 40; ++i) last_ops[i] = all.num_ops() - 40 + i;
   const auto fresh = graph::build_iteration(all, last_ops);
   EXPECT_EQ(fresh->dag.root(), again->dag.root());
-  for (std::size_t n = 0; n < 40; ++n) EXPECT_EQ(fresh->dag.node_hash(n), again->dag.node_hash(n)) << n;
+  for (std::size_t n = 0; n < 40; ++n)
+    EXPECT_EQ(fresh->dag.node_hash(n), again->dag.node_hash(n)) << n;
   ASSERT_EQ(fresh->dag.regions().size(), again->dag.regions().size());
   for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i)
     EXPECT_EQ(fresh->dag.regions()[i].hash, again->dag.regions()[i].hash);

@@ -11,8 +11,8 @@ using namespace crucible::record;
 // Step k > 0 reuses storages chained through the step; step 0 has an extra op (state creation).
 // With `lr` (not 0), each backward op has one double argument, lr
 // (an optimizer whose scalars change every step, as AdamW's bias corrections do).
-inline void record_step(Recorder& r, OpBuilder& b, int step, int ops, std::int64_t width, std::uint64_t& sid,
-                        double lr = 0) {
+inline void record_step(Recorder& r, OpBuilder& b, int step, int ops, std::int64_t width,
+                        std::uint64_t& sid, double lr = 0) {
   const std::uint64_t mm = r.intern_schema("aten::mm"), relu = r.intern_schema("aten::relu"),
                       init = r.intern_schema("aten::zeros");
   auto commit = [&](std::uint64_t schema, bool with_input, Phase phase) {

@@ -2,7 +2,6 @@
 #include "crucible/record/Recorder.h"
 
 #include <gtest/gtest.h>
-
 #include <malloc.h>
 
 #include <algorithm>
@@ -74,7 +73,8 @@ TEST(Recorder, DestroyedRecordersRingsAreFreedWhileTheThreadLives) {
     EXPECT_EQ(r->snapshot().num_ops(), 1u);
   }
   const std::size_t after = in_use();
-  EXPECT_LT(after, before + (std::size_t{13} << 20)) << "rings of destroyed recorders are still held";
+  EXPECT_LT(after, before + (std::size_t{13} << 20))
+      << "rings of destroyed recorders are still held";
 }
 
 // A thread that records without pause refills a ring during every drain pass. Another
@@ -85,10 +85,13 @@ TEST(Recorder, FlushAndClearReturnWhileAnotherThreadRecordsNonstop) {
   const auto mm = r->intern_schema("aten::mm");
   std::atomic<bool> stop{false}, running{false};
   std::thread producer([&] {
-    running.store(true, std::memory_order_relaxed);  // before the loop: a failing commit cannot leave main waiting
+    running.store(
+        true,
+        std::memory_order_relaxed);  // before the loop: a failing commit cannot leave main waiting
     OpBuilder b;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until; ++i) {
+    for (std::uint64_t i = 0;
+         !stop.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until; ++i) {
       ASSERT_TRUE(commit_synthetic(*r, b, mm, i));
     }
     running.store(false, std::memory_order_relaxed);

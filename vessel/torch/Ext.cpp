@@ -303,11 +303,12 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("is_enabled", &vessel::is_enabled);
   m.def("push_module", &vessel::push_module);
   m.def("pop_module", &vessel::pop_module);
-  m.def("intern_module", [](const std::string& path) { return Recorder::global().intern_module(path); });
+  m.def("intern_module",
+        [](const std::string& path) { return Recorder::global().intern_module(path); });
   m.def("push_module_id", [](std::uint32_t id) {
     if (const std::uint32_t n = Recorder::global().num_modules(); id >= n)
-      throw std::invalid_argument("module id " + std::to_string(id) + " was not interned (" + std::to_string(n) +
-                                  " exist): use an id from intern_module");
+      throw std::invalid_argument("module id " + std::to_string(id) + " was not interned (" +
+                                  std::to_string(n) + " exist): use an id from intern_module");
     return vessel::push_module_id(id);
   });
   m.def("pop_modules_to_if", &vessel::pop_modules_to_if);
@@ -321,7 +322,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
   m.def("drop_when_full", [] { return Recorder::global().drop_when_full(); });
-  m.def("set_thread_drop_when_full", [](bool on) { Recorder::global().set_thread_drop_when_full(on); });
+  m.def("set_thread_drop_when_full",
+        [](bool on) { Recorder::global().set_thread_drop_when_full(on); });
   m.def("thread_drop_when_full", [] { return Recorder::global().thread_drop_when_full(); });
   m.def("flush", [] {
     py::gil_scoped_release nogil;
@@ -421,42 +423,54 @@ PYBIND11_MODULE(_crucible_ext, m) {
   // evict_mib > 0: before each round, write that many MiB of another buffer (outside the
   // timing), so the round starts with the caches holding none of the build's code or data,
   // as the pipeline's build thread finds them after its core was lent to other work.
-  m.def("time_build", [](int rounds, int evict_mib) {
-    if (rounds < 1) throw std::invalid_argument("rounds must be at least 1");
-    if (evict_mib < 0 || evict_mib > 1024) throw std::invalid_argument("evict_mib must be in 0..1024");
-    std::vector<unsigned char> junk(static_cast<std::size_t>(evict_mib) << 20);
-    pipeline::Pipeline& p = global_pipeline();
-    std::vector<double> us;
-    ContentHash root;
-    {
-      py::gil_scoped_release nogil;
-      p.flush();
-      auto it = p.latest();
-      if (!it || !it->trace) throw std::runtime_error("no built iteration published yet: " + p.last_reason());
-      const Trace& t = *it->trace;
-      std::vector<std::size_t> ops(t.num_ops());
-      for (std::size_t i = 0; i < ops.size(); ++i) ops[i] = i;
-      std::vector<ContentHash> contents(ops.size());
-      for (std::size_t i = 0; i < ops.size(); ++i) contents[i] = op_content(t, i);
-      for (int r = 0; r < rounds; ++r) {
-        for (std::size_t i = 0; i < junk.size(); i += 64) junk[i] = static_cast<unsigned char>(junk[i] + 1);
-        asm volatile("" : : "r"(junk.data()) : "memory");  // the writes happen: nothing reads them
-        const auto t0 = std::chrono::steady_clock::now();
-        StorageNumbering numbering;
-        const ContentHash body = structure_body(t, ops, numbering, contents);
-        classify_storages(t, numbering);
-        (void)structure_key(body, numbering.kinds);
-        auto copy = std::make_shared<Trace>(t);
-        auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents, std::move(numbering));
-        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-        root = built->dag.root();
-      }
-    }
-    py::dict d;
-    d["us"] = us;
-    d["root_hash"] = root.hex();
-    return d;
-  }, py::arg("rounds"), py::arg("evict_mib") = 0);
+  m.def(
+      "time_build",
+      [](int rounds, int evict_mib) {
+        if (rounds < 1) throw std::invalid_argument("rounds must be at least 1");
+        if (evict_mib < 0 || evict_mib > 1024)
+          throw std::invalid_argument("evict_mib must be in 0..1024");
+        std::vector<unsigned char> junk(static_cast<std::size_t>(evict_mib) << 20);
+        pipeline::Pipeline& p = global_pipeline();
+        std::vector<double> us;
+        ContentHash root;
+        {
+          py::gil_scoped_release nogil;
+          p.flush();
+          auto it = p.latest();
+          if (!it || !it->trace)
+            throw std::runtime_error("no built iteration published yet: " + p.last_reason());
+          const Trace& t = *it->trace;
+          std::vector<std::size_t> ops(t.num_ops());
+          for (std::size_t i = 0; i < ops.size(); ++i) ops[i] = i;
+          std::vector<ContentHash> contents(ops.size());
+          for (std::size_t i = 0; i < ops.size(); ++i) contents[i] = op_content(t, i);
+          for (int r = 0; r < rounds; ++r) {
+            for (std::size_t i = 0; i < junk.size(); i += 64)
+              junk[i] = static_cast<unsigned char>(junk[i] + 1);
+            asm volatile(""
+                         :
+                         : "r"(junk.data())
+                         : "memory");  // the writes happen: nothing reads them
+            const auto t0 = std::chrono::steady_clock::now();
+            StorageNumbering numbering;
+            const ContentHash body = structure_body(t, ops, numbering, contents);
+            classify_storages(t, numbering);
+            (void)structure_key(body, numbering.kinds);
+            auto copy = std::make_shared<Trace>(t);
+            auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents,
+                                                std::move(numbering));
+            us.push_back(
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                    .count());
+            root = built->dag.root();
+          }
+        }
+        py::dict d;
+        d["us"] = us;
+        d["root_hash"] = root.hex();
+        return d;
+      },
+      py::arg("rounds"), py::arg("evict_mib") = 0);
   m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {

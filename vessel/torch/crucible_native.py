@@ -210,13 +210,14 @@ class _Handles:
 
 
 _tracked = {}                # id(model) -> (weak reference to it, its _Handles), while its hooks are on
-_scopes = threading.local()  # per thread: id(module) -> scope depths of its open calls
+_scopes = threading.local()  # per thread: (tracking, id(module)) -> scope depths of its open calls
+_trackings = iter(range(1, 1 << 62))  # one number per track_modules() that added hooks
 
 
-def _untrack(key: int, ref) -> None:
+def _untrack(key: int, ref, _tracked=_tracked) -> None:  # bound: may run at interpreter exit
     entry = _tracked.get(key)
     if entry is not None and entry[0] is ref:
-        del _tracked[key]
+        _tracked.pop(key, None)
 
 
 def _open_calls() -> dict:
@@ -243,23 +244,28 @@ def track_modules(model) -> _Handles:
         _classify(model.buffers(), "buffer")
         return entry[1]
     handles = []
+    # Open calls are kept per tracking: a model tracked inside another tracked model (its
+    # submodule tracked too) has two sets of hooks, and neither must read the other's calls.
+    tracking = next(_trackings)
     for name, mod in model.named_modules():
         def pre(m, _inp, _id=_ext.intern_module(name), _root=mod is model):  # interned once, not per call
             calls = _open_calls()
-            depths = calls.get(id(m))
+            k = (tracking, id(m))
+            depths = calls.get(k)
             if depths is None:
-                depths = calls[id(m)] = []
+                depths = calls[k] = []
             elif depths and _root:
                 # A call of the model that never returned (its forward raised): drop the scopes
-                # it left, and what its modules' open calls above that depth remember.
+                # it left, and what this tracking's open calls at or above that depth remember.
                 stale = depths[0]
                 _ext.pop_modules_to_if(stale, _id)
-                for d in calls.values():
-                    d[:] = [x for x in d if x < stale]
+                for (t, _), d in calls.items():
+                    if t == tracking:
+                        d[:] = [x for x in d if x < stale]
             depths.append(_ext.push_module_id(_id))
 
         def post(m, _inp, _out):
-            depths = _open_calls().get(id(m))
+            depths = _open_calls().get((tracking, id(m)))
             if depths:
                 _ext.pop_modules_to(depths.pop())
 
@@ -267,7 +273,7 @@ def track_modules(model) -> _Handles:
         handles.append(mod.register_forward_hook(post))
     _classify(model.parameters(), "parameter")
     _classify(model.buffers(), "buffer")
-    ref = weakref.ref(model, lambda r, k=key: _untrack(k, r))
+    ref = weakref.ref(model, lambda r, k=key, untrack=_untrack: untrack(k, r))
     h = _Handles(handles, lambda: _untrack(key, ref))
     _tracked[key] = (ref, h)
     return h
@@ -420,6 +426,8 @@ def export_graph(path: str, trace=None, thread: int = -1) -> int:
 def clear() -> None:
     """Forgets every recorded op; stats() counts ops, drops, bytes and waits from here on
     (the skipped-op counts and stats()["compiled"] keep counting)."""
+    global _warned_drops
+    _warned_drops = 0
     _ext.clear()
 
 

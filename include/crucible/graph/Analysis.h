@@ -38,10 +38,12 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
 // The analysis of other ops with the wiring key of those `last` was built from (Note [Wiring
 // key], Trace.h): `last`'s graph and plan rebased onto their storages, and `last`'s Merkle DAG
 // hashed again where their contents differ (MerkleDag::rebuild; `locals` as for
-// build_iteration), since their scalars may. `numbering` is theirs, with kinds. nullptr when the rebase finds another wiring
-// after all (TraceGraph::rebased): build_iteration then. `last`'s report is not copied.
+// build_iteration), since their scalars may. `numbering` is theirs, with kinds. nullptr when the
+// rebase finds another wiring after all (TraceGraph::rebased): build_iteration then. `last`'s
+// report is not copied.
 std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
-                                             std::vector<std::size_t> ops, std::span<const ContentHash> locals,
+                                             std::vector<std::size_t> ops,
+                                             std::span<const ContentHash> locals,
                                              record::StorageNumbering numbering);
 
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a

@@ -125,8 +125,9 @@ class Pipeline final : public record::DrainSink {
   std::atomic<std::uint64_t> next_token_{1};
   std::atomic<std::uint64_t> published_token_{0};
   std::atomic<bool> reuse_{true};
-  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, rewired_{0}, published_{0},
-      last_build_ns_{0}, last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0}, last_rewire_ns_{0};
+  std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, rewired_{0},
+      published_{0}, last_build_ns_{0}, last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0},
+      last_rewire_ns_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;

@@ -161,7 +161,7 @@ class Recorder {
   struct KeyedCopy {
     bool stale = false;
     ContentHash key;
-    ContentHash wiring_key;  // with the key: Note [Wiring key] (Trace.h)
+    ContentHash wiring_key;     // with the key: Note [Wiring key] (Trace.h)
     std::optional<Trace> copy;  // empty when stale, not wanted, or the key matched `unless`
     // With the key: the ops' storage numbering (Trace.h), which also numbers the copy's
     // tensors (local ops 0, 1, ... in order), with the classification the key hashed.
@@ -180,10 +180,8 @@ class Recorder {
   // The calling thread's own mode, which overrides the recorder's for its ops (the Python
   // controller's enable(drop_when_full=...) is per thread, as recording is).
   void set_thread_drop_when_full(bool on) { thread_log().drop_mode_ = on ? 1 : 0; }
-  bool thread_drop_when_full() {
-    const ThreadLog& l = thread_log();
-    return l.drop_mode_ < 0 ? drop_when_full() : l.drop_mode_ != 0;
-  }
+  // The calling thread's mode; a thread with no log yet has the recorder's (asking makes none).
+  bool thread_drop_when_full() const;
   // Sets the ring sizes global() will use; an error once global() exists.
   static Status configure_global(const RecorderConfig& cfg);
 

@@ -67,7 +67,8 @@ class Trace {
   }
   std::span<const TensorMeta> outputs(std::size_t op) const {
     CRUCIBLE_PRE(op < ops.size(), "op index in range");
-    return {tensors.data() + op_tensor_begin[op] + ops[op].n_inputs, ops[op].n_tensors - ops[op].n_inputs};
+    return {tensors.data() + op_tensor_begin[op] + ops[op].n_inputs,
+            ops[op].n_tensors - ops[op].n_inputs};
   }
   std::span<const ScalarRecord> scalars_of(std::size_t op) const {
     CRUCIBLE_PRE(op < ops.size(), "op index in range");
@@ -121,9 +122,9 @@ ContentHash op_content(const Trace& t, std::size_t op);
 //
 // The body hashes the ops' contents (op_content, in order) and their wiring: per op the rest
 // of its entry (schema, tensor counts, phase, module, argument count, flags), and then each
-// tensor's storage identity, version distance, storage size and flags. A caller that already has the ops' contents (the pipeline's drain computes them while
-// the ops are in cache) passes them, one per op, and the ops' dims and scalars are not read
-// again.
+// tensor's storage identity, version distance, storage size and flags. A caller that already has
+// the ops' contents (the pipeline's drain computes them while the ops are in cache) passes them,
+// one per op, and the ops' dims and scalars are not read again.
 //
 // The same pass numbers the ops' storages (Note [Storage numbering]) into `numbering`; its
 // kinds are left empty (the caller knows the classification it wants).
@@ -141,8 +142,9 @@ ContentHash op_content(const Trace& t, std::size_t op);
 // pipeline then hashes again only what changed in the Merkle DAG (MerkleDag::rebuild, Note
 // [Reusing the last build]).
 struct StorageNumbering;
-ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops, StorageNumbering& numbering,
-                           std::span<const ContentHash> contents = {}, ContentHash* wiring = nullptr);
+ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
+                           StorageNumbering& numbering, std::span<const ContentHash> contents = {},
+                           ContentHash* wiring = nullptr);
 // kinds[i]: the ExternalKind of storages[i], 0 when it is not classified.
 ContentHash structure_key(const ContentHash& body, std::span<const std::uint8_t> kinds);
 // Both, with the classification from t.externals.

@@ -422,6 +422,25 @@ def test_tracked_models_are_not_kept_alive_and_recursion_keeps_its_scope():
     gc.collect()
     assert r() is None, "track_modules must not keep the model (and its parameters) alive"
 
+    # A submodule tracked on its own as well (two sets of hooks on it): neither set reads the
+    # other's open calls, and no scope outlives the call.
+    class EncHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.enc(x)).relu()  # relu: in this module, outside enc and head
+
+    top = EncHead()
+    crucible.track_modules(top)
+    crucible.track_modules(top.enc)
+    crucible.clear()
+    with crucible.recording():
+        top(torch.randn(2, 4))
+    ops = crucible.trace().ops()
+    assert [o["module"] for o in ops if o["name"].startswith("aten::relu")] == [""]
+
 
 def test_bad_arguments_to_the_controller_are_clear_errors():
     with pytest.raises(crucible.CrucibleError, match="crucible.load_trace"):
