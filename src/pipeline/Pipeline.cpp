@@ -165,8 +165,8 @@ void Pipeline::detect_loop() {
 // same ops on the same wiring, other scalars, as AdamW's every step), build copies the ops as
 // for a build, rebases the last graph and plan onto the copy's storages, and hashes again the
 // Merkle DAG's nodes and regions whose contents (the drain's) changed, and their consumers
-// (graph::rebuild_iteration). The result becomes the
-// last build, so its trace, graph, DAG and plan all describe the new ops.
+// (graph::rebuild_iteration). The result becomes the last build, so its trace, graph, DAG and
+// plan all describe the new ops.
 void Pipeline::build_loop() {
   std::shared_ptr<const graph::Iteration> last;  // the last build, and its two keys
   ContentHash last_key, last_wiring;
