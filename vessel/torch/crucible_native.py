@@ -14,6 +14,7 @@ this module refuses it with instructions instead of crashing.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -93,7 +94,6 @@ def _load_ext():
 
 
 _ext = _load_ext()
-_state = threading.local()
 _lock = threading.Lock()
 
 # External kinds, as in include/crucible/record/Trace.h (ExternalKind).
@@ -211,7 +211,7 @@ class _Handles:
 
 _tracked = {}                # id(model) -> (weak reference to it, its _Handles), while its hooks are on
 _scopes = threading.local()  # per thread: (tracking, id(module)) -> scope depths of its open calls
-_trackings = iter(range(1, 1 << 62))  # one number per track_modules() that added hooks
+_trackings = itertools.count(1)  # one number per track_modules() that added hooks
 
 
 def _untrack(key: int, ref, _tracked=_tracked) -> None:  # bound: may run at interpreter exit
