@@ -1,5 +1,6 @@
 // trace_graph_test.cpp — dataflow keyed by (storage, version), aliases, externals, CSR.
 #include "crucible/graph/TraceGraph.h"
+#include "crucible/graph/MerkleDag.h"
 
 #include <gtest/gtest.h>
 
@@ -172,5 +173,32 @@ TEST(TraceGraphDeathTest, NumberingOfOtherOpsIsAContractViolation) {
   EXPECT_EQ(g.externals()[0].storage_number, 1u);
   EXPECT_EQ(g.numbering().storages, (std::vector<std::uint64_t>{2, 3}));
 #endif
+}
+
+// A TensorList argument has no cap on its length (torch.cat, foreach ops): an input past the
+// 65535th keeps its own slot, in the edges, the externals and the hashes.
+TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
+  constexpr std::size_t kInputs = 70000, kProduced = 65536 + 5;
+  auto build = [](std::size_t produced_slot) {
+    synth::Builder b;
+    b.op("aten::relu", {T{1, 0, {2}}}, {T{2, 0, {2}}});
+    std::vector<T> ins;
+    ins.reserve(kInputs);
+    for (std::size_t k = 0; k < kInputs; ++k) ins.push_back(T{k == produced_slot ? 2u : 100 + k, 0, {2}});
+    b.op("aten::cat", std::move(ins), {T{3, 0, {2 * kInputs}}});
+    return b;
+  };
+  const synth::Builder far = build(kProduced), near = build(kProduced - 65536);
+  const TraceGraph g = TraceGraph::build(far.trace, far.all());
+  ASSERT_EQ(g.predecessors(1).size(), 1u);
+  EXPECT_EQ(g.predecessors(1)[0].slot, kProduced);
+  ASSERT_EQ(g.successors(0).size(), 1u);
+  EXPECT_EQ(g.successors(0)[0].slot, kProduced);
+  ASSERT_EQ(g.externals().size(), 1 + kInputs - 1);  // relu's input, then cat's
+  EXPECT_EQ(g.externals().back().slot, kInputs - 1);
+  EXPECT_EQ(g.externals()[1 + kProduced].slot, kProduced + 1) << "the external after the produced input";
+  // The produced input at slot 5 instead (65541 modulo 2^16): another wiring, another hash.
+  const TraceGraph h = TraceGraph::build(near.trace, near.all());
+  EXPECT_NE(MerkleDag::build(far.trace, g).node_hash(1), MerkleDag::build(near.trace, h).node_hash(1));
 }
 }  // namespace

@@ -29,15 +29,15 @@ enum class EdgeKind : std::uint8_t { DataFlow = 0, Alias = 1 };
 
 struct Edge {
   std::uint32_t node;  // successor (forward lists) or predecessor (reverse lists)
-  std::uint16_t slot;  // which input of the consumer
+  std::uint32_t slot;  // which tensor input of the consumer (32 bits: a TensorList has no cap)
   EdgeKind kind;
-  std::uint8_t reserved = 0;
+  std::uint8_t reserved[3] = {};
 };
-static_assert(sizeof(Edge) == 8);
+static_assert(sizeof(Edge) == 12);
 
 struct ExternalInput {
   std::uint32_t node;   // consumer
-  std::uint16_t slot;   // its input index
+  std::uint32_t slot;   // its tensor input index
   std::uint8_t kind;    // the storage's record::ExternalKind, 0 when the trace does not say
   std::uint64_t storage_id;
   std::uint32_t version;
