@@ -21,8 +21,9 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
     // in increasing slot order (TraceGraph), so no sort is needed.
     for (const Edge& e : g.predecessors(n))
       if (e.node >= begin && e.node < end)
-        h.update_words(std::uint64_t{e.slot} | std::uint64_t{static_cast<std::uint8_t>(e.kind)} << 32,
-                       std::uint64_t{n - e.node});
+        h.update_words(
+            std::uint64_t{e.slot} | std::uint64_t{static_cast<std::uint8_t>(e.kind)} << 32,
+            std::uint64_t{n - e.node});
     h.update_words(~std::uint64_t{0});  // ends the member (no edge's first word is all ones)
   }
   return h.digest();

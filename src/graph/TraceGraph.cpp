@@ -45,7 +45,10 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   std::vector<std::uint32_t> head(numbering.num_storages() + 1, kNone);
   std::vector<Write> writes;
   writes.reserve(n_tensors);
-  struct Raw { std::uint32_t from, to, slot; EdgeKind kind; };
+  struct Raw {
+    std::uint32_t from, to, slot;
+    EdgeKind kind;
+  };
   std::vector<Raw> raw;
   raw.reserve(3 * n);
   const std::uint32_t* number = numbering.storage.data();
@@ -67,10 +70,11 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
       bool alias = false;
       for (std::size_t j = 0; j < outs.size(); ++j) alias |= out_number[j] == s && out_version[j] == v;
       if (w == kNone) {
-        g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(k), numbering.kinds[s - 1],
-                                ins[k].storage_id, ins[k].version, s});
+        g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(k),
+                                numbering.kinds[s - 1], ins[k].storage_id, ins[k].version, s});
       } else if (writes[w].node != node) {
-        raw.push_back({writes[w].node, static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(k),
+        raw.push_back({writes[w].node, static_cast<std::uint32_t>(node),
+                       static_cast<std::uint32_t>(k),
                        alias ? EdgeKind::Alias : EdgeKind::DataFlow});
       }
     }

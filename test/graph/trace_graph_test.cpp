@@ -1,9 +1,8 @@
 // trace_graph_test.cpp — dataflow keyed by (storage, version), aliases, externals, CSR.
-#include "crucible/graph/TraceGraph.h"
-#include "crucible/graph/MerkleDag.h"
-
 #include <gtest/gtest.h>
 
+#include "crucible/graph/MerkleDag.h"
+#include "crucible/graph/TraceGraph.h"
 #include "synth.h"
 
 namespace {
@@ -184,7 +183,8 @@ TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
     b.op("aten::relu", {T{1, 0, {2}}}, {T{2, 0, {2}}});
     std::vector<T> ins;
     ins.reserve(kInputs);
-    for (std::size_t k = 0; k < kInputs; ++k) ins.push_back(T{k == produced_slot ? 2u : 100 + k, 0, {2}});
+    for (std::size_t k = 0; k < kInputs; ++k)
+      ins.push_back(T{k == produced_slot ? 2u : 100 + k, 0, {2}});
     b.op("aten::cat", std::move(ins), {T{3, 0, {2 * kInputs}}});
     return b;
   };
@@ -196,9 +196,11 @@ TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
   EXPECT_EQ(g.successors(0)[0].slot, kProduced);
   ASSERT_EQ(g.externals().size(), 1 + kInputs - 1);  // relu's input, then cat's
   EXPECT_EQ(g.externals().back().slot, kInputs - 1);
-  EXPECT_EQ(g.externals()[1 + kProduced].slot, kProduced + 1) << "the external after the produced input";
+  EXPECT_EQ(g.externals()[1 + kProduced].slot, kProduced + 1)
+      << "the external after the produced input";
   // The produced input at slot 5 instead (65541 modulo 2^16): another wiring, another hash.
   const TraceGraph h = TraceGraph::build(near.trace, near.all());
-  EXPECT_NE(MerkleDag::build(far.trace, g).node_hash(1), MerkleDag::build(near.trace, h).node_hash(1));
+  EXPECT_NE(MerkleDag::build(far.trace, g).node_hash(1),
+            MerkleDag::build(near.trace, h).node_hash(1));
 }
 }  // namespace
