@@ -53,6 +53,42 @@ TEST_F(Dispatch, LinearIsRecordedAsItsDecomposition) {
   EXPECT_TRUE(t.outputs(0)[0].flags & record::tensor_flag::kIsView);
 }
 
+// The requires-grad and view flags, read from the autograd metadata, are what the tensors'
+// own requires_grad() and is_view() say, for every combination an op's output can have.
+TEST_F(Dispatch, GradAndViewFlagsAreTheTensorsOwn) {
+  auto leaf = torch::randn({4, 4}, torch::requires_grad());
+  auto plain = torch::randn({4, 4});
+  auto nonleaf = leaf.mul(2);
+  std::vector<at::Tensor> outs;
+  vessel::set_enabled(true);
+  outs.push_back(leaf.t());           // a view of a leaf that requires grad
+  outs.push_back(nonleaf.t());        // a view of a result with a grad_fn
+  outs.push_back(plain.t());          // a view, no grad
+  outs.push_back(leaf.detach());      // shares storage, not a differentiable view
+  outs.push_back(nonleaf.mm(plain));  // grad_fn, not a view
+  outs.push_back(plain.mm(plain));    // neither
+  {
+    torch::NoGradGuard no_grad;
+    outs.push_back(leaf.t());
+    outs.push_back(leaf.mm(plain));
+  }
+  vessel::set_enabled(false);
+  const auto t = Recorder::global().snapshot();
+  ASSERT_EQ(names(t), (std::vector<std::string>{"aten::t", "aten::t", "aten::t", "aten::detach",
+                                                "aten::mm", "aten::mm", "aten::t", "aten::mm"}));
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    const auto& out = t.outputs(k)[0];
+    EXPECT_EQ((out.flags & record::tensor_flag::kRequiresGrad) != 0, outs[k].requires_grad())
+        << "op " << k;
+    EXPECT_EQ((out.flags & record::tensor_flag::kIsView) != 0, outs[k].is_view()) << "op " << k;
+  }
+  // And the inputs: the leaf requires grad and is no view; the non-leaf has a grad_fn.
+  EXPECT_TRUE(t.inputs(0)[0].flags & record::tensor_flag::kRequiresGrad);
+  EXPECT_FALSE(t.inputs(0)[0].flags & record::tensor_flag::kIsView);
+  EXPECT_TRUE(t.inputs(1)[0].flags & record::tensor_flag::kRequiresGrad);
+  EXPECT_FALSE(t.inputs(2)[0].flags & record::tensor_flag::kRequiresGrad);
+}
+
 TEST_F(Dispatch, InPlaceOpBumpsTheVersionItRecords) {
   auto a = torch::ones({4});
   vessel::set_enabled(true);

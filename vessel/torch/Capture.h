@@ -12,7 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -184,11 +184,12 @@ struct Frame {
 struct ThreadState {
   int depth = 0;
   bool outer_below_autograd = false;  // ADInplaceOrView already excluded at the outermost op
-  std::deque<Frame> frames;           // one per nesting depth; deque keeps references stable
+  std::vector<std::unique_ptr<Frame>> frames;  // one per nesting depth (stable references)
   std::vector<bool> rf_is_optimizer;  // record_function scopes: is it Optimizer.*?
   int optimizer_depth = 0;
   std::vector<std::uint32_t> modules{0};
-  record::ThreadLog* log = nullptr;
+  record::ThreadLog* log = nullptr;  // with the recorder it belongs to (set on the first commit)
+  record::Recorder* rec = nullptr;
   Capture* capture = nullptr;  // set while crucible.compile captures a call on this thread
   bool counts_as_recording = false;  // counted in tagging_acquire (set_enabled)
   StorageIds storage_ids;      // last: 8 KiB, after the fields every op reads (fewer lines)

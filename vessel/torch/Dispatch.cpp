@@ -1,7 +1,5 @@
 // Dispatch.cpp — the boxed recording fallback: capture, redispatch, commit.
 #include "Dispatch.h"
-#include "Capture.h"
-#include "Unboxed.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -10,19 +8,20 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <atomic>
-
-#include "absl/container/flat_hash_map.h"
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "Capture.h"
+#include "Unboxed.h"
+#include "absl/container/flat_hash_map.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/record/OpBuilder.h"
 #include "crucible/record/Recorder.h"
@@ -170,10 +169,18 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(layout)));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
   // Without autograd metadata a tensor neither requires grad nor is a (differentiable) view:
-  // most backward and optimizer tensors; skips two calls through autograd's hooks.
-  if (impl->autograd_meta() != nullptr) {
-    if (t.requires_grad()) f |= record::tensor_flag::kRequiresGrad;
-    if (t.is_view()) f |= record::tensor_flag::kIsView;
+  // most backward and optimizer tensors. With it, what t.is_view() and t.requires_grad()
+  // return is read where it lives: those are calls into two other libraries (is_view through
+  // the variable hooks' vtable) whose code lines miss the instruction cache on every op.
+  // AutogradMeta is the one implementation of the interface. A view's metadata is a
+  // DifferentiableViewMeta, whose requires_grad() also asks its base: the virtual call then.
+  if (const auto* am = static_cast<const torch::autograd::AutogradMeta*>(impl->autograd_meta())) {
+    if (am->is_view_) {
+      f |= record::tensor_flag::kIsView;
+      if (am->requires_grad()) f |= record::tensor_flag::kRequiresGrad;
+    } else if (am->AutogradMeta::requires_grad()) {  // requires_grad_ || grad_fn_, inline
+      f |= record::tensor_flag::kRequiresGrad;
+    }
   }
   if (impl->is_wrapped_number()) [[unlikely]] {
     f |= record::tensor_flag::kWrappedNumber;
@@ -224,7 +231,7 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
   if (ts.depth == 0) {
     ts.outer_below_autograd = below_autograd;
   } else {
-    Frame& parent = ts.frames[ts.depth - 1];
+    Frame& parent = *ts.frames[ts.depth - 1];
     // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded), or from a
     // parent that is not a CompositeImplicitAutograd op (its nested calls are its kernel's own,
     // e.g. the per-tensor loop of a foreach op that has no autograd formula).
@@ -233,8 +240,9 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
     if (internal) return nullptr;
     parent.had_child = true;
   }
-  if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) ts.frames.emplace_back();
-  Frame& f = ts.frames[ts.depth];
+  if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) [[unlikely]]
+    ts.frames.push_back(std::make_unique<Frame>());
+  Frame& f = *ts.frames[ts.depth];
   f.b.reset();
   f.had_child = false;
   f.composite_implicit = composite_implicit;
@@ -257,8 +265,11 @@ void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10:
 void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
                Phase phase, std::uint8_t flags) {
   if (ts.capture != nullptr && ts.capture->capture_only) return;  // crucible.compile's own capture
-  record::Recorder& rec = record::Recorder::global();
-  if (ts.log == nullptr) ts.log = &rec.thread_log();
+  if (ts.log == nullptr) [[unlikely]] {
+    ts.rec = &record::Recorder::global();  // never replaced: the thread's log stays its own
+    ts.log = &ts.rec->thread_log();
+  }
+  record::Recorder& rec = *ts.rec;
   record::TraceEntry e = f.b.entry(schema_hash, phase, flags);
   e.module_id = ts.modules.back();
   e.n_args = n_args;
@@ -379,7 +390,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     throw;
   }
   --ts.depth;
-  Frame& done = ts.frames[ts.depth];  // same frame; deque references are stable
+  Frame& done = *ts.frames[ts.depth];  // the same frame (frames never move)
   if (done.had_child) {
     done.cap_args.clear();  // a decomposed op is not captured: drop its arguments now
     g_skip_decomposed.fetch_add(1, std::memory_order_relaxed);  // recorded as its decomposition

@@ -197,18 +197,6 @@ const Site& site() {
   return s;
 }
 
-template <class... Args>
-[[gnu::noinline, gnu::cold]] std::vector<c10::IValue> cold_box_args(Args... args) {
-  return c10::impl::boxArgs<Args...>(args...);
-}
-
-template <class R>
-[[gnu::noinline, gnu::cold]] void cold_capture(ThreadState& ts, const Site& s,
-                                               std::vector<c10::IValue>&& args, const R& result,
-                                               Phase phase) {
-  capture_op(ts, s.handle, std::move(args), box_result(result), phase);
-}
-
 // The keys after ours: where a kernel of ours redispatches to.
 c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {
   return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
@@ -240,6 +228,8 @@ struct Rec<Op, Ret(Args...)> {
     const c10::DispatchKeySet after = after_key(ks);
     c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // nested calls are internals (see above)
     ThreadState& ts = thread_state();
+    if (ts.capture != nullptr) [[unlikely]]
+      return call_capturing(ts, after, args...);
     const Site& s = site<Op>();
     Frame* f = enter_recorded(ts, s.is_mutable);
     if (f == nullptr) return Op::redispatch(after, args...);
@@ -249,15 +239,34 @@ struct Rec<Op, Ret(Args...)> {
     std::uint16_t i = 0;
     (cap(in, args, i++), ...);
     f->b.end_inputs();
-    std::vector<c10::IValue> cap_args;
-    if (ts.capture != nullptr) [[unlikely]]
-      cap_args = cold_box_args<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
-    if (ts.capture != nullptr) [[unlikely]]
-      cold_capture(ts, s, std::move(cap_args), result, phase);
+    commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
+    return result;
+  }
+
+  // The same under crucible.compile's capture (Note [Cold code out of the kernels]): the
+  // arguments and results are also boxed for the capture. Out of line, so the common path
+  // above carries no vector of IValues to construct and destroy.
+  [[gnu::noinline, gnu::cold]] static Ret call_capturing(ThreadState& ts, c10::DispatchKeySet after,
+                                                         Args... args) {
+    const Site& s = site<Op>();
+    Frame* f = enter_recorded(ts, s.is_mutable);
+    if (f == nullptr) return Op::redispatch(after, args...);
+    const Phase phase = f->phase;
+    const std::uint8_t flags = f->flags;
+    Cap in{ts, f->b, false};
+    std::uint16_t i = 0;
+    (cap(in, args, i++), ...);
+    f->b.end_inputs();
+    std::vector<c10::IValue> cap_args = c10::impl::boxArgs<Args...>(args...);
+    DepthGuard depth{ts};
+    decltype(auto) result = Op::redispatch(after, args...);
+    Cap out{ts, f->b, true};
+    cap_result(out, result);
+    capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }
