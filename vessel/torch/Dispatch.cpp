@@ -225,6 +225,12 @@ std::uint8_t op_flags(bool is_mutable) {
   return flags;
 }
 
+namespace {
+// A frame for a new nesting depth: once per depth per thread, out of line (Frame's construction
+// would otherwise be inlined into enter_op, which every recorded op runs).
+[[gnu::noinline, gnu::cold]] void add_frame(ThreadState& ts) { ts.frames.push_back(std::make_unique<Frame>()); }
+}  // namespace
+
 Frame* enter_op(ThreadState& ts, bool composite_implicit) {
   const bool below_autograd =
       c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
@@ -241,7 +247,7 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
     parent.had_child = true;
   }
   if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) [[unlikely]]
-    ts.frames.push_back(std::make_unique<Frame>());
+    add_frame(ts);
   Frame& f = *ts.frames[ts.depth];
   f.b.reset();
   f.had_child = false;

@@ -155,6 +155,13 @@ class Wrapper final : public c10::Allocator {
         return detail::tagged_allocate(*base_, n);
       return base_->allocate(n);
     }
+    return route_scoped(*m, n);
+  }
+
+  // Under an AllocScope (a compiled step's profiling run or its arena): out of line, so the
+  // path every other allocation takes, recorded or not, spans few code lines.
+  [[gnu::noinline]] c10::DataPtr route_scoped(AllocScope::Mode& mode, std::size_t n) const {
+    AllocScope::Mode* m = &mode;
     if (m->kind == AllocScope::Mode::Log) {
       AllocLog& log = *m->log;
       c10::DataPtr b = base_->allocate(n);

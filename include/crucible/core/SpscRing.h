@@ -101,6 +101,29 @@ class SpscRing {
     return n;
   }
 
+  // Producer only. Whether n more items fit now (the cached tail is refreshed only when they
+  // seem not to). After true, push_n_fitting(items) with items.size() <= n cannot fail.
+  bool has_room(std::size_t n) noexcept {
+    const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
+    if (head - prod_.cached_tail + n <= capacity()) return true;
+    prod_.cached_tail = cons_.tail.load(std::memory_order_acquire);
+    return head - prod_.cached_tail + n <= capacity();
+  }
+
+  // Producer only, after has_room(items.size()): pushes them all, with one release store. Two
+  // contiguous runs (before and after the wrap), so the copy needs no mask per item.
+  void push_n_fitting(std::span<const T> items) noexcept {
+    const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
+    const std::size_t n = items.size();
+    const std::size_t at = static_cast<std::size_t>(head & mask_);
+    const std::size_t first = n < capacity() - at ? n : capacity() - at;
+    T* slots = slots_.get();
+    for (std::size_t i = 0; i < first; ++i) slots[at + i] = items[i];
+    for (std::size_t i = first; i < n; ++i) slots[i - first] = items[i];
+    prod_.head.store(head + n, std::memory_order_release);
+    prefetch_ahead(head, head + n);
+  }
+
   // Consumer only. False when empty.
   bool try_pop(T& out) noexcept {
     const std::uint64_t tail = cons_.tail.load(std::memory_order_relaxed);

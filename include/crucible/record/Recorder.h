@@ -187,6 +187,12 @@ class Recorder {
 
  private:
   explicit Recorder(const RecorderConfig& cfg);
+  // commit when a ring lacks room: drop mode, or waiting for the drain (Note [Commit fast path]).
+  [[gnu::noinline, gnu::cold]] bool commit_slow(ThreadLog& log, const TraceEntry& entry,
+                                                std::span<const MetaCell> cells,
+                                                std::span<const ScalarRecord> scalars);
+  [[gnu::always_inline]] inline void publish_entry(ThreadLog& log, const TraceEntry& entry,
+                                                   std::size_t n_cells, std::size_t n_scalars);
   void drain_loop();
   bool drain_once();  // true if anything was moved
   bool drain_log(ThreadLog& log);
