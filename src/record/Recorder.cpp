@@ -149,7 +149,8 @@ void Recorder::publish_entry(ThreadLog& log, const TraceEntry& entry, std::size_
   CRUCIBLE_ASSERT(pushed, "room for the entry");
   (void)pushed;
   bump(log.ops_[static_cast<int>(entry.phase) % kNumPhases], 1);
-  bump(log.bytes_, sizeof(TraceEntry) + n_cells * sizeof(MetaCell) + n_scalars * sizeof(ScalarRecord));
+  bump(log.bytes_,
+       sizeof(TraceEntry) + n_cells * sizeof(MetaCell) + n_scalars * sizeof(ScalarRecord));
   log.committed_.store(seq + 1, std::memory_order_release);
 }
 

@@ -228,7 +228,9 @@ std::uint8_t op_flags(bool is_mutable) {
 namespace {
 // A frame for a new nesting depth: once per depth per thread, out of line (Frame's construction
 // would otherwise be inlined into enter_op, which every recorded op runs).
-[[gnu::noinline, gnu::cold]] void add_frame(ThreadState& ts) { ts.frames.push_back(std::make_unique<Frame>()); }
+[[gnu::noinline, gnu::cold]] void add_frame(ThreadState& ts) {
+  ts.frames.push_back(std::make_unique<Frame>());
+}
 }  // namespace
 
 Frame* enter_op(ThreadState& ts, bool composite_implicit) {

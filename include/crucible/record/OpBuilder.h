@@ -67,7 +67,7 @@ class OpBuilder {
     const std::uint32_t nd = cells_[last_].meta.ndim;
     CRUCIBLE_ASSERT(sizes.size() == nd && strides.size() == nd, "sizes and strides match ndim");
     static_assert(sizeof(DimsCell) == 8 * sizeof(std::int64_t));
-    if (nd == 0) return;  // no dims cells
+    if (nd == 0) return;                                             // no dims cells
     char* dims = reinterpret_cast<char*>(cells_[last_ + 1].dims.v);  // contiguous: one run of int64
     const std::size_t used = 2 * nd * sizeof(std::int64_t);
     std::memcpy(dims, sizes.data(), nd * sizeof(std::int64_t));
