@@ -188,7 +188,7 @@ TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
     b.op("aten::cat", std::move(ins), {T{3, 0, {2 * kInputs}}});
     return b;
   };
-  const synth::Builder far = build(kProduced), near = build(kProduced - 65536);
+  const synth::Builder far = build(kProduced);
   const TraceGraph g = TraceGraph::build(far.trace, far.all());
   ASSERT_EQ(g.predecessors(1).size(), 1u);
   EXPECT_EQ(g.predecessors(1)[0].slot, kProduced);
@@ -198,9 +198,23 @@ TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
   EXPECT_EQ(g.externals().back().slot, kInputs - 1);
   EXPECT_EQ(g.externals()[1 + kProduced].slot, kProduced + 1)
       << "the external after the produced input";
-  // The produced input at slot 5 instead (65541 modulo 2^16): another wiring, another hash.
-  const TraceGraph h = TraceGraph::build(near.trace, near.all());
-  EXPECT_NE(MerkleDag::build(far.trace, g).node_hash(1),
-            MerkleDag::build(near.trace, h).node_hash(1));
+  // The region hash packs each in-region edge's slot and kind: a data-flow edge at slot 65541
+  // must not hash as an alias edge at slot 5 (65541 = 5 + 2^16, the kind's bit when slots were
+  // 16 bits). The same local hashes for both, so only the edges differ.
+  synth::Builder alias;
+  alias.op("aten::relu", {T{1, 0, {2}}}, {T{2, 0, {2}}});
+  {
+    std::vector<T> ins;
+    ins.reserve(kInputs);
+    for (std::size_t k = 0; k < kInputs; ++k) ins.push_back(T{k == 5 ? 2u : 100 + k, 0, {2}});
+    alias.op("aten::cat", std::move(ins), {T{2, 0, {2}}});  // its output aliases input 5
+  }
+  const TraceGraph a = TraceGraph::build(alias.trace, alias.all());
+  ASSERT_EQ(a.predecessors(1).size(), 1u);
+  ASSERT_EQ(a.predecessors(1)[0].kind, EdgeKind::Alias);
+  ASSERT_EQ(a.predecessors(1)[0].slot, 5u);
+  ASSERT_EQ(g.predecessors(1)[0].kind, EdgeKind::DataFlow);
+  const std::vector<crucible::ContentHash> local = {crucible::ContentHash{1, 2}, crucible::ContentHash{3, 4}};
+  EXPECT_NE(region_hash(g, local, 0, 2), region_hash(a, local, 0, 2));
 }
 }  // namespace

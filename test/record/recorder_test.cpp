@@ -115,6 +115,28 @@ TEST(Recorder, FlushAndClearReturnWhileAnotherThreadRecordsNonstop) {
   EXPECT_GT(t.num_ops(), 0u);
 }
 
+// A reused builder hands out cells that held an earlier op's: every int64 of a tensor's dims
+// cells past its sizes and strides reads 0, whatever was there before.
+TEST(OpBuilder, DimsCellsAreWrittenWhole) {
+  OpBuilder b;
+  const std::vector<std::int64_t> s4 = {2, 3, 4, 5}, t4 = {60, 20, 5, 1};
+  TensorMeta m;
+  b.add_tensor(m, s4, t4);  // fills all 8 int64 of its dims cell
+  b.add_tensor(m, s4, t4);
+  b.reset();
+  const std::vector<std::int64_t> s1 = {7}, t1 = {1};
+  b.add_tensor(m, s1, t1);
+  const std::vector<std::int64_t> s5 = {1, 2, 3, 4, 5}, t5 = {120, 60, 20, 5, 1};
+  b.add_tensor(m, s5, t5);  // two dims cells: 10 values, then 6 zeros
+  const auto cells = b.cells();
+  ASSERT_EQ(cells.size(), 2u + 3u);
+  EXPECT_EQ(std::vector<std::int64_t>(cells[1].dims.v, cells[1].dims.v + 8),
+            (std::vector<std::int64_t>{7, 1, 0, 0, 0, 0, 0, 0}));
+  const auto* d = reinterpret_cast<const std::int64_t*>(cells.data() + 3);  // cells 3 and 4
+  EXPECT_EQ(std::vector<std::int64_t>(d, d + 16),
+            (std::vector<std::int64_t>{1, 2, 3, 4, 5, 120, 60, 20, 5, 1, 0, 0, 0, 0, 0, 0}));
+}
+
 TEST(Recorder, FlushMakesEveryCommittedOpVisibleInOrder) {
   auto r = *Recorder::create();
   OpBuilder b;

@@ -173,10 +173,12 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   // return is read where it lives: those are calls into two other libraries (is_view through
   // the variable hooks' vtable) whose code lines miss the instruction cache on every op.
   // AutogradMeta is the one implementation of the interface. A view's metadata is a
-  // DifferentiableViewMeta, whose requires_grad() also asks its base: the virtual call then.
+  // DifferentiableViewMeta: is_view() is true when it has backward view info (a view made for
+  // forward AD only is not one), and its requires_grad() also asks its base (the virtual call).
   if (const auto* am = static_cast<const torch::autograd::AutogradMeta*>(impl->autograd_meta())) {
     if (am->is_view_) {
-      f |= record::tensor_flag::kIsView;
+      if (static_cast<const torch::autograd::DifferentiableViewMeta*>(am)->has_bw_view())
+        f |= record::tensor_flag::kIsView;
       if (am->requires_grad()) f |= record::tensor_flag::kRequiresGrad;
     } else if (am->AutogradMeta::requires_grad()) {  // requires_grad_ || grad_fn_, inline
       f |= record::tensor_flag::kRequiresGrad;

@@ -1,9 +1,9 @@
 // SpscRing.h — bounded lock-free single-producer / single-consumer ring.
 //
-// Ownership: exactly one producer thread calls try_push / try_push_n; exactly one consumer
-// thread calls try_pop / try_pop_n. Which thread that is may change only across a
-// synchronisation point (thread join, a mutex hand-off). size_approx() and capacity() may be
-// called from any thread.
+// Ownership: exactly one producer thread calls try_push / try_push_with / try_push_n /
+// has_room / push_n_fitting; exactly one consumer thread calls try_pop / try_pop_n. Which
+// thread that is may change only across a synchronisation point (thread join, a mutex
+// hand-off). size_approx() and capacity() may be called from any thread.
 //
 // Ordering guarantee: everything the producer wrote (the item and any memory it wrote before
 // the push) happens-before the consumer's reads after the pop that returns that item. Built on
@@ -115,6 +115,8 @@ class SpscRing {
   void push_n_fitting(std::span<const T> items) noexcept {
     const std::uint64_t head = prod_.head.load(std::memory_order_relaxed);
     const std::size_t n = items.size();
+    if (n == 0) return;  // no store: the line the consumer polls stays clean
+    CRUCIBLE_ASSERT(head - prod_.cached_tail + n <= capacity(), "push_n_fitting after has_room(n)");
     const std::size_t at = static_cast<std::size_t>(head & mask_);
     const std::size_t first = n < capacity() - at ? n : capacity() - at;
     T* slots = slots_.get();
