@@ -214,7 +214,8 @@ TEST(TraceGraph, SlotsPastSixteenBitsAreKept) {
   ASSERT_EQ(a.predecessors(1)[0].kind, EdgeKind::Alias);
   ASSERT_EQ(a.predecessors(1)[0].slot, 5u);
   ASSERT_EQ(g.predecessors(1)[0].kind, EdgeKind::DataFlow);
-  const std::vector<crucible::ContentHash> local = {crucible::ContentHash{1, 2}, crucible::ContentHash{3, 4}};
+  const std::vector<crucible::ContentHash> local = {crucible::ContentHash{1, 2},
+                                                    crucible::ContentHash{3, 4}};
   EXPECT_NE(region_hash(g, local, 0, 2), region_hash(a, local, 0, 2));
 }
 }  // namespace

@@ -68,7 +68,8 @@ class OpBuilder {
     CRUCIBLE_ASSERT(sizes.size() == nd && strides.size() == nd, "sizes and strides match ndim");
     static_assert(sizeof(DimsCell) == 8 * sizeof(std::int64_t));
     if (nd == 0) return;                                             // no dims cells
-    char* dims = reinterpret_cast<char*>(cells_.data() + last_ + 1);  // the dims cells: one run of int64
+    char* dims =
+        reinterpret_cast<char*>(cells_.data() + last_ + 1);  // the dims cells: one run of int64
     const std::size_t used = 2 * nd * sizeof(std::int64_t);
     std::memcpy(dims, sizes.data(), nd * sizeof(std::int64_t));
     std::memcpy(dims + nd * sizeof(std::int64_t), strides.data(), nd * sizeof(std::int64_t));
