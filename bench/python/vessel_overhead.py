@@ -3,6 +3,8 @@
 MLP step (Linear 64->128, ReLU, Linear 128->10, batch 32, cross-entropy, SGD momentum 0.9) and
 a resnet18 step (batch 8, 64x64). For each: eager step time, recorded step time, added time
 per op, and the same for a TorchDispatchMode recorder that keeps (op name, output shapes).
+For the MLP also paired short rounds (see paired()): the steadiest of these figures on a shared
+VM.
 Also the recording thread's CPU time per step, eager vs recorded (less sensitive than wall time
 to other work on a shared machine; it leaves out the drain and pipeline threads). Prints the
 ratios (medians of the interleaved rounds, and the fastest round of each, which interference on
@@ -74,7 +76,57 @@ def time_block(fn, n, cpu=None):
     return (time.perf_counter() - t0) / n
 
 
-def measure(make, steps, rounds):
+def paired(m, opt, x, y, ops_per_step, steps, rounds):
+    """Short rounds, each timing eager, recorded and TorchDispatchMode one after another (the
+    order rotating), and the median over rounds of each round's own differences. On a shared
+    VM the step time drifts by tens of percent within a minute, and interference comes in
+    bursts: a round's three parts see the same drift, and the median votes out rounds a burst
+    hit, so this moves by about a point between runs where the medians of long rounds moved by
+    ten."""
+    def eager():
+        return time_block(lambda: step(m, opt, x, y), steps)
+
+    def recorded():
+        crucible.enable()
+        try:
+            return time_block(lambda: step(m, opt, x, y), steps)
+        finally:
+            crucible.disable()
+
+    def dispatch_mode():
+        with PyRecorder():
+            return time_block(lambda: step(m, opt, x, y), steps)
+
+    fns = (eager, recorded, dispatch_mode)
+    crucible.clear()
+    es, dc, dp, pct = [], [], [], []
+    for i in range(rounds):
+        t = [0.0, 0.0, 0.0]
+        for k in range(3):
+            j = (i + k) % 3
+            t[j] = fns[j]()
+        if i % 25 == 24:
+            crucible.clear()  # the recorded trace stays small
+        es.append(t[0])
+        dc.append(t[1] - t[0])
+        dp.append(t[2] - t[0])
+        pct.append((t[1] - t[0]) / t[0] * 100)
+    crucible.clear()
+    pct.sort()
+    c, p = statistics.median(dc), statistics.median(dp)
+    return {
+        "paired_rounds": rounds,
+        "paired_steps_per_round": steps,
+        "paired_eager_step_us": statistics.median(es) * 1e6,
+        "paired_crucible_added_pct": statistics.median(pct),
+        "paired_crucible_added_pct_quartiles": [pct[len(pct) // 4], pct[3 * len(pct) // 4]],
+        "paired_crucible_added_us_per_op": c / ops_per_step * 1e6,
+        "paired_dispatch_mode_added_us_per_op": p / ops_per_step * 1e6,
+        "paired_added_per_op_ratio_dispatch_mode_over_crucible": p / c if c > 0 and p > 0 else None,
+    }
+
+
+def measure(make, steps, rounds, paired_rounds=0):
     m, opt, x, y = make()
     for _ in range(5):
         step(m, opt, x, y)
@@ -108,7 +160,8 @@ def measure(make, steps, rounds):
 
     pct, per_op, ratio = added(e, c, p)
     fpct, fper_op, fratio = added(fe, fc, fp)
-    return {
+    more = paired(m, opt, x, y, ops_per_step, 20, paired_rounds) if paired_rounds else {}
+    return more | {
         "steps_per_round": steps,
         "rounds": rounds,
         "fastest_eager_step_us": fe * 1e6,
@@ -134,7 +187,8 @@ def measure(make, steps, rounds):
 def main():
     quick = "--quick" in sys.argv
     results = {
-        "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 45),
+        "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 45,
+                       paired_rounds=30 if quick else 300),
         "resnet18": measure(make_resnet, steps=2 if quick else 5, rounds=3 if quick else 7),
     }
     for name, r in results.items():
@@ -146,6 +200,14 @@ def main():
               + (f"crucible adds {r['added_per_op_ratio_dispatch_mode_over_crucible']:.1f}x less per op"
                  if r['added_per_op_ratio_dispatch_mode_over_crucible'] is not None
                  else "an added time is within this run's noise: no ratio"))
+        if "paired_rounds" in r:
+            pr = r["paired_added_per_op_ratio_dispatch_mode_over_crucible"]
+            q = r["paired_crucible_added_pct_quartiles"]
+            print(f"  paired short rounds (median over {r['paired_rounds']} rounds of "
+                  f"{r['paired_steps_per_round']} steps): crucible {r['paired_crucible_added_pct']:+.1f}% "
+                  f"(quartiles {q[0]:+.1f}..{q[1]:+.1f}%), {r['paired_crucible_added_us_per_op']:.3f} us/op, "
+                  f"TorchDispatchMode {r['paired_dispatch_mode_added_us_per_op']:.3f} us/op"
+                  + (f", {pr:.1f}x less per op" if pr is not None else ""))
         ratio = r["fastest_added_per_op_ratio_dispatch_mode_over_crucible"]
         print(f"  fastest round of each: crucible {r['fastest_crucible_added_pct']:+.1f}%, "
               f"{r['fastest_crucible_added_us_per_op']:.3f} us/op"
