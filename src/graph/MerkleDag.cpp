@@ -73,6 +73,20 @@ ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& 
   return h.digest();
 }
 
+// A module region's label: the id of its path in the trace's module table (the first entry
+// with that path), 0 when the table lacks it (a parent scope that was never entered itself).
+void label_module_regions(std::vector<Region>& regions, const record::Trace& t) {
+  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
+  for (const Region& r : regions)
+    if (r.kind == RegionKind::Module) id_of_path.emplace(r.module_path, 0);
+  if (id_of_path.empty()) return;
+  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
+    if (auto it = id_of_path.find(t.module_paths[k]); it != id_of_path.end() && it->second == 0)
+      it->second = static_cast<std::uint32_t>(k);
+  for (Region& r : regions)
+    if (r.kind == RegionKind::Module) r.label = id_of_path[r.module_path];
+}
+
 ContentHash root_of(const std::vector<ContentHash>& node_hashes) {
   ContentHasher root;
   root.update_u64(node_hashes.size());
@@ -120,16 +134,9 @@ MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, cons
   for (Region& r : d.regions_)
     if (changed_before[r.end] != changed_before[r.begin])
       r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
-  // A module region's label is its path's id in this trace's table, where a path that was not
-  // interned when `last` was built (a parent scope entered since) may have one now.
-  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
-  for (const Region& r : d.regions_)
-    if (r.kind == RegionKind::Module) id_of_path.emplace(r.module_path, 0);
-  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
-    if (auto it = id_of_path.find(t.module_paths[k]); it != id_of_path.end() && it->second == 0)
-      it->second = static_cast<std::uint32_t>(k);
-  for (Region& r : d.regions_)
-    if (r.kind == RegionKind::Module) r.label = id_of_path[r.module_path];
+  // Labels from this trace's table: a path that was not interned when `last` was built (a
+  // parent scope entered since) may have an id now.
+  label_module_regions(d.regions_, t);
   return d;
 }
 
@@ -178,9 +185,6 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
       scopes_of[mod].push_back(it->second);
     }
   }
-  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
-  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
-    id_of_path.emplace(t.module_paths[k], static_cast<std::uint32_t>(k));
   std::vector<std::uint32_t> open_begin(scope_path.size(), 0), open_end(scope_path.size(), 0);
   std::vector<std::pair<std::uint32_t, std::size_t>> runs;  // (begin, scope) of closed runs, and ends
   std::vector<std::uint32_t> run_end;
@@ -211,11 +215,10 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
   });
   for (std::size_t k : order) {
     const std::string_view path = scope_path[runs[k].second];
-    auto idit = id_of_path.find(path);
-    d.regions_.push_back(Region{RegionKind::Module, idit == id_of_path.end() ? 0 : idit->second,
-                                runs[k].first, run_end[k],
+    d.regions_.push_back(Region{RegionKind::Module, 0, runs[k].first, run_end[k],
                                 region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), std::string(path)});
   }
+  label_module_regions(d.regions_, t);
   return d;
 }
 

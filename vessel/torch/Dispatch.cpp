@@ -487,13 +487,6 @@ void set_enabled(bool on) {
 }
 bool is_enabled() { return c10::impl::tls_is_dispatch_key_included(kKey); }
 
-void push_module(const std::string& path) {
-  thread_state().modules.push_back(record::Recorder::global().intern_module(path));
-}
-void pop_module() {
-  ThreadState& ts = thread_state();
-  if (ts.modules.size() > 1) ts.modules.pop_back();
-}
 std::size_t push_module_id(std::uint32_t module_id) {
   std::vector<std::uint32_t>& m = thread_state().modules;
   const std::size_t depth = m.size();

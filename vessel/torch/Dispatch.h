@@ -38,8 +38,6 @@ bool is_enabled();
 // Module scope of the calling thread (forward pre/post hooks call these). push_module_id
 // returns the scope depth before the push; pop_modules_to(depth) goes back to it, dropping
 // whatever a forward that raised left above it (the outermost scope, 0, always stays).
-void push_module(const std::string& path);
-void pop_module();
 std::size_t push_module_id(std::uint32_t module_id);
 void pop_modules_to(std::size_t depth);
 // pop_modules_to(depth) if the scope at `depth` is `module_id` (a call of that module that

@@ -301,8 +301,6 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("dispatch_key", &vessel::dispatch_key_name);
   m.def("set_enabled", &vessel::set_enabled);
   m.def("is_enabled", &vessel::is_enabled);
-  m.def("push_module", &vessel::push_module);
-  m.def("pop_module", &vessel::pop_module);
   m.def("intern_module",
         [](const std::string& path) { return Recorder::global().intern_module(path); });
   m.def("push_module_id", [](std::uint32_t id) {
