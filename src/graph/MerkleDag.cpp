@@ -216,7 +216,8 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
   for (std::size_t k : order) {
     const std::string_view path = scope_path[runs[k].second];
     d.regions_.push_back(Region{RegionKind::Module, 0, runs[k].first, run_end[k],
-                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), std::string(path)});
+                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]),
+                                std::string(path)});
   }
   label_module_regions(d.regions_, t);
   return d;
