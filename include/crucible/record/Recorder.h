@@ -154,7 +154,7 @@ class Recorder {
     std::span<const std::size_t> ops;
     bool want_key = false;
     bool want_copy = true;
-    std::span<const ContentHash> contents;  // op_content of each op, if the caller has them
+    std::span<const ContentHash> contents{};  // op_content of each op, if the caller has them
     const ContentHash* unless = nullptr;
     std::uint64_t generation = kAnyGeneration;
   };
