@@ -80,11 +80,8 @@ Result<std::int8_t> scalar_type_from_name(std::string_view name) {
     if (row.name == name) return row.ordinal;
   for (const auto& a : kAliases)
     if (a.name == name) return a.ordinal;
-  // Appended, not "'" + std::string(name): GCC 12 warns (-Wrestrict) on that operator+ (its
-  // bug 105329, a false positive).
-  std::string what = "'";
-  what.append(name).append("' is not a PyTorch dtype name");
-  return invalid_input(what, "use a name such as float32, bfloat16, int64 or bool");
+  return invalid_input("'" + std::string(name) + "' is not a PyTorch dtype name",
+                       "use a name such as float32, bfloat16, int64 or bool");
 }
 
 std::string_view device_kind_name(DeviceKind k) noexcept {

@@ -27,15 +27,6 @@ namespace {
 
 using Kind = Expr::Kind;
 
-// 'text', built by append: "'" + std::string trips GCC 12's -Wrestrict false positive (its bug
-// 105329) in release builds.
-std::string quoted(const std::string& text) {
-  std::string q;
-  q.reserve(text.size() + 2);
-  q.append(1, '\'').append(text).append(1, '\'');
-  return q;
-}
-
 // A product of more terms is kept as a Mul of sums (Note [Expression normal form]).
 constexpr std::size_t kMaxExpandTerms = 64;
 
@@ -352,7 +343,7 @@ Result<std::int64_t> ExprPool::evaluate(
         const bool overflow =
             is_add ? __builtin_add_overflow(acc, *v, &acc) : __builtin_mul_overflow(acc, *v, &acc);
         if (overflow) {
-          return invalid_input(quoted(to_string(e)) + " overflows int64 under these bindings",
+          return invalid_input("'" + to_string(e) + "' overflows int64 under these bindings",
                                "use smaller symbol values");
         }
       }
@@ -364,11 +355,11 @@ Result<std::int64_t> ExprPool::evaluate(
       auto d = evaluate(e->args[1], bindings);
       if (!d.ok()) return d.status();
       if (*d == 0) {
-        return invalid_input(quoted(to_string(e)) + " divides by zero under these bindings",
+        return invalid_input("'" + to_string(e) + "' divides by zero under these bindings",
                              "bind the divisor's symbols to non-zero values");
       }
       if (*n == INT64_MIN && *d == -1) {
-        return invalid_input(quoted(to_string(e)) + " overflows int64 under these bindings",
+        return invalid_input("'" + to_string(e) + "' overflows int64 under these bindings",
                              "use smaller symbol values");
       }
       return floor_div(*n, *d);

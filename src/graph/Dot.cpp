@@ -39,10 +39,7 @@ std::string to_dot(const record::Trace& t, const TraceGraph& g) {
       for (const auto& m : t.outputs(op)) {
         shape += "[";
         auto sz = t.sizes(t.tensor_index(&m));
-        for (std::size_t k = 0; k < sz.size(); ++k) {
-          if (k != 0) shape += ',';
-          shape += std::to_string(sz[k]);  // (a + on a temporary trips GCC 12's -Wrestrict bug)
-        }
+        for (std::size_t k = 0; k < sz.size(); ++k) shape += (k ? "," : "") + std::to_string(sz[k]);
         shape += "]";
       }
       out += std::string(cluster ? "    " : "  ") + "n" + std::to_string(n) + " [label=\"" +

@@ -117,7 +117,9 @@ TEST(Cse, MergesIdenticalPureNodesOnly) {
   EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::add"), 2);
   // neg now reads the first t's output.
   for (const Node& n : out->nodes) {
-    if (n.op == "aten::neg") EXPECT_EQ(out->values[n.inputs[0]].producer, 0u);
+    if (n.op == "aten::neg") {
+      EXPECT_EQ(out->values[n.inputs[0]].producer, 0u);
+    }
   }
   EXPECT_TRUE(verify(*out).ok());
 }

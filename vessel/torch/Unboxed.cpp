@@ -84,7 +84,9 @@ struct Cap {
   if (t.has_value() && t->defined()) add_tensor(c.ts, c.b, *t, i, 0, c.output);
   else c.b.add_scalar(ScalarKind::None, i, 0);
 }
-[[gnu::noinline]] void cap(Cap& c, at::TensorList l, std::uint16_t i) {
+// The TensorList and SymInt overloads: for hot ops whose schemas have them in other PyTorch
+// versions (none of 1.13's do).
+[[gnu::noinline, maybe_unused]] void cap(Cap& c, at::TensorList l, std::uint16_t i) {
   c.b.add_scalar(ScalarKind::TensorList, i, 0, static_cast<std::uint32_t>(l.size()));
   for (std::size_t k = 0; k < l.size(); ++k) {
     if (l[k].defined()) add_tensor(c.ts, c.b, l[k], i, static_cast<std::uint32_t>(k), c.output);
@@ -135,7 +137,7 @@ struct Cap {
   c.b.add_scalar(ScalarKind::ListBegin, i, 0, static_cast<std::uint32_t>(v.size()));
   for (const c10::SymInt& x : v) c.b.add_int(i, x.expect_int());
 }
-[[gnu::noinline]] void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) {
+[[gnu::noinline, maybe_unused]] void cap(Cap& c, const c10::SymInt& v, std::uint16_t i) {
   c.b.add_int(i, v.expect_int());
 }
 template <class T>
