@@ -232,28 +232,20 @@ struct Rec<Op, Ret(Args...)> {
     ThreadState& ts = thread_state();
     if (ts.capture != nullptr) [[unlikely]]
       return call_capturing(ts, after, args...);
-    const Site& s = site<Op>();
-    Frame* f = enter_recorded(ts, s.is_mutable);
-    if (f == nullptr) return Op::redispatch(after, args...);
-    const Phase phase = f->phase;
-    const std::uint8_t flags = f->flags;
-    Cap in{ts, f->b, false};
-    std::uint16_t i = 0;
-    (cap(in, args, i++), ...);
-    f->b.end_inputs();
-    DepthGuard depth{ts};
-    decltype(auto) result = Op::redispatch(after, args...);
-    Cap out{ts, f->b, true};
-    cap_result(out, result);
-    commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
-    return result;
+    return record<false>(ts, after, args...);
   }
 
-  // The same under crucible.compile's capture (Note [Cold code out of the kernels]): the
-  // arguments and results are also boxed for the capture. Out of line, so the common path
-  // above carries no vector of IValues to construct and destroy.
+  // Under crucible.compile's capture the arguments and results are also boxed for it (Note
+  // [Cold code out of the kernels]): a separate copy, out of line, so the common path carries
+  // no vector of IValues to construct and destroy.
   [[gnu::noinline, gnu::cold]] static Ret call_capturing(ThreadState& ts, c10::DispatchKeySet after,
                                                          Args... args) {
+    return record<true>(ts, after, args...);
+  }
+
+  struct NoCapture {};
+  template <bool kCapture>
+  [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, Args... args) {
     const Site& s = site<Op>();
     Frame* f = enter_recorded(ts, s.is_mutable);
     if (f == nullptr) return Op::redispatch(after, args...);
@@ -263,12 +255,13 @@ struct Rec<Op, Ret(Args...)> {
     std::uint16_t i = 0;
     (cap(in, args, i++), ...);
     f->b.end_inputs();
-    std::vector<c10::IValue> cap_args = c10::impl::boxArgs<Args...>(args...);
+    std::conditional_t<kCapture, std::vector<c10::IValue>, NoCapture> cap_args;
+    if constexpr (kCapture) cap_args = c10::impl::boxArgs<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
-    capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
+    if constexpr (kCapture) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }
