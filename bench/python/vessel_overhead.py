@@ -10,6 +10,7 @@ to other work on a shared machine; it leaves out the drain and pipeline threads)
 ratios (medians of the interleaved rounds, and the fastest round of each, which interference on
 a shared machine cannot make faster) and writes bench/baselines/vessel_overhead.json.
 """
+import itertools
 import json
 import os
 import statistics
@@ -78,7 +79,7 @@ def time_block(fn, n, cpu=None):
 
 def paired(m, opt, x, y, ops_per_step, steps, rounds):
     """Short rounds, each timing eager, recorded and TorchDispatchMode one after another (the
-    order rotating), and the median over rounds of each round's own differences. On a shared
+    six orders in turn), and the median over rounds of each round's own differences. On a shared
     VM the step time drifts by tens of percent within a minute, and interference comes in
     bursts: a round's three parts see the same drift, and the median votes out rounds a burst
     hit, so this moves by about a point between runs where the medians of long rounds moved by
@@ -98,12 +99,12 @@ def paired(m, opt, x, y, ops_per_step, steps, rounds):
             return time_block(lambda: step(m, opt, x, y), steps)
 
     fns = (eager, recorded, dispatch_mode)
+    orders = list(itertools.permutations(range(3)))  # each mode before and after each other alike
     crucible.clear()
     es, dc, dp, pct = [], [], [], []
     for i in range(rounds):
         t = [0.0, 0.0, 0.0]
-        for k in range(3):
-            j = (i + k) % 3
+        for j in orders[i % len(orders)]:
             t[j] = fns[j]()
         if i % 25 == 24:
             crucible.clear()  # the recorded trace stays small
