@@ -19,11 +19,13 @@ cd "$CRUCIBLE_ROOT"
 command -v valgrind >/dev/null || { echo "vessel_callgrind: valgrind is missing (utils/bin/setup installs it)" >&2; exit 1; }
 PY="$(crucible_python)"
 B=build-callgrind
+code="$(git describe --always --dirty 2>/dev/null || echo unknown)"  # before the baseline is rewritten
+mkdir -p "$B"
 flags="-O3 -march=x86-64-v3 -DNDEBUG -g"
 cmake -S . -B "$B" -G Ninja -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_CXX_FLAGS_RELEASE=$flags" "-DCMAKE_C_FLAGS_RELEASE=$flags" \
   -DCRUCIBLE_SANITIZER=none -DCRUCIBLE_CONTRACTS=observe -DCRUCIBLE_BUILD_TESTS=OFF -DCRUCIBLE_BUILD_BENCH=OFF \
-  >"$B.configure.log" 2>&1 || { tail -20 "$B.configure.log"; exit 1; }
+  >"$B/configure.log" 2>&1 || { tail -20 "$B/configure.log"; exit 1; }
 cmake --build "$B" -j "${CRUCIBLE_JOBS:-$(nproc)}" --target _crucible_ext >"$B/build.log" 2>&1 ||
   { tail -30 "$B/build.log"; exit 1; }
 gcc -O2 -shared -fPIC bench/callgrind/client.c -o "$B/libcallgrind_client.so"
@@ -38,7 +40,7 @@ for mode in eager recorded; do
 done
 ops="$(sed -n 's/^ops_per_step //p' "$out/recorded.log")"
 cpu="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)"
-"$PY" - "$out" "$steps" "$ops" "$cpu" "$(git describe --always --dirty)" <<'PY' | tee bench/baselines/vessel_callgrind.txt
+"$PY" - "$out" "$steps" "$ops" "$cpu" "$code" <<'PY' | tee bench/baselines/vessel_callgrind.txt
 import glob, sys
 def totals(path):
     events = None
