@@ -15,6 +15,11 @@ std::atomic<std::uint64_t> g_next_uid{1};
 
 bool pow2(std::uint32_t v) { return v >= 2 && (v & (v - 1)) == 0; }
 
+// A producer-owned counter that other threads only read: a plain add, no locked instruction.
+void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) {
+  c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+
 // The calling thread's logs, one per recorder it has recorded into. The cached pair makes
 // the common case (one recorder) a compare and a load. The recorder owns its logs (logs_);
 // this map only finds them, so a destroyed recorder's rings are freed with it (a thread that
@@ -124,9 +129,6 @@ bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const M
 // The op's entry, after its cells and scalars, with room for it in the ring.
 void Recorder::publish_entry(ThreadLog& log, const TraceEntry& entry, std::size_t n_cells,
                              std::size_t n_scalars) {
-  const auto bump = [](std::atomic<std::uint64_t>& c, std::uint64_t by) {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-  };
   const std::uint64_t seq = log.committed_.load(std::memory_order_relaxed);
   const std::uint8_t flags = entry.flags | (log.after_drop_ ? op_flag::kAfterDrop : 0);
   log.after_drop_ = false;
@@ -156,9 +158,6 @@ void Recorder::publish_entry(ThreadLog& log, const TraceEntry& entry, std::size_
 
 bool Recorder::commit_slow(ThreadLog& log, const TraceEntry& entry, std::span<const MetaCell> cells,
                            std::span<const ScalarRecord> scalars) {
-  const auto bump = [](std::atomic<std::uint64_t>& c, std::uint64_t by) {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-  };
   if (log.drop_mode_ < 0 ? drop_when_full_.load(std::memory_order_relaxed) : log.drop_mode_ != 0)
       [[unlikely]] {
     const bool fits = log.entries_.capacity() - log.entries_.size_approx() >= 1 &&

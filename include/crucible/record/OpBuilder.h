@@ -61,8 +61,8 @@ class OpBuilder {
     return *m;
   }
   // Writes every int64 of the dims cells begin_tensor handed out: sizes, then strides, then
-  // zeros to the end of the last cell. Through memcpy and memset: libc's copies are code that
-  // PyTorch keeps in the instruction cache, where an inlined (vectorised) loop of ours is not.
+  // zeros to the end of the last cell. Through memcpy and memset: an inlined loop measured more
+  // instructions per op under callgrind (1620 against 1564) and no fewer I1 misses.
   void set_dims(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) {
     const std::uint32_t nd = cells_[last_].meta.ndim;
     CRUCIBLE_ASSERT(sizes.size() == nd && strides.size() == nd, "sizes and strides match ndim");
