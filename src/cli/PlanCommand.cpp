@@ -89,7 +89,7 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
                  std::string(it.status().message()).c_str());
     return kExitRefused;
   }
-  auto ir = forge::build_ir001(*trace, (*it)->ops, pool);
+  auto ir = forge::build_ir001(*trace, (*it)->ops(), pool);
   if (!ir.ok()) {
     std::fprintf(stderr, "crucible: %s\n", std::string(ir.status().message()).c_str());
     return kExitRefused;

@@ -10,15 +10,17 @@ namespace crucible::graph {
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
                                            const PlanOptions& plan_opt, std::span<const ContentHash> locals,
                                            std::optional<record::StorageNumbering> numbering) {
+  auto a = std::make_shared<IterationAnalysis>();
+  a->ops = std::move(ops);
+  for (std::size_t op : a->ops) ++a->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  a->graph = numbering ? TraceGraph::build(t, a->ops, std::move(*numbering)) : TraceGraph::build(t, a->ops);
+  a->dag = MerkleDag::build(t, a->graph, locals);
+  auto plan = plan_memory(t, a->graph, plan_opt);
+  if (plan.ok()) a->plan = std::move(*plan);
+  else a->plan_status = plan.status();
   auto it = std::make_shared<Iteration>();
-  it->ops = std::move(ops);
-  if (!it->ops.empty()) it->thread = t.ops[it->ops.front()].thread;
-  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
-  it->graph = numbering ? TraceGraph::build(t, it->ops, std::move(*numbering)) : TraceGraph::build(t, it->ops);
-  it->dag = MerkleDag::build(t, it->graph, locals);
-  auto plan = plan_memory(t, it->graph, plan_opt);
-  if (plan.ok()) it->plan = std::move(*plan);
-  else it->plan_status = plan.status();
+  if (!a->ops.empty()) it->thread = t.ops[a->ops.front()].thread;
+  it->analysis = std::move(a);
   return it;
 }
 
@@ -26,16 +28,18 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
                                              std::vector<std::size_t> ops,
                                              std::span<const ContentHash> locals,
                                              record::StorageNumbering numbering) {
-  std::optional<TraceGraph> g = last.graph.rebased(t, ops, std::move(numbering));
+  std::optional<TraceGraph> g = last.graph().rebased(t, ops, std::move(numbering));
   if (!g) return nullptr;
+  auto a = std::make_shared<IterationAnalysis>();
+  a->ops = std::move(ops);
+  for (std::size_t op : a->ops) ++a->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  a->graph = std::move(*g);
+  a->dag = MerkleDag::rebuild(last.dag(), t, a->graph, locals);
+  if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());
+  a->plan_status = last.plan_status();
   auto it = std::make_shared<Iteration>();
-  it->ops = std::move(ops);
-  if (!it->ops.empty()) it->thread = t.ops[it->ops.front()].thread;
-  for (std::size_t op : it->ops) ++it->ops_per_phase[static_cast<int>(t.ops[op].phase)];
-  it->graph = std::move(*g);
-  it->dag = MerkleDag::rebuild(last.dag, t, it->graph, locals);
-  if (last.plan) it->plan = rebased_plan(*last.plan, it->graph.numbering());
-  it->plan_status = last.plan_status;
+  if (!a->ops.empty()) it->thread = t.ops[a->ops.front()].thread;
+  it->analysis = std::move(a);
   return it;
 }
 

@@ -283,6 +283,7 @@ bool Recorder::drain_log(ThreadLog& log) {
                                               e.n_meta_cells),
                     std::span<const ScalarRecord>(
                         log.scalar_stage_.data() + log.scalar_stage_head_, e.n_scalars));
+      wiring_.append(trace_, first + i);  // while the op is in cache (Note [Wiring log])
       log.meta_stage_head_ += e.n_meta_cells;
       log.scalar_stage_head_ += e.n_scalars;
       if (static_cast<std::uint8_t>(e.phase) < kNumPhases)
@@ -387,6 +388,7 @@ void Recorder::deliver_tokens() {
     for (const Event& ev : events) {
       if (ev.clear) {
         trace_.clear();
+        wiring_.clear();
         ++generation_;
         baseline_ = baseline;
       }
@@ -456,9 +458,14 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       valid = in_range;
     }
     // Contents belong to the ops as given; with some of them gone, compute them afresh.
-    body = record::structure_body(
-        t, valid, numbering,
-        valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{}, &wiring);
+    const std::span<const ContentHash> contents =
+        valid.size() == ops.size() ? req.contents : std::span<const ContentHash>{};
+    // One run of consecutive ops (one thread's iteration, no other thread in between) is
+    // keyed from the wiring log; anything else from the trace (Note [Wiring log]).
+    bool run = !valid.empty();
+    for (std::size_t i = 1; run && i < valid.size(); ++i) run = valid[i] == valid[0] + i;
+    if (!run || !wiring_.structure_body(t, valid.empty() ? 0 : valid[0], valid.size(), numbering, contents, body, &wiring))
+      body = record::structure_body(t, valid, numbering, contents, &wiring);
     {
       // trace_mu_ then names_mu_: nothing takes them in the other order.
       std::lock_guard<std::mutex> g(names_mu_);

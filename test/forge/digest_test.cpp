@@ -164,7 +164,7 @@ Result<Ir001> model_ir(const std::string& model, std::int64_t b1, std::int64_t b
     if (!t.ok()) return t.status();
     auto it = graph::analyze_latest_iteration(*t, -1);
     if (!it.ok()) return it.status();
-    auto ir = build_ir001(*t, (*it)->ops, pool);
+    auto ir = build_ir001(*t, (*it)->ops(), pool);
     if (!ir.ok()) return ir.status();
     irs[i] = std::move(*ir);
   }

@@ -191,7 +191,7 @@ Result<Ir001> ir_of(const std::string& model, std::int64_t batch, ExprPool& pool
   auto trace = std::make_shared<record::Trace>(std::move(*t));
   auto it = graph::analyze_latest_iteration(*trace, -1);
   if (!it.ok()) return it.status();
-  return build_ir001(*trace, (*it)->ops, pool);
+  return build_ir001(*trace, (*it)->ops(), pool);
 }
 
 TEST(Ir001, RecordedModelsBuildVerifyAndSymbolize) {

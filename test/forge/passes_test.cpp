@@ -169,7 +169,7 @@ TEST(FrontEnd, RecordedModelsPlanDeterministically) {
     std::string digest;
     for (int run = 0; run < 2; ++run) {
       ExprPool pool;
-      auto ir = build_ir001(*t, (*it)->ops, pool);
+      auto ir = build_ir001(*t, (*it)->ops(), pool);
       ASSERT_TRUE(ir.ok()) << e.path();
       Policy policy;
       auto fe = run_front_end(std::move(*ir), *rules, policy);

@@ -190,7 +190,7 @@ TEST(Reports, RecordedModels) {
       auto it = graph::analyze_latest_iteration(*t, -1);
       ASSERT_TRUE(it.ok()) << path;
       ExprPool pool;
-      auto ir = build_ir001(*t, (*it)->ops, pool);
+      auto ir = build_ir001(*t, (*it)->ops(), pool);
       ASSERT_TRUE(ir.ok()) << path;
       auto fe = run_front_end(std::move(*ir), *rules, Policy{}, 1e15);
       ASSERT_TRUE(fe.ok()) << path << ": " << fe.status();

@@ -30,7 +30,7 @@ TEST(PipelineStress, MillionOpProducerNothingDropped) {
   const double flush_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   auto it = p.latest();
   ASSERT_NE(it, nullptr) << p.last_reason();
-  EXPECT_EQ(it->ops.size(), static_cast<std::size_t>(kOpsPerStep));
+  EXPECT_EQ(it->ops().size(), static_cast<std::size_t>(kOpsPerStep));
   EXPECT_EQ(p.stats().ops_seen, static_cast<std::uint64_t>(kOpsPerStep) * kSteps + 1);
   std::uint64_t dropped = 0;
   for (const auto& s : r->thread_stats()) dropped += s.dropped;

@@ -40,17 +40,17 @@ TEST(Pipeline, FlushPublishesTheLatestIterationExactly) {
   p.flush();
   auto it = p.latest();
   ASSERT_NE(it, nullptr) << p.last_reason();
-  EXPECT_EQ(it->ops.size(), 40u);
+  EXPECT_EQ(it->ops().size(), 40u);
   EXPECT_TRUE(it->report.first_differs);
-  ASSERT_TRUE(it->plan.has_value());
-  EXPECT_TRUE(graph::check_plan(*it->plan).ok());
-  const ContentHash first_root = it->dag.root();
+  ASSERT_TRUE(it->plan().has_value());
+  EXPECT_TRUE(graph::check_plan(*it->plan()).ok());
+  const ContentHash first_root = it->dag().root();
   // The loop changes (another width): after flush the published iteration is the new one.
   for (int s = 0; s < 3; ++s) record_step(*r, b, s + 1, 40, 32, sid);
   p.flush();
   auto it2 = p.latest();
   ASSERT_NE(it2, nullptr);
-  EXPECT_NE(it2->dag.root(), first_root);
+  EXPECT_NE(it2->dag().root(), first_root);
   EXPECT_EQ(it2->trace->sizes(0)[1], 32);
   EXPECT_EQ(p.stats().ops_seen, 41u + 80u + 120u);
 }
@@ -75,8 +75,8 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   EXPECT_EQ(p.stats().builds, 1u);
   EXPECT_EQ(p.stats().reused, 1u);
   EXPECT_GT(again->report.segments.size(), first->report.segments.size());
-  EXPECT_EQ(again->dag.root(), first->dag.root());
-  EXPECT_EQ(again->plan->arena_bytes, first->plan->arena_bytes);
+  EXPECT_EQ(again->dag().root(), first->dag().root());
+  EXPECT_EQ(again->plan()->arena_bytes, first->plan()->arena_bytes);
   EXPECT_GT(p.stats().last_reuse_ns, 0u);
 
   // What a fresh build of those last ops gives, from a snapshot of the whole trace.
@@ -87,9 +87,9 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
     return v;
   }();
   const auto fresh = graph::build_iteration(all, last_ops);
-  EXPECT_EQ(fresh->dag.root(), again->dag.root());
-  EXPECT_EQ(fresh->plan->arena_bytes, again->plan->arena_bytes);
-  EXPECT_EQ(fresh->graph.num_edges(), again->graph.num_edges());
+  EXPECT_EQ(fresh->dag().root(), again->dag().root());
+  EXPECT_EQ(fresh->plan()->arena_bytes, again->plan()->arena_bytes);
+  EXPECT_EQ(fresh->graph().num_edges(), again->graph().num_edges());
   // The recorder's in-place key is the key of a copy of the same ops.
   EXPECT_EQ(r->structure_key(last_ops), record::structure_key(r->copy_ops(last_ops), [] {
               std::vector<std::size_t> v(40);
@@ -104,7 +104,7 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   for (int s = 6; s < 9; ++s) record_step(*r, b, s, 40, 16, sid);
   p.flush();
   ASSERT_NE(p.latest(), nullptr);
-  EXPECT_EQ(p.latest()->dag.root(), first->dag.root());
+  EXPECT_EQ(p.latest()->dag().root(), first->dag().root());
   EXPECT_EQ(p.stats().builds, 1u);
 
   // The same step recorded by another thread: reused, and published as that thread's.
@@ -124,7 +124,7 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   for (int s = 9; s < 12; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();
   EXPECT_EQ(p.stats().builds, 2u);
-  EXPECT_NE(p.latest()->dag.root(), first->dag.root());
+  EXPECT_NE(p.latest()->dag().root(), first->dag().root());
   p.set_reuse(false);
   for (int s = 12; s < 15; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();
@@ -152,7 +152,7 @@ TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
   EXPECT_EQ(p.stats().reused, 0u);
   EXPECT_EQ(p.stats().rewired, 1u);
   EXPECT_GT(p.stats().last_rewire_ns, 0u);
-  EXPECT_NE(again->dag.root(), first->dag.root());  // the scalars are in the content hashes
+  EXPECT_NE(again->dag().root(), first->dag().root());  // the scalars are in the content hashes
 
   // The reference: a fresh build of the last 40 ops of a snapshot. Its trace indices differ
   // from the published copy's (0..39); everything else must be equal.
@@ -160,35 +160,35 @@ TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
   std::vector<std::size_t> last_ops(40);
   for (std::size_t i = 0; i < 40; ++i) last_ops[i] = all.num_ops() - 40 + i;
   const auto fresh = graph::build_iteration(all, last_ops);
-  EXPECT_EQ(fresh->dag.root(), again->dag.root());
+  EXPECT_EQ(fresh->dag().root(), again->dag().root());
   for (std::size_t n = 0; n < 40; ++n)
-    EXPECT_EQ(fresh->dag.node_hash(n), again->dag.node_hash(n)) << n;
-  ASSERT_EQ(fresh->dag.regions().size(), again->dag.regions().size());
-  for (std::size_t i = 0; i < fresh->dag.regions().size(); ++i)
-    EXPECT_EQ(fresh->dag.regions()[i].hash, again->dag.regions()[i].hash);
-  ASSERT_EQ(fresh->graph.num_nodes(), again->graph.num_nodes());
-  for (std::size_t n = 0; n < fresh->graph.num_nodes(); ++n) {
-    const auto fp = fresh->graph.predecessors(n), ap = again->graph.predecessors(n);
+    EXPECT_EQ(fresh->dag().node_hash(n), again->dag().node_hash(n)) << n;
+  ASSERT_EQ(fresh->dag().regions().size(), again->dag().regions().size());
+  for (std::size_t i = 0; i < fresh->dag().regions().size(); ++i)
+    EXPECT_EQ(fresh->dag().regions()[i].hash, again->dag().regions()[i].hash);
+  ASSERT_EQ(fresh->graph().num_nodes(), again->graph().num_nodes());
+  for (std::size_t n = 0; n < fresh->graph().num_nodes(); ++n) {
+    const auto fp = fresh->graph().predecessors(n), ap = again->graph().predecessors(n);
     ASSERT_EQ(fp.size(), ap.size());
     for (std::size_t k = 0; k < fp.size(); ++k) {
       EXPECT_EQ(fp[k].node, ap[k].node);
       EXPECT_EQ(fp[k].slot, ap[k].slot);
     }
   }
-  ASSERT_EQ(fresh->graph.externals().size(), again->graph.externals().size());
-  for (std::size_t i = 0; i < fresh->graph.externals().size(); ++i) {
-    EXPECT_EQ(fresh->graph.externals()[i].storage_id, again->graph.externals()[i].storage_id);
-    EXPECT_EQ(fresh->graph.externals()[i].version, again->graph.externals()[i].version);
+  ASSERT_EQ(fresh->graph().externals().size(), again->graph().externals().size());
+  for (std::size_t i = 0; i < fresh->graph().externals().size(); ++i) {
+    EXPECT_EQ(fresh->graph().externals()[i].storage_id, again->graph().externals()[i].storage_id);
+    EXPECT_EQ(fresh->graph().externals()[i].version, again->graph().externals()[i].version);
   }
-  EXPECT_EQ(fresh->graph.numbering().storages, again->graph.numbering().storages);
-  ASSERT_TRUE(fresh->plan && again->plan);
-  ASSERT_EQ(fresh->plan->blocks.size(), again->plan->blocks.size());
-  for (std::size_t i = 0; i < fresh->plan->blocks.size(); ++i) {
-    EXPECT_EQ(fresh->plan->blocks[i].storage_id, again->plan->blocks[i].storage_id);
-    EXPECT_EQ(fresh->plan->blocks[i].offset, again->plan->blocks[i].offset);
+  EXPECT_EQ(fresh->graph().numbering().storages, again->graph().numbering().storages);
+  ASSERT_TRUE(fresh->plan() && again->plan());
+  ASSERT_EQ(fresh->plan()->blocks.size(), again->plan()->blocks.size());
+  for (std::size_t i = 0; i < fresh->plan()->blocks.size(); ++i) {
+    EXPECT_EQ(fresh->plan()->blocks[i].storage_id, again->plan()->blocks[i].storage_id);
+    EXPECT_EQ(fresh->plan()->blocks[i].offset, again->plan()->blocks[i].offset);
   }
-  EXPECT_NE(again->plan->blocks[0].storage_id, first->plan->blocks[0].storage_id);  // rebased
-  EXPECT_TRUE(graph::check_plan(*again->plan).ok());
+  EXPECT_NE(again->plan()->blocks[0].storage_id, first->plan()->blocks[0].storage_id);  // rebased
+  EXPECT_TRUE(graph::check_plan(*again->plan()).ok());
   // The published trace is the new ops' copy: its scalars are the last step's.
   ASSERT_NE(again->trace, nullptr);
   EXPECT_EQ(again->trace->scalars_of(39).size(), 1u);
@@ -199,7 +199,7 @@ TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
   p.flush();
   EXPECT_EQ(p.stats().reused, 1u);
   EXPECT_EQ(p.stats().builds, 1u);
-  EXPECT_EQ(p.latest()->dag.root(), again->dag.root());
+  EXPECT_EQ(p.latest()->dag().root(), again->dag().root());
   r->clear();  // the detector would find the 120 ops of the new width too few of the window
   for (int s = 6; s < 9; ++s) record_step(*r, b, s, 40, 24, sid, 0.5 + s);
   p.flush();

@@ -157,21 +157,21 @@ bool storage_is_tagged_of(std::uintptr_t cdata) { return vessel::storage_is_tagg
 
 py::dict iteration_dict(const graph::Iteration& it) {
     py::dict d, phases;
-    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase[p];
+    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase()[p];
     d["thread"] = it.thread;
     d["ops"] = phases;
-    d["total_ops"] = it.ops.size();
-    d["first_op"] = it.ops.empty() ? 0 : it.ops.front();
+    d["total_ops"] = it.ops().size();
+    d["first_op"] = it.ops().empty() ? 0 : it.ops().front();
     d["iterations"] = it.report.segments.size();
     d["steady_iterations"] = it.report.steady_count();
     d["first_differs"] = it.report.first_differs;
     d["variant_every"] = it.report.variant_every;
     d["summary"] = it.report.reason;
-    d["root_hash"] = it.dag.root().hex();
-    d["edges"] = it.graph.num_edges();
-    d["externals"] = it.graph.externals().size();
+    d["root_hash"] = it.dag().root().hex();
+    d["edges"] = it.graph().num_edges();
+    d["externals"] = it.graph().externals().size();
     py::list regions;
-    for (const auto& rg : it.dag.regions()) {
+    for (const auto& rg : it.dag().regions()) {
       py::dict rd;
       rd["kind"] = rg.kind == graph::RegionKind::Phase ? "phase" : "module";
       rd["name"] = rg.kind == graph::RegionKind::Phase ? std::string(phase_name(static_cast<Phase>(rg.label))) : rg.module_path;
@@ -181,16 +181,16 @@ py::dict iteration_dict(const graph::Iteration& it) {
       regions.append(rd);
     }
     d["regions"] = regions;
-    if (it.plan) {
-      d["arena_bytes"] = it.plan->arena_bytes;
-      d["lower_bound_bytes"] = it.plan->lower_bound;
-      d["plan_ratio"] = it.plan->ratio();
-      d["persistent_bytes"] = it.plan->persistent_bytes;
-      d["plan_blocks"] = it.plan->blocks.size();
-      d["plan_ok"] = graph::check_plan(*it.plan).ok();
+    if (it.plan()) {
+      d["arena_bytes"] = it.plan()->arena_bytes;
+      d["lower_bound_bytes"] = it.plan()->lower_bound;
+      d["plan_ratio"] = it.plan()->ratio();
+      d["persistent_bytes"] = it.plan()->persistent_bytes;
+      d["plan_blocks"] = it.plan()->blocks.size();
+      d["plan_ok"] = graph::check_plan(*it.plan()).ok();
       d["plan_error"] = py::none();
     } else {
-      d["plan_error"] = std::string(it.plan_status.message());
+      d["plan_error"] = std::string(it.plan_status().message());
     }
   return d;
 }
@@ -460,7 +460,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
             us.push_back(
                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                     .count());
-            root = built->dag.root();
+            root = built->dag().root();
           }
         }
         py::dict d;
@@ -474,12 +474,12 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
-    const std::string dot = graph::to_dot(t, (*r)->graph);
+    const std::string dot = graph::to_dot(t, (*r)->graph());
     std::FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
     if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-    return (*r)->ops.size();
+    return (*r)->ops().size();
   }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
   // Which of these parameters have no .grad (bit i: params[i].grad is None), as an int, or a
   // tuple of 64-bit words past 64 parameters: part of crucible.compile's call signature.

@@ -15,16 +15,29 @@
 
 namespace crucible::graph {
 
-struct Iteration {
-  std::shared_ptr<const record::Trace> trace;  // set when the iteration owns a copy of its ops
-  std::uint32_t thread = 0;
-  IterationReport report;
+// What is built from an iteration's ops: shared, never copied, by every publication of the
+// same analysis (Note [Reusing the last build] in Pipeline.cpp).
+struct IterationAnalysis {
   std::vector<std::size_t> ops;         // trace op indices of the last steady iteration
   std::uint64_t ops_per_phase[record::kNumPhases] = {};
   TraceGraph graph;
   MerkleDag dag;
   std::optional<MemoryPlan> plan;       // empty if planning failed: see plan_status
   Status plan_status;
+};
+
+struct Iteration {
+  std::shared_ptr<const record::Trace> trace;  // set when the iteration owns a copy of its ops
+  std::uint32_t thread = 0;
+  IterationReport report;
+  std::shared_ptr<const IterationAnalysis> analysis;  // never null
+
+  const std::vector<std::size_t>& ops() const { return analysis->ops; }
+  const std::uint64_t (&ops_per_phase() const)[record::kNumPhases] { return analysis->ops_per_phase; }
+  const TraceGraph& graph() const { return analysis->graph; }
+  const MerkleDag& dag() const { return analysis->dag; }
+  const std::optional<MemoryPlan>& plan() const { return analysis->plan; }
+  const Status& plan_status() const { return analysis->plan_status; }
 };
 
 // Builds graph, DAG and plan for the given ops (indices into t) of one iteration; `locals`, if
