@@ -13,11 +13,14 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
   auto a = std::make_shared<IterationAnalysis>();
   a->ops = std::move(ops);
   for (std::size_t op : a->ops) ++a->ops_per_phase[static_cast<int>(t.ops[op].phase)];
-  a->graph = numbering ? TraceGraph::build(t, a->ops, std::move(*numbering)) : TraceGraph::build(t, a->ops);
+  a->graph = numbering ? TraceGraph::build(t, a->ops, std::move(*numbering))
+                       : TraceGraph::build(t, a->ops);
   a->dag = MerkleDag::build(t, a->graph, locals);
   auto plan = plan_memory(t, a->graph, plan_opt);
-  if (plan.ok()) a->plan = std::move(*plan);
-  else a->plan_status = plan.status();
+  if (plan.ok())
+    a->plan = std::move(*plan);
+  else
+    a->plan_status = plan.status();
   auto it = std::make_shared<Iteration>();
   if (!a->ops.empty()) it->thread = t.ops[a->ops.front()].thread;
   it->analysis = std::move(a);

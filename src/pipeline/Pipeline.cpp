@@ -158,10 +158,10 @@ void Pipeline::detect_loop() {
 // describes an earlier occurrence of the same step, whose trace it holds) with the new
 // detection report. The republished iteration shares the last one's analysis (graph, DAG and
 // plan behind one shared_ptr): copying them took 23 us of resnet18's reuse once the step had
-// evicted them, against 5.6 in cache (2026-11-30). Key and copy are taken under one hold of the trace lock, and the copy's
-// external classification is the one the key hashed, so the key stored with an analysis
-// describes the very ops it was built from, even if a clear() or a classification raced.
-// The last build survives clear(): it is a cache keyed by content, not recorded data.
+// evicted them, against 5.6 in cache (2026-11-30). Key and copy are taken under one hold of the
+// trace lock, and the copy's external classification is the one the key hashed, so the key stored
+// with an analysis describes the very ops it was built from, even if a clear() or a classification
+// raced. The last build survives clear(): it is a cache keyed by content, not recorded data.
 //
 // When the structure keys differ but the wiring keys match (Note [Wiring key], Trace.h: the
 // same ops on the same wiring, other scalars, as AdamW's every step), build copies the ops as

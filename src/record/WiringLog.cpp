@@ -9,7 +9,8 @@
 namespace crucible::record {
 
 WiringLog::WiringLog(std::size_t window) : window_(window) {
-  CRUCIBLE_PRE(window >= 1 && window <= kMaxBack / 2, "a window whose distances (< 2 windows) fit in 24 bits");
+  CRUCIBLE_PRE(window >= 1 && window <= kMaxBack / 2,
+               "a window whose distances (< 2 windows) fit in 24 bits");
 }
 
 void WiringLog::clear() {
@@ -27,19 +28,23 @@ std::size_t WiringLog::probe(const Slot* table, std::uint64_t id) const {
   // sequence, and a new storage then lands next to the last one, in a cache line the drain
   // just wrote), and the runs are spread by a Fibonacci hash of the id's upper bits (ids that
   // are aligned pointers, as a C host may pass, differ there).
-  const std::size_t j0 = static_cast<std::size_t>(((id >> 6) * 0x9E3779B97F4A7C15ull) >> (64 - bits_ + 6)) << 6;
+  const std::size_t j0 =
+      static_cast<std::size_t>(((id >> 6) * 0x9E3779B97F4A7C15ull) >> (64 - bits_ + 6)) << 6;
   std::size_t j = (j0 | (id & 63)) & mask;
-  while (table[j].id != 0 && table[j].id != id) j = (j + 1) & mask;  // at most half the slots are taken
+  while (table[j].id != 0 && table[j].id != id)
+    j = (j + 1) & mask;  // at most half the slots are taken
   return j;
 }
 
 void WiringLog::append(const Trace& t, std::size_t op) {
-  CRUCIBLE_PRE(op == ops_.size() && op < t.ops.size(), "ops are appended in order, after the trace's");
+  CRUCIBLE_PRE(op == ops_.size() && op < t.ops.size(),
+               "ops are appended in order, after the trace's");
   const TraceEntry& e = t.ops[op];
   // The words walk_structure (Trace.cpp) hashes per op, in its order.
-  ops_.push_back(OpWords{e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
-                         e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48 |
-                             std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 56});
+  ops_.push_back(
+      OpWords{e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
+              e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48 |
+                  std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 56});
   const std::size_t base = t.op_tensor_begin[op];
   CRUCIBLE_ASSERT(base == tensors_.size(), "the log's tensors follow the trace's");
   if (!cur_) {
@@ -51,7 +56,8 @@ void WiringLog::append(const Trace& t, std::size_t op) {
   }
   for (std::size_t k = base; k < base + e.n_tensors; ++k) {
     const TensorMeta& m = t.tensors[k];
-    if (k >= gen_start_ + window_) {  // a new generation: every use of the last window stays findable
+    if (k >=
+        gen_start_ + window_) {  // a new generation: every use of the last window stays findable
       std::swap(cur_, old_);
       std::memset(cur_.get(), 0, sizeof(Slot) << bits_);
       gen_start_ = k;
@@ -80,9 +86,9 @@ void WiringLog::append(const Trace& t, std::size_t op) {
   }
 }
 
-bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n, StorageNumbering& out,
-                               std::span<const ContentHash> contents, ContentHash& body,
-                               ContentHash* wiring_out) const {
+bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n,
+                               StorageNumbering& out, std::span<const ContentHash> contents,
+                               ContentHash& body, ContentHash* wiring_out) const {
   CRUCIBLE_PRE(contents.empty() || contents.size() == n, "one op_content per op, or none");
   if (n == 0 || first > ops_.size() || n > ops_.size() - first) return false;
   const std::size_t tbegin = t.op_tensor_begin[first];
@@ -124,7 +130,8 @@ bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n,
       }
       out.storage[cursor] = canon;
       out.version[cursor] = version;
-      h.update_words(canon | std::uint64_t{version} << 32, w.storage_nbytes, std::uint64_t{w.back_flags & 0xFFu});
+      h.update_words(canon | std::uint64_t{version} << 32, w.storage_nbytes,
+                     std::uint64_t{w.back_flags & 0xFFu});
     }
   }
   CRUCIBLE_ASSERT(cursor == n_tensors, "the ops' tensor counts cover their range");

@@ -79,8 +79,14 @@ struct Observed {
 
 Observed analyse(const synth::Builder& b) {
   auto it = build_iteration(b.trace, b.all());
-  Observed o{it->dag().root(), {}, it->plan()->arena_bytes, it->plan()->lower_bound, it->plan()->persistent_bytes,
-             it->graph().num_edges(), it->graph().externals().size(), {}};
+  Observed o{it->dag().root(),
+             {},
+             it->plan()->arena_bytes,
+             it->plan()->lower_bound,
+             it->plan()->persistent_bytes,
+             it->graph().num_edges(),
+             it->graph().externals().size(),
+             {}};
   for (const auto& r : it->dag().regions()) o.regions.push_back(r.hash);
   for (const auto& bl : it->plan()->blocks) o.blocks.emplace_back(bl.bytes, bl.offset);
   return o;
@@ -291,13 +297,15 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
           << "trial " << trial << " node " << node;
     ASSERT_EQ(rebuilt->dag().regions().size(), fresh->dag().regions().size());
     for (std::size_t i = 0; i < fresh->dag().regions().size(); ++i) {
-      ASSERT_EQ(rebuilt->dag().regions()[i].hash, fresh->dag().regions()[i].hash) << "trial " << trial;
+      ASSERT_EQ(rebuilt->dag().regions()[i].hash, fresh->dag().regions()[i].hash)
+          << "trial " << trial;
       ASSERT_EQ(rebuilt->dag().regions()[i].label, fresh->dag().regions()[i].label)
           << "trial " << trial;
     }
     ASSERT_EQ(rebuilt->graph().externals().size(), fresh->graph().externals().size());
     for (std::size_t i = 0; i < fresh->graph().externals().size(); ++i) {
-      ASSERT_EQ(rebuilt->graph().externals()[i].storage_id, fresh->graph().externals()[i].storage_id);
+      ASSERT_EQ(rebuilt->graph().externals()[i].storage_id,
+                fresh->graph().externals()[i].storage_id);
       ASSERT_EQ(rebuilt->graph().externals()[i].version, fresh->graph().externals()[i].version);
     }
     ASSERT_EQ(rebuilt->graph().num_edges(), fresh->graph().num_edges());
@@ -334,8 +342,8 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
     for (std::size_t i = 0; i < fresh->dag().regions().size(); ++i) {
       EXPECT_EQ(rebuilt->dag().regions()[i].label, fresh->dag().regions()[i].label)
           << fresh->dag().regions()[i].module_path;
-      seen = seen ||
-             (fresh->dag().regions()[i].module_path == "enc" && fresh->dag().regions()[i].label == enc);
+      seen = seen || (fresh->dag().regions()[i].module_path == "enc" &&
+                      fresh->dag().regions()[i].label == enc);
     }
     EXPECT_TRUE(seen);
   }
@@ -401,69 +409,71 @@ TEST(WiringLog, KeyEqualsTheTracesOverRandomRuns) {
   std::mt19937 rng(777);
   // Small ids, and ids as a C host that passes buffer addresses would (4 KiB apart, large).
   for (const std::uint64_t scale : {std::uint64_t{1}, std::uint64_t{4096}})
-  for (const std::size_t window : {std::size_t{4}, std::size_t{9}, std::size_t{64}}) {
-    synth::Builder b;
-    record::WiringLog log(window);
-    std::vector<std::uint32_t> version(40, 0);
-    for (int op = 0; op < 400; ++op) {
-      std::vector<T> ins, outs;
-      std::uint64_t n = 0;  // the pool index of the last pick (0: no storage)
-      auto pick = [&]() -> T {
-        // Mostly a few recent storages, sometimes any of 40, sometimes none.
-        n = rng() % 8 == 0 ? 0 : (rng() % 3 == 0 ? rng() % 40 : rng() % 5) + 1;
-        const std::uint64_t sid = n == 0 ? 0 : (scale == 1 ? n : 0x7f0000000000ull + n * scale);
-        T x{sid, n == 0 ? 0 : version[n - 1], {2, static_cast<std::int64_t>(1 + rng() % 3)}};
-        x.view = rng() % 5 == 0;
-        return x;
-      };
-      for (unsigned k = rng() % 3; k-- > 0;) ins.push_back(pick());
-      for (unsigned k = rng() % 3; k-- > 0;) {
-        T x = pick();
-        if (n != 0 && rng() % 2) x.version = ++version[n - 1];  // written in place
-        outs.push_back(x);
+    for (const std::size_t window : {std::size_t{4}, std::size_t{9}, std::size_t{64}}) {
+      synth::Builder b;
+      record::WiringLog log(window);
+      std::vector<std::uint32_t> version(40, 0);
+      for (int op = 0; op < 400; ++op) {
+        std::vector<T> ins, outs;
+        std::uint64_t n = 0;  // the pool index of the last pick (0: no storage)
+        auto pick = [&]() -> T {
+          // Mostly a few recent storages, sometimes any of 40, sometimes none.
+          n = rng() % 8 == 0 ? 0 : (rng() % 3 == 0 ? rng() % 40 : rng() % 5) + 1;
+          const std::uint64_t sid = n == 0 ? 0 : (scale == 1 ? n : 0x7f0000000000ull + n * scale);
+          T x{sid, n == 0 ? 0 : version[n - 1], {2, static_cast<std::int64_t>(1 + rng() % 3)}};
+          x.view = rng() % 5 == 0;
+          return x;
+        };
+        for (unsigned k = rng() % 3; k-- > 0;) ins.push_back(pick());
+        for (unsigned k = rng() % 3; k-- > 0;) {
+          T x = pick();
+          if (n != 0 && rng() % 2) x.version = ++version[n - 1];  // written in place
+          outs.push_back(x);
+        }
+        const std::size_t i =
+            b.op(op % 3 ? "aten::mul" : "aten::add_", ins, outs,
+                 op % 7 ? Phase::Forward : Phase::Backward, op % 2 ? "m" : "", {op % 4});
+        log.append(b.trace, i);
       }
-      const std::size_t i = b.op(op % 3 ? "aten::mul" : "aten::add_", ins, outs,
-                                 op % 7 ? Phase::Forward : Phase::Backward, op % 2 ? "m" : "", {op % 4});
-      log.append(b.trace, i);
-    }
-    ASSERT_EQ(log.num_ops(), b.trace.num_ops());
-    int accepted = 0, refused = 0;
-    for (int trial = 0; trial < 600; ++trial) {
-      const std::size_t first = rng() % b.trace.num_ops();
-      const std::size_t n = 1 + rng() % std::min<std::size_t>(b.trace.num_ops() - first, window);
-      std::vector<std::size_t> ops(n);
-      for (std::size_t k = 0; k < n; ++k) ops[k] = first + k;
-      std::vector<ContentHash> contents;
-      if (trial % 2)
-        for (const std::size_t op : ops) contents.push_back(record::op_content(b.trace, op));
-      record::StorageNumbering want, got;
-      ContentHash want_wiring, got_wiring, got_body;
-      const ContentHash want_body = record::structure_body(b.trace, ops, want, contents, &want_wiring);
-      std::size_t n_tensors = 0;
-      for (const std::size_t op : ops) n_tensors += b.trace.ops[op].n_tensors;
-      if (!log.structure_body(b.trace, first, n, got, contents, got_body, &got_wiring)) {
-        ASSERT_GT(n_tensors, window) << "a run within the window was refused";
-        ++refused;
-        continue;
+      ASSERT_EQ(log.num_ops(), b.trace.num_ops());
+      int accepted = 0, refused = 0;
+      for (int trial = 0; trial < 600; ++trial) {
+        const std::size_t first = rng() % b.trace.num_ops();
+        const std::size_t n = 1 + rng() % std::min<std::size_t>(b.trace.num_ops() - first, window);
+        std::vector<std::size_t> ops(n);
+        for (std::size_t k = 0; k < n; ++k) ops[k] = first + k;
+        std::vector<ContentHash> contents;
+        if (trial % 2)
+          for (const std::size_t op : ops) contents.push_back(record::op_content(b.trace, op));
+        record::StorageNumbering want, got;
+        ContentHash want_wiring, got_wiring, got_body;
+        const ContentHash want_body =
+            record::structure_body(b.trace, ops, want, contents, &want_wiring);
+        std::size_t n_tensors = 0;
+        for (const std::size_t op : ops) n_tensors += b.trace.ops[op].n_tensors;
+        if (!log.structure_body(b.trace, first, n, got, contents, got_body, &got_wiring)) {
+          ASSERT_GT(n_tensors, window) << "a run within the window was refused";
+          ++refused;
+          continue;
+        }
+        ++accepted;
+        ASSERT_EQ(got_body, want_body) << "window " << window << " ops " << first << "+" << n;
+        ASSERT_EQ(got_wiring, want_wiring);
+        ASSERT_EQ(got.storages, want.storages);
+        ASSERT_EQ(got.storage, want.storage);
+        ASSERT_EQ(got.version, want.version);
       }
-      ++accepted;
-      ASSERT_EQ(got_body, want_body) << "window " << window << " ops " << first << "+" << n;
-      ASSERT_EQ(got_wiring, want_wiring);
-      ASSERT_EQ(got.storages, want.storages);
-      ASSERT_EQ(got.storage, want.storage);
-      ASSERT_EQ(got.version, want.version);
+      EXPECT_GT(accepted, 100);
+      EXPECT_GT(refused, 10);
+      // Past the end, or empty: refused.
+      record::StorageNumbering n;
+      ContentHash body;
+      EXPECT_FALSE(log.structure_body(b.trace, b.trace.num_ops(), 1, n, {}, body, nullptr));
+      EXPECT_FALSE(log.structure_body(b.trace, 0, 0, n, {}, body, nullptr));
+      log.clear();
+      EXPECT_EQ(log.num_ops(), 0u);
+      EXPECT_FALSE(log.structure_body(b.trace, 0, 1, n, {}, body, nullptr));
     }
-    EXPECT_GT(accepted, 100);
-    EXPECT_GT(refused, 10);
-    // Past the end, or empty: refused.
-    record::StorageNumbering n;
-    ContentHash body;
-    EXPECT_FALSE(log.structure_body(b.trace, b.trace.num_ops(), 1, n, {}, body, nullptr));
-    EXPECT_FALSE(log.structure_body(b.trace, 0, 0, n, {}, body, nullptr));
-    log.clear();
-    EXPECT_EQ(log.num_ops(), 0u);
-    EXPECT_FALSE(log.structure_body(b.trace, 0, 1, n, {}, body, nullptr));
-  }
 }
 
 }  // namespace

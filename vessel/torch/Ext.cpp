@@ -157,7 +157,8 @@ bool storage_is_tagged_of(std::uintptr_t cdata) { return vessel::storage_is_tagg
 
 py::dict iteration_dict(const graph::Iteration& it) {
     py::dict d, phases;
-    for (int p = 0; p < kNumPhases; ++p) phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase()[p];
+    for (int p = 0; p < kNumPhases; ++p)
+      phases[phase_name(static_cast<Phase>(p))] = it.ops_per_phase()[p];
     d["thread"] = it.thread;
     d["ops"] = phases;
     d["total_ops"] = it.ops().size();

@@ -33,7 +33,9 @@ struct Iteration {
   std::shared_ptr<const IterationAnalysis> analysis;  // never null
 
   const std::vector<std::size_t>& ops() const { return analysis->ops; }
-  const std::uint64_t (&ops_per_phase() const)[record::kNumPhases] { return analysis->ops_per_phase; }
+  const std::uint64_t (&ops_per_phase() const)[record::kNumPhases] {
+    return analysis->ops_per_phase;
+  }
   const TraceGraph& graph() const { return analysis->graph; }
   const MerkleDag& dag() const { return analysis->dag; }
   const std::optional<MemoryPlan>& plan() const { return analysis->plan; }

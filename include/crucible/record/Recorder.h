@@ -217,7 +217,7 @@ class Recorder {
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
-  WiringLog wiring_;  // follows trace_, under trace_mu_ (Note [Wiring log])
+  WiringLog wiring_;                   // follows trace_, under trace_mu_ (Note [Wiring log])
   std::uint64_t generation_ = 0;       // clear()s of trace_ so far
   std::vector<ThreadStats> baseline_;  // counters at the last clear(), per thread index
 

@@ -57,7 +57,8 @@ class WiringLog {
   // nothing is written. t is the trace the log was appended from (read for two tensor offsets,
   // and for the contents when none are given).
   bool structure_body(const Trace& t, std::size_t first, std::size_t n, StorageNumbering& numbering,
-                      std::span<const ContentHash> contents, ContentHash& body, ContentHash* wiring) const;
+                      std::span<const ContentHash> contents, ContentHash& body,
+                      ContentHash* wiring) const;
 
  private:
   struct OpWords {  // the entry's words the structure key hashes
