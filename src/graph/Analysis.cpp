@@ -21,9 +21,9 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
     a->plan = std::move(*plan);
   else
     a->plan_status = plan.status();
-  auto it = std::make_shared<Iteration>();
-  if (!a->ops.empty()) it->thread = t.ops[a->ops.front()].thread;
-  it->analysis = std::move(a);
+  const std::uint32_t thread = a->ops.empty() ? 0 : t.ops[a->ops.front()].thread;
+  auto it = std::make_shared<Iteration>(std::move(a));
+  it->thread = thread;
   return it;
 }
 
@@ -40,9 +40,9 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
   a->dag = MerkleDag::rebuild(last.dag(), t, a->graph, locals);
   if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());
   a->plan_status = last.plan_status();
-  auto it = std::make_shared<Iteration>();
-  if (!a->ops.empty()) it->thread = t.ops[a->ops.front()].thread;
-  it->analysis = std::move(a);
+  const std::uint32_t thread = a->ops.empty() ? 0 : t.ops[a->ops.front()].thread;
+  auto it = std::make_shared<Iteration>(std::move(a));
+  it->thread = thread;
   return it;
 }
 

@@ -192,9 +192,8 @@ void Pipeline::build_loop() {
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {
-      auto it = std::make_shared<graph::Iteration>();
+      auto it = std::make_shared<graph::Iteration>(last->analysis);
       it->trace = last->trace;
-      it->analysis = last->analysis;
       it->report = std::move(w->report);
       it->thread = w->thread;  // another thread may record the same step
       last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);

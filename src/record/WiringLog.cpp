@@ -16,8 +16,10 @@ WiringLog::WiringLog(std::size_t window) : window_(window) {
 void WiringLog::clear() {
   ops_.clear();
   tensors_.clear();
-  cur_.reset();
-  old_.reset();
+  if (cur_) {  // the tables stay: zeroed, not freed and allocated again
+    std::memset(cur_.get(), 0, sizeof(Slot) << bits_);
+    std::memset(old_.get(), 0, sizeof(Slot) << bits_);
+  }
   gen_start_ = 0;
   max_id_ = 0;
 }
@@ -52,12 +54,11 @@ void WiringLog::append(const Trace& t, std::size_t op) {
     while ((std::size_t{1} << bits_) < 2 * window_) ++bits_;
     cur_.reset(new Slot[std::size_t{1} << bits_]());
     old_.reset(new Slot[std::size_t{1} << bits_]());
-    gen_start_ = base;
   }
   for (std::size_t k = base; k < base + e.n_tensors; ++k) {
     const TensorMeta& m = t.tensors[k];
-    if (k >=
-        gen_start_ + window_) {  // a new generation: every use of the last window stays findable
+    // A new generation: every use of the last window stays findable.
+    if (k >= gen_start_ + window_) {
       std::swap(cur_, old_);
       std::memset(cur_.get(), 0, sizeof(Slot) << bits_);
       gen_start_ = k;

@@ -404,7 +404,8 @@ TEST(StructureKey, EqualKeysMeanEqualAnalysesOverRandomPrograms) {
 // Note [Wiring log]: the log's pass gives what the trace's pass gives, for every run of
 // consecutive ops it accepts, and it accepts every run within its window. Storages are drawn
 // from a small pool (uses near and far apart, across window boundaries), some tensors have
-// no storage, versions move, and the window is small, so the generations turn over often.
+// no storage, versions move, new storages take growing ids (past the tables' size, so slots
+// collide), and the window is small, so the generations turn over often.
 TEST(WiringLog, KeyEqualsTheTracesOverRandomRuns) {
   std::mt19937 rng(777);
   // Small ids, and ids as a C host that passes buffer addresses would (4 KiB apart, large).
@@ -413,13 +414,23 @@ TEST(WiringLog, KeyEqualsTheTracesOverRandomRuns) {
       synth::Builder b;
       record::WiringLog log(window);
       std::vector<std::uint32_t> version(40, 0);
+      // The storage each of 40 places holds; a place now and then gets a new storage, with the
+      // next id (as the Vessel numbers them: growing), and the old one is never seen again.
+      std::vector<std::uint64_t> pool(40);
+      for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = i + 1;
+      std::uint64_t next_id = pool.size() + 1;
       for (int op = 0; op < 400; ++op) {
         std::vector<T> ins, outs;
         std::uint64_t n = 0;  // the pool index of the last pick (0: no storage)
         auto pick = [&]() -> T {
           // Mostly a few recent storages, sometimes any of 40, sometimes none.
           n = rng() % 8 == 0 ? 0 : (rng() % 3 == 0 ? rng() % 40 : rng() % 5) + 1;
-          const std::uint64_t sid = n == 0 ? 0 : (scale == 1 ? n : 0x7f0000000000ull + n * scale);
+          if (n != 0 && rng() % 6 == 0) {
+            pool[n - 1] = next_id++;
+            version[n - 1] = 0;
+          }
+          const std::uint64_t id = n == 0 ? 0 : pool[n - 1];
+          const std::uint64_t sid = n == 0 ? 0 : (scale == 1 ? id : 0x7f0000000000ull + id * scale);
           T x{sid, n == 0 ? 0 : version[n - 1], {2, static_cast<std::int64_t>(1 + rng() % 3)}};
           x.view = rng() % 5 == 0;
           return x;

@@ -331,6 +331,37 @@ TEST(Recorder, KeyAndCopyAgreeAndRefuseAStaleGeneration) {
   r->set_sink(nullptr);
 }
 
+// Note [Wiring log]: the recorder keys a run of consecutive ops from its wiring log and any
+// other op list from the trace; both give the key of the ops' copy, before and after a clear()
+// (which empties the log with the trace), and the counters say which pass ran.
+TEST(Recorder, RunsAreKeyedFromTheWiringLogAsFromTheirCopy) {
+  auto r = *Recorder::create();
+  const auto relu = r->intern_schema("aten::relu"), mm = r->intern_schema("aten::mm");
+  OpBuilder b;
+  for (int round = 0; round < 2; ++round) {
+    for (std::uint64_t i = 0; i < 60; ++i) commit_synthetic(*r, b, i % 3 ? relu : mm, i % 11);
+    r->classify_external(3, ExternalKind::Input);
+    r->flush();
+    const Trace t = r->snapshot();
+    ASSERT_EQ(t.num_ops(), 60u);
+    for (const auto [first, n] : {std::pair<std::size_t, std::size_t>{0, 60}, {5, 20}, {59, 1}, {17, 33}}) {
+      std::vector<std::size_t> ops(n), all(n);
+      for (std::size_t k = 0; k < n; ++k) ops[k] = first + k, all[k] = k;
+      const std::uint64_t from_log = r->keys_from_log(), from_trace = r->keys_from_trace();
+      EXPECT_EQ(r->structure_key(ops), structure_key(r->copy_ops(ops), all)) << first << "+" << n;
+      EXPECT_EQ(r->structure_key(ops), structure_key(t, ops));
+      EXPECT_EQ(r->keys_from_log(), from_log + 2) << "a run is keyed from the log";
+      EXPECT_EQ(r->keys_from_trace(), from_trace);
+    }
+    // Not a run: the trace's pass, with the same answer as the copy's.
+    const std::vector<std::size_t> gaps{1, 3, 4, 9}, local{0, 1, 2, 3};
+    const std::uint64_t from_trace = r->keys_from_trace();
+    EXPECT_EQ(r->structure_key(gaps), structure_key(r->copy_ops(gaps), local));
+    EXPECT_EQ(r->keys_from_trace(), from_trace + 1);
+    r->clear();
+  }
+}
+
 TEST(Recorder, ModulePathsAreInternedOnce) {
   auto r = *Recorder::create();
   EXPECT_EQ(r->intern_module(""), 0u);

@@ -410,6 +410,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
     d["pipeline_rewired"] = st.rewired;
     d["pipeline_rewire_us"] = static_cast<double>(st.last_rewire_ns) / 1000.0;
+    // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).
+    d["keys_from_log"] = Recorder::global().keys_from_log();
+    d["keys_from_trace"] = Recorder::global().keys_from_trace();
     return d;
   });
   // The build stage's work on the latest published iteration, repeated back to back on this

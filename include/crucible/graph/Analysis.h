@@ -7,7 +7,9 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 
+#include "crucible/core/Contract.h"
 #include "crucible/graph/IterationDetector.h"
 #include "crucible/graph/MemoryPlan.h"
 #include "crucible/graph/MerkleDag.h"
@@ -27,6 +29,9 @@ struct IterationAnalysis {
 };
 
 struct Iteration {
+  explicit Iteration(std::shared_ptr<const IterationAnalysis> a) : analysis(std::move(a)) {
+    CRUCIBLE_PRE(analysis != nullptr, "an iteration has an analysis");
+  }
   std::shared_ptr<const record::Trace> trace;  // set when the iteration owns a copy of its ops
   std::uint32_t thread = 0;
   IterationReport report;

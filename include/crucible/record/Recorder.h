@@ -169,6 +169,10 @@ class Recorder {
     StorageNumbering numbering;
   };
   KeyedCopy key_and_copy(const CopyRequest& req);
+  // Structure keys computed so far from the wiring log (one run of consecutive ops within
+  // its window) and from the trace's own pass (any other op list): Note [Wiring log].
+  std::uint64_t keys_from_log() const { return keys_from_log_.load(std::memory_order_relaxed); }
+  std::uint64_t keys_from_trace() const { return keys_from_trace_.load(std::memory_order_relaxed); }
   // flush(), then a copy of the trace so far, with current names and per-thread stats.
   Trace snapshot();
   // flush(), then forget every drained op; stats restart from zero (names stay).
@@ -217,6 +221,7 @@ class Recorder {
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_
   Trace trace_;
+  std::atomic<std::uint64_t> keys_from_log_{0}, keys_from_trace_{0};
   WiringLog wiring_;                   // follows trace_, under trace_mu_ (Note [Wiring log])
   std::uint64_t generation_ = 0;       // clear()s of trace_ so far
   std::vector<ThreadStats> baseline_;  // counters at the last clear(), per thread index

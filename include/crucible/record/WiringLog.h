@@ -32,12 +32,15 @@ namespace crucible::record {
 // slots as a generation has tensors, so a probe always ends: a use less than kWindow tensors
 // back is always found, one further back may be forgotten (the distance is then 0), and the
 // tables hold only the storages of the last two windows, whatever the run's length. When a
-// generation ends the older table is zeroed and becomes the current one: the memory is
-// allocated once (2 x 2 MiB, at the first append), never grown. absl::flat_hash_map in their
+// generation ends the older table is zeroed and becomes the current one: the tables are
+// allocated once (2 x 2 MiB, at the first append), never grown, and clear() zeroes them. The
+// per-op and per-tensor words grow with the trace, as its own arrays do (about a third more
+// memory than the trace's op and tensor records). absl::flat_hash_map in their
 // place, cleared at each turn, cost 35 % of the drain's throughput (growing, and page faults).
 // So the log's pass applies to a run of consecutive ops of at most kWindow tensors, which is
 // what the pipeline keys (one thread's iteration, while no other thread records in between);
-// anything else takes the trace's own pass. Both hash the same words in the same order:
+// anything else takes the trace's own pass (the recorder counts how often:
+// Recorder::keys_from_trace). Both hash the same words in the same order:
 // structure_body gives the same body, wiring body and numbering (property test
 // WiringLog.KeyEqualsTheTracesOverRandomRuns).
 class WiringLog {

@@ -111,6 +111,10 @@ def test_a_reused_build_equals_a_fresh_analysis(name):
         assert again[k] == fresh[k], k
     assert again["steady_iterations"] > first["steady_iterations"]
     assert again["pipeline_builds"] == first["pipeline_builds"]
+    # One thread's iteration is one run of consecutive ops: keyed from the drain's wiring log,
+    # never from the trace's own pass (Note [Wiring log]).
+    assert again["keys_from_log"] > first["keys_from_log"]
+    assert again["keys_from_trace"] == first["keys_from_trace"]
     if name == "transformer":
         assert again["pipeline_rewired"] > first["pipeline_rewired"]
         assert again["pipeline_reused"] == first["pipeline_reused"]
