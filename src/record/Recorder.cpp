@@ -464,7 +464,8 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
     // keyed from the wiring log; anything else from the trace (Note [Wiring log]).
     bool run = !valid.empty();
     for (std::size_t i = 1; run && i < valid.size(); ++i) run = valid[i] == valid[0] + i;
-    if (run && wiring_.structure_body(t, valid[0], valid.size(), numbering, contents, body, &wiring)) {
+    if (run &&
+        wiring_.structure_body(t, valid[0], valid.size(), numbering, contents, body, &wiring)) {
       keys_from_log_.fetch_add(1, std::memory_order_relaxed);
     } else {
       body = record::structure_body(t, valid, numbering, contents, &wiring);
