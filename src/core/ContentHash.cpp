@@ -2,7 +2,10 @@
 #include "crucible/core/ContentHash.h"
 
 #include <cstring>
+#include <chrono>
+#include <exception>
 #include <new>
+#include <random>
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t's definition, to hold it inline
 #include <xxhash.h>
@@ -80,6 +83,20 @@ ContentHash combine(const ContentHash& a, const ContentHash& b) {
 
 std::uint64_t hash64(std::string_view s, std::uint64_t seed) {
   return XXH3_64bits_withSeed(s.data(), s.size(), seed);
+}
+
+std::uint64_t table_seed() {
+  static const std::uint64_t seed = []() -> std::uint64_t {
+    try {
+      std::random_device rd;
+      return std::uint64_t{rd()} << 32 ^ rd();
+    } catch (const std::exception&) {  // no entropy source: the clock and an address (ASLR)
+      static const int here = 0;
+      return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&here)) * 0x9E3779B97F4A7C15ull;
+    }
+  }();
+  return seed;
 }
 
 }  // namespace crucible

@@ -2,7 +2,11 @@
 #include "crucible/graph/IterationDetector.h"
 
 #include <algorithm>
-#include <unordered_map>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "crucible/core/ContentHash.h"
 
 namespace crucible::graph {
 
@@ -94,9 +98,11 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
   // the anchor is a signature occurring once in it. Among equals, the signature seen earliest
   // in the whole sequence wins: it starts the first iteration as early as the data allows.
   const std::size_t block_begin = n - period;
-  std::unordered_map<std::uint64_t, std::vector<std::size_t>> where;
+  // absl's hash is seeded per process: signatures come from a possibly crafted trace, and
+  // std::hash on an integer is the integer.
+  absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> where;
   for (std::size_t i = block_begin; i < n; ++i) where[sig[i]].push_back(i);
-  std::unordered_map<std::uint64_t, std::size_t> first_seen;
+  absl::flat_hash_map<std::uint64_t, std::size_t> first_seen;
   for (std::size_t i = 0; i < n; ++i) first_seen.emplace(sig[i], i);
   std::vector<std::uint64_t> doubled(sig.begin() + static_cast<long>(block_begin), sig.end());
   doubled.insert(doubled.end(), sig.begin() + static_cast<long>(block_begin), sig.end());
@@ -105,35 +111,68 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
     for (std::size_t i = vb; i < ve && k < se; ++i) k += doubled[i] == doubled[k];
     return k == se;
   };
-  std::size_t anchor_pos = n, best_count = 0, best_first = n;
-  ContentHash steady_hash;
-  std::vector<ContentHash> block_kinds;
+  // Candidates in order of preference (most occurrences, then seen earliest): the first that
+  // passes is the anchor, as the best of all that pass would be. A candidate's segments are
+  // compared by polynomial hashes of `doubled` (mod 2^61 - 1, base and element mixing seeded
+  // per process: Note [Seeded table hash]), O(1) per segment, and it stops at its first
+  // contradiction (a third kind, or two kinds seen twice each): the search costs the block's
+  // length, not its square, whatever a loaded trace puts in it. The kinds of the winner are
+  // then hashed in full (ContentHash), as before.
+  struct Candidate {
+    std::size_t count, first, pos;
+  };
+  std::vector<Candidate> candidates;
+  std::size_t single_pos = n, single_first = n;
   for (std::size_t i = block_begin; i < n; ++i) {
     const auto& occ = where[sig[i]];
     if (occ.front() != i) continue;  // each signature once, at its first occurrence
-    const std::size_t c = occ.size();
-    const std::size_t first = first_seen[sig[i]];
-    if (c == 1) {
-      if (best_count == 0 && first < best_first) {
-        anchor_pos = i;
-        best_first = first;
-        steady_hash = hash_range(sig, i - period, i);
-        block_kinds = {steady_hash};
-      }
-      continue;
+    const std::size_t c = occ.size(), first = first_seen[sig[i]];
+    if (c == 1 && first < single_first) {
+      single_pos = i;
+      single_first = first;
     }
-    if (c < 3 || c < best_count || (c == best_count && first >= best_first)) continue;
-    struct Kind { ContentHash h; std::size_t count, from, to; };
+    if (c >= 3) candidates.push_back({c, first, i});
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.count != b.count ? a.count > b.count : a.first < b.first;
+  });
+  constexpr std::uint64_t kMod = (std::uint64_t{1} << 61) - 1;
+  auto mulmod = [](std::uint64_t a, std::uint64_t b) {
+    __extension__ using U128 = unsigned __int128;  // GCC and clang: a 64 x 64 -> 128-bit product
+    const U128 p = static_cast<U128>(a) * b;
+    std::uint64_t r = static_cast<std::uint64_t>(p & kMod) + static_cast<std::uint64_t>(p >> 61);
+    return r >= kMod ? r - kMod : r;
+  };
+  const std::uint64_t seed = table_seed();
+  const std::uint64_t base = table_hash(1, seed) % (kMod - 2) + 2;
+  std::vector<std::uint64_t> prefix(doubled.size() + 1, 0), power(doubled.size() + 1, 1);
+  if (!candidates.empty())
+    for (std::size_t i = 0; i < doubled.size(); ++i) {
+      prefix[i + 1] = (mulmod(prefix[i], base) + table_hash(doubled[i], seed) % kMod) % kMod;
+      power[i + 1] = mulmod(power[i], base);
+    }
+  auto segment = [&](std::size_t from, std::size_t to) {  // hash of doubled[from, to)
+    const std::uint64_t sub = mulmod(prefix[from], power[to - from]);
+    return prefix[to] >= sub ? prefix[to] - sub : prefix[to] + kMod - sub;
+  };
+  std::size_t anchor_pos = n, best_count = 0;
+  std::vector<ContentHash> block_kinds;
+  for (const Candidate& cand : candidates) {
+    const auto& occ = where[sig[cand.pos]];
+    const std::size_t c = cand.count;
+    struct Kind { std::uint64_t h; std::size_t len, count, from, to; };
     std::vector<Kind> kinds;
-    for (std::size_t k = 0; k < c; ++k) {
+    bool contradicted = false;
+    for (std::size_t k = 0; k < c && !contradicted; ++k) {
       const std::size_t from = occ[k] - block_begin;
       const std::size_t to = k + 1 < c ? occ[k + 1] - block_begin : occ[0] - block_begin + period;
-      const ContentHash h = hash_range(doubled, from, to);
-      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& x) { return x.h == h; });
-      if (it == kinds.end()) kinds.push_back({h, 1, from, to});
+      const std::uint64_t h = segment(from, to);
+      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& x) { return x.h == h && x.len == to - from; });
+      if (it == kinds.end()) kinds.push_back({h, to - from, 1, from, to});
       else ++it->count;
+      contradicted = kinds.size() > 2 || (kinds.size() == 2 && kinds[0].count > 1 && kinds[1].count > 1);
     }
-    if (kinds.size() != 2) continue;
+    if (contradicted || kinds.size() != 2) continue;
     const Kind& major = kinds[0].count >= kinds[1].count ? kinds[0] : kinds[1];
     const Kind& minor = kinds[0].count >= kinds[1].count ? kinds[1] : kinds[0];
     if (major.count + 1 != c || minor.count != 1) continue;
@@ -142,10 +181,13 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
     if (minor_len <= major_len || 2 * (minor_len - major_len) > major_len) continue;
     if (!contains_in_order(major.from, major.to, minor.from, minor.to)) continue;
     best_count = c;
-    best_first = first;
-    anchor_pos = i;
-    steady_hash = major.h;
-    block_kinds = {major.h, minor.h};
+    anchor_pos = cand.pos;
+    block_kinds = {hash_range(doubled, major.from, major.to), hash_range(doubled, minor.from, minor.to)};
+    break;
+  }
+  if (best_count == 0 && single_pos != n) {  // a signature that occurs once: the block is one iteration
+    anchor_pos = single_pos;
+    block_kinds = {hash_range(sig, anchor_pos - period, anchor_pos)};
   }
   if (anchor_pos == n) {
     r.reason = "not periodic: the repeating block of " + std::to_string(period) +
@@ -164,16 +206,13 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
     sg.hash = hash_range(sig, sg.begin, sg.end);
     r.segments.push_back(sg);
   }
-  // 3. Kinds: 0 = steady; then the block's variant; then anything else, in order of appearance.
-  std::vector<ContentHash> kinds = block_kinds;
-  for (auto& sg : r.segments) {
-    auto it = std::find(kinds.begin(), kinds.end(), sg.hash);
-    if (it == kinds.end()) {
-      kinds.push_back(sg.hash);
-      it = kinds.end() - 1;
-    }
-    sg.kind = static_cast<int>(it - kinds.begin());
-  }
+  // 3. Kinds: 0 = steady; then the block's variant; then anything else, in order of appearance
+  // (looked up by hash: a prologue can hold as many kinds as segments).
+  std::map<std::pair<std::uint64_t, std::uint64_t>, int> kind_of;
+  for (const ContentHash& h : block_kinds)
+    kind_of.emplace(std::pair{h.lo, h.hi}, static_cast<int>(kind_of.size()));
+  for (auto& sg : r.segments)
+    sg.kind = kind_of.emplace(std::pair{sg.hash.lo, sg.hash.hi}, static_cast<int>(kind_of.size())).first->second;
   // A trailing segment of no known kind is a recording stopped mid-iteration: not an iteration.
   if (!r.segments.empty() && r.segments.back().kind >= static_cast<int>(block_kinds.size()))
     r.segments.pop_back();

@@ -75,16 +75,27 @@ ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& 
 
 // A module region's label: the id of its path in the trace's module table (the first entry
 // with that path), 0 when the table lacks it (a parent scope that was never entered itself).
+// Regions of one scope share its path (Region::path_owner) and lie next to each other (sorted
+// by path), so each scope's path is looked up once.
 void label_module_regions(std::vector<Region>& regions, const record::Trace& t) {
   absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
-  for (const Region& r : regions)
-    if (r.kind == RegionKind::Module) id_of_path.emplace(r.module_path, 0);
+  auto same_scope = [](const Region& a, const Region& b) {
+    return a.path_owner == b.path_owner && a.path_len == b.path_len;
+  };
+  for (std::size_t i = 0; i < regions.size(); ++i)
+    if (regions[i].kind == RegionKind::Module && (i == 0 || !same_scope(regions[i], regions[i - 1])))
+      id_of_path.emplace(regions[i].module_path(), 0);
   if (id_of_path.empty()) return;
   for (std::size_t k = 0; k < t.module_paths.size(); ++k)
     if (auto it = id_of_path.find(t.module_paths[k]); it != id_of_path.end() && it->second == 0)
       it->second = static_cast<std::uint32_t>(k);
-  for (Region& r : regions)
-    if (r.kind == RegionKind::Module) r.label = id_of_path[r.module_path];
+  std::uint32_t label = 0;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    Region& r = regions[i];
+    if (r.kind != RegionKind::Module) continue;
+    if (i == 0 || !same_scope(r, regions[i - 1])) label = id_of_path[r.module_path()];
+    r.label = label;
+  }
 }
 
 ContentHash root_of(const std::vector<ContentHash>& node_hashes) {
@@ -159,33 +170,51 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
   for (std::uint32_t b = 0, i = 1; i <= N; ++i) {
     if (i == N || g.phase(i) != g.phase(b)) {
       d.regions_.push_back(Region{RegionKind::Phase, static_cast<std::uint32_t>(g.phase(b)), b, i,
-                                  region_hash(g, d.local_hashes_, b, i), ""});
+                                  region_hash(g, d.local_hashes_, b, i), nullptr, 0});
       b = i;
     }
   }
   // Module scope regions: for every module path P seen, maximal runs of nodes whose path is P
   // or inside it (P + "."): a block's region holds its submodules' ops too. One pass over the
   // nodes; each node extends the open run of every scope on its path.
-  // Scopes are found once per distinct module id; paths are views of the trace's strings.
+  // Scopes are found once per distinct module id, one path component at a time (a scope is
+  // its parent scope plus one component), so a path costs its length, however deep it is.
+  // Every scope a path opens shares one copy of that path (Region::path_owner).
   std::uint32_t max_module = 0;
   for (std::uint32_t i = 0; i < N; ++i) max_module = std::max(max_module, g.module_id(i));
-  absl::flat_hash_map<std::string_view, std::size_t> scope_index;  // path -> scope slot
-  std::vector<std::string_view> scope_path;
-  std::vector<std::vector<std::size_t>> scopes_of(N == 0 ? 0 : max_module + 1);  // module id -> scopes
+  constexpr std::size_t kRoot = SIZE_MAX;
+  // (parent scope, component) -> scope; the components view t's strings, which outlive this.
+  absl::flat_hash_map<std::pair<std::size_t, std::string_view>, std::size_t> scope_index;
+  struct Scope {
+    std::shared_ptr<const std::string> owner;
+    std::size_t len;
+    std::string_view path() const { return std::string_view(*owner).substr(0, len); }
+  };
+  std::vector<Scope> scopes;
+  std::vector<std::vector<std::size_t>> scopes_of(N == 0 ? 0 : std::size_t{max_module} + 1);  // module id -> scopes
   std::vector<bool> module_seen(scopes_of.size(), false);
   for (std::uint32_t i = 0; i < N; ++i) {
     const std::uint32_t mod = g.module_id(i);
     if (module_seen[mod]) continue;
     module_seen[mod] = true;
     const std::string_view p = t.module_path(mod);
-    for (std::size_t dot = 0; !p.empty() && dot != std::string_view::npos;) {
-      dot = p.find('.', dot + 1);
-      auto [it, added] = scope_index.emplace(p.substr(0, dot), scope_path.size());
-      if (added) scope_path.push_back(it->first);
+    std::shared_ptr<const std::string> owner;  // made when the path opens a scope not seen yet
+    std::size_t parent = kRoot;
+    // Components end at each '.' after the first character (a leading '.' belongs to the first).
+    for (std::size_t start = 0; !p.empty() && start <= p.size();) {
+      std::size_t dot = p.find('.', start == 0 ? 1 : start);
+      if (dot == std::string_view::npos) dot = p.size();
+      auto [it, added] = scope_index.emplace(std::pair{parent, p.substr(start, dot - start)}, scopes.size());
+      if (added) {
+        if (!owner) owner = std::make_shared<const std::string>(p);
+        scopes.push_back(Scope{owner, dot});
+      }
       scopes_of[mod].push_back(it->second);
+      parent = it->second;
+      start = dot + 1;
     }
   }
-  std::vector<std::uint32_t> open_begin(scope_path.size(), 0), open_end(scope_path.size(), 0);
+  std::vector<std::uint32_t> open_begin(scopes.size(), 0), open_end(scopes.size(), 0);
   std::vector<std::pair<std::uint32_t, std::size_t>> runs;  // (begin, scope) of closed runs, and ends
   std::vector<std::uint32_t> run_end;
   auto close = [&](std::size_t sc) {
@@ -203,21 +232,27 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
       }
     }
   }
-  for (std::size_t sc = 0; sc < scope_path.size(); ++sc)
+  for (std::size_t sc = 0; sc < scopes.size(); ++sc)
     if (open_end[sc] != 0) close(sc);
-  // Deterministic order: by path, then position.
+  // Deterministic order: by path, then position (the scopes ranked by path once, so runs
+  // compare by rank).
+  std::vector<std::size_t> by_path(scopes.size());
+  for (std::size_t k = 0; k < by_path.size(); ++k) by_path[k] = k;
+  std::sort(by_path.begin(), by_path.end(),
+            [&](std::size_t a, std::size_t b) { return scopes[a].path() < scopes[b].path(); });
+  std::vector<std::size_t> rank(scopes.size());
+  for (std::size_t k = 0; k < by_path.size(); ++k) rank[by_path[k]] = k;
   std::vector<std::size_t> order(runs.size());
   for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (scope_path[runs[a].second] != scope_path[runs[b].second])
-      return scope_path[runs[a].second] < scope_path[runs[b].second];
+    if (runs[a].second != runs[b].second) return rank[runs[a].second] < rank[runs[b].second];
     return runs[a].first < runs[b].first;
   });
   for (std::size_t k : order) {
-    const std::string_view path = scope_path[runs[k].second];
+    const Scope& sc = scopes[runs[k].second];
     d.regions_.push_back(Region{RegionKind::Module, 0, runs[k].first, run_end[k],
-                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]),
-                                std::string(path)});
+                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), sc.owner,
+                                sc.len});
   }
   label_module_regions(d.regions_, t);
   return d;

@@ -1,6 +1,9 @@
 // TraceGraph.cpp — producer lookup by (storage, version) and CSR construction.
 #include "crucible/graph/TraceGraph.h"
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+
 #include "crucible/core/Contract.h"
 
 namespace crucible::graph {
@@ -36,15 +39,45 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   // Every write of each storage, newest first: head[number] indexes writes, and each write
   // links to the one before. A reader almost always wants the newest; an older version (a
   // tensor whose version counter is not its storage's, as .data gives) walks back, and a
-  // version no op wrote (an external) walks them all: linear in the storage's writes in this
-  // range, which are a few (an in-place op or two per step), not the quadratic case it could be.
+  // version no op wrote (an external) walks them all. A real step writes a storage a few times
+  // (an in-place op or two), but a loaded trace can write one storage at every op and read
+  // unwritten versions: past kWalk steps the lookup goes to an index of (storage, version) ->
+  // newest write, built then and kept up from there on, so no trace makes this quadratic.
   constexpr std::uint32_t kNone = UINT32_MAX;
+  constexpr int kWalk = 8;
   struct Write {
     std::uint32_t version, node, prev;
   };
   std::vector<std::uint32_t> head(numbering.num_storages() + 1, kNone);
   std::vector<Write> writes;
   writes.reserve(n_tensors);
+  std::vector<std::uint32_t> write_number;  // for the index: each write's storage number
+  write_number.reserve(n_tensors);
+  bool indexed = false;
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> newest;  // (number << 32 | version) -> write
+  auto key = [](std::uint32_t s, std::uint32_t v) { return std::uint64_t{s} << 32 | v; };
+  auto find_write = [&](std::uint32_t s, std::uint32_t v) {
+    std::uint32_t w = head[s];
+    for (int step = 0; w != kNone && writes[w].version != v; ++step) {
+      if (step == kWalk) {
+        if (!indexed) {
+          indexed = true;
+          for (std::uint32_t i = 0; i < writes.size(); ++i) newest[key(write_number[i], writes[i].version)] = i;
+        }
+        auto it = newest.find(key(s, v));
+        return it == newest.end() ? kNone : it->second;
+      }
+      w = writes[w].prev;
+    }
+    return w;
+  };
+  // An output equal to an input in storage and version (a view op's) makes the input's edge an
+  // alias: out_mark[number] is node + 1 when the node outputs that storage, with its version
+  // (kMixed: several versions, then a set of the op's output pairs answers), so the check is
+  // O(1) per input.
+  constexpr std::uint32_t kMixed = UINT32_MAX;
+  std::vector<std::uint32_t> out_mark(numbering.num_storages() + 1, 0), out_mark_version(numbering.num_storages() + 1, 0);
+  absl::flat_hash_set<std::uint64_t> mixed_outputs;
   struct Raw {
     std::uint32_t from, to, slot;
     EdgeKind kind;
@@ -61,14 +94,30 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
     const auto outs = t.outputs(op);
     const std::uint32_t* out_number = number + ins.size();
     const std::uint32_t* out_version = version + ins.size();
+    const auto mark = static_cast<std::uint32_t>(node + 1);
+    bool mixed = false;
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      const std::uint32_t s = out_number[j];
+      if (out_mark[s] != mark) {
+        out_mark[s] = mark;
+        out_mark_version[s] = out_version[j];
+      } else if (out_mark_version[s] != out_version[j]) {
+        out_mark_version[s] = kMixed;
+        mixed = true;
+      }
+    }
+    mixed_outputs.clear();  // (storage, version) of every output, for storages marked kMixed
+    if (mixed)
+      for (std::size_t j = 0; j < outs.size(); ++j) mixed_outputs.insert(key(out_number[j], out_version[j]));
     for (std::size_t k = 0; k < ins.size(); ++k) {
       const std::uint32_t s = number[k], v = version[k];
       if (ins[k].flags & record::tensor_flag::kNoStorage || s == 0) continue;
-      std::uint32_t w = head[s];
-      while (w != kNone && writes[w].version != v) w = writes[w].prev;
+      const std::uint32_t w = find_write(s, v);
       // A view op's output shares the input's storage at the same version: an alias edge.
       bool alias = false;
-      for (std::size_t j = 0; j < outs.size(); ++j) alias |= out_number[j] == s && out_version[j] == v;
+      if (out_mark[s] == mark) {
+        alias = out_mark_version[s] != kMixed ? out_mark_version[s] == v : mixed_outputs.contains(key(s, v));
+      }
       if (w == kNone) {
         g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(k),
                                 numbering.kinds[s - 1], ins[k].storage_id, ins[k].version, s});
@@ -83,6 +132,8 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
       if (outs[j].flags & record::tensor_flag::kNoStorage || s == 0) continue;
       writes.push_back({out_version[j], static_cast<std::uint32_t>(node), head[s]});
       head[s] = static_cast<std::uint32_t>(writes.size() - 1);
+      write_number.push_back(s);
+      if (indexed) newest[key(s, out_version[j])] = head[s];
     }
     number += ins.size() + outs.size();
     version += ins.size() + outs.size();

@@ -123,9 +123,9 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
                            std::span<const ContentHash> contents, ContentHash* wiring_out) {
   CRUCIBLE_PRE(contents.empty() || contents.size() == ops.size(), "one op_content per op, or none");
   // Storage id -> (number, first version seen): an open-addressed table sized for every
-  // tensor of the ops, with Fibonacci hashing (the recorder hands out ids in sequence, so
-  // they spread evenly). It replaced absl::flat_hash_map here, whose probes were a third of
-  // the key's time.
+  // tensor of the ops, placed by a seeded hash (Note [Seeded table hash]: a loaded trace's ids
+  // can be chosen to collide under any fixed hash). It replaced absl::flat_hash_map here, whose
+  // probes were a third of the key's time.
   struct Slot {
     std::uint64_t id;  // 0: empty (storage id 0 means "no storage" and is never looked up)
     std::uint32_t number;
@@ -140,6 +140,7 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
   while ((std::size_t{1} << bits) < 2 * n_tensors) ++bits;
   std::vector<Slot> table(std::size_t{1} << bits, Slot{0, 0, 0});
   const std::size_t mask = table.size() - 1;
+  const std::uint64_t seed = table_seed();
   out.storages.clear();
   out.kinds.clear();
   out.storage.resize(n_tensors);
@@ -169,7 +170,7 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
       if (k + 8 < t.tensors.size()) __builtin_prefetch(&t.tensors[k + 8]);
       std::uint32_t canon = 0, version = 0;
       if (m.storage_id != 0) {
-        std::size_t j = static_cast<std::size_t>((m.storage_id * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        std::size_t j = static_cast<std::size_t>(table_hash(m.storage_id, seed) >> (64 - bits));
         while (table[j].id != 0 && table[j].id != m.storage_id) j = (j + 1) & mask;
         if (table[j].id == 0) {  // at most n_tensors of 2 * n_tensors slots fill: a probe ends
           out.storages.push_back(m.storage_id);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "synth.h"
 
 namespace {
@@ -84,9 +86,9 @@ TEST(MerkleDag, IdenticalBlocksHaveIdenticalRegionHashes) {
   const Region *r0 = nullptr, *r1 = nullptr, *r2 = nullptr;
   for (const auto& r : d.regions()) {
     if (r.kind != RegionKind::Module) continue;
-    if (r.module_path == "blocks.0") r0 = &r;
-    if (r.module_path == "blocks.1") r1 = &r;
-    if (r.module_path == "blocks.2") r2 = &r;
+    if (r.module_path() == "blocks.0") r0 = &r;
+    if (r.module_path() == "blocks.1") r1 = &r;
+    if (r.module_path() == "blocks.2") r2 = &r;
   }
   ASSERT_TRUE(r0 && r1 && r2);
   EXPECT_EQ(r0->end - r0->begin, 3u) << "a block's region holds its submodules' ops";
@@ -99,4 +101,63 @@ TEST(MerkleDag, IdenticalBlocksHaveIdenticalRegionHashes) {
     if (r.kind == RegionKind::Phase) covered += r.end - r.begin;
   EXPECT_EQ(covered, d.num_nodes());
 }
+// Module regions of a deep path and of modules called in turn: every prefix scope gets its
+// runs, paths and labels as before, and all regions opened by one module path share one copy
+// of it (Region::path_owner), so a loaded trace's long, deep paths cost their length once, not
+// once per region and level.
+TEST(MerkleDag, ModuleScopesShareTheirPathAcrossLevelsAndRuns) {
+  synth::Builder b;
+  std::string deep = "m";
+  for (int i = 0; i < 300; ++i) deep += ".l" + std::to_string(i);
+  for (std::uint64_t i = 0; i < 20; ++i)  // the deep module and "other" in turn, 10 runs each
+    b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{2 + i, 0, {4}}}, Phase::Forward, i % 2 ? "other" : deep);
+  b.module("m.l0");  // a parent scope that is in the module table too
+  auto d = dag_of(b);
+  std::size_t deep_regions = 0, other_regions = 0;
+  const std::string* owner = nullptr;
+  for (const auto& r : d.regions()) {
+    if (r.kind != RegionKind::Module) continue;
+    EXPECT_EQ(r.end - r.begin, 1u) << "every run is one node long";
+    if (r.module_path() == "other") {
+      ++other_regions;
+      EXPECT_EQ(r.label, b.module("other"));
+      continue;
+    }
+    ++deep_regions;
+    ASSERT_EQ(deep.compare(0, r.module_path().size(), r.module_path()), 0) << "a prefix of the deep path";
+    if (owner == nullptr) owner = r.path_owner.get();
+    EXPECT_EQ(r.path_owner.get(), owner) << "one copy of the path for every level and run";
+    if (r.module_path() == deep) EXPECT_EQ(r.label, b.module(deep));
+    else if (r.module_path() == "m.l0") EXPECT_EQ(r.label, b.module("m.l0"));
+    else EXPECT_EQ(r.label, 0u) << r.module_path();
+  }
+  EXPECT_EQ(other_regions, 10u);
+  EXPECT_EQ(deep_regions, 10u * 301) << "301 scopes (m, m.l0, ..., the path) with 10 runs each";
+  // Sorted by path, then position.
+  std::string_view last;
+  std::uint32_t last_begin = 0;
+  for (const auto& r : d.regions()) {
+    if (r.kind != RegionKind::Module) continue;
+    ASSERT_TRUE(last < r.module_path() || (last == r.module_path() && last_begin < r.begin));
+    last = r.module_path();
+    last_begin = r.begin;
+  }
+}
+
+// Path components as before the scopes were built component by component: a leading '.'
+// belongs to the first component, "a..b" opens "a", "a." and "a..b", a trailing '.' an empty
+// last component.
+TEST(MerkleDag, ModuleScopesOfOddPaths) {
+  synth::Builder b;
+  const char* paths[] = {".a", ".", "..a", "a..b", "a."};
+  for (std::uint64_t i = 0; i < 5; ++i) b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{10 + i, 0, {4}}}, Phase::Forward, paths[i]);
+  auto d = dag_of(b);
+  std::vector<std::tuple<std::string, std::uint32_t, std::uint32_t>> got;
+  for (const auto& r : d.regions())
+    if (r.kind == RegionKind::Module) got.emplace_back(std::string(r.module_path()), r.begin, r.end);
+  const std::vector<std::tuple<std::string, std::uint32_t, std::uint32_t>> want = {
+      {".", 1, 3}, {"..a", 2, 3}, {".a", 0, 1}, {"a", 3, 5}, {"a.", 3, 5}, {"a..b", 3, 4}};
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace

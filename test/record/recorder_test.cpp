@@ -344,7 +344,7 @@ TEST(Recorder, RunsAreKeyedFromTheWiringLogAsFromTheirCopy) {
     r->flush();
     const Trace t = r->snapshot();
     ASSERT_EQ(t.num_ops(), 60u);
-    for (const auto [first, n] :
+    for (const auto& [first, n] :
          {std::pair<std::size_t, std::size_t>{0, 60}, {5, 20}, {59, 1}, {17, 33}}) {
       std::vector<std::size_t> ops(n), all(n);
       for (std::size_t k = 0; k < n; ++k) ops[k] = first + k, all[k] = k;

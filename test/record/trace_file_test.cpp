@@ -102,6 +102,35 @@ TEST(TraceFile, InconsistentCountsAreCaught) {
   EXPECT_NE(r.status().message().find("module id"), absl::string_view::npos);
 }
 
+// Module paths past the reader's bounds (kMaxModulePathBytes, kMaxModuleLevels) are refused
+// with the bound named; paths at the bounds load.
+TEST(TraceFile, ModulePathsPastTheBoundsAreRefused) {
+  auto with_path = [](std::string path) {
+    Trace t = sample_trace();
+    t.module_paths.push_back(std::move(path));
+    return decode_trace(encode_trace(t));
+  };
+  std::string deep = "m";
+  for (std::size_t i = 1; i < kMaxModuleLevels; ++i) deep += ".x";
+  EXPECT_TRUE(with_path(deep).ok()) << "256 levels load";
+  auto r = with_path(deep + ".x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("257 levels deep"), absl::string_view::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("256 levels"), absl::string_view::npos);
+  EXPECT_TRUE(with_path(std::string(kMaxModulePathBytes, 'a')).ok());
+  r = with_path(std::string(kMaxModulePathBytes + 1, 'a'));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("65537 bytes"), absl::string_view::npos) << r.status().message();
+  // Saving refuses what loading would, before writing anything.
+  Trace t = sample_trace();
+  t.module_paths.push_back(deep + ".x");
+  const std::string path = ::testing::TempDir() + "/deep.crtrace";
+  const crucible::Status st = save_trace(t, path);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not written to"), absl::string_view::npos) << st.message();
+  EXPECT_FALSE(load_trace(path).ok()) << "no file was written";
+}
+
 TEST(TraceFile, RandomByteFlipsNeverCrash) {
   const auto good = encode_trace(sample_trace());
   std::mt19937_64 rng(1234);

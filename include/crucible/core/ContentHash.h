@@ -128,4 +128,22 @@ ContentHash combine(const ContentHash& a, const ContentHash& b);
 // 64-bit XXH3 of a string, for schema identity ("aten::add.Tensor").
 std::uint64_t hash64(std::string_view s, std::uint64_t seed = 0);
 
+// Note [Seeded table hash]
+// Open-addressed tables keyed by ids that input controls (a loaded trace's storage ids, a C
+// host's buffer ids) place keys by table_hash(id, table_seed()): the murmur3 finalizer of the
+// id xor a seed drawn once per process. A fixed multiplicative hash is a bijection anyone can
+// invert, so a file could put every id in one slot and make each probe walk the table; with
+// an unknown seed no set of ids is known to collide. For placement only: it differs between
+// processes, and nothing stable (a content hash, a key) may depend on it.
+std::uint64_t table_seed();
+inline std::uint64_t table_hash(std::uint64_t id, std::uint64_t seed) {
+  std::uint64_t x = id ^ seed;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
 }  // namespace crucible

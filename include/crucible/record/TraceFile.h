@@ -5,6 +5,7 @@
 // never undefined behaviour (fuzzed by test/record/fuzz_trace_file.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -16,6 +17,10 @@
 namespace crucible::record {
 
 inline constexpr std::uint32_t kTraceFormatVersion = 1;
+// The reader refuses module paths past these (a model's paths are a few levels and tens of
+// bytes; module regions grow with depth, misc/CRTRACE.md).
+inline constexpr std::size_t kMaxModulePathBytes = std::size_t{1} << 16;
+inline constexpr std::size_t kMaxModuleLevels = 256;
 
 std::vector<std::byte> encode_trace(const Trace& t);
 Result<Trace> decode_trace(std::span<const std::byte> bytes);

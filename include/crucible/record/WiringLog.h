@@ -87,6 +87,7 @@ class WiringLog {
   unsigned bits_ = 0;
   std::uint64_t gen_start_ = 0;
   std::uint64_t max_id_ = 0;  // the largest storage id appended since clear()
+  std::uint64_t seed_ = table_seed();
   std::size_t probe(const Slot* table, std::uint64_t id) const;
 };
 
