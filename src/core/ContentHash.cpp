@@ -1,8 +1,8 @@
 // ContentHash.cpp — the libxxhash calls behind ContentHash.
 #include "crucible/core/ContentHash.h"
 
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <random>
@@ -92,8 +92,10 @@ std::uint64_t table_seed() {
       return std::uint64_t{rd()} << 32 ^ rd();
     } catch (const std::exception&) {  // no entropy source: the clock and an address (ASLR)
       static const int here = 0;
-      return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&here)) * 0x9E3779B97F4A7C15ull;
+      return static_cast<std::uint64_t>(
+                 std::chrono::steady_clock::now().time_since_epoch().count()) ^
+             static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&here)) *
+                 0x9E3779B97F4A7C15ull;
     }
   }();
   return seed;

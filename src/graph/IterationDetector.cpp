@@ -160,17 +160,23 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
   for (const Candidate& cand : candidates) {
     const auto& occ = where[sig[cand.pos]];
     const std::size_t c = cand.count;
-    struct Kind { std::uint64_t h; std::size_t len, count, from, to; };
+    struct Kind {
+      std::uint64_t h;
+      std::size_t len, count, from, to;
+    };
     std::vector<Kind> kinds;
     bool contradicted = false;
     for (std::size_t k = 0; k < c && !contradicted; ++k) {
       const std::size_t from = occ[k] - block_begin;
       const std::size_t to = k + 1 < c ? occ[k + 1] - block_begin : occ[0] - block_begin + period;
       const std::uint64_t h = segment(from, to);
-      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& x) { return x.h == h && x.len == to - from; });
-      if (it == kinds.end()) kinds.push_back({h, to - from, 1, from, to});
+      auto it = std::find_if(kinds.begin(), kinds.end(),
+                             [&](const Kind& x) { return x.h == h && x.len == to - from; });
+      if (it == kinds.end())
+        kinds.push_back({h, to - from, 1, from, to});
       else ++it->count;
-      contradicted = kinds.size() > 2 || (kinds.size() == 2 && kinds[0].count > 1 && kinds[1].count > 1);
+      contradicted =
+          kinds.size() > 2 || (kinds.size() == 2 && kinds[0].count > 1 && kinds[1].count > 1);
     }
     if (contradicted || kinds.size() != 2) continue;
     const Kind& major = kinds[0].count >= kinds[1].count ? kinds[0] : kinds[1];
@@ -182,10 +188,12 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
     if (!contains_in_order(major.from, major.to, minor.from, minor.to)) continue;
     best_count = c;
     anchor_pos = cand.pos;
-    block_kinds = {hash_range(doubled, major.from, major.to), hash_range(doubled, minor.from, minor.to)};
+    block_kinds = {hash_range(doubled, major.from, major.to),
+                   hash_range(doubled, minor.from, minor.to)};
     break;
   }
-  if (best_count == 0 && single_pos != n) {  // a signature that occurs once: the block is one iteration
+  if (best_count == 0 &&
+      single_pos != n) {  // a signature that occurs once: the block is one iteration
     anchor_pos = single_pos;
     block_kinds = {hash_range(sig, anchor_pos - period, anchor_pos)};
   }
@@ -212,7 +220,8 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
   for (const ContentHash& h : block_kinds)
     kind_of.emplace(std::pair{h.lo, h.hi}, static_cast<int>(kind_of.size()));
   for (auto& sg : r.segments)
-    sg.kind = kind_of.emplace(std::pair{sg.hash.lo, sg.hash.hi}, static_cast<int>(kind_of.size())).first->second;
+    sg.kind = kind_of.emplace(std::pair{sg.hash.lo, sg.hash.hi}, static_cast<int>(kind_of.size()))
+                  .first->second;
   // A trailing segment of no known kind is a recording stopped mid-iteration: not an iteration.
   if (!r.segments.empty() && r.segments.back().kind >= static_cast<int>(block_kinds.size()))
     r.segments.pop_back();

@@ -83,7 +83,8 @@ void label_module_regions(std::vector<Region>& regions, const record::Trace& t) 
     return a.path_owner == b.path_owner && a.path_len == b.path_len;
   };
   for (std::size_t i = 0; i < regions.size(); ++i)
-    if (regions[i].kind == RegionKind::Module && (i == 0 || !same_scope(regions[i], regions[i - 1])))
+    if (regions[i].kind == RegionKind::Module &&
+        (i == 0 || !same_scope(regions[i], regions[i - 1])))
       id_of_path.emplace(regions[i].module_path(), 0);
   if (id_of_path.empty()) return;
   for (std::size_t k = 0; k < t.module_paths.size(); ++k)
@@ -191,7 +192,8 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
     std::string_view path() const { return std::string_view(*owner).substr(0, len); }
   };
   std::vector<Scope> scopes;
-  std::vector<std::vector<std::size_t>> scopes_of(N == 0 ? 0 : std::size_t{max_module} + 1);  // module id -> scopes
+  std::vector<std::vector<std::size_t>> scopes_of(
+      N == 0 ? 0 : std::size_t{max_module} + 1);  // module id -> scopes
   std::vector<bool> module_seen(scopes_of.size(), false);
   for (std::uint32_t i = 0; i < N; ++i) {
     const std::uint32_t mod = g.module_id(i);
@@ -204,7 +206,8 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
     for (std::size_t start = 0; !p.empty() && start <= p.size();) {
       std::size_t dot = p.find('.', start == 0 ? 1 : start);
       if (dot == std::string_view::npos) dot = p.size();
-      auto [it, added] = scope_index.emplace(std::pair{parent, p.substr(start, dot - start)}, scopes.size());
+      auto [it, added] =
+          scope_index.emplace(std::pair{parent, p.substr(start, dot - start)}, scopes.size());
       if (added) {
         if (!owner) owner = std::make_shared<const std::string>(p);
         scopes.push_back(Scope{owner, dot});
@@ -251,8 +254,8 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
   for (std::size_t k : order) {
     const Scope& sc = scopes[runs[k].second];
     d.regions_.push_back(Region{RegionKind::Module, 0, runs[k].first, run_end[k],
-                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]), sc.owner,
-                                sc.len});
+                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]),
+                                sc.owner, sc.len});
   }
   label_module_regions(d.regions_, t);
   return d;

@@ -3,7 +3,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-
 #include "crucible/core/Contract.h"
 
 namespace crucible::graph {
@@ -62,7 +61,8 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
       if (step == kWalk) {
         if (!indexed) {
           indexed = true;
-          for (std::uint32_t i = 0; i < writes.size(); ++i) newest[key(write_number[i], writes[i].version)] = i;
+          for (std::uint32_t i = 0; i < writes.size(); ++i)
+            newest[key(write_number[i], writes[i].version)] = i;
         }
         auto it = newest.find(key(s, v));
         return it == newest.end() ? kNone : it->second;
@@ -76,7 +76,8 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
   // (kMixed: several versions, then a set of the op's output pairs answers), so the check is
   // O(1) per input.
   constexpr std::uint32_t kMixed = UINT32_MAX;
-  std::vector<std::uint32_t> out_mark(numbering.num_storages() + 1, 0), out_mark_version(numbering.num_storages() + 1, 0);
+  std::vector<std::uint32_t> out_mark(numbering.num_storages() + 1, 0),
+      out_mark_version(numbering.num_storages() + 1, 0);
   absl::flat_hash_set<std::uint64_t> mixed_outputs;
   struct Raw {
     std::uint32_t from, to, slot;
@@ -108,7 +109,8 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
     }
     mixed_outputs.clear();  // (storage, version) of every output, for storages marked kMixed
     if (mixed)
-      for (std::size_t j = 0; j < outs.size(); ++j) mixed_outputs.insert(key(out_number[j], out_version[j]));
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        mixed_outputs.insert(key(out_number[j], out_version[j]));
     for (std::size_t k = 0; k < ins.size(); ++k) {
       const std::uint32_t s = number[k], v = version[k];
       if (ins[k].flags & record::tensor_flag::kNoStorage || s == 0) continue;
@@ -116,7 +118,8 @@ TraceGraph TraceGraph::build(const record::Trace& t, std::span<const std::size_t
       // A view op's output shares the input's storage at the same version: an alias edge.
       bool alias = false;
       if (out_mark[s] == mark) {
-        alias = out_mark_version[s] != kMixed ? out_mark_version[s] == v : mixed_outputs.contains(key(s, v));
+        alias = out_mark_version[s] != kMixed ? out_mark_version[s] == v
+                                              : mixed_outputs.contains(key(s, v));
       }
       if (w == kNone) {
         g.externals_.push_back({static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(k),

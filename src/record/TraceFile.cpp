@@ -74,16 +74,19 @@ template <class T>
 void put_pod(std::vector<std::byte>& out, const T& v) { put(out, &v, sizeof v); }
 
 // The reader's bounds on a module path (kMaxModulePathBytes, kMaxModuleLevels); levels are the
-// path's dot-separated components, a leading '.' belonging to the first (as module regions count them).
+// path's dot-separated components, a leading '.' belonging to the first (as module regions count
+// them).
 Status check_module_path(std::string_view path, std::size_t index, const std::string& where) {
   const std::size_t levels =
-      path.empty() ? 0 : 1 + static_cast<std::size_t>(std::count(path.begin() + 1, path.end(), '.'));
+      path.empty() ? 0
+                   : 1 + static_cast<std::size_t>(std::count(path.begin() + 1, path.end(), '.'));
   if (path.size() <= kMaxModulePathBytes && levels <= kMaxModuleLevels) return ok_status();
-  return invalid_input("crtrace: module path " + std::to_string(index) + " is " + std::to_string(path.size()) +
-                           " bytes and " + std::to_string(levels) + " levels deep (" + where +
-                           "); .crtrace files hold paths of up to " + std::to_string(kMaxModulePathBytes) +
-                           " bytes and " + std::to_string(kMaxModuleLevels) + " levels",
-                       "a model's module paths are a few levels deep: check where this trace came from");
+  return invalid_input(
+      "crtrace: module path " + std::to_string(index) + " is " + std::to_string(path.size()) +
+          " bytes and " + std::to_string(levels) + " levels deep (" + where +
+          "); .crtrace files hold paths of up to " + std::to_string(kMaxModulePathBytes) +
+          " bytes and " + std::to_string(kMaxModuleLevels) + " levels",
+      "a model's module paths are a few levels deep: check where this trace came from");
 }
 
 Status corrupt(std::uint64_t offset, const std::string& what) {
@@ -245,7 +248,8 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
       // Module regions grow with a path's depth (one scope per level) and its runs: a bound
       // keeps a crafted path from costing more than its bytes many times over.
       const std::string_view path(reinterpret_cast<const char*>(in.data() + p), len);
-      if (Status st = check_module_path(path, i, "at byte offset " + std::to_string(p)); !st.ok()) return st;
+      if (Status st = check_module_path(path, i, "at byte offset " + std::to_string(p)); !st.ok())
+        return st;
       t.module_paths.emplace_back(path);
       p += len;
     }
@@ -320,7 +324,8 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
 
 Status save_trace(const Trace& t, const std::string& path) {
   for (std::size_t i = 0; i < t.module_paths.size(); ++i)  // what the reader would refuse
-    if (Status st = check_module_path(t.module_paths[i], i, "not written to " + path); !st.ok()) return st;
+    if (Status st = check_module_path(t.module_paths[i], i, "not written to " + path); !st.ok())
+      return st;
   const std::vector<std::byte> bytes = encode_trace(t);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");

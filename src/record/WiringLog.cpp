@@ -31,7 +31,8 @@ std::size_t WiringLog::probe(const Slot* table, std::uint64_t id) const {
   // just wrote), and the runs are spread by a seeded hash of the id's upper bits (ids that are
   // aligned pointers, as a C host may pass, differ there; Note [Seeded table hash]: a host
   // cannot choose ids that pile into one run beyond the 64 that share upper bits).
-  const std::size_t j0 = static_cast<std::size_t>(table_hash(id >> 6, seed_) >> (64 - bits_ + 6)) << 6;
+  const std::size_t j0 = static_cast<std::size_t>(table_hash(id >> 6, seed_) >> (64 - bits_ + 6))
+                         << 6;
   std::size_t j = (j0 | (id & 63)) & mask;
   while (table[j].id != 0 && table[j].id != id)
     j = (j + 1) & mask;  // at most half the slots are taken

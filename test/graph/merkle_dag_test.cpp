@@ -1,11 +1,10 @@
 // merkle_dag_test.cpp — content hashes: deterministic, address-free, sensitive to shape and
 // dtype, identical for identical blocks.
-#include "crucible/graph/MerkleDag.h"
-
 #include <gtest/gtest.h>
 
 #include <tuple>
 
+#include "crucible/graph/MerkleDag.h"
 #include "synth.h"
 
 namespace {
@@ -110,7 +109,8 @@ TEST(MerkleDag, ModuleScopesShareTheirPathAcrossLevelsAndRuns) {
   std::string deep = "m";
   for (int i = 0; i < 300; ++i) deep += ".l" + std::to_string(i);
   for (std::uint64_t i = 0; i < 20; ++i)  // the deep module and "other" in turn, 10 runs each
-    b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{2 + i, 0, {4}}}, Phase::Forward, i % 2 ? "other" : deep);
+    b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{2 + i, 0, {4}}}, Phase::Forward,
+         i % 2 ? "other" : deep);
   b.module("m.l0");  // a parent scope that is in the module table too
   auto d = dag_of(b);
   std::size_t deep_regions = 0, other_regions = 0;
@@ -124,12 +124,16 @@ TEST(MerkleDag, ModuleScopesShareTheirPathAcrossLevelsAndRuns) {
       continue;
     }
     ++deep_regions;
-    ASSERT_EQ(deep.compare(0, r.module_path().size(), r.module_path()), 0) << "a prefix of the deep path";
+    ASSERT_EQ(deep.compare(0, r.module_path().size(), r.module_path()), 0)
+        << "a prefix of the deep path";
     if (owner == nullptr) owner = r.path_owner.get();
     EXPECT_EQ(r.path_owner.get(), owner) << "one copy of the path for every level and run";
-    if (r.module_path() == deep) EXPECT_EQ(r.label, b.module(deep));
-    else if (r.module_path() == "m.l0") EXPECT_EQ(r.label, b.module("m.l0"));
-    else EXPECT_EQ(r.label, 0u) << r.module_path();
+    if (r.module_path() == deep)
+      EXPECT_EQ(r.label, b.module(deep));
+    else if (r.module_path() == "m.l0")
+      EXPECT_EQ(r.label, b.module("m.l0"));
+    else
+      EXPECT_EQ(r.label, 0u) << r.module_path();
   }
   EXPECT_EQ(other_regions, 10u);
   EXPECT_EQ(deep_regions, 10u * 301) << "301 scopes (m, m.l0, ..., the path) with 10 runs each";
@@ -150,11 +154,13 @@ TEST(MerkleDag, ModuleScopesShareTheirPathAcrossLevelsAndRuns) {
 TEST(MerkleDag, ModuleScopesOfOddPaths) {
   synth::Builder b;
   const char* paths[] = {".a", ".", "..a", "a..b", "a."};
-  for (std::uint64_t i = 0; i < 5; ++i) b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{10 + i, 0, {4}}}, Phase::Forward, paths[i]);
+  for (std::uint64_t i = 0; i < 5; ++i)
+    b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{10 + i, 0, {4}}}, Phase::Forward, paths[i]);
   auto d = dag_of(b);
   std::vector<std::tuple<std::string, std::uint32_t, std::uint32_t>> got;
   for (const auto& r : d.regions())
-    if (r.kind == RegionKind::Module) got.emplace_back(std::string(r.module_path()), r.begin, r.end);
+    if (r.kind == RegionKind::Module)
+      got.emplace_back(std::string(r.module_path()), r.begin, r.end);
   const std::vector<std::tuple<std::string, std::uint32_t, std::uint32_t>> want = {
       {".", 1, 3}, {"..a", 2, 3}, {".a", 0, 1}, {"a", 3, 5}, {"a.", 3, 5}, {"a..b", 3, 4}};
   EXPECT_EQ(got, want);

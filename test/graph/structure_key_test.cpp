@@ -511,7 +511,8 @@ TEST(StructureKey, CraftedStorageIdsDoNotPileIntoOneSlot) {
   for (std::size_t i = 0; i < n; ++i) ops[i] = i;
   record::StorageNumbering want, got;
   ContentHash log_body;
-  ASSERT_TRUE(log.structure_body(b.trace, 0, n, got, {}, log_body, nullptr));  // 60000 tensors: in the window
+  ASSERT_TRUE(log.structure_body(b.trace, 0, n, got, {}, log_body,
+                                 nullptr));  // 60000 tensors: in the window
   EXPECT_EQ(log_body, record::structure_body(b.trace, ops, want));
   EXPECT_EQ(got.storage, want.storage);
   EXPECT_EQ(got.storages, want.storages);

@@ -115,12 +115,14 @@ TEST(TraceFile, ModulePathsPastTheBoundsAreRefused) {
   EXPECT_TRUE(with_path(deep).ok()) << "256 levels load";
   auto r = with_path(deep + ".x");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("257 levels deep"), absl::string_view::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("257 levels deep"), absl::string_view::npos)
+      << r.status().message();
   EXPECT_NE(r.status().message().find("256 levels"), absl::string_view::npos);
   EXPECT_TRUE(with_path(std::string(kMaxModulePathBytes, 'a')).ok());
   r = with_path(std::string(kMaxModulePathBytes + 1, 'a'));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("65537 bytes"), absl::string_view::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("65537 bytes"), absl::string_view::npos)
+      << r.status().message();
   // Saving refuses what loading would, before writing anything.
   Trace t = sample_trace();
   t.module_paths.push_back(deep + ".x");

@@ -175,7 +175,9 @@ py::dict iteration_dict(const graph::Iteration& it) {
     for (const auto& rg : it.dag().regions()) {
       py::dict rd;
       rd["kind"] = rg.kind == graph::RegionKind::Phase ? "phase" : "module";
-      rd["name"] = rg.kind == graph::RegionKind::Phase ? std::string(phase_name(static_cast<Phase>(rg.label))) : std::string(rg.module_path());
+      rd["name"] = rg.kind == graph::RegionKind::Phase
+                       ? std::string(phase_name(static_cast<Phase>(rg.label)))
+                       : std::string(rg.module_path());
       rd["begin"] = rg.begin;
       rd["end"] = rg.end;
       rd["hash"] = rg.hash.hex();
