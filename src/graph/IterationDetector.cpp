@@ -116,8 +116,9 @@ IterationReport detect_iterations(std::span<const std::uint64_t> sig) {
   // compared by polynomial hashes of `doubled` (mod 2^61 - 1, base and element mixing seeded
   // per process: Note [Seeded table hash]), O(1) per segment, and it stops at its first
   // contradiction (a third kind, or two kinds seen twice each): the search costs the block's
-  // length, not its square, whatever a loaded trace puts in it. The kinds of the winner are
-  // then hashed in full (ContentHash), as before.
+  // length, not its square, whatever a loaded trace puts in it, except the subsequence check
+  // (O(block)) of candidates that pass every other test. The kinds of the winner are then
+  // hashed in full (ContentHash), as before.
   struct Candidate {
     std::size_t count, first, pos;
   };

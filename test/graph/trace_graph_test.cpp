@@ -238,7 +238,7 @@ TEST(TraceGraph, ManyWritesOfOneStorageStayLinear) {
     for (std::uint32_t i = 0; i < 12; ++i) c.op("aten::add_", {}, {T{2, 100 + i}});
     const std::size_t again = c.op("aten::fill_", {}, {T{2, 5}});
     for (std::uint32_t i = 0; i < 12; ++i) c.op("aten::add_", {}, {T{2, 200 + i}});
-    c.op("aten::neg", {T{2, 100}}, {T{3}});  // builds the index: v100 is 13 writes back
+    c.op("aten::neg", {T{2, 100}}, {T{3}});  // builds the index: v100 is 25 writes back
     for (std::uint32_t i = 0; i < 3; ++i) c.op("aten::add_", {}, {T{2, 300 + i}});
     c.op("aten::fill_", {}, {T{2, 5}});  // a third writer of v5, after the index exists
     const std::size_t third = c.trace.num_ops() - 1;

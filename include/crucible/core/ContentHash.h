@@ -130,8 +130,9 @@ std::uint64_t hash64(std::string_view s, std::uint64_t seed = 0);
 
 // Note [Seeded table hash]
 // Open-addressed tables keyed by ids that input controls (a loaded trace's storage ids, a C
-// host's buffer ids) place keys by table_hash(id, table_seed()): the murmur3 finalizer of the
-// id xor a seed drawn once per process. A fixed multiplicative hash is a bijection anyone can
+// host's buffer ids) place keys by table_hash(id, table_seed()) (the wiring log: of id >> 6,
+// keeping runs of 64 ids together): the murmur3 finalizer of the id xor a seed drawn once per
+// process. A fixed multiplicative hash is a bijection anyone can
 // invert, so a file could put every id in one slot and make each probe walk the table; with
 // an unknown seed no set of ids is known to collide. For placement only: it differs between
 // processes, and nothing stable (a content hash, a key) may depend on it.

@@ -36,10 +36,10 @@ struct Region {
   std::uint32_t label;          // Phase value, or module id (0 if the path was never entered)
   std::uint32_t begin, end;     // node range [begin, end)
   ContentHash hash;             // structural (see above)
-  // A module region's path is the first path_len bytes of *path_owner, a module path shared by
-  // every region of that module and of its parent scopes: a module called again and again
-  // (its regions one per run) or a deep path costs one copy of the path, not one per region
-  // and per level.
+  // A module region's path is the first path_len bytes of *path_owner: a copy of the first
+  // module path that opened the scope, shared by every scope that path opened and by all their
+  // regions. A module called again and again (its regions one per run) or a deep path costs one
+  // copy of the path, not one per region and per level.
   std::shared_ptr<const std::string> path_owner;
   std::size_t path_len = 0;
   std::string_view module_path() const {

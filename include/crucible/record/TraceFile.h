@@ -18,7 +18,7 @@ namespace crucible::record {
 
 inline constexpr std::uint32_t kTraceFormatVersion = 1;
 // The reader refuses module paths past these (a model's paths are a few levels and tens of
-// bytes; module regions grow with depth, misc/CRTRACE.md).
+// bytes; module regions grow with depth: MerkleDag.cpp, misc/CRUCIBLE.md).
 inline constexpr std::size_t kMaxModulePathBytes = std::size_t{1} << 16;
 inline constexpr std::size_t kMaxModuleLevels = 256;
 

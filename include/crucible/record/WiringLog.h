@@ -28,18 +28,18 @@ namespace crucible::record {
 // With the distance the pass numbers storages without a table: a tensor whose previous use
 // lies inside the ops being keyed takes that use's number, any other starts a new one. The
 // distances come from two open-addressed tables of storage id -> last tensor index, one per
-// generation of kWindow tensors (the current one and the one before it), each of twice as many
-// slots as a generation has tensors, so a probe always ends: a use less than kWindow tensors
-// back is always found, one further back may be forgotten (the distance is then 0), and the
+// generation of window() tensors (kDefaultWindow = 2^16; the current generation and the one
+// before it), each of twice as many slots as a generation has tensors, so a probe always
+// ends: a use less than window() tensors back is always found, one further back may be forgotten (the distance is then 0), and the
 // tables hold only the storages of the last two windows, whatever the run's length. When a
 // generation ends the older table is zeroed and becomes the current one: the tables are
 // allocated once (2 x 2 MiB, at the first append), never grown, and clear() zeroes them. The
 // per-op and per-tensor words grow with the trace, as its own arrays do (about a third more
 // memory than the trace's op and tensor records). absl::flat_hash_map in their
 // place, cleared at each turn, cost 35 % of the drain's throughput (growing, and page faults).
-// So the log's pass applies to a run of consecutive ops of at most kWindow tensors, which is
-// what the pipeline keys (one thread's iteration, while no other thread records in between);
-// anything else takes the trace's own pass (the recorder counts how often:
+// So the log's pass applies to a run of consecutive ops of at most window() tensors, which is
+// what the pipeline keys (one thread's iteration, while no other thread records in between,
+// when its tensors fit in the window: a resnet18 step has about 1.7k); anything else takes the trace's own pass (the recorder counts how often:
 // Recorder::keys_from_trace). Both hash the same words in the same order:
 // structure_body gives the same body, wiring body and numbering (property test
 // WiringLog.KeyEqualsTheTracesOverRandomRuns).
