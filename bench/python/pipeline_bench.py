@@ -70,7 +70,7 @@ def main():
         hot_us = statistics.median(crucible._ext.time_build(50)["us"])
         cold_us = statistics.median(crucible._ext.time_build(15, evict_mib=64)["us"])
         # The same again with reuse on: the last build's analysis is republished when the
-        # structure key matches (Note [Reusing the last build]).
+        # structure key matches (Note [Reusing earlier builds]).
         crucible._ext.pipeline_reuse(True)
         reuses, rewires = [], []
         reused_before, rewired_before = it["pipeline_reused"], it["pipeline_rewired"]

@@ -127,7 +127,12 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     std::uint64_t off = 0;
     for (const Placed& p : placed) {
       if (off + b.bytes <= p.offset) break;
-      if ((p.first <= b.last) & (b.first <= p.last)) off = std::max(off, p.end);  // aligned: off stays aligned
+      // Branch-free: whether lifetimes intersect is a coin toss per pair, and as two branches
+      // its mispredictions were most of the plan's time.
+      const std::uint64_t live_together =
+          static_cast<std::uint64_t>(p.first <= b.last) & static_cast<std::uint64_t>(b.first <= p.last);
+      const std::uint64_t end = p.end & (0 - live_together);  // 0 when they are not
+      off = end > off ? end : off;  // aligned: off stays aligned
     }
     b.offset = off;
     plan.arena_bytes = std::max(plan.arena_bytes, off + b.bytes);

@@ -1,10 +1,12 @@
 // Pipeline.cpp — the detect, build and publish stage threads.
 #include "crucible/pipeline/Pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "crucible/core/Contract.h"
 #include "crucible/core/ThreadName.h"
@@ -147,31 +149,45 @@ void Pipeline::detect_loop() {
   }
 }
 
-// Note [Reusing the last build]
+// Note [Reusing earlier builds]
 // A training loop records the same step again and again, and detect sends a new iteration
 // every few thousand ops. Its ops differ from the last one built only in storage ids, version
 // counts, data pointers and sequence numbers (and the recording thread, which the published
 // iteration takes from the new ops), which no part of the analysis depends on: the graph is
 // keyed by (storage, version) pairs that map one to one, hashes and plan read metadata, and
 // the plan breaks ties by first-touch order, never by raw storage id. Their
-// structure key says so without copying them; build then republishes the last analysis (which
-// describes an earlier occurrence of the same step, whose trace it holds) with the new
-// detection report. The republished iteration shares the last one's analysis (graph, DAG and
+// structure key says so without copying them; build then republishes the analysis built for
+// that key (which describes an earlier occurrence of the same step, whose trace it holds) with
+// the new detection report. The republished iteration shares that analysis (graph, DAG and
 // plan behind one shared_ptr): copying them took 23 us of resnet18's reuse once the step had
 // evicted them, against 5.6 in cache (2026-11-30). Key and copy are taken under one hold of the
 // trace lock, and the copy's external classification is the one the key hashed, so the key stored
 // with an analysis describes the very ops it was built from, even if a clear() or a classification
-// raced. The last build survives clear(): it is a cache keyed by content, not recorded data.
+// raced. Builds survive clear(): they are a cache keyed by content, not recorded data.
 //
-// When the structure keys differ but the wiring keys match (Note [Wiring key], Trace.h: the
-// same ops on the same wiring, other scalars, as AdamW's every step), build copies the ops as
-// for a build, rebases the last graph and plan onto the copy's storages, and hashes again the
-// Merkle DAG's nodes and regions whose contents (the drain's) changed, and their consumers
-// (graph::rebuild_iteration). The result becomes the last build, so its trace, graph, DAG and
-// plan all describe the new ops.
+// Build keeps the analyses of the last kCachedBuilds distinct structures, most recently used
+// first, not only the last one: a loop that alternates steps (training and evaluation, or a
+// step that logs every N steps) reuses each step's analysis instead of building every switch
+// afresh. The copy request carries all their keys (a handful of 16-byte compares).
+//
+// When the structure key is none of them but the wiring key (Note [Wiring key], Trace.h: the
+// same ops on the same wiring, other scalars, as AdamW's every step) is a cached one's, build
+// copies the ops as for a build, rebases that analysis's graph and plan onto the copy's
+// storages, and hashes again the Merkle DAG's nodes and regions whose contents (the drain's)
+// changed, and their consumers (graph::rebuild_iteration). The result replaces the entry it
+// came from, so its trace, graph, DAG and plan all describe the new ops.
 void Pipeline::build_loop() {
-  std::shared_ptr<const graph::Iteration> last;  // the last build, and its two keys
-  ContentHash last_key, last_wiring;
+  // The analyses of the last kCachedBuilds structures built, most recently used first, each
+  // with its two keys (Note [Reusing earlier builds]).
+  struct Cached {
+    ContentHash key, wiring;
+    std::shared_ptr<const graph::Iteration> it;
+  };
+  std::vector<Cached> cache;
+  std::vector<ContentHash> keys;  // cache's structure keys, for the copy request
+  auto to_front = [&](std::size_t i) {
+    std::rotate(cache.begin(), cache.begin() + static_cast<long>(i), cache.begin() + static_cast<long>(i) + 1);
+  };
   auto ns = [](auto d) { return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
   BuildMsg m;
   while (to_build_.pop(m)) {
@@ -183,17 +199,25 @@ void Pipeline::build_loop() {
     std::unique_ptr<BuildWork> w(m.work);
     const auto t0 = std::chrono::steady_clock::now();
     const std::uint64_t cpu0 = thread_cpu_ns();
+    const bool reuse = reuse_.load(std::memory_order_relaxed);
+    keys.clear();
+    if (reuse)
+      for (const Cached& c : cache) keys.push_back(c.key);
     record::Recorder::CopyRequest req{w->ops};
     req.want_key = true;
     req.contents = w->contents;
-    req.unless = last && reuse_.load(std::memory_order_relaxed) ? &last_key : nullptr;
+    req.unless = keys;
     req.generation = w->generation;
     record::Recorder::KeyedCopy kc = rec_.key_and_copy(req);
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
-    if (!kc.copy) {
-      auto it = std::make_shared<graph::Iteration>(last->analysis);
-      it->trace = last->trace;
+    if (!kc.copy) {  // the key is one of the cache's
+      std::size_t i = 0;
+      while (cache[i].key != kc.key) ++i;
+      to_front(i);
+      const graph::Iteration& hit = *cache.front().it;
+      auto it = std::make_shared<graph::Iteration>(hit.analysis);
+      it->trace = hit.trace;
       it->report = std::move(w->report);
       it->thread = w->thread;  // another thread may record the same step
       last_reuse_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
@@ -209,15 +233,18 @@ void Pipeline::build_loop() {
     const std::span<const ContentHash> contents =
         whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{};
     std::shared_ptr<graph::Iteration> it;
-    if (last && whole && reuse_.load(std::memory_order_relaxed) && kc.wiring_key == last_wiring) {
-      it = graph::rebuild_iteration(*last, *trace, local, contents, kc.numbering);
+    std::size_t same_wiring = 0;
+    while (same_wiring < cache.size() && cache[same_wiring].wiring != kc.wiring_key) ++same_wiring;
+    if (whole && reuse && same_wiring < cache.size()) {
+      it = graph::rebuild_iteration(*cache[same_wiring].it, *trace, local, contents, kc.numbering);
       if (it) {
         it->trace = std::move(trace);
         it->report = std::move(w->report);
         last_rewire_ns_.store(ns(std::chrono::steady_clock::now() - t0), std::memory_order_relaxed);
         rewired_.fetch_add(1, std::memory_order_relaxed);
-        last = it;
-        last_key = kc.key;
+        cache[same_wiring].key = kc.key;  // the rewired analysis replaces the one it came from
+        cache[same_wiring].it = it;
+        to_front(same_wiring);
         to_publish_.push(
             PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
         continue;
@@ -234,9 +261,18 @@ void Pipeline::build_loop() {
     last_copy_ns_.store(ns(t_copied - t0), std::memory_order_relaxed);
     last_build_cpu_ns_.store(cpu1 - cpu0, std::memory_order_relaxed);
     builds_.fetch_add(1, std::memory_order_relaxed);
-    last = it;
-    last_key = kc.key;
-    last_wiring = kc.wiring_key;
+    // Built afresh: the newest entry. A structure already cached (reuse off) is replaced, so the
+    // cache never holds one key twice.
+    std::size_t i = 0;
+    while (i < cache.size() && cache[i].key != kc.key) ++i;
+    if (i == cache.size()) {
+      if (cache.size() == kCachedBuilds) cache.pop_back();
+      cache.emplace_back();
+      i = cache.size() - 1;
+    }
+    cache[i] = Cached{kc.key, kc.wiring_key, it};
+    to_front(i);
+    cached_.store(cache.size(), std::memory_order_relaxed);
     to_publish_.push(PublishMsg{PublishMsg::Publish, 0, new std::shared_ptr<const graph::Iteration>(it)});
   }
 }
@@ -279,6 +315,7 @@ PipelineStats Pipeline::stats() const {
   s.builds = builds_.load(std::memory_order_relaxed);
   s.reused = reused_.load(std::memory_order_relaxed);
   s.rewired = rewired_.load(std::memory_order_relaxed);
+  s.cached = cached_.load(std::memory_order_relaxed);
   s.published = published_.load(std::memory_order_relaxed);
   s.last_build_ns = last_build_ns_.load(std::memory_order_relaxed);
   s.last_copy_ns = last_copy_ns_.load(std::memory_order_relaxed);

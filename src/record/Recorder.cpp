@@ -478,7 +478,8 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
     }
     r.key = record::structure_key(body, numbering.kinds);
     r.wiring_key = record::structure_key(wiring, numbering.kinds);
-    if (req.unless != nullptr && r.key == *req.unless) return r;  // no copy: the caller has these ops' analysis
+    for (const ContentHash& k : req.unless)
+      if (r.key == k) return r;  // no copy: the caller has these ops' analysis
   }
   if (!req.want_copy) return r;
   r.copy.emplace();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <map>
 #include <thread>
 
 #include "pipeline_util.h"
@@ -55,7 +56,7 @@ TEST(Pipeline, FlushPublishesTheLatestIterationExactly) {
   EXPECT_EQ(p.stats().ops_seen, 41u + 80u + 120u);
 }
 
-// Note [Reusing the last build] in Pipeline.cpp: later runs of one step (new storage ids,
+// Note [Reusing earlier builds] in Pipeline.cpp: later runs of one step (new storage ids,
 // versions) republish the last analysis without building; a changed step is built again.
 TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   auto r = *Recorder::create();
@@ -129,6 +130,50 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   for (int s = 12; s < 15; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();
   EXPECT_EQ(p.stats().builds, 3u);
+}
+
+// A loop that alternates steps (training and evaluation) reuses each one's analysis: build
+// keeps the last kCachedBuilds structures, most recently used first, and drops the oldest.
+// Each phase starts after a clear(), so that the detector's window holds that phase alone (in
+// a real run, a phase of a few hundred steps fills the window the same way).
+TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  int step = 1;
+  std::map<std::int64_t, ContentHash> root_of;  // width -> root of its first build
+  auto run = [&](std::int64_t width) {
+    r->clear();
+    for (int s = 0; s < 3; ++s) record_step(*r, b, step++, 40, width, sid);
+    p.flush();
+    const auto it = p.latest();
+    EXPECT_NE(it, nullptr) << p.last_reason();
+    if (it == nullptr) return;
+    EXPECT_EQ(it->trace->sizes(0)[1], width) << "the published iteration is the step just run";
+    const auto [at, first] = root_of.emplace(width, it->dag().root());
+    if (!first) EXPECT_EQ(it->dag().root(), at->second);
+  };
+  run(16);
+  run(24);
+  EXPECT_EQ(p.stats().builds, 2u);
+  EXPECT_EQ(p.stats().cached, 2u);
+  run(16);
+  run(24);
+  run(16);
+  EXPECT_EQ(p.stats().builds, 2u) << "each switch back is a reuse";
+  EXPECT_EQ(p.stats().reused, 3u);
+  // Four more structures: the cache keeps four, so the least recently used (24) goes.
+  static_assert(pipeline::Pipeline::kCachedBuilds == 4);
+  for (std::int64_t w : {32, 40, 48, 56}) run(w);
+  EXPECT_EQ(p.stats().builds, 6u);
+  EXPECT_EQ(p.stats().cached, 4u);
+  run(32);  // still cached
+  EXPECT_EQ(p.stats().builds, 6u);
+  EXPECT_EQ(p.stats().reused, 4u);
+  run(24);  // dropped: built again, to the same analysis
+  EXPECT_EQ(p.stats().builds, 7u);
+  EXPECT_EQ(p.stats().cached, 4u);
 }
 
 // Note [Wiring key] (Trace.h): a step whose scalars change every step keeps its wiring key;

@@ -317,7 +317,11 @@ TEST(Recorder, KeyAndCopyAgreeAndRefuseAStaleGeneration) {
   EXPECT_EQ(kc.key, structure_key(*kc.copy, all));
   EXPECT_EQ(kc.key, r->structure_key(ops));
   const crucible::ContentHash known = kc.key;
-  req.unless = &known;
+  const crucible::ContentHash other{known.lo ^ 1, known.hi};
+  req.unless = std::span(&other, 1);
+  EXPECT_TRUE(r->key_and_copy(req).copy.has_value()) << "another key does not skip the copy";
+  const crucible::ContentHash keys[] = {other, known};
+  req.unless = keys;
   EXPECT_FALSE(r->key_and_copy(req).copy.has_value()) << "a matching key skips the copy";
   r->classify_external(3, ExternalKind::Parameter);  // a storage op 1 reads: another structure
   EXPECT_NE(r->structure_key(ops), known);

@@ -412,6 +412,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
     d["pipeline_rewired"] = st.rewired;
     d["pipeline_rewire_us"] = static_cast<double>(st.last_rewire_ns) / 1000.0;
+    d["pipeline_cached"] = st.cached;  // analyses kept for reuse (Note [Reusing earlier builds])
     // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).
     d["keys_from_log"] = Recorder::global().keys_from_log();
     d["keys_from_trace"] = Recorder::global().keys_from_trace();

@@ -18,7 +18,7 @@
 namespace crucible::graph {
 
 // What is built from an iteration's ops: shared, never copied, by every publication of the
-// same analysis (Note [Reusing the last build] in Pipeline.cpp).
+// same analysis (Note [Reusing earlier builds] in Pipeline.cpp).
 struct IterationAnalysis {
   std::vector<std::size_t> ops;         // trace op indices of the last steady iteration
   std::uint64_t ops_per_phase[record::kNumPhases] = {};

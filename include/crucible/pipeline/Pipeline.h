@@ -8,12 +8,12 @@
 //            new ops arrived (or at a barrier), and sends the latest steady iteration's op
 //            range to build when it is a new one;
 //   build    copies those ops out of the trace and builds TraceGraph, MerkleDag, MemoryPlan,
-//            unless they have the structure key (Trace.h) of the last iteration it built: then
-//            that analysis describes them exactly, and build republishes it under the new
-//            detection report without copying (a training loop repeats one step: see
-//            Note [Reusing the last build]); when only their wiring key matches (scalars
-//            changed: AdamW), it rebases the last graph and plan onto the new copy and hashes
-//            again only what changed in the Merkle DAG;
+//            unless they have the structure key (Trace.h) of one of the last kCachedBuilds
+//            structures it built: then that analysis describes them exactly, and build
+//            republishes it under the new detection report without copying (a training loop
+//            repeats one step: see Note [Reusing earlier builds]); when only their wiring key
+//            matches (scalars changed: AdamW), it rebases that graph and plan onto the new copy
+//            and hashes again only what changed in the Merkle DAG;
 //   publish  swaps the result into an atomic shared_ptr that readers load without locks.
 // flush() is exact: it returns once every op recorded before the call has gone through all
 // four stages and whatever iteration they complete is published.
@@ -36,8 +36,9 @@ struct PipelineStats {
   std::uint64_t ops_seen = 0;        // signatures received by detect
   std::uint64_t detections = 0;      // detector runs
   std::uint64_t builds = 0;          // iterations built (copied and analysed)
-  std::uint64_t reused = 0;          // iterations whose structure key matched the last build
+  std::uint64_t reused = 0;          // iterations whose structure key matched a cached build
   std::uint64_t rewired = 0;         // iterations whose wiring key alone matched: DAG rebuilt
+  std::uint64_t cached = 0;          // analyses build keeps for reuse (at most kCachedBuilds)
   std::uint64_t published = 0;       // iterations published
   // The last build: wall time from taking the ops out of the trace to a built iteration, the
   // part of it spent on their structure key and copy, and the build thread's CPU time over the
@@ -46,7 +47,7 @@ struct PipelineStats {
   std::uint64_t last_copy_ns = 0;
   std::uint64_t last_build_cpu_ns = 0;
   // The last iteration handled by reuse: wall time from taking its ops to a publishable
-  // iteration (structure key over the ops in the trace, and a copy of the last analysis).
+  // iteration (structure key over the ops in the trace, and a new Iteration sharing the cached analysis).
   std::uint64_t last_reuse_ns = 0;
   // The last iteration handled by a rewire: wall time from taking its ops to a built iteration
   // (both keys, the copy, graph and plan rebased, the Merkle DAG's changes hashed).
@@ -56,6 +57,9 @@ struct PipelineStats {
 class Pipeline final : public record::DrainSink {
  public:
   static constexpr std::size_t kWindow = 65536;
+  // How many analyses (of distinct structures) build keeps for reuse: a training step, an
+  // evaluation step and a variant step (logging every N steps) each keep theirs.
+  static constexpr std::size_t kCachedBuilds = 4;
 
   // Attaches to `rec` (which must outlive the pipeline) and starts detect, build, publish.
   explicit Pipeline(record::Recorder& rec, graph::PlanOptions plan = {});
@@ -69,7 +73,7 @@ class Pipeline final : public record::DrainSink {
   std::string last_reason() const;
   void flush();
   PipelineStats stats() const;
-  // Whether build may reuse its last analysis, whole or rewired (on by default); off, every
+  // Whether build may reuse a cached analysis, whole or rewired (on by default); off, every
   // iteration is built from scratch (for measuring builds, and for comparing the two).
   void set_reuse(bool on) { reuse_.store(on, std::memory_order_relaxed); }
   const graph::PlanOptions& plan_options() const { return plan_; }
@@ -127,7 +131,7 @@ class Pipeline final : public record::DrainSink {
   std::atomic<bool> reuse_{true};
   std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, rewired_{0},
       published_{0}, last_build_ns_{0}, last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0},
-      last_rewire_ns_{0};
+      last_rewire_ns_{0}, cached_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;

@@ -147,8 +147,8 @@ class Recorder {
   // record::structure_key(copy, all ops), without copying.
   ContentHash structure_key(std::span<const std::size_t> ops);
   // Key and copy under one hold of the trace lock, for a consumer of on_ops (the pipeline):
-  // the structure key of the ops (when want_key), then their copy unless the key equals
-  // *unless. With a generation, ops recorded before a later clear() are not there any more:
+  // the structure key of the ops (when want_key), then their copy unless the key equals one of
+  // `unless` (keys whose analysis the caller already has). With a generation, ops recorded before a later clear() are not there any more:
   // the answer is `stale`, with neither key nor copy (their indices name other ops now).
   static constexpr std::uint64_t kAnyGeneration = UINT64_MAX;
   struct CopyRequest {
@@ -156,14 +156,14 @@ class Recorder {
     bool want_key = false;
     bool want_copy = true;
     std::span<const ContentHash> contents{};  // op_content of each op, if the caller has them
-    const ContentHash* unless = nullptr;
+    std::span<const ContentHash> unless{};
     std::uint64_t generation = kAnyGeneration;
   };
   struct KeyedCopy {
     bool stale = false;
     ContentHash key;
     ContentHash wiring_key;     // with the key: Note [Wiring key] (Trace.h)
-    std::optional<Trace> copy;  // empty when stale, not wanted, or the key matched `unless`
+    std::optional<Trace> copy;  // empty when stale, not wanted, or the key is one of `unless`
     // With the key: the ops' storage numbering (Trace.h), which also numbers the copy's
     // tensors (local ops 0, 1, ... in order), with the classification the key hashed.
     StorageNumbering numbering;

@@ -140,7 +140,7 @@ ContentHash op_content(const Trace& t, std::size_t op);
 // keys have the same graph and plan up to their storage ids (TraceGraph::rebased,
 // rebased_plan), though scalars differ — AdamW's bias corrections change every step, and the
 // pipeline then hashes again only what changed in the Merkle DAG (MerkleDag::rebuild, Note
-// [Reusing the last build]).
+// [Reusing earlier builds]).
 struct StorageNumbering;
 ContentHash structure_body(const Trace& t, std::span<const std::size_t> ops,
                            StorageNumbering& numbering, std::span<const ContentHash> contents = {},

@@ -124,6 +124,50 @@ def test_a_reused_build_equals_a_fresh_analysis(name):
         assert again["root_hash"] == first["root_hash"]
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_training_and_evaluation_phases_reuse_their_own_builds(name):
+    """A loop that alternates training and evaluation: each phase's step is built once, and
+    every later phase of the same kind republishes its analysis (the pipeline keeps the last
+    few structures, not only the last one). Each phase follows a clear(), as after a long
+    phase the detector's window holds that phase alone. The model is warmed up first (gradients
+    and optimizer state exist), so that every training phase starts in the same state: the
+    first phase of a fresh model starts with a step that creates them, which moves the
+    detector's iteration boundaries."""
+    s = models.make(name)
+    for _ in range(2):
+        s.step()
+
+    def train():
+        crucible.clear()
+        s.model.train()
+        record(s, 3)
+        return crucible.iteration()
+
+    def evaluate():
+        crucible.clear()
+        s.model.eval()
+        crucible.enable()
+        with torch.no_grad():
+            for _ in range(3):
+                s.model(s.x)
+        crucible.disable()
+        return crucible.iteration()
+
+    t1, e1 = train(), evaluate()
+    assert e1["pipeline_builds"] == t1["pipeline_builds"] + 1
+    assert e1["ops"]["backward"] == 0 and t1["ops"]["backward"] > 0
+    assert e1["pipeline_cached"] >= 2
+    t2, e2 = train(), evaluate()
+    assert e2["pipeline_builds"] == e1["pipeline_builds"], "no build after the first of each kind"
+    assert e2["pipeline_reused"] == e1["pipeline_reused"] + 2
+    assert (t2["root_hash"], t2["arena_bytes"]) == (t1["root_hash"], t1["arena_bytes"])
+    assert (e2["root_hash"], e2["arena_bytes"]) == (e1["root_hash"], e1["arena_bytes"])
+    # What was republished is what a fresh analysis of the same recording gives.
+    fresh = crucible._ext.iteration(crucible._ext.snapshot(), -1, 0, 64)
+    for k in ("root_hash", "arena_bytes", "lower_bound_bytes", "edges", "externals", "total_ops"):
+        assert e2[k] == fresh[k], k
+
+
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
 def test_time_build_repeats_the_published_build(name):
     """The benchmark's back-to-back build timing builds the published iteration again: the same
