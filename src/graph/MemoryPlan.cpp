@@ -127,8 +127,9 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     std::uint64_t off = 0;
     for (const Placed& p : placed) {
       if (off + b.bytes <= p.offset) break;
-      // Branch-free: whether lifetimes intersect is a coin toss per pair, and as two branches
-      // its mispredictions were most of the plan's time.
+      // Branch-free: whether two lifetimes intersect is close to a coin toss per pair (resnet18's
+      // step: 10k of the 16k pairs scanned), and as two branches the plan measured about 4%
+      // slower there (37.7 against 39.2 us, alternating runs, 2026-12-01).
       const std::uint64_t live_together =
           static_cast<std::uint64_t>(p.first <= b.last) & static_cast<std::uint64_t>(b.first <= p.last);
       const std::uint64_t end = p.end & (0 - live_together);  // 0 when they are not
