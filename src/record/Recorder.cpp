@@ -8,6 +8,7 @@
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
 #include "crucible/core/ThreadName.h"
+#include "crucible/record/TraceFile.h"
 
 namespace crucible::record {
 namespace {
@@ -210,8 +211,9 @@ std::uint64_t Recorder::intern_schema(std::string_view name) {
   return h;
 }
 
-std::uint32_t Recorder::intern_module(std::string_view path) {
-  if (path.empty()) return 0;
+Result<std::uint32_t> Recorder::intern_module(std::string_view path) {
+  if (path.empty()) return 0u;
+  if (Status st = check_module_path(path); !st.ok()) return st;
   std::lock_guard<std::mutex> g(names_mu_);
   auto [it, inserted] =
       module_ids_.try_emplace(std::string(path), static_cast<std::uint32_t>(module_paths_.size()));

@@ -76,17 +76,24 @@ void put_pod(std::vector<std::byte>& out, const T& v) { put(out, &v, sizeof v); 
 // The reader's bounds on a module path (kMaxModulePathBytes, kMaxModuleLevels); levels are the
 // path's dot-separated components, a leading '.' belonging to the first (as module regions count
 // them).
+std::size_t module_levels(std::string_view path) {
+  return path.empty() ? 0
+                      : 1 + static_cast<std::size_t>(std::count(path.begin() + 1, path.end(), '.'));
+}
+bool module_path_fits(std::string_view path) {
+  return path.size() <= kMaxModulePathBytes && module_levels(path) <= kMaxModuleLevels;
+}
+std::string module_path_bounds() {
+  return ".crtrace files hold paths of up to " + std::to_string(kMaxModulePathBytes) + " bytes and " +
+         std::to_string(kMaxModuleLevels) + " levels";
+}
 Status check_module_path(std::string_view path, std::size_t index, const std::string& where) {
-  const std::size_t levels =
-      path.empty() ? 0
-                   : 1 + static_cast<std::size_t>(std::count(path.begin() + 1, path.end(), '.'));
-  if (path.size() <= kMaxModulePathBytes && levels <= kMaxModuleLevels) return ok_status();
-  return invalid_input(
-      "crtrace: module path " + std::to_string(index) + " is " + std::to_string(path.size()) +
-          " bytes and " + std::to_string(levels) + " levels deep (" + where +
-          "); .crtrace files hold paths of up to " + std::to_string(kMaxModulePathBytes) +
-          " bytes and " + std::to_string(kMaxModuleLevels) + " levels",
-      "a model's module paths are a few levels deep: check where this trace came from");
+  if (module_path_fits(path)) return ok_status();
+  return invalid_input("crtrace: module path " + std::to_string(index) + " is " +
+                           std::to_string(path.size()) + " bytes and " +
+                           std::to_string(module_levels(path)) + " levels deep (" + where + "); " +
+                           module_path_bounds(),
+                       "a model's module paths are a few levels deep: check where this trace came from");
 }
 
 Status corrupt(std::uint64_t offset, const std::string& what) {
@@ -96,6 +103,14 @@ Status corrupt(std::uint64_t offset, const std::string& what) {
 }
 
 }  // namespace
+
+Status check_module_path(std::string_view path) {
+  if (module_path_fits(path)) return ok_status();
+  return invalid_input("module path '" + std::string(path.substr(0, 80)) + (path.size() > 80 ? "..." : "") +
+                           "' is " + std::to_string(path.size()) + " bytes and " +
+                           std::to_string(module_levels(path)) + " levels deep; " + module_path_bounds(),
+                       "name the module (or its parents) with a shorter path, or do not track it");
+}
 
 std::vector<std::byte> encode_trace(const Trace& t) {
   std::vector<std::byte> names, modules, stats;

@@ -47,7 +47,12 @@ uint64_t crucible_vessel_schema(crucible_vessel* v, const char* name) {
 
 uint32_t crucible_vessel_module(crucible_vessel* v, const char* path) {
   if (v == nullptr || path == nullptr) return 0;
-  return v->rec->intern_module(path);
+  auto id = v->rec->intern_module(path);
+  if (!id.ok()) {
+    fail("crucible_vessel_module: " + std::string(id.status().message()));
+    return UINT32_MAX;
+  }
+  return *id;
 }
 
 int crucible_vessel_record_op(crucible_vessel* v, uint64_t schema, crucible_phase phase,

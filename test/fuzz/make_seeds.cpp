@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     auto r = *Recorder::create();
     OpBuilder b;
     const auto s = r->intern_schema("aten::addmm");
-    r->intern_module("layer.0");
+    (void)r->intern_module("layer.0").value();
     for (int i = 0; i < n; ++i) {
       b.reset();
       TensorMeta m;

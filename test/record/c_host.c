@@ -1,5 +1,6 @@
 /* c_host.c — a pure C host of libcrucible_vessel.so: records a tiny MLP step and exports it.
  * Usage: record_c_host OUT.crtrace   (exit 0 on success, message on stderr otherwise) */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,6 +68,26 @@ int main(int argc, char** argv) {
     if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, 0, &big, 1, NULL, 0, NULL, 0) != -1 ||
         strstr(crucible_vessel_last_error(), "strides overflow") == NULL) {
       fprintf(stderr, "c_host: contiguous strides overflowing 64 bits were not refused\n");
+      return 1;
+    }
+  }
+  /* A module path deeper than a .crtrace file holds (256 levels) is refused when interned, so
+   * that the export below never refuses what was recorded. */
+  {
+    static char deep[2 * 300];
+    int k;
+    for (k = 0; k < 300; ++k) {
+      deep[2 * k] = 'm';
+      deep[2 * k + 1] = '.';
+    }
+    deep[2 * 300 - 1] = '\0'; /* "m.m.....m": 300 levels */
+    if (crucible_vessel_module(v, deep) != UINT32_MAX ||
+        strstr(crucible_vessel_last_error(), "300 levels deep") == NULL) {
+      fprintf(stderr, "c_host: a module path of 300 levels was not refused\n");
+      return 1;
+    }
+    if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, UINT32_MAX, NULL, 0, NULL, 0, NULL, 0) != -1) {
+      fprintf(stderr, "c_host: the refused module's id was accepted\n");
       return 1;
     }
   }

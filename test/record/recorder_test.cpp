@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
+#include "crucible/record/TraceFile.h"
 #include "test_util.h"
 
 namespace {
@@ -369,14 +371,38 @@ TEST(Recorder, RunsAreKeyedFromTheWiringLogAsFromTheirCopy) {
 
 TEST(Recorder, ModulePathsAreInternedOnce) {
   auto r = *Recorder::create();
-  EXPECT_EQ(r->intern_module(""), 0u);
-  const auto a = r->intern_module("layer1.0.conv1");
-  EXPECT_EQ(r->intern_module("layer1.0.conv1"), a);
-  EXPECT_NE(r->intern_module("layer1.0.bn1"), a);
+  EXPECT_EQ(r->intern_module("").value(), 0u);
+  const auto a = r->intern_module("layer1.0.conv1").value();
+  EXPECT_EQ(r->intern_module("layer1.0.conv1").value(), a);
+  EXPECT_NE(r->intern_module("layer1.0.bn1").value(), a);
   Trace t = r->snapshot();
   ASSERT_GT(t.module_paths.size(), a);
   EXPECT_EQ(t.module_path(a), "layer1.0.conv1");
   EXPECT_EQ(t.module_path(999), "<unknown module>");
+}
+
+// A path a .crtrace file cannot hold is refused when interned (with the reader's bounds), not
+// recorded and then refused by export.
+TEST(Recorder, ModulePathsPastTheFileBoundsAreRefusedWhenInterned) {
+  auto r = *Recorder::create();
+  std::string levels;  // kMaxModuleLevels components: the most a file holds
+  for (std::size_t k = 0; k < kMaxModuleLevels; ++k) levels += k == 0 ? "b" : ".b";
+  ASSERT_TRUE(r->intern_module(levels).ok());
+  const auto deeper = r->intern_module(levels + ".b");
+  ASSERT_FALSE(deeper.ok());
+  EXPECT_NE(deeper.status().message().find("257 levels deep"), std::string_view::npos) << deeper.status();
+  EXPECT_NE(deeper.status().message().find("256 levels"), std::string_view::npos) << deeper.status();
+  ASSERT_TRUE(r->intern_module(std::string(kMaxModulePathBytes, 'x')).ok());
+  const auto longer = r->intern_module(std::string(kMaxModulePathBytes + 1, 'x'));
+  ASSERT_FALSE(longer.ok());
+  EXPECT_NE(longer.status().message().find("65537 bytes"), std::string_view::npos) << longer.status();
+  // What was accepted exports and loads back.
+  const std::string path = ::testing::TempDir() + "/module_bounds.crtrace";
+  ASSERT_TRUE(save_trace(r->snapshot(), path).ok());
+  auto loaded = load_trace(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->module_paths.size(), 3u);  // "", and the two at the bounds
+  std::remove(path.c_str());
 }
 
 TEST(Recorder, ClearForgetsDrainedOpsAndRestartsCounters) {

@@ -16,7 +16,7 @@ Trace sample_trace() {
   OpBuilder b;
   const auto mm = r->intern_schema("aten::mm");
   const auto relu = r->intern_schema("aten::relu");
-  r->intern_module("encoder.layer0");
+  (void)r->intern_module("encoder.layer0").value();
   for (std::uint64_t i = 0; i < 50; ++i)
     test_util::commit_synthetic(*r, b, i % 2 ? mm : relu, i, static_cast<Phase>(i % 3));
   b.reset();  // a 0-d tensor, a 9-d tensor (dims spill into 3 cells), a list and a string

@@ -305,7 +305,11 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("set_enabled", &vessel::set_enabled);
   m.def("is_enabled", &vessel::is_enabled);
   m.def("intern_module",
-        [](const std::string& path) { return Recorder::global().intern_module(path); });
+        [](const std::string& path) {
+          auto id = Recorder::global().intern_module(path);
+          if (!id.ok()) throw std::invalid_argument(std::string(id.status().message()));
+          return *id;
+        });
   m.def("push_module_id", [](std::uint32_t id) {
     if (const std::uint32_t n = Recorder::global().num_modules(); id >= n)
       throw std::invalid_argument("module id " + std::to_string(id) + " was not interned (" +

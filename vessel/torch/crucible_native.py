@@ -236,6 +236,8 @@ def track_modules(model) -> _Handles:
     hooks hold no reference to the model. A forward that raises leaves no stale scope behind:
     the end of the call of a module around it drops it, and so does the model's next call
     (the model itself is never called from inside its own forward).
+    A module path a trace file cannot hold (over 65536 bytes or 256 levels) raises
+    CrucibleError before any hook is added.
     """
     key = id(model)
     entry = _tracked.get(key)
@@ -247,8 +249,15 @@ def track_modules(model) -> _Handles:
     # Open calls are kept per tracking: a model tracked inside another tracked model (its
     # submodule tracked too) has two sets of hooks, and neither must read the other's calls.
     tracking = next(_trackings)
-    for name, mod in model.named_modules():
-        def pre(m, _inp, _id=_ext.intern_module(name), _root=mod is model):  # interned once, not per call
+    modules = list(model.named_modules())
+    ids = []
+    for name, _ in modules:  # all interned (or refused) before any hook exists
+        try:
+            ids.append(_ext.intern_module(name))
+        except ValueError as e:
+            raise CrucibleError(f"crucible.track_modules: {e}") from None
+    for (name, mod), mid in zip(modules, ids):
+        def pre(m, _inp, _id=mid, _root=mod is model):  # interned once, not per call
             calls = _open_calls()
             k = (tracking, id(m))
             depths = calls.get(k)

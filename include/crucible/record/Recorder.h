@@ -128,7 +128,9 @@ class Recorder {
 
   // Name tables, shared by everything in the process that records into this recorder.
   std::uint64_t intern_schema(std::string_view qualified_name);  // returns hash64(name)
-  std::uint32_t intern_module(std::string_view path);            // "" is 0
+  // "" is 0. A path a .crtrace file cannot hold (record::check_module_path, TraceFile.h) is
+  // refused with that error before anything is recorded under it.
+  Result<std::uint32_t> intern_module(std::string_view path);
   std::uint32_t num_modules() const;  // module ids in use: 0 .. num_modules() - 1
 
   // Records why a storage is an input of the trace without being produced by a recorded op.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "crucible/core/Status.h"
@@ -21,6 +22,10 @@ inline constexpr std::uint32_t kTraceFormatVersion = 1;
 // bytes; module regions grow with depth: MerkleDag.cpp, misc/CRUCIBLE.md).
 inline constexpr std::size_t kMaxModulePathBytes = std::size_t{1} << 16;
 inline constexpr std::size_t kMaxModuleLevels = 256;
+// Whether a .crtrace file can hold module path `path`: an error naming its size, depth and the
+// bounds above when not. Recorder::intern_module refuses such a path with this error, so that
+// nothing recorded is refused later by export.
+Status check_module_path(std::string_view path);
 
 std::vector<std::byte> encode_trace(const Trace& t);
 Result<Trace> decode_trace(std::span<const std::byte> bytes);

@@ -68,7 +68,9 @@ void crucible_vessel_destroy(crucible_vessel* v);
 
 /* Interns "ns::name.overload" and returns its 64-bit schema id (stable across runs). */
 uint64_t crucible_vessel_schema(crucible_vessel* v, const char* qualified_name);
-/* Interns a module path ("encoder.layer0") and returns its id; "" or NULL is 0. */
+/* Interns a module path ("encoder.layer0") and returns its id; "" or NULL is 0. A path a
+ * .crtrace file cannot hold (over 65536 bytes or 256 levels) returns UINT32_MAX (see
+ * crucible_vessel_last_error), which crucible_vessel_record_op refuses. */
 uint32_t crucible_vessel_module(crucible_vessel* v, const char* path);
 
 /* Records one op. Returns 0 when recorded, 1 when dropped (drop mode, rings full), -1 on error. */

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -371,6 +372,23 @@ def test_module_scopes_survive_a_forward_that_raises():
     assert ops[-2]["name"].startswith("aten::mul") and ops[-2]["module"] == ""
     handle.remove()
     assert crucible.track_modules(m) is not handle, "after remove() the model can be tracked again"
+
+
+def test_a_module_path_too_deep_for_a_trace_file_is_refused_before_any_hook():
+    # 300 nested Sequentials: the innermost Linear's path has 301 levels, past the 256 a
+    # .crtrace file holds. Refused when tracked, so that export never refuses what was recorded.
+    import torch.nn as nn
+    inner = nn.Linear(2, 2)
+    m = inner
+    for _ in range(300):
+        m = nn.Sequential(m)
+    with pytest.raises(crucible.CrucibleError, match="levels deep.*256 levels"):
+        crucible.track_modules(m)
+    assert not inner._forward_pre_hooks and not m._forward_pre_hooks, "no hook left behind"
+    with crucible.recording():
+        m(torch.randn(1, 2))
+    assert {o["module"] for o in crucible.trace().ops()} == {""}
+    crucible.export(os.path.join(tempfile.mkdtemp(), "deep.crtrace"))  # exports as recorded
 
 
 def test_recording_block_restores_the_mode_and_disable_says_what_it_did():
