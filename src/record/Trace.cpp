@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "crucible/core/Contract.h"
+#include "crucible/record/StructureWords.h"
 
 namespace crucible::record {
 
@@ -160,9 +161,7 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
     if constexpr (kHash) {
       const ContentHash content = contents.empty() ? op_content(t, op) : contents[i];
       c.update_words(content.lo, content.hi);
-      h.update_words(e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
-                     e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48 |
-                         std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 56);
+      structure_words::hash_op(h, structure_words::op_words(e));
     }
     const std::size_t base = t.op_tensor_begin[op];
     for (std::size_t k = base; k < base + e.n_tensors; ++k, ++cursor) {
@@ -181,15 +180,13 @@ ContentHash walk_structure(const Trace& t, std::span<const std::size_t> ops, Sto
       }
       out.storage[cursor] = canon;
       out.version[cursor] = version;
-      if constexpr (kHash) h.update_words(canon | std::uint64_t{version} << 32, m.storage_nbytes, std::uint64_t{m.flags});
+      if constexpr (kHash) structure_words::hash_tensor(h, canon, version, m.storage_nbytes, m.flags);
     }
   }
   if constexpr (kHash) {
     const ContentHash wiring = h.digest();
     if (wiring_out != nullptr) *wiring_out = wiring;
-    ContentHasher body;
-    body.update_hash(wiring).update_hash(c.digest());
-    return body.digest();
+    return structure_words::body(wiring, c.digest());
   }
   return ContentHash{};
 }

@@ -43,11 +43,7 @@ void WiringLog::append(const Trace& t, std::size_t op) {
   CRUCIBLE_PRE(op == ops_.size() && op < t.ops.size(),
                "ops are appended in order, after the trace's");
   const TraceEntry& e = t.ops[op];
-  // The words walk_structure (Trace.cpp) hashes per op, in its order.
-  ops_.push_back(
-      OpWords{e.schema_hash, std::uint64_t{e.n_inputs} | std::uint64_t{e.n_tensors} << 32,
-              e.module_id | std::uint64_t{e.n_args} << 32 | std::uint64_t{e.flags} << 48 |
-                  std::uint64_t{static_cast<std::uint8_t>(e.phase)} << 56});
+  ops_.push_back(structure_words::op_words(e));  // what walk_structure (Trace.cpp) hashes per op
   const std::size_t base = t.op_tensor_begin[op];
   CRUCIBLE_ASSERT(base == tensors_.size(), "the log's tensors follow the trace's");
   if (!cur_) {
@@ -105,7 +101,7 @@ bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n,
   out.version.resize(n_tensors);
   thread_local std::vector<std::uint32_t> first_version;  // [number - 1]: version at first touch
   first_version.clear();
-  // The same words, in the same order, as walk_structure<true> in Trace.cpp.
+  // The same words, in the same order, as walk_structure<true> in Trace.cpp (StructureWords.h).
   ContentHasher h, c;
   h.update_u64(n);
   std::size_t cursor = 0;
@@ -114,8 +110,8 @@ bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n,
     const OpWords& o = ops_[first + i];
     const ContentHash content = contents.empty() ? op_content(t, first + i) : contents[i];
     c.update_words(content.lo, content.hi);
-    h.update_words(o.schema_hash, o.counts, o.misc);
-    const std::size_t end = cursor + (o.counts >> 32);
+    structure_words::hash_op(h, o);
+    const std::size_t end = cursor + o.n_tensors();
     for (; cursor < end; ++cursor) {
       const TensorWords& w = tw[cursor];
       std::uint32_t canon = 0, version = 0;
@@ -132,16 +128,14 @@ bool WiringLog::structure_body(const Trace& t, std::size_t first, std::size_t n,
       }
       out.storage[cursor] = canon;
       out.version[cursor] = version;
-      h.update_words(canon | std::uint64_t{version} << 32, w.storage_nbytes,
-                     std::uint64_t{w.back_flags & 0xFFu});
+      structure_words::hash_tensor(h, canon, version, w.storage_nbytes,
+                                   static_cast<std::uint8_t>(w.back_flags & 0xFFu));
     }
   }
   CRUCIBLE_ASSERT(cursor == n_tensors, "the ops' tensor counts cover their range");
   const ContentHash wiring = h.digest();
   if (wiring_out != nullptr) *wiring_out = wiring;
-  ContentHasher b;
-  b.update_hash(wiring).update_hash(c.digest());
-  body = b.digest();
+  body = structure_words::body(wiring, c.digest());
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "crucible/core/ContentHash.h"
+#include "crucible/record/StructureWords.h"
 #include "crucible/record/Trace.h"
 
 namespace crucible::record {
@@ -64,9 +65,7 @@ class WiringLog {
                       ContentHash* wiring) const;
 
  private:
-  struct OpWords {  // the entry's words the structure key hashes
-    std::uint64_t schema_hash, counts, misc;
-  };
+  using OpWords = structure_words::OpWords;  // the entry's words the structure key hashes
   struct TensorWords {
     std::uint64_t storage_id, storage_nbytes;
     std::uint32_t version;
