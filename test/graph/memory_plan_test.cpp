@@ -108,6 +108,50 @@ TEST(MemoryPlan, OverBudgetIsRefusedWithWhatIsLiveAtThePeak) {
   EXPECT_TRUE(plan_memory(b.trace, g, PlanOptions{64, 16u << 20}).ok());
 }
 
+// Past its visit budget greedy by size gives way to time-order placement, which says so and is
+// as valid: on the random graphs below, and on many blocks live together (greedy's worst case,
+// quadratic: a loaded trace can hold millions), placed in O(B log B) at the lower bound.
+TEST(MemoryPlan, TimeOrderPlacementPastTheVisitBudget) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    synth::Builder b;
+    std::vector<T> live;
+    std::uint64_t next = 1;
+    const int n = 5 + static_cast<int>(rng() % 60);
+    for (int i = 0; i < n; ++i) {
+      std::vector<T> ins;
+      for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
+      T out{next++, 0, {static_cast<std::int64_t>(1 + rng() % 4096)}};
+      b.op("aten::op", ins, {out});
+      live.push_back(out);
+      if (live.size() > 6) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
+    }
+    PlanOptions opt;
+    opt.first_fit_visits = 0;
+    const auto p = plan_of(b, opt);  // checks that no two live blocks overlap
+    EXPECT_FALSE(p.first_fit) << "the second block visits the first";
+    EXPECT_GE(p.arena_bytes, p.lower_bound);
+    std::uint64_t sum = 0;
+    for (const Block& bl : p.blocks) sum += bl.bytes;
+    EXPECT_LE(p.arena_bytes, sum);
+    EXPECT_TRUE(plan_of(b).first_fit) << "within the default budget";
+  }
+  // 8000 outputs all read by one last op: every block is live there.
+  synth::Builder b;
+  std::vector<T> all;
+  for (std::uint64_t i = 1; i <= 8000; ++i) {
+    all.push_back(T{i, 0, {static_cast<std::int64_t>(1 + i % 7)}});
+    b.op("aten::make", {}, {all.back()});
+  }
+  b.op("aten::cat", all, {T{9000, 0, {100}}});
+  PlanOptions opt;
+  opt.first_fit_visits = std::uint64_t{1} << 20;  // greedy would make 3e7 visits
+  const auto p = plan_of(b, opt);
+  EXPECT_FALSE(p.first_fit);
+  EXPECT_EQ(p.blocks.size(), 8001u);
+  EXPECT_EQ(p.arena_bytes, p.lower_bound) << "live together, they stack without a gap";
+}
+
 TEST(MemoryPlan, RandomGraphsNeverOverlapAndStayNearTheBound) {
   std::mt19937 rng(42);
   double worst = 1.0;

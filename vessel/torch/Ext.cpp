@@ -190,6 +190,8 @@ py::dict iteration_dict(const graph::Iteration& it) {
       d["plan_ratio"] = it.plan()->ratio();
       d["persistent_bytes"] = it.plan()->persistent_bytes;
       d["plan_blocks"] = it.plan()->blocks.size();
+      // Greedy by size, or time order when greedy passed its visit budget (MemoryPlan.h).
+      d["plan_placement"] = it.plan()->first_fit ? "greedy by size" : "time order";
       d["plan_ok"] = graph::check_plan(*it.plan()).ok();
       d["plan_error"] = py::none();
     } else {
