@@ -18,10 +18,10 @@ std::string mib(std::uint64_t b) {
 }
 
 // Time-order placement (MemoryPlan.h): blocks in order of first use (then block order), each
-// at the smallest free chunk it fits (the lowest such on ties) or at the top of the arena,
-// its chunk freed after its last use and merged with free neighbours. O(B log B) whatever the
-// lifetimes. Sizes are multiples of the alignment, so every offset is aligned. Returns the
-// arena's size.
+// at the smallest free chunk it fits (the lowest such on ties), else at the top of the arena
+// (taking in a free chunk that ends there), its chunk freed after its last use and merged with
+// free neighbours. O(B log B) whatever the lifetimes. Sizes are multiples of the alignment, so
+// every offset is aligned. Returns the arena's size.
 std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
   std::vector<std::uint32_t> order(blocks.size());
   for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -69,6 +69,12 @@ std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
         by_size.emplace(bytes - b.bytes, off + b.bytes);
       }
       b.offset = off;
+    } else if (!free_at.empty() && free_at.rbegin()->first + free_at.rbegin()->second == top) {
+      const auto [off, bytes] = *free_at.rbegin();  // too small, but the arena can grow past it
+      by_size.erase({bytes, off});
+      free_at.erase(off);
+      b.offset = off;
+      top = off + b.bytes;
     } else {
       b.offset = top;
       top += b.bytes;  // under 2^62 in all: plan_memory checked the total
@@ -231,8 +237,8 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     return exhausted(report, "use a smaller batch, or raise the budget if the device has more memory");
   }
   // Every plan built where contracts are enforced (every test preset but release) is checked
-  // for the property every plan must have: no two live blocks overlap. check_plan is quadratic
-  // in the blocks, so builds that only observe contracts (release) skip it.
+  // for the property every plan must have: no two live blocks overlap (check_plan, a sweep
+  // that costs about what the plan did), so builds that only observe contracts (release) skip it.
   if constexpr (CRUCIBLE_CONTRACT_SEMANTIC == 2)
     CRUCIBLE_POST(check_plan(plan).ok(), "no two blocks live at one node overlap in the arena");
   return plan;
@@ -249,21 +255,39 @@ MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& num
   return out;
 }
 
+// A sweep over first uses: the blocks live at a node, kept by offset, are pairwise disjoint
+// until the first fault, so a new block overlaps one of them only if it overlaps its neighbour
+// below or above. O(B log B): a loaded trace's plan may have millions of blocks.
 Status check_plan(const MemoryPlan& p) {
-  for (std::size_t i = 0; i < p.blocks.size(); ++i) {
-    const Block& a = p.blocks[i];
-    if (a.offset + a.bytes > p.arena_bytes)
+  const std::vector<Block>& bl = p.blocks;
+  for (const Block& a : bl)
+    if (a.offset > p.arena_bytes || a.bytes > p.arena_bytes - a.offset)
       return invalid_input("block of storage " + std::to_string(a.storage_id) + " ends past the arena",
                            "this is a planner bug: report it with the trace");
-    for (std::size_t j = i + 1; j < p.blocks.size(); ++j) {
-      const Block& b = p.blocks[j];
-      const bool live_together = a.first <= b.last && b.first <= a.last;
-      const bool overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
-      if (live_together && overlap)
-        return invalid_input("blocks of storages " + std::to_string(a.storage_id) + " and " +
-                                 std::to_string(b.storage_id) + " are live together and overlap",
-                             "this is a planner bug: report it with the trace");
+  std::vector<std::uint32_t> order(bl.size());
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::uint32_t a, std::uint32_t b) { return bl[a].first != bl[b].first ? bl[a].first < bl[b].first : a < b; });
+  std::set<std::pair<std::uint64_t, std::uint32_t>> live;  // (offset, block)
+  using Ending = std::pair<std::uint32_t, std::uint32_t>;   // (last, block)
+  std::priority_queue<Ending, std::vector<Ending>, std::greater<>> ending;
+  auto overlap = [&](std::uint32_t i, std::uint32_t j) {
+    return bl[i].offset < bl[j].offset + bl[j].bytes && bl[j].offset < bl[i].offset + bl[i].bytes;
+  };
+  for (std::uint32_t bi : order) {
+    while (!ending.empty() && ending.top().first < bl[bi].first) {
+      live.erase({bl[ending.top().second].offset, ending.top().second});
+      ending.pop();
     }
+    const auto at = live.emplace(bl[bi].offset, bi).first;
+    std::uint32_t other = bi;
+    if (at != live.begin() && overlap(std::prev(at)->second, bi)) other = std::prev(at)->second;
+    else if (std::next(at) != live.end() && overlap(std::next(at)->second, bi)) other = std::next(at)->second;
+    if (other != bi)
+      return invalid_input("blocks of storages " + std::to_string(bl[other].storage_id) + " and " +
+                               std::to_string(bl[bi].storage_id) + " are live together and overlap",
+                           "this is a planner bug: report it with the trace");
+    ending.emplace(bl[bi].last, bi);
   }
   return ok_status();
 }

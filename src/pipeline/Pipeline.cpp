@@ -151,7 +151,7 @@ void Pipeline::detect_loop() {
 
 // Note [Reusing earlier builds]
 // A training loop records the same step again and again, and detect sends a new iteration
-// every few thousand ops. Its ops differ from the last one built only in storage ids, version
+// every few thousand ops. Its ops differ from an earlier one built only in storage ids, version
 // counts, data pointers and sequence numbers (and the recording thread, which the published
 // iteration takes from the new ops), which no part of the analysis depends on: the graph is
 // keyed by (storage, version) pairs that map one to one, hashes and plan read metadata, and

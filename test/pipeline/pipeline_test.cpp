@@ -130,6 +130,7 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   for (int s = 12; s < 15; ++s) record_step(*r, b, s, 40, 24, sid);
   p.flush();
   EXPECT_EQ(p.stats().builds, 3u);
+  EXPECT_EQ(p.stats().cached, 2u) << "built again, it replaces its own entry";
 }
 
 // A loop that alternates steps (training and evaluation) reuses each one's analysis: build
@@ -163,16 +164,23 @@ TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
   run(16);
   EXPECT_EQ(p.stats().builds, 2u) << "each switch back is a reuse";
   EXPECT_EQ(p.stats().reused, 3u);
-  // Four more structures: the cache keeps four, so the least recently used (24) goes.
+  // Four more structures: the cache keeps four, so 16 and 24, the least recently used, go.
   static_assert(pipeline::Pipeline::kCachedBuilds == 4);
   for (std::int64_t w : {32, 40, 48, 56}) run(w);
   EXPECT_EQ(p.stats().builds, 6u);
   EXPECT_EQ(p.stats().cached, 4u);
-  run(32);  // still cached
+  run(32);  // still cached, and now the most recently used
   EXPECT_EQ(p.stats().builds, 6u);
   EXPECT_EQ(p.stats().reused, 4u);
-  run(24);  // dropped: built again, to the same analysis
+  run(64);  // a fifth: 40 goes (first in, first out would drop 32)
   EXPECT_EQ(p.stats().builds, 7u);
+  run(32);
+  EXPECT_EQ(p.stats().builds, 7u) << "32 was used more recently than 40";
+  EXPECT_EQ(p.stats().reused, 5u);
+  run(40);  // dropped: built again, to the same analysis (run() compares the roots)
+  EXPECT_EQ(p.stats().builds, 8u);
+  run(16);
+  EXPECT_EQ(p.stats().builds, 9u);
   EXPECT_EQ(p.stats().cached, 4u);
 }
 

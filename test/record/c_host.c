@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "c_host: a module path of 300 levels was not refused\n");
       return 1;
     }
-    if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, UINT32_MAX, NULL, 0, NULL, 0, NULL, 0) != -1) {
+    if (crucible_vessel_record_op(v, relu, CRUCIBLE_PHASE_FORWARD, UINT32_MAX, NULL, 0, NULL, 0, NULL, 0) != -1 ||
+        strstr(crucible_vessel_last_error(), "was not interned") == NULL) {
       fprintf(stderr, "c_host: the refused module's id was accepted\n");
       return 1;
     }

@@ -237,7 +237,8 @@ def track_modules(model) -> _Handles:
     the end of the call of a module around it drops it, and so does the model's next call
     (the model itself is never called from inside its own forward).
     A module path a trace file cannot hold (over 65536 bytes or 256 levels) raises
-    CrucibleError before any hook is added.
+    CrucibleError before any hook is added (the paths interned before it stay interned: an
+    unused path costs nothing).
     """
     key = id(model)
     entry = _tracked.get(key)

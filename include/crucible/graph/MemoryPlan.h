@@ -9,11 +9,12 @@
 //
 // Placement: blocks by decreasing size, each at the lowest aligned offset that overlaps no
 // already placed block whose lifetime intersects its own (greedy by size; the live set at each
-// node comes from a sweep over the nodes). Its cost grows with the square of the blocks live
-// together, which a loaded trace can make as large as it likes: past a number of placed-block
-// visits (PlanOptions::first_fit_visits, about 0.1 s) the plan is made again in time order
-// instead, each block at the best fitting free chunk when it is first produced and freed after
-// its last use (O(B log B)), and the plan says so (MemoryPlan::first_fit). The lower bound is
+// node comes from a sweep over the nodes). Each block looks at or moves (inserting itself in
+// offset order) every block placed before it, so its cost grows with the square of the blocks,
+// which a loaded trace can make as many as it likes: past a number of such visits
+// (PlanOptions::first_fit_visits: about 0.2 s, some 16k blocks) the plan is made again in time
+// order instead, each block at the best fitting free chunk when it is first produced and freed
+// after its last use (O(B log B)), and the plan says so (MemoryPlan::first_fit). The lower bound is
 // the largest total of bytes live at one node; arena / lower bound is reported. A budget turns an over-size plan into an error
 // that lists what is live at the peak — before anything runs.
 #pragma once
@@ -63,7 +64,7 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
 MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering);
 
 // The property every plan must have: no two blocks with intersecting lifetimes overlap in the
-// arena, and every block lies inside it. An error names the first offending pair. Where
+// arena, and every block lies inside it. An error names an offending pair. O(B log B). Where
 // contracts are enforced (every test preset but release), plan_memory checks it on every plan
 // it returns.
 Status check_plan(const MemoryPlan& p);
