@@ -399,7 +399,9 @@ def load_trace(path: str):
 def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64) -> dict:
     """The latest steady iteration of the recording (or of `trace`): op counts per phase, the
     Merkle root hash, region hashes, and the static memory plan (arena bytes, lower bound,
-    ratio). budget > 0 checks persistent state + arena against that many bytes: a plan that
+    ratio, plan_placement: "greedy by size", or "time order" for a plan too large for it).
+    Published iterations also say how the pipeline got them (pipeline_builds, pipeline_reused,
+    pipeline_rewired, pipeline_cached: analyses kept for reuse). budget > 0 checks persistent state + arena against that many bytes: a plan that
     does not fit comes back with plan_error naming what is live at the peak.
     Raises CrucibleError when no iteration can be found (and says why)."""
     _check_trace("iteration", trace)
