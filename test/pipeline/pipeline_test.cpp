@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <ctime>
 #include <map>
 #include <thread>
 
@@ -29,6 +30,27 @@ TEST(Channel, ConsumerParksAndWakes) {
   }
   ch.close();
   consumer.join();
+}
+
+// Waiting is parking: a consumer that finds nothing for 100 ms spends a small part of that on
+// the CPU (a spinning one would spend all of it).
+TEST(Channel, AnIdleConsumerSleeps) {
+  pipeline::Channel<int> ch(4);
+  double cpu_ms = -1;
+  std::thread consumer([&] {
+    timespec a{}, b{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    int v = 0;
+    EXPECT_TRUE(ch.pop(v));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    cpu_ms = static_cast<double>(b.tv_sec - a.tv_sec) * 1e3 + static_cast<double>(b.tv_nsec - a.tv_nsec) / 1e6;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ch.push(1);
+  consumer.join();
+  ch.close();
+  EXPECT_GE(cpu_ms, 0.0);
+  EXPECT_LT(cpu_ms, 30.0) << "the consumer spun instead of parking";
 }
 
 TEST(Pipeline, FlushPublishesTheLatestIterationExactly) {

@@ -92,6 +92,12 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (check(crucible_vessel_flush(v), "flush")) return 1;
+  if (crucible_vessel_ops_recorded(v) != 2 || crucible_vessel_ops_dropped(v) != 0) {
+    fprintf(stderr, "c_host: %llu ops recorded and %llu dropped, not 2 and 0\n",
+            (unsigned long long)crucible_vessel_ops_recorded(v), (unsigned long long)crucible_vessel_ops_dropped(v));
+    return 1;
+  }
   if (check(crucible_vessel_export(v, argv[1]), "export")) return 1;
   printf("c_host: recorded %llu ops, dropped %llu, exported %s\n",
          (unsigned long long)crucible_vessel_ops_recorded(v),

@@ -13,7 +13,7 @@
 // ThreadStats::waits). With drop_when_full the op is not written, ThreadStats::dropped counts
 // it and the thread's next recorded op carries op_flag::kAfterDrop: never a silent loss.
 //
-// The drain empties every ring, then sleeps 200 us (up to 3.2 ms when idle) rather than
+// The drain empties every ring, then sleeps 1 ms (up to 16 ms when idle) rather than
 // spinning: see Note [Drain pacing] in Recorder.cpp. A full ring, flush() and destruction wake
 // it at once; flush() returns only when every op committed before the call is in the Trace.
 #pragma once

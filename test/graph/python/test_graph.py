@@ -26,6 +26,7 @@ def test_iteration_matches_the_recorded_steps(name):
     assert all(it["ops"][p] > 0 for p in ("forward", "backward", "optimizer"))
     assert it["plan_ok"] and it["plan_error"] is None
     assert it["plan_placement"] == "greedy by size"
+    assert it["plan_ratio"] == pytest.approx(it["arena_bytes"] / it["lower_bound_bytes"])
     assert it["arena_bytes"] >= it["lower_bound_bytes"] > 0
     assert it["edges"] > it["total_ops"] // 2
 

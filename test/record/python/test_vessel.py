@@ -67,6 +67,14 @@ def test_all_three_phases_and_stable_counts(name):
     assert counts[1] == counts[2], f"iterations after the first must record the same ops: {counts}"
     assert counts[0] >= counts[1] // 2
     assert len(trace) == sum(counts)
+    # The optimizer's record_function scopes dispatch profiler ops: they reach the key, are
+    # counted as skipped, and none is in the trace.
+    assert st["skipped"]["profiler"] > 0, st["skipped"]
+    assert not [o["name"] for o in trace.ops() if o["name"].startswith("profiler::")]
+    # Per thread: this one recorded every op, phase by phase, and the bytes cover their entries.
+    (th,) = [t for t in st["threads"] if t["forward"] + t["backward"] + t["optimizer"] > 0]
+    assert [th[p] for p in ("forward", "backward", "optimizer")] == [st["ops"][p] for p in ("forward", "backward", "optimizer")]
+    assert th["bytes"] == st["bytes"] >= 64 * st["total"]
 
 
 @pytest.mark.parametrize("name", models.MODELS)
@@ -372,6 +380,32 @@ def test_module_scopes_survive_a_forward_that_raises():
     assert ops[-2]["name"].startswith("aten::mul") and ops[-2]["module"] == ""
     handle.remove()
     assert crucible.track_modules(m) is not handle, "after remove() the model can be tracked again"
+
+
+def test_recorded_metadata_equals_the_real_tensors():
+    # A strided view (offset and strides of its own), a bfloat16 copy and a sparse result:
+    # every recorded field against what PyTorch says of the tensor itself.
+    x = torch.randn(6, 8)
+    sp = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    with crucible.recording():
+        y = x[1:, ::2]
+        z = y.to(torch.bfloat16)
+        w = sp * 2
+    ops = crucible.trace().ops()
+    names = [o["name"] for o in ops]
+    assert names == ["aten::slice.Tensor", "aten::slice.Tensor", "aten::_to_copy", "aten::mul.Tensor"], names
+    for real, rec in ((y, ops[1]["outputs"][0]), (z, ops[2]["outputs"][0])):
+        assert rec["shape"] == tuple(real.shape) and rec["stride"] == real.stride()
+        assert rec["storage_offset"] == real.storage_offset()
+        assert rec["data_ptr"] == real.data_ptr()
+        storage = real.untyped_storage() if hasattr(real, "untyped_storage") else real.storage()
+        assert rec["storage_nbytes"] == storage.nbytes()
+        assert (rec["device"], rec["layout"], rec["has_storage"]) == ("cpu", "strided", True)
+        assert rec["dtype"] == str(real.dtype).replace("torch.", "")
+    assert ops[1]["outputs"][0]["storage_id"] == ops[0]["inputs"][0]["storage_id"], "a view shares its base's storage"
+    assert ops[1]["outputs"][0]["is_view"]
+    sparse = ops[3]["outputs"][0]
+    assert (sparse["layout"], sparse["has_storage"], sparse["shape"]) == ("sparse_coo", False, tuple(w.shape))
 
 
 def test_a_module_path_too_deep_for_a_trace_file_is_refused_before_any_hook():
