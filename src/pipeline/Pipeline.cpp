@@ -185,6 +185,11 @@ void Pipeline::build_loop() {
   };
   std::vector<Cached> cache;
   std::vector<ContentHash> keys;  // cache's structure keys, for the copy request
+  // The index of the first entry whose key (structure or wiring) is k, cache.size() if none.
+  auto index_of = [&](ContentHash Cached::*which, const ContentHash& k) {
+    return static_cast<std::size_t>(
+        std::find_if(cache.begin(), cache.end(), [&](const Cached& c) { return c.*which == k; }) - cache.begin());
+  };
   auto to_front = [&](std::size_t i) {
     std::rotate(cache.begin(), cache.begin() + static_cast<long>(i), cache.begin() + static_cast<long>(i) + 1);
   };
@@ -212,9 +217,7 @@ void Pipeline::build_loop() {
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {  // the key is one of the cache's
-      std::size_t i = 0;
-      while (cache[i].key != kc.key) ++i;
-      to_front(i);
+      to_front(index_of(&Cached::key, kc.key));
       const graph::Iteration& hit = *cache.front().it;
       auto it = std::make_shared<graph::Iteration>(hit.analysis);
       it->trace = hit.trace;
@@ -233,8 +236,7 @@ void Pipeline::build_loop() {
     const std::span<const ContentHash> contents =
         whole ? std::span<const ContentHash>(w->contents) : std::span<const ContentHash>{};
     std::shared_ptr<graph::Iteration> it;
-    std::size_t same_wiring = 0;
-    while (same_wiring < cache.size() && cache[same_wiring].wiring != kc.wiring_key) ++same_wiring;
+    const std::size_t same_wiring = index_of(&Cached::wiring, kc.wiring_key);
     if (whole && reuse && same_wiring < cache.size()) {
       it = graph::rebuild_iteration(*cache[same_wiring].it, *trace, local, contents, kc.numbering);
       if (it) {
@@ -263,8 +265,7 @@ void Pipeline::build_loop() {
     builds_.fetch_add(1, std::memory_order_relaxed);
     // Built afresh: the newest entry. A structure already cached (reuse off) is replaced, so the
     // cache never holds one key twice.
-    std::size_t i = 0;
-    while (i < cache.size() && cache[i].key != kc.key) ++i;
+    std::size_t i = index_of(&Cached::key, kc.key);
     if (i == cache.size()) {
       if (cache.size() == kCachedBuilds) cache.pop_back();
       cache.emplace_back();
