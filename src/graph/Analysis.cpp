@@ -6,13 +6,22 @@
 #include "absl/container/flat_hash_map.h"
 
 namespace crucible::graph {
+namespace {
+// Ops per phase, and the ops that follow dropped ones (IterationAnalysis::ops_after_drop).
+void count_ops(IterationAnalysis& a, const record::Trace& t) {
+  for (std::size_t op : a.ops) {
+    ++a.ops_per_phase[static_cast<int>(t.ops[op].phase)];
+    a.ops_after_drop += (t.ops[op].flags & record::op_flag::kAfterDrop) != 0;
+  }
+}
+}  // namespace
 
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
                                            const PlanOptions& plan_opt, std::span<const ContentHash> locals,
                                            std::optional<record::StorageNumbering> numbering) {
   auto a = std::make_shared<IterationAnalysis>();
   a->ops = std::move(ops);
-  for (std::size_t op : a->ops) ++a->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  count_ops(*a, t);
   a->graph = numbering ? TraceGraph::build(t, a->ops, std::move(*numbering))
                        : TraceGraph::build(t, a->ops);
   a->dag = MerkleDag::build(t, a->graph, locals);
@@ -35,7 +44,7 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
   if (!g) return nullptr;
   auto a = std::make_shared<IterationAnalysis>();
   a->ops = std::move(ops);
-  for (std::size_t op : a->ops) ++a->ops_per_phase[static_cast<int>(t.ops[op].phase)];
+  count_ops(*a, t);
   a->graph = std::move(*g);
   a->dag = MerkleDag::rebuild(last.dag(), t, a->graph, locals);
   if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());

@@ -369,6 +369,35 @@ TEST(Analysis, AnyThreadFieldIsCountedNotIndexed) {
   EXPECT_EQ((*r)->ops().size(), 2u);
 }
 
+// An op recorded right after dropped ones (drop mode, a full ring) marks the iteration that
+// holds it incomplete; a drop in an earlier step does not mark the last one.
+TEST(Analysis, OpsAfterADropMarkTheirIterationIncomplete) {
+  for (const std::size_t flagged : {std::size_t{7}, std::size_t{2}}) {  // in the last step; in the second
+    synth::Builder b;
+    for (std::uint64_t step = 0; step < 4; ++step) {
+      b.op("aten::relu", {T{1, 0, {8}}}, {T{10 + 2 * step, 0, {8}}});
+      b.op("aten::neg", {T{10 + 2 * step, 0, {8}}}, {T{11 + 2 * step, 0, {8}}});
+    }
+    b.trace.ops[flagged].flags |= record::op_flag::kAfterDrop;
+    auto r = analyze_latest_iteration(b.trace, -1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ((*r)->ops(), (std::vector<std::size_t>{6, 7}));
+    const bool in_last = flagged >= 6;
+    EXPECT_EQ((*r)->analysis->ops_after_drop, in_last ? 1u : 0u) << "flagged op " << flagged;
+    EXPECT_EQ((*r)->incomplete(), in_last) << "flagged op " << flagged;
+    // Rewired from a complete analysis, the flag still counts: it is the new ops'.
+    synth::Builder c = b;
+    c.trace.ops[flagged].flags &= static_cast<std::uint8_t>(~record::op_flag::kAfterDrop);
+    auto last = build_iteration(c.trace, {6, 7});
+    c.trace.ops[7].flags |= record::op_flag::kAfterDrop;
+    const std::vector<std::size_t> ops{6, 7};
+    auto re = rebuild_iteration(*last, c.trace, ops, {}, record::number_storages(c.trace, ops));
+    ASSERT_NE(re, nullptr) << "the same ops have the same wiring";
+    EXPECT_FALSE(last->incomplete());
+    EXPECT_TRUE(re->incomplete());
+  }
+}
+
 // The property the pipeline relies on, over random programs: a renamed step (ids permuted,
 // versions moved) always shares its original's key and its analysis, block offsets included;
 // and programs that share a key have equal analyses.

@@ -22,6 +22,11 @@ namespace crucible::graph {
 struct IterationAnalysis {
   std::vector<std::size_t> ops;         // trace op indices of the last steady iteration
   std::uint64_t ops_per_phase[record::kNumPhases] = {};
+  // Ops of the iteration recorded right after dropped ones (record::op_flag::kAfterDrop: the
+  // drop mode found a full ring). Not zero: the iteration is incomplete, and its graph, DAG and
+  // plan describe only what was recorded. The first op's drop may have come at the end of the
+  // iteration before: counted all the same.
+  std::uint64_t ops_after_drop = 0;
   TraceGraph graph;
   MerkleDag dag;
   std::optional<MemoryPlan> plan;       // empty if planning failed: see plan_status
@@ -45,6 +50,7 @@ struct Iteration {
   const MerkleDag& dag() const { return analysis->dag; }
   const std::optional<MemoryPlan>& plan() const { return analysis->plan; }
   const Status& plan_status() const { return analysis->plan_status; }
+  bool incomplete() const { return analysis->ops_after_drop != 0; }
 };
 
 // Builds graph, DAG and plan for the given ops (indices into t) of one iteration; `locals`, if
