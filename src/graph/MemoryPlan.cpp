@@ -98,12 +98,17 @@ std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
 }
 }  // namespace
 
-Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt) {
+Status check_plan_options(const PlanOptions& opt) {
   if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 ||
       opt.alignment > (std::uint64_t{1} << 30))
     return invalid_input(
         "plan alignment " + std::to_string(opt.alignment) + " is not a power of two up to 2^30",
         "use 16, 64, 256, ...");
+  return ok_status();
+}
+
+Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt) {
+  if (Status st = check_plan_options(opt); !st.ok()) return st;
   MemoryPlan plan;
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
   // Per storage number (the graph's numbering): its block, or kPersistent for storages read

@@ -9,10 +9,12 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "Dispatch.h"
 #include "Replay.h"
@@ -168,6 +170,9 @@ py::dict iteration_dict(const graph::Iteration& it) {
     d["first_differs"] = it.report.first_differs;
     d["variant_every"] = it.report.variant_every;
     d["summary"] = it.report.reason;
+    // Ops recorded right after dropped ones (drop_when_full): not zero, the iteration is incomplete.
+    d["ops_after_drop"] = it.analysis->ops_after_drop;
+    d["incomplete"] = it.incomplete();
     d["root_hash"] = it.dag().root().hex();
     d["edges"] = it.graph().num_edges();
     d["externals"] = it.graph().externals().size();
@@ -289,10 +294,38 @@ class StateGuard {
   std::vector<List> lists_;
 };
 
+// The background pipeline's plan options (crucible.configure(memory_budget=, plan_alignment=)),
+// fixed when the pipeline starts: its cached analyses were planned with them.
+std::mutex g_pipeline_mu;
+graph::PlanOptions g_plan_options;
+std::atomic<pipeline::Pipeline*> g_pipeline{nullptr};
+
 pipeline::Pipeline& global_pipeline() {
-  // Leaked on purpose, like the global recorder: recording threads may outlive main().
-  static pipeline::Pipeline* p = new pipeline::Pipeline(Recorder::global());
-  return *p;
+  if (pipeline::Pipeline* p = g_pipeline.load(std::memory_order_acquire)) return *p;
+  std::lock_guard<std::mutex> g(g_pipeline_mu);
+  if (g_pipeline.load(std::memory_order_relaxed) == nullptr)
+    // Leaked on purpose, like the global recorder: recording threads may outlive main().
+    g_pipeline.store(new pipeline::Pipeline(Recorder::global(), g_plan_options), std::memory_order_release);
+  return *g_pipeline.load(std::memory_order_relaxed);
+}
+
+void configure_plan(std::uint64_t budget, std::uint64_t alignment) {
+  graph::PlanOptions opt = g_plan_options;
+  opt.budget = budget;
+  opt.alignment = alignment;
+  check(graph::check_plan_options(opt));
+  std::lock_guard<std::mutex> g(g_pipeline_mu);
+  if (pipeline::Pipeline* p = g_pipeline.load(std::memory_order_relaxed)) {
+    const graph::PlanOptions& now = p->plan_options();
+    if (now.budget == budget && now.alignment == alignment) return;
+    throw std::runtime_error(
+        "the background pipeline already runs, planning with budget " + std::to_string(now.budget) +
+        " and alignment " + std::to_string(now.alignment) +
+        " (the first enable(), recording(), compile() or iteration() starts it): call "
+        "crucible.configure(memory_budget=..., plan_alignment=...) before those, or pass "
+        "budget=/alignment= to crucible.iteration() to plan the recorded step again");
+  }
+  g_plan_options = opt;
 }
 
 }  // namespace
@@ -419,6 +452,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_rewired"] = st.rewired;
     d["pipeline_rewire_us"] = static_cast<double>(st.last_rewire_ns) / 1000.0;
     d["pipeline_cached"] = st.cached;  // analyses kept for reuse (Note [Reusing earlier builds])
+    d["pipeline_plan_budget"] = p.plan_options().budget;  // crucible.configure(memory_budget=)
+    d["pipeline_plan_alignment"] = p.plan_options().alignment;
     // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).
     d["keys_from_log"] = Recorder::global().keys_from_log();
     d["keys_from_trace"] = Recorder::global().keys_from_trace();
@@ -483,6 +518,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
       },
       py::arg("rounds"), py::arg("evict_mib") = 0);
   m.def("start_pipeline", [] { (void)global_pipeline(); });
+  m.def("configure_plan", &configure_plan, py::arg("budget"), py::arg("alignment"));
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);

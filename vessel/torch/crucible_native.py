@@ -129,17 +129,47 @@ def _classify(tensors: Iterable, kind: str) -> int:
 _unboxed_kernels = True
 
 
-def configure(ring_entries: int = 1 << 16, meta_cells: int = 1 << 17, scalar_slots: int = 1 << 16,
-              unboxed_kernels: Optional[bool] = None) -> None:
-    """Sets the per-thread ring sizes (powers of two) and whether hot ops record through typed
-    (unboxed) kernels — the same records, less overhead (None: as it is, on by default).
-    Only before the recorder exists (see the error for what makes it)."""
-    global _unboxed_kernels
+_RING_DEFAULTS = (1 << 16, 1 << 17, 1 << 16)  # ring_entries, meta_cells, scalar_slots
+_plan_options = (0, 64)  # memory_budget, plan_alignment: what configure() last set
+
+
+def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = None,
+              scalar_slots: Optional[int] = None, unboxed_kernels: Optional[bool] = None,
+              memory_budget: Optional[int] = None, plan_alignment: Optional[int] = None) -> None:
+    """Settings that hold for the whole run; None leaves one as it is.
+
+    ring_entries, meta_cells, scalar_slots: the per-thread ring sizes (powers of two; defaults
+    2^16, 2^17, 2^16, which a None among them takes when another is given). Only before the
+    recorder exists (the error says what makes it).
+    unboxed_kernels: whether hot ops record through typed (unboxed) kernels — the same records,
+    less overhead (on by default). Only before enable(), recording() or compile().
+    memory_budget: device bytes for persistent state + arena that the background pipeline checks
+    every iteration's memory plan against (0: no check, the default); a plan that does not fit
+    is published with plan_error naming what is live at the peak. plan_alignment: the plan's
+    block alignment in bytes (a power of two, 64 by default). Both only before the pipeline
+    starts (the first enable(), recording(), compile() or iteration() starts it)."""
+    global _unboxed_kernels, _plan_options
     if unboxed_kernels is not None and _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
         raise CrucibleError("crucible.configure(unboxed_kernels=...) after the recording kernels were installed "
                             "(by enable(), recording() or compile()); call configure() before those")
+    if memory_budget is not None or plan_alignment is not None:
+        budget = _plan_options[0] if memory_budget is None else memory_budget
+        alignment = _plan_options[1] if plan_alignment is None else plan_alignment
+        for name, v in (("memory_budget", budget), ("plan_alignment", alignment)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise CrucibleError(f"crucible.configure: {name} must be a non-negative int, got {v!r}")
+        try:
+            _ext.configure_plan(budget, alignment)
+        except (RuntimeError, TypeError) as e:
+            raise CrucibleError(f"crucible.configure: {e}") from None
+        _plan_options = (budget, alignment)
+    if ring_entries is None and meta_cells is None and scalar_slots is None:
+        if unboxed_kernels is not None:
+            _unboxed_kernels = bool(unboxed_kernels)
+        return
+    rings = [d if v is None else v for v, d in zip((ring_entries, meta_cells, scalar_slots), _RING_DEFAULTS)]
     try:
-        _ext.configure(ring_entries, meta_cells, scalar_slots)
+        _ext.configure(*rings)
     except (RuntimeError, TypeError) as e:
         msg = str(e)
         if "already exists" in msg:

@@ -57,6 +57,9 @@ struct MemoryPlan {
   double ratio() const { return lower_bound == 0 ? 1.0 : static_cast<double>(arena_bytes) / lower_bound; }
 };
 
+// Whether plan_memory accepts the options: an alignment that is a power of two up to 2^30.
+Status check_plan_options(const PlanOptions& opt);
+
 Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, const PlanOptions& opt = {});
 
 // The plan of other ops with the same wiring key (Note [Wiring key], Trace.h): the same

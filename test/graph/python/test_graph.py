@@ -26,6 +26,7 @@ def test_iteration_matches_the_recorded_steps(name):
     assert all(it["ops"][p] > 0 for p in ("forward", "backward", "optimizer"))
     assert it["plan_ok"] and it["plan_error"] is None
     assert it["plan_placement"] == "greedy by size"
+    assert it["incomplete"] is False and it["ops_after_drop"] == 0  # back-pressure: nothing dropped
     assert it["plan_ratio"] == pytest.approx(it["arena_bytes"] / it["lower_bound_bytes"])
     assert it["arena_bytes"] >= it["lower_bound_bytes"] > 0
     assert it["edges"] > it["total_ops"] // 2
@@ -236,6 +237,54 @@ def test_budget_refusal_names_what_is_live_at_the_peak():
     it = crucible.iteration(budget=1024)
     assert it["plan_error"] and "does not fit" in it["plan_error"] and "at the peak" in it["plan_error"]
     assert crucible.iteration(budget=1 << 30)["plan_error"] is None
+
+
+PIPELINE_BUDGET_SCRIPT = """
+import sys, crucible_native as crucible, models
+try:
+    crucible.configure(plan_alignment=48)
+except crucible.CrucibleError as e:
+    print("ALIGN", e)
+crucible.configure(memory_budget=int(sys.argv[1]), plan_alignment=256)
+s = models.make("cnn")
+crucible.enable()
+for _ in range(3):
+    s.step()
+crucible.disable()
+it = crucible.iteration()
+print("PLAN", it["pipeline_plan_budget"], it["pipeline_plan_alignment"], it["plan_error"])
+again = crucible.iteration(crucible.trace(), budget=int(sys.argv[1]), alignment=256)
+print("ARENA", it.get("arena_bytes"), again.get("arena_bytes"), again["root_hash"] == it["root_hash"])
+crucible.configure(memory_budget=int(sys.argv[1]))  # the same options again: accepted
+try:
+    crucible.configure(memory_budget=int(sys.argv[1]) + 1)
+except crucible.CrucibleError as e:
+    print("LATE", e)
+"""
+
+
+@pytest.mark.parametrize("budget", [1024, 1 << 40])
+def test_the_pipeline_checks_every_plan_against_the_configured_budget(budget):
+    """crucible.configure(memory_budget=, plan_alignment=) sets what the background pipeline
+    plans with; a step that does not fit is published with the refusal, before anything
+    runs from the plan. Only before the pipeline starts: later, the error says so."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(crucible.__file__), os.path.join(here, "..", "..", "record", "python")]))
+    r = subprocess.run([sys.executable, "-c", PIPELINE_BUDGET_SCRIPT, str(budget)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in r.stdout.splitlines()}
+    assert "not a power of two" in out["ALIGN"]
+    got_budget, got_alignment, error = out["PLAN"].split(" ", 2)
+    assert (int(got_budget), int(got_alignment)) == (budget, 256)
+    if budget == 1024:
+        assert "does not fit" in error and "at the peak" in error, error
+    else:
+        assert error == "None"
+        pipeline_arena, arena_256, same_step = out["ARENA"].split()
+        assert same_step == "True" and pipeline_arena == arena_256, "planned with alignment 256"
+    assert "already runs" in out["LATE"] and "budget=" in out["LATE"]
 
 
 def test_export_graph_writes_dot(tmp_path):
