@@ -559,20 +559,26 @@ def test_recording_off_records_nothing():
 
 
 def test_two_threads_record_concurrently():
+    STEPS = 6
     single = models.make("mlp")
     single.step()
     ref, _ = record_iterations(single, iters=1)
     expect = [o["name"] for o in ref.ops()]
     crucible.clear()
     errors = []
+    start = threading.Barrier(2, timeout=60)
+    spans = []  # (first step began, last step ended) per thread
 
     def worker(seed):
         try:
             s = models.make("mlp", seed=seed)
             s.step()
+            start.wait()  # both record at once, not one after the other
             crucible.enable()
-            for _ in range(2):
+            t0 = time.perf_counter()
+            for _ in range(STEPS):
                 s.step()
+            spans.append((t0, time.perf_counter()))
             crucible.disable()
         except Exception as e:  # surfaced below
             errors.append(e)
@@ -590,7 +596,9 @@ def test_two_threads_record_concurrently():
     assert len(by_thread) == 2
     for ops in by_thread.values():
         assert [o["seq"] for o in ops] == sorted(o["seq"] for o in ops)
-        assert [o["name"] for o in ops] == expect * 2
+        assert [o["name"] for o in ops] == expect * STEPS
+    (a0, a1), (b0, b1) = spans
+    assert a0 < b1 and b0 < a1, f"the threads recorded one after the other, not at once: {spans}"
 
 
 def test_export_load_round_trip_is_lossless(tmp_path):
