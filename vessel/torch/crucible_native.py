@@ -444,7 +444,13 @@ def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64
         _warn_dropped(t.stats()["dropped"], "the iteration")
         return _ext.iteration(t, thread, budget, alignment)
     except RuntimeError as e:
-        raise CrucibleError(str(e)) from None
+        msg = str(e)
+        dropped = (trace.stats() if trace is not None else _ext.stats())["dropped"]
+        if dropped and "not periodic" in msg:
+            msg += (f" ({dropped} ops were dropped while recording (drop_when_full), and steps with dropped "
+                    f"ops differ from each other: record with back-pressure, the default, or larger rings: "
+                    f"crucible.configure(ring_entries=..., meta_cells=..., scalar_slots=...))")
+        raise CrucibleError(msg) from None
 
 
 def _check_trace(fn: str, trace) -> None:
