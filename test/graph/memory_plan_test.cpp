@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "synth.h"
@@ -34,6 +35,30 @@ TEST(MemoryPlan, ChainReusesMemoryAndMeetsTheLowerBound) {
   EXPECT_EQ(p.lower_bound, 2048u) << "two 1 KiB tensors are live at each op";
   EXPECT_EQ(p.arena_bytes, 2048u);
   EXPECT_DOUBLE_EQ(p.ratio(), 1.0);
+}
+
+// Gradients and optimizer state live across steps: one that an op of the iteration writes first
+// (a gradient backward produces, a momentum buffer the optimizer creates) is classified, and
+// stays persistent, never an arena block freed when the step no longer reads it.
+TEST(MemoryPlan, ClassifiedStoragesWrittenInsideTheIterationStayOutOfTheArena) {
+  auto make = [](bool classify) {
+    synth::Builder b;
+    b.op("aten::relu", {T{1, 0, {256}}}, {T{2, 0, {256}}});
+    b.op("aten::mul", {T{2, 0, {256}}, T{1, 0, {256}}}, {T{3, 0, {256}}}, crucible::record::Phase::Backward);
+    b.op("aten::add_", {T{1, 0, {256}}, T{3, 0, {256}}}, {T{1, 1, {256}}}, crucible::record::Phase::Optimizer);
+    b.op("aten::neg", {T{2, 0, {256}}}, {T{4, 0, {256}}});
+    if (classify) b.trace.externals[3] = crucible::record::ExternalKind::Gradient;
+    return plan_of(b);
+  };
+  auto has_block = [](const MemoryPlan& p, std::uint64_t storage) {
+    return std::any_of(p.blocks.begin(), p.blocks.end(), [&](const Block& x) { return x.storage_id == storage; });
+  };
+  const MemoryPlan plain = make(false), classified = make(true);
+  EXPECT_TRUE(has_block(plain, 3)) << "unclassified, the product is an intermediate";
+  EXPECT_FALSE(has_block(classified, 3)) << "classified as a gradient, it is persistent";
+  EXPECT_TRUE(has_block(classified, 2) && has_block(classified, 4));
+  EXPECT_EQ(classified.persistent_bytes, plain.persistent_bytes + 1024);
+  EXPECT_EQ(classified.blocks.size() + 1, plain.blocks.size());
 }
 
 // Sizes come from the trace, and a loaded .crtrace says what it likes: three live blocks of
