@@ -69,9 +69,11 @@ set(CRUCIBLE_DEBUG_INFO "lines" CACHE STRING "lines (-g1) | full (-g) | none (-g
 set_property(CACHE CRUCIBLE_DEBUG_INFO PROPERTY STRINGS lines full none)
 if(CRUCIBLE_DEBUG_INFO STREQUAL "lines")
   add_compile_options(-g1)
+elseif(CRUCIBLE_DEBUG_INFO STREQUAL "full")
+  add_compile_options(-g)
 elseif(CRUCIBLE_DEBUG_INFO STREQUAL "none")
   add_compile_options(-g0)
-elseif(NOT CRUCIBLE_DEBUG_INFO STREQUAL "full")
+else()
   message(FATAL_ERROR "CRUCIBLE_DEBUG_INFO='${CRUCIBLE_DEBUG_INFO}': use lines, full or none")
 endif()
 

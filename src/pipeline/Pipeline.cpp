@@ -217,7 +217,9 @@ void Pipeline::build_loop() {
     const auto t_copied = std::chrono::steady_clock::now();
     if (kc.stale) continue;  // cleared since detection: the Clear behind this message unpublishes
     if (!kc.copy) {  // the key is one of the cache's
-      to_front(index_of(&Cached::key, kc.key));
+      const std::size_t hit_at = index_of(&Cached::key, kc.key);
+      CRUCIBLE_ASSERT(hit_at < cache.size(), "key_and_copy skips the copy only for a cached key");
+      to_front(hit_at);
       const graph::Iteration& hit = *cache.front().it;
       auto it = std::make_shared<graph::Iteration>(hit.analysis);
       it->trace = hit.trace;

@@ -392,7 +392,7 @@ TEST(Analysis, OpsAfterADropMarkTheirIterationIncomplete) {
     c.trace.ops[7].flags |= record::op_flag::kAfterDrop;
     const std::vector<std::size_t> ops{6, 7};
     auto re = rebuild_iteration(*last, c.trace, ops, {}, record::number_storages(c.trace, ops));
-    ASSERT_NE(re, nullptr) << "the same ops have the same wiring";
+    ASSERT_NE(re, nullptr) << "rebuild_iteration takes the flagged ops (the pipeline would not: the flag is in the wiring key)";
     EXPECT_FALSE(last->incomplete());
     EXPECT_TRUE(re->incomplete());
   }

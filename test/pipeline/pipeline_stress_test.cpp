@@ -64,6 +64,7 @@ TEST_P(PipelineStress, MillionOpProducerLosesNothingUncounted) {
     EXPECT_LE(flagged, dropped);
     EXPECT_EQ(flagged == 0, dropped == 0) << "a drop is flagged on the next op recorded";
     RecordProperty("dropped", std::to_string(dropped));
+    if (dropped == 0) GTEST_SKIP() << "the drain kept up: nothing dropped, the flags were not exercised";
   }
   RecordProperty("final_flush_ms", std::to_string(flush_ms));
 }

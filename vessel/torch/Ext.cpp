@@ -310,11 +310,11 @@ pipeline::Pipeline& global_pipeline() {
 }
 
 void configure_plan(std::uint64_t budget, std::uint64_t alignment) {
+  std::lock_guard<std::mutex> g(g_pipeline_mu);
   graph::PlanOptions opt = g_plan_options;
   opt.budget = budget;
   opt.alignment = alignment;
   check(graph::check_plan_options(opt));
-  std::lock_guard<std::mutex> g(g_pipeline_mu);
   if (pipeline::Pipeline* p = g_pipeline.load(std::memory_order_relaxed)) {
     const graph::PlanOptions& now = p->plan_options();
     if (now.budget == budget && now.alignment == alignment) return;

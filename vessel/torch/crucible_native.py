@@ -129,53 +129,66 @@ def _classify(tensors: Iterable, kind: str) -> int:
 _unboxed_kernels = True
 
 
-_RING_DEFAULTS = (1 << 16, 1 << 17, 1 << 16)  # ring_entries, meta_cells, scalar_slots
-_plan_options = (0, 64)  # memory_budget, plan_alignment: what configure() last set
+_ring_sizes = (1 << 16, 1 << 17, 1 << 16)  # ring_entries, meta_cells, scalar_slots: as configured
+_plan_options = (0, 64)  # memory_budget, plan_alignment: as configured
+
+
+def _nonnegative_int(fn: str, name: str, v) -> int:
+    import operator
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        n = operator.index(v)  # int, numpy integers, ...
+    except TypeError:
+        raise CrucibleError(f"crucible.{fn}: {name} must be an int, got {type(v).__name__}") from None
+    if n < 0:
+        raise CrucibleError(f"crucible.{fn}: {name} must not be negative, got {n}")
+    return n
 
 
 def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = None,
               scalar_slots: Optional[int] = None, unboxed_kernels: Optional[bool] = None,
               memory_budget: Optional[int] = None, plan_alignment: Optional[int] = None) -> None:
-    """Settings that hold for the whole run; None leaves one as it is.
+    """Settings that hold for the whole run; None leaves one as it is. Every value is checked
+    before any is applied.
 
-    ring_entries, meta_cells, scalar_slots: the per-thread ring sizes (powers of two; defaults
-    2^16, 2^17, 2^16, which a None among them takes when another is given). Only before the
-    recorder exists (the error says what makes it).
+    ring_entries, meta_cells, scalar_slots: the per-thread ring sizes (powers of two; 2^16,
+    2^17, 2^16 by default). Only before the recorder exists (the error says what makes it).
     unboxed_kernels: whether hot ops record through typed (unboxed) kernels — the same records,
     less overhead (on by default). Only before enable(), recording() or compile().
     memory_budget: device bytes for persistent state + arena that the background pipeline checks
     every iteration's memory plan against (0: no check, the default); a plan that does not fit
     is published with plan_error naming what is live at the peak. plan_alignment: the plan's
-    block alignment in bytes (a power of two, 64 by default). Both only before the pipeline
-    starts (the first enable(), recording(), compile() or iteration() starts it)."""
-    global _unboxed_kernels, _plan_options
+    block alignment in bytes (a power of two up to 2^30, 64 by default). Both only before the
+    pipeline starts (the first enable(), recording(), compile() or iteration() starts it)."""
+    global _unboxed_kernels, _plan_options, _ring_sizes
     if unboxed_kernels is not None and _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
         raise CrucibleError("crucible.configure(unboxed_kernels=...) after the recording kernels were installed "
                             "(by enable(), recording() or compile()); call configure() before those")
-    if memory_budget is not None or plan_alignment is not None:
-        budget = _plan_options[0] if memory_budget is None else memory_budget
-        alignment = _plan_options[1] if plan_alignment is None else plan_alignment
-        for name, v in (("memory_budget", budget), ("plan_alignment", alignment)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise CrucibleError(f"crucible.configure: {name} must be a non-negative int, got {v!r}")
+    rings = tuple(old if v is None else _nonnegative_int("configure", name, v) for v, old, name in
+                  zip((ring_entries, meta_cells, scalar_slots), _ring_sizes,
+                      ("ring_entries", "meta_cells", "scalar_slots")))
+    plan = tuple(old if v is None else _nonnegative_int("configure", name, v) for v, old, name in
+                 zip((memory_budget, plan_alignment), _plan_options, ("memory_budget", "plan_alignment")))
+    if plan[1] == 0 or plan[1] & (plan[1] - 1) or plan[1] > 1 << 30:
+        raise CrucibleError(f"crucible.configure: plan_alignment {plan[1]} is not a power of two up to 2^30: "
+                            f"use 16, 64, 256, ...")
+    if rings != _ring_sizes:
         try:
-            _ext.configure_plan(budget, alignment)
+            _ext.configure(*rings)
+        except (RuntimeError, TypeError) as e:
+            msg = str(e)
+            if "already exists" in msg:
+                msg += (" (the recorder is made by the first enable(), recording(), compile(), track_modules(), "
+                        "mark_inputs(), stats(), trace() or flush()): call crucible.configure() before any of those")
+            raise CrucibleError(msg) from None
+        _ring_sizes = rings
+    if plan != _plan_options:
+        try:
+            _ext.configure_plan(*plan)
         except (RuntimeError, TypeError) as e:
             raise CrucibleError(f"crucible.configure: {e}") from None
-        _plan_options = (budget, alignment)
-    if ring_entries is None and meta_cells is None and scalar_slots is None:
-        if unboxed_kernels is not None:
-            _unboxed_kernels = bool(unboxed_kernels)
-        return
-    rings = [d if v is None else v for v, d in zip((ring_entries, meta_cells, scalar_slots), _RING_DEFAULTS)]
-    try:
-        _ext.configure(*rings)
-    except (RuntimeError, TypeError) as e:
-        msg = str(e)
-        if "already exists" in msg:
-            msg += (" (the recorder is made by the first enable(), recording(), compile(), track_modules(), "
-                    "mark_inputs(), stats(), trace() or flush()): call crucible.configure() before any of those")
-        raise CrucibleError(msg) from None
+        _plan_options = plan
     if unboxed_kernels is not None:
         _unboxed_kernels = bool(unboxed_kernels)
 
@@ -426,17 +439,26 @@ def load_trace(path: str):
         raise CrucibleError(str(e)) from None
 
 
-def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64) -> dict:
+def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
+              alignment: Optional[int] = None) -> dict:
     """The latest steady iteration of the recording (or of `trace`): op counts per phase, the
     Merkle root hash, region hashes, and the static memory plan (arena bytes, lower bound,
     ratio, plan_placement: "greedy by size", or "time order" for a plan too large for it).
+    incomplete / ops_after_drop: whether (and how many of) its ops were recorded right after
+    dropped ones (drop_when_full), so that the analysis covers only what was recorded.
     Published iterations also say how the pipeline got them (pipeline_builds, pipeline_reused,
-    pipeline_rewired, pipeline_cached: analyses kept for reuse). budget > 0 checks persistent state + arena against that many bytes: a plan that
-    does not fit comes back with plan_error naming what is live at the peak.
+    pipeline_rewired, pipeline_cached: analyses kept for reuse) and what it planned with
+    (pipeline_plan_budget, pipeline_plan_alignment: crucible.configure's memory_budget and
+    plan_alignment).
+    budget, alignment: None plans as the pipeline does (configure's values); a number plans the
+    recorded step again with it (budget 0: no check). A plan over the budget comes back with
+    plan_error naming what is live at the peak.
     Raises CrucibleError when no iteration can be found (and says why)."""
     _check_trace("iteration", trace)
+    budget = _plan_options[0] if budget is None else budget
+    alignment = _plan_options[1] if alignment is None else alignment
     try:
-        if trace is None and thread == -1 and budget == 0 and alignment == 64:
+        if trace is None and thread == -1 and (budget, alignment) == _plan_options:
             it = _ext.published_iteration()  # what the background pipeline published
             _warn_dropped(_ext.stats()["dropped"], "the iteration")
             return it
@@ -447,9 +469,9 @@ def iteration(trace=None, thread: int = -1, budget: int = 0, alignment: int = 64
         msg = str(e)
         dropped = (trace.stats() if trace is not None else _ext.stats())["dropped"]
         if dropped and "not periodic" in msg:
-            msg += (f" ({dropped} ops were dropped while recording (drop_when_full), and steps with dropped "
-                    f"ops differ from each other: record with back-pressure, the default, or larger rings: "
-                    f"crucible.configure(ring_entries=..., meta_cells=..., scalar_slots=...))")
+            msg += (f" ({dropped} ops were dropped while recording (drop_when_full), which may be why: a step "
+                    f"that lost ops differs from one that did not. Record with back-pressure, the default, or "
+                    f"larger rings: crucible.configure(ring_entries=..., meta_cells=..., scalar_slots=...))")
         raise CrucibleError(msg) from None
 
 

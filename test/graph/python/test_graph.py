@@ -254,7 +254,9 @@ crucible.disable()
 it = crucible.iteration()
 print("PLAN", it["pipeline_plan_budget"], it["pipeline_plan_alignment"], it["plan_error"])
 again = crucible.iteration(crucible.trace(), budget=int(sys.argv[1]), alignment=256)
-print("ARENA", it.get("arena_bytes"), again.get("arena_bytes"), again["root_hash"] == it["root_hash"])
+at_64 = crucible.iteration(crucible.trace(), budget=int(sys.argv[1]), alignment=64)
+print("ARENA", it.get("arena_bytes"), again.get("arena_bytes"), at_64.get("arena_bytes"),
+      again["root_hash"] == it["root_hash"])
 crucible.configure(memory_budget=int(sys.argv[1]))  # the same options again: accepted
 try:
     crucible.configure(memory_budget=int(sys.argv[1]) + 1)
@@ -282,8 +284,9 @@ def test_the_pipeline_checks_every_plan_against_the_configured_budget(budget):
         assert "does not fit" in error and "at the peak" in error, error
     else:
         assert error == "None"
-        pipeline_arena, arena_256, same_step = out["ARENA"].split()
+        pipeline_arena, arena_256, arena_64, same_step = out["ARENA"].split()
         assert same_step == "True" and pipeline_arena == arena_256, "planned with alignment 256"
+        assert arena_64 != arena_256, "the cnn's arena tells the two alignments apart"
     assert "already runs" in out["LATE"] and "budget=" in out["LATE"]
 
 

@@ -566,7 +566,7 @@ def test_two_threads_record_concurrently():
     expect = [o["name"] for o in ref.ops()]
     crucible.clear()
     errors = []
-    start = threading.Barrier(2, timeout=60)
+    start, mid = threading.Barrier(2, timeout=60), threading.Barrier(2, timeout=60)
     spans = []  # (first step began, last step ended) per thread
 
     def worker(seed):
@@ -576,11 +576,15 @@ def test_two_threads_record_concurrently():
             start.wait()  # both record at once, not one after the other
             crucible.enable()
             t0 = time.perf_counter()
-            for _ in range(STEPS):
+            for k in range(STEPS):
                 s.step()
+                if k == 0:
+                    mid.wait()  # both are recording now, with steps still to record
             spans.append((t0, time.perf_counter()))
             crucible.disable()
         except Exception as e:  # surfaced below
+            start.abort()  # the other thread must not wait for this one
+            mid.abort()
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
@@ -677,7 +681,11 @@ t = crucible.trace()
 flagged = sum(1 for o in t.ops() if o["after_drop"])
 print(full["total"], st["total"], st["dropped"], len(t), flagged)
 crucible.export(sys.argv[1])
-try:  # one step recorded: no iteration, and the error says what the drops did to the steps
+for _ in range(3):  # more steps in drop mode: each loses other ops, so no two steps match
+    crucible.enable(drop_when_full=True)
+    s.step()
+    crucible.disable()
+try:  # no iteration, and the error says the drops may be why
     crucible.iteration()
     print("published")
 except crucible.CrucibleError as e:
