@@ -89,6 +89,12 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
                  std::string(it.status().message()).c_str());
     return kExitRefused;
   }
+  if ((*it)->incomplete())
+    std::fprintf(stderr,
+                 "crucible: warning: %s: the planned iteration is incomplete: %llu of its ops were recorded "
+                 "right after dropped ones (drop_when_full), so the plan covers only what was recorded; "
+                 "record with back-pressure (the default) or larger rings\n",
+                 a.trace.c_str(), static_cast<unsigned long long>((*it)->analysis->ops_after_drop));
   auto ir = forge::build_ir001(*trace, (*it)->ops(), pool);
   if (!ir.ok()) {
     std::fprintf(stderr, "crucible: %s\n", std::string(ir.status().message()).c_str());
