@@ -18,10 +18,42 @@ namespace {
 using ValueKey = std::tuple<std::uint64_t, std::uint32_t, std::int64_t, std::vector<std::int64_t>,
                             std::vector<std::int64_t>, std::int8_t>;
 
-std::int64_t numel_of(std::span<const std::int64_t> sizes) {
-  std::int64_t n = 1;
-  for (std::int64_t d : sizes) n *= d;
-  return n;
+// Shapes come from the trace, and a loaded .crtrace says what it likes (or a batch binding
+// makes them large): every tensor is checked to hold at most 2^62 elements and bytes, with no
+// negative dim, before its counts are used; the costs computed from them saturate.
+constexpr std::int64_t kMaxTensorSize = std::int64_t{1} << 62;
+
+std::int64_t sat_mul(std::int64_t a, std::int64_t b) {  // a, b >= 0
+  std::int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+std::int64_t sat_add(std::int64_t a, std::int64_t b) {  // a, b >= 0
+  std::int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+std::string dims_text(std::span<const std::int64_t> sizes) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+// The byte size of a tensor of `sizes` and `dtype` (0 for a dtype of unknown size), or an
+// error naming `what` when a dim is negative or the elements or bytes pass 2^62.
+Result<std::int64_t> tensor_bytes(std::span<const std::int64_t> sizes, std::int8_t dtype, const std::string& what,
+                                  std::string_view fix = "the trace is corrupt or not of a real program: record it again") {
+  std::int64_t numel = 1;
+  bool ok = true;
+  for (std::int64_t d : sizes) ok = ok && d >= 0 && !__builtin_mul_overflow(numel, d, &numel) && numel <= kMaxTensorSize;
+  auto es = element_size(dtype);
+  std::int64_t bytes = 0;
+  ok = ok && !__builtin_mul_overflow(numel, es.ok() ? static_cast<std::int64_t>(*es) : 0, &bytes) &&
+       bytes <= kMaxTensorSize;
+  if (!ok)
+    return invalid_input(what + " has sizes " + dims_text(sizes) +
+                             ": a negative dim, or more than 2^62 elements or bytes",
+                         fix);
+  return bytes;
 }
 
 // compute_costs runs on concrete IR only (build_ir001, instantiate): every dim is a constant.
@@ -30,9 +62,9 @@ std::int64_t eval_dim(const Expr* e) {
   return e->kind == Expr::Kind::Const ? e->value : 0;
 }
 
-std::int64_t value_numel(const Ir001& ir, std::uint32_t v) {
+std::int64_t value_numel(const Ir001& ir, std::uint32_t v) {  // at most 2^62 (tensor_bytes)
   std::int64_t n = 1;
-  for (const Expr* d : ir.values[v].shape) n *= eval_dim(d);
+  for (const Expr* d : ir.values[v].shape) n = sat_mul(n, eval_dim(d));
   return n;
 }
 
@@ -44,11 +76,11 @@ void compute_costs(Ir001& ir) {
   for (Node& n : ir.nodes) {
     std::int64_t in_bytes = 0, out_bytes = 0, in_elems = 0, out_elems = 0;
     for (std::uint32_t v : n.inputs) {
-      in_bytes += ir.values[v].is_view ? 0 : ir.values[v].nbytes;
+      in_bytes = sat_add(in_bytes, ir.values[v].is_view ? 0 : ir.values[v].nbytes);
       in_elems = std::max(in_elems, value_numel(ir, v));
     }
     for (std::uint32_t v : n.outputs) {
-      out_bytes += ir.values[v].is_view ? 0 : ir.values[v].nbytes;
+      out_bytes = sat_add(out_bytes, ir.values[v].is_view ? 0 : ir.values[v].nbytes);
       out_elems = std::max(out_elems, value_numel(ir, v));
     }
     const std::string_view base = detail::base_name(n.op);
@@ -59,7 +91,7 @@ void compute_costs(Ir001& ir) {
         const std::size_t m1 = (base == "addmm" || base == "baddbmm" || base == "addbmm") ? 1 : 0;
         if (n.inputs.size() > m1 && !n.outputs.empty() && !ir.values[n.inputs[m1]].shape.empty()) {
           const std::int64_t k = eval_dim(ir.values[n.inputs[m1]].shape.back());
-          flops = 2 * value_numel(ir, n.outputs[0]) * k;
+          flops = sat_mul(2 * value_numel(ir, n.outputs[0]), std::max<std::int64_t>(k, 0));
         }
         break;
       }
@@ -73,14 +105,14 @@ void compute_costs(Ir001& ir) {
           const std::int64_t per = value_numel(ir, n.inputs[w]) / oc;
           const std::int64_t out = backward ? value_numel(ir, n.inputs[0])
                                             : (n.outputs.empty() ? 0 : value_numel(ir, n.outputs[0]));
-          flops = 2 * out * per * (backward ? 2 : 1);
+          flops = sat_mul(sat_mul(2 * out, per), backward ? 2 : 1);
         }
         break;
       }
-      case CKernel::Norm: flops = 5 * std::max(in_elems, out_elems); break;
-      case CKernel::Softmax: flops = 4 * std::max(in_elems, out_elems); break;
-      case CKernel::Loss: flops = 3 * std::max(in_elems, out_elems); break;
-      case CKernel::OptimizerUpdate: flops = 4 * std::max(in_elems, out_elems); break;
+      case CKernel::Norm: flops = sat_mul(5, std::max(in_elems, out_elems)); break;
+      case CKernel::Softmax: flops = sat_mul(4, std::max(in_elems, out_elems)); break;
+      case CKernel::Loss: flops = sat_mul(3, std::max(in_elems, out_elems)); break;
+      case CKernel::OptimizerUpdate: flops = sat_mul(4, std::max(in_elems, out_elems)); break;
       case CKernel::Reduce:
       case CKernel::Pooling: flops = std::max(in_elems, out_elems); break;
       case CKernel::PointwiseUnary:
@@ -90,7 +122,7 @@ void compute_costs(Ir001& ir) {
     }
     n.flops = flops;
     // Views move nothing; factories (zero_, fill_, empty) only write, even when in place.
-    n.bytes = n.kind == CKernel::View ? 0 : n.kind == CKernel::Factory ? out_bytes : in_bytes + out_bytes;
+    n.bytes = n.kind == CKernel::View ? 0 : n.kind == CKernel::Factory ? out_bytes : sat_add(in_bytes, out_bytes);
   }
 }
 
@@ -156,8 +188,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     v.storage = m.storage_id;
     v.version = m.version;
     v.is_view = (m.flags & record::tensor_flag::kIsView) != 0;
-    auto es = element_size(m.dtype);
-    v.nbytes = numel_of(t.sizes(ti)) * (es.ok() ? static_cast<std::int64_t>(*es) : 0);
+    v.nbytes = *tensor_bytes(t.sizes(ti), m.dtype, "");  // checked with the op (below)
     return v;
   };
   auto key_of = [&](const record::TensorMeta& m) {
@@ -191,6 +222,13 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     n.trace_op = op;
     const auto sc = t.scalars_of(op);
     n.scalars.assign(sc.begin(), sc.end());
+    for (std::size_t k = 0; k < e.n_tensors; ++k) {
+      const std::size_t ti = t.op_tensor_begin[op] + k;
+      auto bytes = tensor_bytes(t.sizes(ti), t.tensors[ti].dtype,
+                                "build_ir001: trace op " + std::to_string(op) + " ('" + n.op + "') " +
+                                    (k < e.n_inputs ? "input " : "output ") + std::to_string(k));
+      if (!bytes.ok()) return bytes.status();
+    }
     const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
     for (const record::TensorMeta& m : t.inputs(op)) {
       if (m.storage_id != 0) {
@@ -345,16 +383,18 @@ Result<Ir001> instantiate(const Ir001& ir, const std::map<std::string, std::int6
   for (const auto& [name, v] : bindings) batch = v;  // the batch symbol (one symbol today)
   for (std::size_t v = 0; v < out.values.size(); ++v) {
     Value& val = out.values[v];
-    std::int64_t numel = 1;
+    std::vector<std::int64_t> dims;
     for (const Expr*& d : val.shape) {
       auto x = ir.pool->evaluate(d, bindings);
       if (!x.ok()) return x.status();
       if (*x < 0) return invalid_input("instantiate: value " + std::to_string(v) + " gets a negative dim", "bind the batch to a positive size");
       d = ir.pool->constant(*x);
-      numel *= *x;
+      dims.push_back(*x);
     }
-    auto es = element_size(val.dtype);
-    val.nbytes = numel * (es.ok() ? static_cast<std::int64_t>(*es) : 0);
+    auto bytes = tensor_bytes(dims, val.dtype, "instantiate: value " + std::to_string(v),
+                              "bind the batch to a size the program can have");
+    if (!bytes.ok()) return bytes.status();
+    val.nbytes = *bytes;
   }
   for (Node& n : out.nodes) {
     for (std::size_t k = 0; k < n.scalar_exprs.size(); ++k) {

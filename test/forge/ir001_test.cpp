@@ -138,6 +138,43 @@ TEST(Ir001, VerifierCatchesBrokenIr) {
   }
 }
 
+// A loaded trace says what it likes: a negative dim, or a tensor past 2^62 elements or bytes,
+// is refused with the op named (found by fuzz_trace_file: 2^50 x 2^50 overflowed the element
+// count). Large but representable shapes give costs that saturate instead of wrapping.
+TEST(Ir001, ImpossibleShapesAreRefusedAndCostsSaturate) {
+  ExprPool pool;
+  for (const std::vector<std::int64_t>& bad : {std::vector<std::int64_t>{std::int64_t{1} << 50, std::int64_t{1} << 50},
+                                               std::vector<std::int64_t>{4, -1},
+                                               std::vector<std::int64_t>{std::int64_t{1} << 61}}) {  // 2^63 bytes of float
+    Builder b;
+    b.op("aten::relu", {{1, 0, {4}}}, {{2, 0, bad}});
+    auto ir = build_ir001(b.trace, b.all(), pool);
+    ASSERT_FALSE(ir.ok()) << "sizes of " << bad.size() << " dims, first " << bad[0];
+    EXPECT_NE(ir.status().message().find("trace op 0 ('aten::relu') output"), absl::string_view::npos) << ir.status();
+    EXPECT_NE(ir.status().message().find("2^62"), absl::string_view::npos) << ir.status();
+  }
+  // mm of [2^30, 2^30] by [2^30, 2^2]: 2 * 2^32 * 2^30 flops fit; [2^40, 2^20] by [2^20, 2^20]
+  // would be 2^81: saturated.
+  Builder b;
+  const std::int64_t m = std::int64_t{1} << 40, k = std::int64_t{1} << 20;
+  b.op("aten::mm", {{1, 0, {m, k}, 1}, {2, 0, {k, k}, 1}}, {{3, 0, {m, k}, 1}});  // int8: 2^60 bytes
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  EXPECT_EQ(ir->nodes[0].flops, INT64_MAX);
+  EXPECT_EQ(ir->nodes[0].bytes, (m * k) * 2 + k * k) << "2^61 + 2^40 bytes: no saturation needed";
+  EXPECT_TRUE(verify(*ir).ok());
+  // A batch binding that makes a tensor too large is refused by instantiate.
+  Builder b4 = small_mlp(4), b8 = small_mlp(8);
+  auto i4 = build_ir001(b4.trace, b4.all(), pool);
+  auto i8 = build_ir001(b8.trace, b8.all(), pool);
+  ASSERT_TRUE(i4.ok() && i8.ok());
+  auto sym = symbolize_batch(*i4, *i8, pool);
+  ASSERT_TRUE(sym.ok()) << sym.status();
+  auto huge = instantiate(*sym, {{"B", std::int64_t{1} << 60}});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("instantiate: value"), absl::string_view::npos) << huge.status();
+}
+
 TEST(Ir001, SymbolizeInstantiateMatchesAThirdBatch) {
   ExprPool pool;
   Builder b4 = small_mlp(4), b8 = small_mlp(8), b16 = small_mlp(16);

@@ -1,11 +1,13 @@
 // fuzz_trace_file.cpp — libFuzzer harness for the .crtrace reader (untrusted bytes) and for
-// everything a loaded trace then goes through: `crucible plan`, crucible.iteration(trace) and
-// crucible.export_graph(path, trace) run the graph stage on whatever the reader accepted.
+// what a loaded trace goes through next: crucible.iteration(trace) and export_graph(path, trace)
+// run the graph stage on whatever the reader accepted, and `crucible plan` also builds Forge's
+// IR001 from it (the rest of its front end works on IR001, not on the file).
 // Any crash, sanitizer report or contract violation is a bug; errors are the expected outcome.
 #include <cstddef>
 #include <cstdint>
 
 #include "crucible/graph/Analysis.h"
+#include "crucible/forge/Ir001.h"
 #include "crucible/graph/Dot.h"
 #include "crucible/record/TraceFile.h"
 
@@ -45,7 +47,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The analyses: the detected iteration, as `crucible plan` does, and every op of the first
   // op's thread, periodic or not.
   auto latest = crucible::graph::analyze_latest_iteration(*r, -1);
-  if (latest.ok()) (void)crucible::graph::to_dot(*r, (*latest)->graph());
+  if (latest.ok()) {
+    (void)crucible::graph::to_dot(*r, (*latest)->graph());
+    crucible::forge::ExprPool pool;
+    auto ir = crucible::forge::build_ir001(*r, (*latest)->ops(), pool);
+    if (ir.ok() && !crucible::forge::verify(*ir).ok()) __builtin_trap();  // what it builds is well formed
+  }
   analyse(*r, crucible::graph::ops_of_thread(*r, r->ops[0].thread));
   return 0;
 }
