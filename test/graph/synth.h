@@ -49,8 +49,11 @@ class Builder {
       m.storage_nbytes = numel * (x.dtype == 7 || x.dtype == 4 ? 8 : 4);
       m.flags = static_cast<std::uint8_t>((out ? record::tensor_flag::kOutput : 0) | (x.view ? record::tensor_flag::kIsView : 0));
       std::vector<std::int64_t> strides(x.shape.size());
-      std::int64_t s = 1;
-      for (std::size_t k = x.shape.size(); k-- > 0;) { strides[k] = s; s *= x.shape[k]; }
+      std::uint64_t s = 1;  // unsigned: the tests of impossible shapes may wrap it, defined
+      for (std::size_t k = x.shape.size(); k-- > 0;) {
+        strides[k] = static_cast<std::int64_t>(s);
+        s *= static_cast<std::uint64_t>(x.shape[k]);
+      }
       b.add_tensor(m, x.shape, strides);
     };
     for (std::size_t i = 0; i < ins.size(); ++i) add(ins[i], static_cast<std::uint16_t>(i), false);
