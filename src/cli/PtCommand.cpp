@@ -19,6 +19,7 @@
 
 #include "Command.h"
 #include "Refusal.h"
+#include "crucible/core/ShapeText.h"
 #include "crucible/ptload/StateDict.h"
 
 namespace crucible::cli {
@@ -102,12 +103,6 @@ nlohmann::ordered_json json_count(u128 v) {
   std::string s = count_str(v);
   s.erase(std::remove(s.begin(), s.end(), ','), s.end());
   return s;
-}
-
-std::string shape_str(std::span<const std::int64_t> sizes) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
 }
 
 // Names come from the file's dict keys: control bytes are shown escaped, not sent to a terminal.
@@ -227,7 +222,7 @@ int ls_table(const StateDict& sd) {
   rows.push_back({"name", "dtype", "shape", "numel", "bytes"});
   for (const auto& [name, t] : sd.tensors())
     rows.push_back({name.empty() ? "<top-level tensor>" : printable(name),
-                    std::string(t.dtype_name()), shape_str(t.sizes()), count_str(t.numel()),
+                    std::string(t.dtype_name()), shape_text(t.sizes()), count_str(t.numel()),
                     count_str(view_bytes(t))});
   std::size_t w[5] = {};
   for (const Row& r : rows) {

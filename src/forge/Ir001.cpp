@@ -10,6 +10,7 @@
 #include "IrEdit.h"
 #include "crucible/core/Contract.h"
 #include "crucible/core/ScalarType.h"
+#include "crucible/core/ShapeText.h"
 
 namespace crucible::forge {
 namespace {
@@ -32,12 +33,6 @@ std::int64_t sat_add(std::int64_t a, std::int64_t b) {  // a, b >= 0
   return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
-std::string dims_text(std::span<const std::int64_t> sizes) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-
 // The byte size of a tensor of `sizes` and `dtype` (0 for a dtype of unknown size), or an
 // error naming `what` when a dim is negative or the elements or bytes pass 2^62.
 Result<std::int64_t> tensor_bytes(std::span<const std::int64_t> sizes, std::int8_t dtype, const std::string& what,
@@ -50,7 +45,7 @@ Result<std::int64_t> tensor_bytes(std::span<const std::int64_t> sizes, std::int8
   ok = ok && !__builtin_mul_overflow(numel, es.ok() ? static_cast<std::int64_t>(*es) : 0, &bytes) &&
        bytes <= kMaxTensorSize;
   if (!ok)
-    return invalid_input(what + " has sizes " + dims_text(sizes) +
+    return invalid_input(what + " has sizes " + shape_text(sizes) +
                              ": a negative dim, or more than 2^62 elements or bytes",
                          fix);
   return bytes;
@@ -180,6 +175,8 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
   ir.pool = &pool;
   ir.module_paths = t.module_paths;
   std::map<ValueKey, std::uint32_t> current;  // newest value for each key
+  std::vector<std::int64_t> op_bytes;  // the current op's tensors' bytes, checked (tensor_bytes)
+  std::size_t op_base = 0;             // its first tensor's index in t
   auto make_value = [&](const record::TensorMeta& m) {
     Value v;
     const std::size_t ti = t.tensor_index(&m);
@@ -188,7 +185,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     v.storage = m.storage_id;
     v.version = m.version;
     v.is_view = (m.flags & record::tensor_flag::kIsView) != 0;
-    v.nbytes = *tensor_bytes(t.sizes(ti), m.dtype, "");  // checked with the op (below)
+    v.nbytes = op_bytes[ti - op_base];
     return v;
   };
   auto key_of = [&](const record::TensorMeta& m) {
@@ -222,12 +219,15 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     n.trace_op = op;
     const auto sc = t.scalars_of(op);
     n.scalars.assign(sc.begin(), sc.end());
+    op_base = t.op_tensor_begin[op];
+    op_bytes.clear();
     for (std::size_t k = 0; k < e.n_tensors; ++k) {
-      const std::size_t ti = t.op_tensor_begin[op] + k;
+      const std::size_t ti = op_base + k;
       auto bytes = tensor_bytes(t.sizes(ti), t.tensors[ti].dtype,
                                 "build_ir001: trace op " + std::to_string(op) + " ('" + n.op + "') " +
                                     (k < e.n_inputs ? "input " : "output ") + std::to_string(k));
       if (!bytes.ok()) return bytes.status();
+      op_bytes.push_back(*bytes);
     }
     const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
     for (const record::TensorMeta& m : t.inputs(op)) {

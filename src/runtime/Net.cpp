@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "crucible/core/Contract.h"
+#include "crucible/core/ShapeText.h"
 
 namespace crucible::runtime {
 namespace {
@@ -44,12 +45,6 @@ const char* kind_name(Kind k) {
 
 std::int64_t numel(const std::vector<std::int64_t>& s) {
   return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
-}
-
-std::string shape_text(std::span<const std::int64_t> s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 constexpr std::size_t kAlign = 64;

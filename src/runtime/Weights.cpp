@@ -5,15 +5,9 @@
 #include <cstdint>
 #include <string>
 
-namespace crucible::runtime {
-namespace {
-std::string shape_text(std::span<const std::int64_t> s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-}  // namespace
+#include "crucible/core/ShapeText.h"
 
+namespace crucible::runtime {
 Result<std::vector<std::int64_t>> Weights::shape_of(std::string_view name) const {
   const ptload::TensorView* t = sd_->find(name);
   if (t == nullptr) {
