@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import operator
 import os
 import sys
 import threading
@@ -134,7 +135,6 @@ _plan_options = (0, 64)  # memory_budget, plan_alignment: as configured
 
 
 def _nonnegative_int(fn: str, name: str, v) -> int:
-    import operator
     try:
         if isinstance(v, bool):
             raise TypeError
