@@ -14,17 +14,22 @@ ContentHash region_hash(const TraceGraph& g, const std::vector<ContentHash>& loc
                         std::uint32_t begin, std::uint32_t end) {
   ContentHasher h;
   h.update_u32(end - begin);
-  for (std::uint32_t n = begin; n < end; ++n) {
-    h.update_words(local[n].lo, local[n].hi);
-    // Only wiring inside the region: an input from outside (another region or an external) is
-    // described by its metadata in the local hash, wherever it comes from. Predecessors come
-    // in increasing slot order (TraceGraph), so no sort is needed.
-    for (const Edge& e : g.predecessors(n))
-      if (e.node >= begin && e.node < end)
-        h.update_words(
-            std::uint64_t{e.slot} | std::uint64_t{static_cast<std::uint8_t>(e.kind)} << 32,
-            std::uint64_t{n - e.node});
-    h.update_words(~std::uint64_t{0});  // ends the member (no edge's first word is all ones)
+  {
+    WordBatch w(h);
+    for (std::uint32_t n = begin; n < end; ++n) {
+      w.add(local[n].lo);
+      w.add(local[n].hi);
+      // Only wiring inside the region: an input from outside (another region or an external)
+      // is described by its metadata in the local hash, wherever it comes from. Predecessors
+      // come in increasing slot order (TraceGraph), so no sort is needed.
+      for (const Edge& e : g.predecessors(n)) {
+        if (e.node >= begin && e.node < end) {
+          w.add(std::uint64_t{e.slot} | std::uint64_t{static_cast<std::uint8_t>(e.kind)} << 32);
+          w.add(std::uint64_t{n - e.node});
+        }
+      }
+      w.add(~std::uint64_t{0});  // ends the member (no edge's first word is all ones)
+    }
   }
   return h.digest();
 }
@@ -102,7 +107,12 @@ void label_module_regions(std::vector<Region>& regions, const record::Trace& t) 
 ContentHash root_of(const std::vector<ContentHash>& node_hashes) {
   ContentHasher root;
   root.update_u64(node_hashes.size());
-  for (const auto& h : node_hashes) root.update_hash(h);
+  WordBatch w(root);
+  for (const auto& h : node_hashes) {  // update_hash(h) each: lo, then hi
+    w.add(h.lo);
+    w.add(h.hi);
+  }
+  w.flush();
   return root.digest();
 }
 }  // namespace

@@ -81,6 +81,12 @@ class ContentHasher {
     for (std::int64_t x : v) update_i64(x);
     return *this;
   }
+  // Each word as update_u64 would feed it (one copy on little-endian hosts).
+  ContentHasher& update_u64s(std::span<const std::uint64_t> v) {
+    if constexpr (std::endian::native == std::endian::little) return update_bytes(v.data(), v.size_bytes());
+    for (std::uint64_t x : v) update_u64(x);
+    return *this;
+  }
   ContentHasher& update_f64(double v) { return update_u64(std::bit_cast<std::uint64_t>(v)); }  // -0.0 != 0.0, NaNs by bits
   ContentHasher& update_string(std::string_view s) {  // length-prefixed
     update_u64(s.size());
@@ -116,6 +122,35 @@ class ContentHasher {
   bool streaming_ = false;  // state_ holds everything before pending_
   unsigned char pending_[kPending];
   alignas(64) unsigned char state_[kStateBytes];
+};
+
+// Words for one ContentHasher, gathered in a local array and fed in runs of up to 64: the same
+// bytes as update_u64 per word. For loops that feed a word or two per step (a region's members
+// and edges): each update_* reloads and stores the hasher's fill count, which the compiler
+// cannot keep in a register across the byte copies into the same object, so a loop of single
+// updates runs at the store-to-load latency per word. Here the count is a local; hashing
+// resnet18's 504 node hashes (the DAG's root) took 2.7 us word by word, 0.9 us through a WordBatch.
+class WordBatch {
+ public:
+  explicit WordBatch(ContentHasher& h) : h_(h) {}
+  ~WordBatch() { flush(); }
+  WordBatch(const WordBatch&) = delete;
+  WordBatch& operator=(const WordBatch&) = delete;
+  void add(std::uint64_t w) {
+    if (n_ == kWords) [[unlikely]] flush();
+    words_[n_++] = w;
+  }
+  // Feeds what is gathered (call before reading the hasher's digest).
+  void flush() {
+    h_.update_u64s({words_, n_});
+    n_ = 0;
+  }
+
+ private:
+  static constexpr std::uint32_t kWords = 64;
+  ContentHasher& h_;
+  std::uint32_t n_ = 0;  // not a std::uint64_t: stores to words_ cannot alias it
+  std::uint64_t words_[kWords];
 };
 
 // One-shot XXH3-128 of a byte string.
