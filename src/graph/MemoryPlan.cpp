@@ -8,6 +8,7 @@
 #include <set>
 
 #include "crucible/core/Contract.h"
+#include "crucible/graph/FirstFit.h"
 
 namespace crucible::graph {
 namespace {
@@ -198,46 +199,28 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     if (x.first != y.first) return x.first < y.first;
     return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
   });
-  // Placed blocks in increasing offset order, as (offset, end, first, last) side by side. Walking
-  // them, a lifetime-overlapping block moves off past its end; the first block of any lifetime
-  // that starts at or past off + bytes proves [off, off + bytes) free, since every later block
-  // starts later still and every earlier overlapping one ends at or before off. The same first
-  // fit as sorting the overlapping blocks' intervals, without building or sorting them per
-  // block.
-  struct Placed {
-    std::uint64_t offset, end;
-    std::uint32_t first, last;
-  };
-  std::vector<Placed> placed;
+  // Placed blocks in increasing offset order; each block goes at its first fit among them
+  // (FirstFit.h): the same first fit as sorting the lifetime-overlapping blocks' intervals,
+  // without building or sorting them per block.
+  PlacedBlocks placed;
   placed.reserve(plan.blocks.size());
   std::uint64_t visits = 0;  // placed blocks looked at or moved, against opt.first_fit_visits
   for (std::size_t bi : order) {
     Block& b = plan.blocks[bi];
-    std::uint64_t off = 0;
-    std::size_t seen = 0;  // placed blocks looked at: those that start below off + b.bytes
-    for (; seen < placed.size(); ++seen) {
-      const Placed& p = placed[seen];
-      if (off + b.bytes <= p.offset) break;
-      // Branch-free: whether two lifetimes intersect is close to a coin toss per pair (resnet18's
-      // step: 10k of its 29k block pairs live together), and as two branches the plan measured about 4%
-      // slower there (37.7 against 39.2 us, alternating runs, 2026-12-01).
-      const std::uint64_t live_together =
-          static_cast<std::uint64_t>(p.first <= b.last) & static_cast<std::uint64_t>(b.first <= p.last);
-      const std::uint64_t end = p.end & (0 - live_together);  // 0 when they are not
-      off = end > off ? end : off;  // aligned: off stays aligned
-    }
-    auto at = std::upper_bound(placed.begin(), placed.begin() + static_cast<long>(seen), off,
-                               [](std::uint64_t o, const Placed& p) { return o < p.offset; });
+    const Fit fit = first_fit(placed, b.bytes, b.first, b.last);
+    const auto seen_end = placed.offset.begin() + static_cast<long>(fit.seen);
+    const std::size_t at =
+        static_cast<std::size_t>(std::upper_bound(placed.offset.begin(), seen_end, fit.offset) - placed.offset.begin());
     // The insertion moves every placed block after it: as costly per block as a visit.
-    visits += seen + static_cast<std::uint64_t>(placed.end() - at);
+    visits += fit.seen + (placed.size() - at);
     if (visits > opt.first_fit_visits) [[unlikely]] {
       plan.first_fit = false;
       plan.arena_bytes = place_in_time_order(plan.blocks);
       break;
     }
-    b.offset = off;
-    plan.arena_bytes = std::max(plan.arena_bytes, off + b.bytes);
-    placed.insert(at, Placed{off, off + b.bytes, b.first, b.last});
+    b.offset = fit.offset;
+    plan.arena_bytes = std::max(plan.arena_bytes, fit.offset + b.bytes);
+    placed.insert(at, fit.offset, fit.offset + b.bytes, b.first, b.last);
   }
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
     std::vector<const Block*> at_peak;
