@@ -221,7 +221,9 @@ TEST(MemoryPlan, CheckPlanFindsExactlyTheOverlappingPairs) {
     faulty += expect_fault;
     const crucible::Status st = check_plan(p);
     ASSERT_EQ(st.ok(), !expect_fault) << "trial " << trial << ": " << st;
-    if (!st.ok()) EXPECT_NE(st.message().find("live together and overlap"), std::string_view::npos);
+    if (!st.ok()) {
+      EXPECT_NE(st.message().find("live together and overlap"), std::string_view::npos);
+    }
     p.arena_bytes -= 1;  // the highest block now ends past the arena
     EXPECT_FALSE(check_plan(p).ok());
   }

@@ -175,7 +175,9 @@ TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
     if (it == nullptr) return;
     EXPECT_EQ(it->trace->sizes(0)[1], width) << "the published iteration is the step just run";
     const auto [at, first] = root_of.emplace(width, it->dag().root());
-    if (!first) EXPECT_EQ(it->dag().root(), at->second);
+    if (!first) {
+      EXPECT_EQ(it->dag().root(), at->second);
+    }
   };
   run(16);
   run(24);
