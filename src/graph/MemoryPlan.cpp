@@ -152,7 +152,7 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   }
   // Sizes come from the trace, and a loaded file says what it likes: every total below stays
   // under 2^62 bytes (far above any real device), so no offset, end or live sum can wrap.
-  constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 62;
+  constexpr std::uint64_t kMaxTotal = kMaxPlacedBytes;  // 2^62
   auto too_big = [&](std::uint64_t storage_id, std::uint64_t bytes) {
     return invalid_input("the trace's storage sizes add up to more than 2^62 bytes (storage " +
                              std::to_string(storage_id) + " says " + std::to_string(bytes) +
@@ -209,8 +209,8 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     Block& b = plan.blocks[bi];
     const Fit fit = first_fit(placed, b.bytes, b.first, b.last);
     const auto seen_end = placed.offset.begin() + static_cast<long>(fit.seen);
-    const std::size_t at =
-        static_cast<std::size_t>(std::upper_bound(placed.offset.begin(), seen_end, fit.offset) - placed.offset.begin());
+    const std::size_t at = static_cast<std::size_t>(
+        std::upper_bound(placed.offset.begin(), seen_end, fit.offset) - placed.offset.begin());
     // The insertion moves every placed block after it: as costly per block as a visit.
     visits += fit.seen + (placed.size() - at);
     if (visits > opt.first_fit_visits) [[unlikely]] {

@@ -107,12 +107,13 @@ void label_module_regions(std::vector<Region>& regions, const record::Trace& t) 
 ContentHash root_of(const std::vector<ContentHash>& node_hashes) {
   ContentHasher root;
   root.update_u64(node_hashes.size());
-  WordBatch w(root);
-  for (const auto& h : node_hashes) {  // update_hash(h) each: lo, then hi
-    w.add(h.lo);
-    w.add(h.hi);
+  {
+    WordBatch w(root);
+    for (const auto& h : node_hashes) {  // update_hash(h) each: lo, then hi
+      w.add(h.lo);
+      w.add(h.hi);
+    }
   }
-  w.flush();
   return root.digest();
 }
 }  // namespace

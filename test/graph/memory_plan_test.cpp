@@ -231,38 +231,44 @@ TEST(MemoryPlan, CheckPlanFindsExactlyTheOverlappingPairs) {
   EXPECT_LT(faulty, 1800) << "both outcomes are exercised";
 }
 
-// The vector first-fit scan (four placed blocks per step where the build has AVX2) gives the
-// scalar scan's answer at every step of many random greedy placements: offsets, and how many
-// placed blocks each walked (the plan's visit budget counts them). Sizes and lifetimes are
-// drawn so that walks end in every lane of a four-block step and in the scalar tail, and
-// offsets reach 2^61 (the largest values plan_memory lets through stay below 2^62).
-TEST(MemoryPlan, VectorFirstFitAgreesWithTheScalarScan) {
+// The vector first-fit walk (four placed blocks per step on an AVX2 CPU) gives the scalar
+// walk's answer at every step of many random greedy placements: the offset, and how many
+// placed blocks it walked (the plan's visit budget counts them). The draws end walks in each
+// lane of a four-block step and in the scalar tail (counted), put lifetimes near 2^32 (the
+// lanes are zero-extended, not sign-extended) and offsets near 2^60.
+TEST(MemoryPlan, VectorFirstFitAgreesWithTheScalarWalk) {
+  if (!first_fit_is_vector()) GTEST_SKIP() << "this CPU has no AVX2: first_fit is the scalar walk";
   std::mt19937_64 rng(7);
-  std::size_t steps = 0, walks_ended_inside = 0;
-  for (int round = 0; round < 300; ++round) {
+  std::size_t exits_in_lane[4] = {}, exits_in_tail = 0, walks_to_the_end = 0;
+  for (int round = 0; round < 400; ++round) {
     PlacedBlocks placed;
     const std::uint32_t span = 1 + static_cast<std::uint32_t>(rng() % 200);
-    const std::uint64_t scale = round % 10 == 9 ? std::uint64_t{1} << 47 : 64;  // 120 blocks: below 2^61
+    const std::uint32_t base = round % 5 == 4 ? UINT32_MAX - 260 : 0;  // lifetimes near 2^32
+    const std::uint64_t scale = round % 10 == 9 ? std::uint64_t{1} << 47 : 64;  // < 2^60 in all
     const int n = 1 + static_cast<int>(rng() % 120);
     for (int k = 0; k < n; ++k) {
       const std::uint64_t bytes = scale * (1 + rng() % 64);
-      std::uint32_t first = static_cast<std::uint32_t>(rng() % span);
-      std::uint32_t last = first + static_cast<std::uint32_t>(rng() % (span / 4 + 1));
-      if (k % 17 == 3) last = first;  // one-node lifetimes
+      const std::uint32_t first = base + static_cast<std::uint32_t>(rng() % span);
+      const std::uint32_t last =
+          k % 17 == 3 ? first : first + static_cast<std::uint32_t>(rng() % (span / 4 + 1));
       const Fit want = first_fit_scalar(placed, bytes, first, last);
       const Fit got = first_fit(placed, bytes, first, last);
       ASSERT_EQ(got.offset, want.offset) << "round " << round << " block " << k;
       ASSERT_EQ(got.seen, want.seen) << "round " << round << " block " << k;
-      ++steps;
-      if (want.seen < placed.size()) ++walks_ended_inside;
+      const std::size_t full_steps = placed.size() / 4 * 4;
+      if (want.seen == placed.size()) ++walks_to_the_end;
+      else if (want.seen >= full_steps) ++exits_in_tail;
+      else ++exits_in_lane[want.seen % 4];
+      const auto seen_end = placed.offset.begin() + static_cast<long>(want.seen);
       const auto at = static_cast<std::size_t>(
-          std::upper_bound(placed.offset.begin(), placed.offset.begin() + static_cast<long>(want.seen),
-                           want.offset) - placed.offset.begin());
+          std::upper_bound(placed.offset.begin(), seen_end, want.offset) - placed.offset.begin());
       placed.insert(at, want.offset, want.offset + bytes, first, last);
       ASSERT_TRUE(std::is_sorted(placed.offset.begin(), placed.offset.end()));
     }
   }
-  EXPECT_GT(walks_ended_inside, steps / 4) << "the draws must end walks before the last block";
+  for (int lane = 0; lane < 4; ++lane) EXPECT_GT(exits_in_lane[lane], 100u) << "lane " << lane;
+  EXPECT_GT(exits_in_tail, 100u);
+  EXPECT_GT(walks_to_the_end, 100u);
 }
 
 TEST(MemoryPlan, RandomGraphsNeverOverlapAndStayNearTheBound) {

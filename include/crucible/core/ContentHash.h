@@ -1,4 +1,4 @@
-// ContentHash.h — 128-bit content hashes (XXH3-128 from libxxhash) with a stable streaming API.
+// ContentHash.h — 128-bit content hashes (XXH3-128, from xxhash.h) with a stable streaming API.
 //
 // "Stable" means: the same sequence of update_* calls gives the same hash on every run, in
 // every process and on every little- or big-endian machine. Integers are fed as their
@@ -83,7 +83,8 @@ class ContentHasher {
   }
   // Each word as update_u64 would feed it (one copy on little-endian hosts).
   ContentHasher& update_u64s(std::span<const std::uint64_t> v) {
-    if constexpr (std::endian::native == std::endian::little) return update_bytes(v.data(), v.size_bytes());
+    if constexpr (std::endian::native == std::endian::little)
+      return update_bytes(v.data(), v.size_bytes());
     for (std::uint64_t x : v) update_u64(x);
     return *this;
   }

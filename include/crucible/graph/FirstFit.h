@@ -5,11 +5,11 @@
 // pushes the candidate offset past its end; the first placed block that starts at or past
 // offset + bytes ends the walk, since every later one starts later still. The walk carries the
 // candidate offset from block to block (a running maximum). first_fit takes four blocks per
-// step where the build targets AVX2: the running maximum of the four overlapping ends is
-// computed apart from the carried offset, which then costs one maximum per four blocks.
-// Measured on resnet18's step (241 blocks, 16k visits; warm, alternating runs): the plan went
-// from 40.9 to 38.0 us. Eight blocks per step measured no faster (38.9 us): the walk is not
-// bound by the carried maximum alone (a mispredicted exit per block, the insertions).
+// step on a CPU with AVX2 (chosen at run time): the running maximum of the four overlapping
+// ends is computed apart from the carried offset, which then costs one maximum per four blocks.
+// On resnet18's step (241 blocks, 16k visits; warm, alternating runs of one harness) the plan
+// took 40.9 us with the scalar walk and 38.0 with this one; eight blocks per step took 38.9:
+// the carried maximum is not all of the cost (a mispredicted exit and an insertion per block).
 #pragma once
 
 #include <cstddef>
@@ -18,8 +18,11 @@
 
 namespace crucible::graph {
 
-// The placed blocks as structure of arrays, sorted by offset. Every offset and end is below
-// 2^62 (plan_memory refuses larger totals), so they compare as signed 64-bit lanes.
+// Sizes, offsets and ends stay below this (plan_memory refuses larger totals), so that they
+// compare as signed 64-bit lanes and offset + bytes cannot wrap.
+inline constexpr std::uint64_t kMaxPlacedBytes = std::uint64_t{1} << 62;
+
+// The placed blocks as structure of arrays, sorted by offset.
 struct PlacedBlocks {
   std::vector<std::uint64_t> offset, end;  // end = offset + bytes
   std::vector<std::uint32_t> first, last;  // lifetime: the nodes of first and last use
@@ -37,11 +40,13 @@ struct Fit {
 };
 
 // The lowest offset for a block of `bytes` live over [first_use, last_use]. The same answer as
-// first_fit_scalar, four blocks at a time where the build targets AVX2.
+// first_fit_scalar, four blocks at a time when first_fit_is_vector().
 Fit first_fit(const PlacedBlocks& placed, std::uint64_t bytes, std::uint32_t first_use,
               std::uint32_t last_use);
 // One block at a time: the reference the vector scan is tested against.
 Fit first_fit_scalar(const PlacedBlocks& placed, std::uint64_t bytes, std::uint32_t first_use,
                      std::uint32_t last_use, std::size_t from = 0, std::uint64_t off = 0);
+// Whether first_fit walks four blocks per step here (an x86-64 CPU with AVX2).
+bool first_fit_is_vector();
 
 }  // namespace crucible::graph
