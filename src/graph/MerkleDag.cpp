@@ -5,7 +5,6 @@
 #include <string>
 #include <string_view>
 
-#include "absl/container/flat_hash_map.h"
 #include "crucible/core/Contract.h"
 
 namespace crucible::graph {
@@ -78,28 +77,18 @@ ContentHash hash_node(const TraceGraph& g, std::size_t node, const ContentHash& 
   return h.digest();
 }
 
-// A module region's label: the id of its path in the trace's module table (the first entry
-// with that path), 0 when the table lacks it (a parent scope that was never entered itself).
-// Regions of one scope share its path (Region::path_owner) and lie next to each other (sorted
-// by path), so each scope's path is looked up once.
-void label_module_regions(std::vector<Region>& regions, const record::Trace& t) {
-  absl::flat_hash_map<std::string_view, std::uint32_t> id_of_path;
-  auto same_scope = [](const Region& a, const Region& b) {
-    return a.path_owner == b.path_owner && a.path_len == b.path_len;
-  };
-  for (std::size_t i = 0; i < regions.size(); ++i)
-    if (regions[i].kind == RegionKind::Module &&
-        (i == 0 || !same_scope(regions[i], regions[i - 1])))
-      id_of_path.emplace(regions[i].module_path(), 0);
-  if (id_of_path.empty()) return;
-  for (std::size_t k = 0; k < t.module_paths.size(); ++k)
-    if (auto it = id_of_path.find(t.module_paths[k]); it != id_of_path.end() && it->second == 0)
-      it->second = static_cast<std::uint32_t>(k);
+// A module region's label: the first module id with its path in the trace's table (0 when the
+// table lacks it: a parent scope that was never entered itself). Regions of one scope share
+// its path (Region::path_owner) and lie next to each other (sorted by path), so each scope's
+// path is looked up once.
+void label_module_regions(std::vector<Region>& regions, const record::ModuleTree& tree) {
   std::uint32_t label = 0;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     Region& r = regions[i];
     if (r.kind != RegionKind::Module) continue;
-    if (i == 0 || !same_scope(r, regions[i - 1])) label = id_of_path[r.module_path()];
+    const bool same_scope = i > 0 && regions[i - 1].path_owner == r.path_owner &&
+                            regions[i - 1].path_len == r.path_len;
+    if (!same_scope) label = tree.label_of(r.module_path());
     r.label = label;
   }
 }
@@ -159,7 +148,8 @@ MerkleDag MerkleDag::rebuild(const MerkleDag& last, const record::Trace& t, cons
       r.hash = region_hash(g, d.local_hashes_, r.begin, r.end);
   // Labels from this trace's table: a path that was not interned when `last` was built (a
   // parent scope entered since) may have an id now.
-  label_module_regions(d.regions_, t);
+  std::shared_ptr<const record::ModuleTree> own_tree;
+  label_module_regions(d.regions_, t.module_tree_of(own_tree));
   return d;
 }
 
@@ -186,89 +176,42 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
       b = i;
     }
   }
-  // Module scope regions: for every module path P seen, maximal runs of nodes whose path is P
-  // or inside it (P + "."): a block's region holds its submodules' ops too. One pass over the
-  // nodes; each node extends the open run of every scope on its path.
-  // Scopes are found once per distinct module id, one path component at a time (a scope is
-  // its parent scope plus one component), so a path costs its length, however deep it is.
-  // Every scope a path opens shares one copy of that path (Region::path_owner).
-  std::uint32_t max_module = 0;
-  for (std::uint32_t i = 0; i < N; ++i) max_module = std::max(max_module, g.module_id(i));
-  constexpr std::size_t kRoot = SIZE_MAX;
-  // (parent scope, component) -> scope; the components view t's strings, which outlive this.
-  absl::flat_hash_map<std::pair<std::size_t, std::string_view>, std::size_t> scope_index;
-  struct Scope {
-    std::shared_ptr<const std::string> owner;
-    std::size_t len;
-    std::string_view path() const { return std::string_view(*owner).substr(0, len); }
+  // Module scope regions: for every scope (record::ModuleTree: a module path or a prefix of
+  // one), maximal runs of nodes whose module runs inside it: a block's region holds its
+  // submodules' ops too. One pass over the nodes; each node extends the open run of every scope
+  // on its path. The scopes come with the trace (the recorder works them out once per module
+  // table), else from its table here.
+  std::shared_ptr<const record::ModuleTree> own_tree;
+  const record::ModuleTree& tree = t.module_tree_of(own_tree);
+  std::vector<std::uint32_t> open_begin(tree.num_scopes(), 0), open_end(tree.num_scopes(), 0);
+  std::vector<std::uint32_t> touched;  // scopes with a run, in the order their first run opened
+  struct Run {
+    std::uint32_t scope, begin, end;
   };
-  std::vector<Scope> scopes;
-  std::vector<std::vector<std::size_t>> scopes_of(
-      N == 0 ? 0 : std::size_t{max_module} + 1);  // module id -> scopes
-  std::vector<bool> module_seen(scopes_of.size(), false);
+  std::vector<Run> runs;
   for (std::uint32_t i = 0; i < N; ++i) {
-    const std::uint32_t mod = g.module_id(i);
-    if (module_seen[mod]) continue;
-    module_seen[mod] = true;
-    const std::string_view p = t.module_path(mod);
-    std::shared_ptr<const std::string> owner;  // made when the path opens a scope not seen yet
-    std::size_t parent = kRoot;
-    // Components end at each '.' after the first character (a leading '.' belongs to the first).
-    for (std::size_t start = 0; !p.empty() && start <= p.size();) {
-      std::size_t dot = p.find('.', start == 0 ? 1 : start);
-      if (dot == std::string_view::npos) dot = p.size();
-      auto [it, added] =
-          scope_index.emplace(std::pair{parent, p.substr(start, dot - start)}, scopes.size());
-      if (added) {
-        if (!owner) owner = std::make_shared<const std::string>(p);
-        scopes.push_back(Scope{owner, dot});
-      }
-      scopes_of[mod].push_back(it->second);
-      parent = it->second;
-      start = dot + 1;
-    }
-  }
-  std::vector<std::uint32_t> open_begin(scopes.size(), 0), open_end(scopes.size(), 0);
-  std::vector<std::pair<std::uint32_t, std::size_t>> runs;  // (begin, scope) of closed runs, and ends
-  std::vector<std::uint32_t> run_end;
-  auto close = [&](std::size_t sc) {
-    runs.emplace_back(open_begin[sc], sc);
-    run_end.push_back(open_end[sc]);
-  };
-  for (std::uint32_t i = 0; i < N; ++i) {
-    for (std::size_t sc : scopes_of[g.module_id(i)]) {
-      if (open_end[sc] != 0 && open_end[sc] == i) {
+    for (const std::uint32_t sc : tree.scopes_of(g.module_id(i))) {
+      if (open_end[sc] == i && open_end[sc] != 0) {
         open_end[sc] = i + 1;  // contiguous: extend
-      } else {
-        if (open_end[sc] != 0) close(sc);
-        open_begin[sc] = i;
-        open_end[sc] = i + 1;
+        continue;
       }
+      if (open_end[sc] != 0) runs.push_back(Run{sc, open_begin[sc], open_end[sc]});
+      else touched.push_back(sc);
+      open_begin[sc] = i;
+      open_end[sc] = i + 1;
     }
   }
-  for (std::size_t sc = 0; sc < scopes.size(); ++sc)
-    if (open_end[sc] != 0) close(sc);
-  // Deterministic order: by path, then position (the scopes ranked by path once, so runs
-  // compare by rank).
-  std::vector<std::size_t> by_path(scopes.size());
-  for (std::size_t k = 0; k < by_path.size(); ++k) by_path[k] = k;
-  std::sort(by_path.begin(), by_path.end(),
-            [&](std::size_t a, std::size_t b) { return scopes[a].path() < scopes[b].path(); });
-  std::vector<std::size_t> rank(scopes.size());
-  for (std::size_t k = 0; k < by_path.size(); ++k) rank[by_path[k]] = k;
-  std::vector<std::size_t> order(runs.size());
-  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (runs[a].second != runs[b].second) return rank[runs[a].second] < rank[runs[b].second];
-    return runs[a].first < runs[b].first;
+  for (const std::uint32_t sc : touched) runs.push_back(Run{sc, open_begin[sc], open_end[sc]});
+  // Deterministic order: by path, then position.
+  std::sort(runs.begin(), runs.end(), [&](const Run& a, const Run& b) {
+    if (a.scope != b.scope) return tree.rank(a.scope) < tree.rank(b.scope);
+    return a.begin < b.begin;
   });
-  for (std::size_t k : order) {
-    const Scope& sc = scopes[runs[k].second];
-    d.regions_.push_back(Region{RegionKind::Module, 0, runs[k].first, run_end[k],
-                                region_hash(g, d.local_hashes_, runs[k].first, run_end[k]),
-                                sc.owner, sc.len});
-  }
-  label_module_regions(d.regions_, t);
+  d.regions_.reserve(d.regions_.size() + runs.size());
+  for (const Run& r : runs)
+    d.regions_.push_back(Region{RegionKind::Module, tree.label(r.scope), r.begin, r.end,
+                                region_hash(g, d.local_hashes_, r.begin, r.end),
+                                tree.owner(r.scope), tree.path_len(r.scope)});
   return d;
 }
 

@@ -224,6 +224,14 @@ Result<std::uint32_t> Recorder::intern_module(std::string_view path) {
   return it->second;
 }
 
+// Remade only when the table grew since it was last asked for: every copy the pipeline builds
+// from then shares it.
+const std::shared_ptr<const ModuleTree>& Recorder::module_tree_locked() {
+  if (module_tree_ == nullptr || module_tree_->num_paths() != module_paths_.size())
+    module_tree_ = std::make_shared<const ModuleTree>(module_paths_);
+  return module_tree_;
+}
+
 bool Recorder::thread_drop_when_full() const {
   const ThreadLog* log = nullptr;
   if (t_logs.uid == uid_) {
@@ -546,6 +554,7 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
   for (const std::uint64_t h : schemas)
     if (auto it = schema_names_.find(h); it != schema_names_.end()) out.schema_names.emplace(it->first, it->second);
   out.module_paths = module_paths_;
+  out.module_tree = module_tree_locked();
   if (req.want_key) {
     // The classification the key was computed from (a classify_external() since then must
     // not make the copy disagree with its key); the key's storages are the copy's storages.
@@ -614,6 +623,7 @@ Trace Recorder::snapshot() {
     std::lock_guard<std::mutex> g(names_mu_);
     for (const auto& [h, n] : schema_names_) t.schema_names.emplace(h, n);
     t.module_paths = module_paths_;
+    t.module_tree = module_tree_locked();
     t.externals.insert(externals_.begin(), externals_.end());
   }
   t.threads = thread_stats();

@@ -151,6 +151,37 @@ TEST(MerkleDag, ModuleScopesShareTheirPathAcrossLevelsAndRuns) {
 // Path components as before the scopes were built component by component: a leading '.'
 // belongs to the first component, "a..b" opens "a", "a." and "a..b", a trailing '.' an empty
 // last component.
+// The module regions are the same whether the trace carries its module tree (as the recorder's
+// copies do) or the DAG works the scopes out from the table; a tree made for another table
+// (fewer paths) is not used.
+TEST(MerkleDag, ModuleRegionsTheSameWithTheTracesTreeOrWithout) {
+  synth::Builder b;
+  const char* paths[] = {"enc.0.attn", "enc.0.ffn", "enc.1.attn", "", "enc.1", "head", "enc.0.attn"};
+  for (std::uint64_t i = 0; i < 7; ++i)
+    b.op("aten::relu", {T{1 + i, 0, {4}}}, {T{20 + i, 0, {4}}}, Phase::Forward, paths[i]);
+  b.module("enc.0");  // an entered parent, after its children
+  b.module("enc.0.attn");
+  const MerkleDag plain = dag_of(b);
+  auto same = [&](const MerkleDag& d, const char* what) {
+    ASSERT_EQ(d.regions().size(), plain.regions().size()) << what;
+    for (std::size_t i = 0; i < d.regions().size(); ++i) {
+      const Region &x = d.regions()[i], &y = plain.regions()[i];
+      EXPECT_EQ(std::tie(x.kind, x.label, x.begin, x.end, x.hash),
+                std::tie(y.kind, y.label, y.begin, y.end, y.hash)) << what << ", region " << i;
+      EXPECT_EQ(x.module_path(), y.module_path()) << what << ", region " << i;
+    }
+  };
+  b.trace.module_tree = std::make_shared<const crucible::record::ModuleTree>(b.trace.module_paths);
+  same(dag_of(b), "with the trace's tree");
+  std::vector<std::string> fewer(b.trace.module_paths.begin(), b.trace.module_paths.end() - 1);
+  b.trace.module_tree = std::make_shared<const crucible::record::ModuleTree>(fewer);
+  same(dag_of(b), "with a tree of another table");
+  std::size_t module_regions = 0;
+  for (const Region& r : plain.regions()) module_regions += r.kind == RegionKind::Module;
+  // enc: 3 runs, enc.0: 2, enc.0.attn: 2, enc.0.ffn: 1, enc.1: 2, enc.1.attn: 1, head: 1.
+  EXPECT_EQ(module_regions, 12u);
+}
+
 TEST(MerkleDag, ModuleScopesOfOddPaths) {
   synth::Builder b;
   const char* paths[] = {".a", ".", "..a", "a..b", "a."};

@@ -381,6 +381,25 @@ TEST(Recorder, ModulePathsAreInternedOnce) {
   EXPECT_EQ(t.module_path(999), "<unknown module>");
 }
 
+// Copies share the recorder's module scopes, worked out once per table: the same tree until a
+// new path is interned, then one that describes the longer table.
+TEST(Recorder, CopiesShareOneModuleTreePerTable) {
+  auto r = *Recorder::create();
+  ASSERT_TRUE(r->intern_module("block.0").ok());
+  const Trace a = r->snapshot(), b = r->snapshot();
+  ASSERT_NE(a.module_tree, nullptr);
+  EXPECT_EQ(a.module_tree.get(), b.module_tree.get()) << "the table did not change";
+  EXPECT_EQ(a.module_tree->num_paths(), a.module_paths.size());
+  const auto id = r->intern_module("block.1").value();
+  const Trace c = r->snapshot();
+  ASSERT_NE(c.module_tree, nullptr);
+  EXPECT_NE(c.module_tree.get(), a.module_tree.get());
+  EXPECT_EQ(c.module_tree->num_paths(), c.module_paths.size());
+  EXPECT_EQ(c.module_tree->label_of("block.1"), id);
+  EXPECT_EQ(c.module_tree->label_of("block"), 0u);
+  EXPECT_EQ(a.module_tree->label_of("block.1"), 0u) << "the older copy keeps its own table's tree";
+}
+
 // A path a .crtrace file cannot hold is refused when interned (with the reader's bounds), not
 // recorded and then refused by export.
 TEST(Recorder, ModulePathsPastTheFileBoundsAreRefusedWhenInterned) {

@@ -219,6 +219,8 @@ class Recorder {
   std::unordered_map<std::string, std::uint32_t> module_ids_;
   std::vector<std::string> module_paths_{""};
   std::atomic<std::uint32_t> num_modules_{1};  // module_paths_.size(), read without names_mu_
+  std::shared_ptr<const ModuleTree> module_tree_;  // scopes of module_paths_ when last asked
+  const std::shared_ptr<const ModuleTree>& module_tree_locked();  // names_mu_ held
   absl::flat_hash_map<std::uint64_t, ExternalKind> externals_;
 
   mutable std::mutex trace_mu_;  // guards trace_ (drain appends, snapshot copies) and baseline_

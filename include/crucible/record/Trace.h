@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
 #include "crucible/core/HugePageAllocator.h"
+#include "crucible/record/ModuleTree.h"
 #include "crucible/record/TraceRecord.h"
 
 namespace crucible::record {
@@ -51,6 +53,11 @@ class Trace {
   Array<ScalarRecord> scalars;      // per op, in op order
   std::map<std::uint64_t, std::string> schema_names;  // schema_hash -> "aten::add.Tensor"
   std::vector<std::string> module_paths;              // module_id -> "layer1.0.conv1"; [0] = ""
+  // The scopes of module_paths, when whoever made this trace had them (the recorder's copies
+  // share the recorder's, built once per table); null otherwise, and then worked out where
+  // needed (module_tree_of). Whoever edits module_paths resets it. Not part of the trace's
+  // value: operator== ignores it.
+  std::shared_ptr<const ModuleTree> module_tree;
   std::vector<ThreadStats> threads;
   // storage_id -> why it is external. A hash map: every build looks up hundreds of storages in
   // it (a std::map's pointer chase was a tenth of the Merkle DAG's time); save sorts it.
@@ -86,6 +93,8 @@ class Trace {
   // "aten::addmm" (or "<unknown schema 0x...>" if the table lacks it: never a crash).
   std::string schema_name(std::uint64_t hash) const;
   const std::string& module_path(std::uint32_t id) const;
+  // module_tree if it describes this table (as many paths), else one built into `own`.
+  const ModuleTree& module_tree_of(std::shared_ptr<const ModuleTree>& own) const;
 
   std::uint64_t total_dropped() const;
   std::uint64_t total_ops(Phase p) const;
