@@ -183,6 +183,8 @@ MerkleDag MerkleDag::build(const record::Trace& t, const TraceGraph& g, std::spa
   // table), else from its table here.
   std::shared_ptr<const record::ModuleTree> own_tree;
   const record::ModuleTree& tree = t.module_tree_of(own_tree);
+  // Sized by the whole table's scopes, not the iteration's: zeroing them is the per-build cost
+  // that grows with the table (as does the copy of the table itself, Recorder::key_and_copy).
   std::vector<std::uint32_t> open_begin(tree.num_scopes(), 0), open_end(tree.num_scopes(), 0);
   std::vector<std::uint32_t> touched;  // scopes with a run, in the order their first run opened
   struct Run {

@@ -11,6 +11,7 @@ ModuleTree::ModuleTree(std::span<const std::string> paths) {
   for (std::size_t id = 0; id < paths.size(); ++id) {
     scopes_begin_.push_back(scope_ids_.size());
     const std::string_view p = paths[id];
+    path_bytes_ += p.size();
     std::shared_ptr<const std::string> owner;  // made when the path opens a scope not seen yet
     // Components end at each '.' after the first character (a leading '.' belongs to the first).
     for (std::size_t start = 0; !p.empty() && start <= p.size();) {
@@ -36,6 +37,13 @@ ModuleTree::ModuleTree(std::span<const std::string> paths) {
             [&](std::uint32_t a, std::uint32_t b) { return path(a) < path(b); });
   for (std::size_t r = 0; r < by_rank.size(); ++r)
     scopes_[by_rank[r]].rank = static_cast<std::uint32_t>(r);
+}
+
+bool ModuleTree::fits(std::span<const std::string> paths) const {
+  if (paths.size() != num_paths()) return false;
+  std::size_t bytes = 0;
+  for (const std::string& p : paths) bytes += p.size();
+  return bytes == path_bytes_;
 }
 
 std::uint32_t ModuleTree::label_of(std::string_view path) const {

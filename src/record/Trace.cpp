@@ -82,7 +82,7 @@ void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
 void Trace::clear() { *this = Trace{}; }
 
 const ModuleTree& Trace::module_tree_of(std::shared_ptr<const ModuleTree>& own) const {
-  if (module_tree != nullptr && module_tree->num_paths() == module_paths.size()) return *module_tree;
+  if (module_tree != nullptr && module_tree->fits(module_paths)) return *module_tree;
   own = std::make_shared<const ModuleTree>(module_paths);
   return *own;
 }

@@ -62,6 +62,15 @@ TEST(ModuleTree, OddPaths) {
   EXPECT_EQ(t.label_of("a"), 0u);
 }
 
+TEST(ModuleTree, FitsOnlyATableOfItsShape) {
+  const std::vector<std::string> table = {"", "a.b", "c"};
+  const ModuleTree t(table);
+  EXPECT_TRUE(t.fits(table));
+  EXPECT_FALSE(t.fits(std::vector<std::string>{"", "a.b"})) << "fewer paths";
+  EXPECT_FALSE(t.fits(std::vector<std::string>{"", "a.b", "c", "d"})) << "more paths";
+  EXPECT_FALSE(t.fits(std::vector<std::string>{"", "a.b", "cc"})) << "other lengths";
+}
+
 // The tree owns what it needs: the table it came from may go away.
 TEST(ModuleTree, OutlivesItsTable) {
   auto table = std::make_unique<std::vector<std::string>>(

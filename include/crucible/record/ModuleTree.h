@@ -6,7 +6,8 @@
 // of consecutive nodes inside one scope. Scopes depend on the table's strings alone, and the
 // recorder's table only grows, so the recorder builds the tree once per table it hands out
 // (Trace::module_tree) instead of every iteration build splitting, hashing and sorting the same
-// strings again: that was 16 of the 40 us the Merkle DAG of resnet18's step took.
+// strings again: resnet18's Merkle DAG took 40.5 us that way and 22.5 us with the recorder's
+// tree (a loop over one saved trace; 32 us when the build makes the tree from the table).
 //
 // Immutable once built: shared between threads without locking. It owns copies of the paths
 // it needs (Region::path_owner points into them), never the caller's strings.
@@ -29,6 +30,10 @@ class ModuleTree {
   explicit ModuleTree(std::span<const std::string> paths);
 
   std::size_t num_paths() const { return scopes_begin_.size() - 1; }
+  // Whether this tree may describe `paths`: as many paths, of as many bytes in all. A cheap
+  // guard (a sum per build), not a proof: it catches a table grown, cut or renamed to other
+  // lengths since the tree was made, not one edited in place to the same lengths.
+  bool fits(std::span<const std::string> paths) const;
   std::uint32_t num_scopes() const { return static_cast<std::uint32_t>(scopes_.size()); }
   // The scopes module `id` runs inside, outermost first; none for "" or an id past the table.
   std::span<const std::uint32_t> scopes_of(std::uint32_t id) const {
@@ -60,6 +65,7 @@ class ModuleTree {
   std::vector<Scope> scopes_;
   std::vector<std::uint32_t> scope_ids_;     // every module's scopes, module after module
   std::vector<std::size_t> scopes_begin_;    // module id -> its first entry in scope_ids_
+  std::size_t path_bytes_ = 0;               // the table's bytes in all (fits)
   absl::flat_hash_map<std::string_view, std::uint32_t> by_path_;  // views into the owners
 };
 

@@ -93,7 +93,7 @@ class Trace {
   // "aten::addmm" (or "<unknown schema 0x...>" if the table lacks it: never a crash).
   std::string schema_name(std::uint64_t hash) const;
   const std::string& module_path(std::uint32_t id) const;
-  // module_tree if it describes this table (as many paths), else one built into `own`.
+  // module_tree if it fits this table (ModuleTree::fits), else one built into `own`.
   const ModuleTree& module_tree_of(std::shared_ptr<const ModuleTree>& own) const;
 
   std::uint64_t total_dropped() const;
