@@ -222,13 +222,53 @@ std::uint8_t op_flags(bool is_mutable);
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output);
 
+// Note [Key exclusion inline]: c10::impl::ExcludeDispatchKeyGuard, for our one key, without
+// its two out-of-line calls into libc10 (each reaching the thread's dispatch key set through
+// __tls_get_addr again): one TLS lookup, kept for the destructor and for reads while the guard
+// holds. The same semantics: it adds the key only if it was not excluded already, and takes off
+// only what it added. Where PyTorch hides the thread-local (MSVC, mobile), c10's guard.
+#if defined(_MSC_VER) || defined(C10_ANDROID) || defined(C10_IPHONE)
+class KeyExcluded {
+ public:
+  KeyExcluded() = default;
+  bool below_autograd() const {
+    return c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
+  }
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_{kKey};
+};
+#else
+class KeyExcluded {
+ public:
+  KeyExcluded() : tls_(&c10::impl::raw_local_dispatch_key_set) {
+    const c10::DispatchKeySet ex = tls_->excluded();
+    added_ = !ex.has(kKey);
+    if (added_) tls_->set_excluded(ex.add(kKey));
+  }
+  ~KeyExcluded() {
+    if (added_) tls_->set_excluded(tls_->excluded().remove(kKey));
+  }
+  KeyExcluded(const KeyExcluded&) = delete;
+  KeyExcluded& operator=(const KeyExcluded&) = delete;
+  // Whether the op runs below Autograd (ADInplaceOrView excluded), as enter_op asks.
+  bool below_autograd() const { return tls_->excluded().has(c10::DispatchKey::ADInplaceOrView); }
+
+ private:
+  c10::impl::PODLocalDispatchKeySet* tls_;
+  bool added_;
+};
+#endif
+
 // Entering an op at the current depth: false if it is a kernel internal (the caller passes it
 // through unrecorded), else marks the parent as decomposed and returns the op's frame, reset.
-// See Note [One op level] in misc/CRUCIBLE.md.
+// See Note [One op level] in misc/CRUCIBLE.md. below_autograd: whether ADInplaceOrView is
+// excluded on this thread now (the overload without it reads that itself).
+Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd);
 Frame* enter_op(ThreadState& ts, bool composite_implicit);
 // enter_op for an op that is not CompositeImplicitAutograd, with the frame's phase and op
 // flags set: one call from each unboxed kernel instead of three.
-Frame* enter_recorded(ThreadState& ts, bool is_mutable);
+Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd);
 // Appends a recorded op to the thread's active capture (call only when ts.capture is set).
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase);

@@ -236,8 +236,11 @@ namespace {
 }  // namespace
 
 Frame* enter_op(ThreadState& ts, bool composite_implicit) {
-  const bool below_autograd =
-      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
+  return enter_op(ts, composite_implicit,
+                  c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView));
+}
+
+Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd) {
   if (ts.depth == 0) {
     ts.outer_below_autograd = below_autograd;
   } else {
@@ -259,8 +262,8 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
   return &f;
 }
 
-Frame* enter_recorded(ThreadState& ts, bool is_mutable) {
-  Frame* f = enter_op(ts, /*composite_implicit=*/false);
+Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd) {
+  Frame* f = enter_op(ts, /*composite_implicit=*/false, below_autograd);
   if (f == nullptr) return nullptr;
   f->phase = current_phase(ts);
   f->flags = op_flags(is_mutable);
@@ -343,7 +346,7 @@ void add_ivalue(ThreadState& ts, OpBuilder& b, const c10::IValue& v, std::uint16
 
 void passthrough_excluding_key(const c10::OperatorHandle& op, c10::DispatchKeySet after,
                                torch::jit::Stack* stack) {
-  c10::impl::ExcludeDispatchKeyGuard guard(kKey);
+  KeyExcluded guard;
   op.redispatchBoxed(after, stack);
 }
 
@@ -392,7 +395,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     if (si.composite_implicit) {
       op.redispatchBoxed(after, stack);
     } else {
-      c10::impl::ExcludeDispatchKeyGuard guard(kKey);
+      KeyExcluded guard;
       op.redispatchBoxed(after, stack);
     }
   } catch (...) {

@@ -228,26 +228,27 @@ template <class Op, class Ret, class... Args>
 struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet after = after_key(ks);
-    c10::impl::ExcludeDispatchKeyGuard guard(kKey);  // nested calls are internals (see above)
+    const KeyExcluded guard;  // nested calls are internals (see above)
     ThreadState& ts = thread_state();
     if (ts.capture != nullptr) [[unlikely]]
-      return call_capturing(ts, after, args...);
-    return record<false>(ts, after, args...);
+      return call_capturing(ts, after, guard.below_autograd(), args...);
+    return record<false>(ts, after, guard.below_autograd(), args...);
   }
 
   // Under crucible.compile's capture the arguments and results are also boxed for it (Note
   // [Cold code out of the kernels]): a separate copy, out of line, so the common path carries
   // no vector of IValues to construct and destroy.
   [[gnu::noinline, gnu::cold]] static Ret call_capturing(ThreadState& ts, c10::DispatchKeySet after,
-                                                         Args... args) {
-    return record<true>(ts, after, args...);
+                                                         bool below_autograd, Args... args) {
+    return record<true>(ts, after, below_autograd, args...);
   }
 
   struct NoCapture {};
   template <bool kCapture>
-  [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, Args... args) {
+  [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, bool below_autograd,
+                                           Args... args) {
     const Site& s = site<Op>();
-    Frame* f = enter_recorded(ts, s.is_mutable);
+    Frame* f = enter_recorded(ts, s.is_mutable, below_autograd);
     if (f == nullptr) return Op::redispatch(after, args...);
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
