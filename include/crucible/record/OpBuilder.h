@@ -22,12 +22,12 @@ class OpBuilder {
  public:
   OpBuilder() {
     cells_.resize(64);
-    scalars_.reserve(32);
+    scalars_.resize(32);
   }
 
   void reset() {
     n_cells_ = 0;  // cells_ keeps its size: begin_tensor and set_dims write every cell handed out
-    scalars_.clear();
+    n_scalars_ = 0;  // scalars_ keeps its size, like cells_
     n_tensors_ = n_inputs_ = 0;
     inputs_done_ = false;
   }
@@ -78,7 +78,9 @@ class OpBuilder {
   void end_inputs() { inputs_done_ = true; }
 
   void add_scalar(ScalarKind k, std::uint16_t arg, std::uint64_t bits, std::uint32_t aux = 0) {
-    scalars_.push_back(ScalarRecord{k, 0, arg, aux, bits});
+    if (n_scalars_ == scalars_.size()) [[unlikely]]
+      grow_scalars();
+    scalars_[n_scalars_++] = ScalarRecord{k, 0, arg, aux, bits};
   }
   void add_int(std::uint16_t arg, std::int64_t v) {
     add_scalar(ScalarKind::Int, arg, static_cast<std::uint64_t>(v));
@@ -95,7 +97,7 @@ class OpBuilder {
   std::uint32_t n_tensors() const { return n_tensors_; }
   std::uint32_t n_inputs() const { return n_inputs_; }
   std::span<const MetaCell> cells() const { return {cells_.data(), n_cells_}; }
-  std::span<const ScalarRecord> scalars() const { return scalars_; }
+  std::span<const ScalarRecord> scalars() const { return {scalars_.data(), n_scalars_}; }
 
   TraceEntry entry(std::uint64_t schema_hash, Phase phase, std::uint8_t flags) const {
     TraceEntry e;
@@ -103,7 +105,7 @@ class OpBuilder {
     e.n_tensors = n_tensors_;
     e.n_inputs = n_inputs_;
     e.n_meta_cells = static_cast<std::uint32_t>(n_cells_);
-    e.n_scalars = static_cast<std::uint32_t>(scalars_.size());
+    e.n_scalars = static_cast<std::uint32_t>(n_scalars_);
     e.phase = phase;
     e.flags = flags;
     return e;
@@ -113,10 +115,14 @@ class OpBuilder {
   // Out of line: the vector's growth code would otherwise be inlined into every caller of
   // begin_tensor, the recorder's hottest function.
   [[gnu::noinline]] void grow(std::size_t n) { cells_.resize(n); }  // capacity grows geometrically
+  // The same for scalars: a push_back's growth path inlined made every scalar capture of the
+  // unboxed kernels (an int, a double, a bool) some 390 bytes of code.
+  [[gnu::noinline]] void grow_scalars() { scalars_.resize(2 * scalars_.size()); }
 
   std::vector<MetaCell> cells_;  // the first n_cells_ are this op's
   std::size_t n_cells_ = 0;
-  std::vector<ScalarRecord> scalars_;
+  std::vector<ScalarRecord> scalars_;  // the first n_scalars_ are this op's
+  std::size_t n_scalars_ = 0;
   std::size_t last_ = 0;  // head cell of the tensor begun last
   std::uint32_t n_tensors_ = 0, n_inputs_ = 0;
   bool inputs_done_ = false;
