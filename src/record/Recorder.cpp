@@ -16,10 +16,7 @@ std::atomic<std::uint64_t> g_next_uid{1};
 
 bool pow2(std::uint32_t v) { return v >= 2 && (v & (v - 1)) == 0; }
 
-// A producer-owned counter that other threads only read: a plain add, no locked instruction.
-void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) {
-  c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
+using detail::bump_owned;
 
 // The calling thread's logs, one per recorder it has recorded into. The cached pair makes
 // the common case (one recorder) a compare and a load. The recorder owns its logs (logs_);
@@ -110,53 +107,7 @@ ThreadLog& Recorder::thread_log() {
   return *t_logs.log;
 }
 
-// Note [Commit fast path]: commit runs once per recorded op, between stretches of PyTorch code
-// that evict it from the instruction cache, so its cost is mostly the code lines it touches.
-// The common case (room in all three rings) is a few straight-line copies; full rings, the
-// drop mode and back-pressure live in commit_slow, out of line.
-bool Recorder::commit(ThreadLog& log, const TraceEntry& entry, std::span<const MetaCell> cells,
-                      std::span<const ScalarRecord> scalars) {
-  CRUCIBLE_PRE(cells.size() == entry.n_meta_cells && scalars.size() == entry.n_scalars,
-               "entry counts match the cells and scalars given");
-  if (!log.metas_.has_room(cells.size()) || !log.scalars_.has_room(scalars.size()) ||
-      !log.entries_.has_room(1)) [[unlikely]]
-    return commit_slow(log, entry, cells, scalars);
-  log.metas_.push_n_fitting(cells);
-  log.scalars_.push_n_fitting(scalars);
-  publish_entry(log, entry, cells.size(), scalars.size());
-  return true;
-}
-
-// The op's entry, after its cells and scalars, with room for it in the ring.
-void Recorder::publish_entry(ThreadLog& log, const TraceEntry& entry, std::size_t n_cells,
-                             std::size_t n_scalars) {
-  const std::uint64_t seq = log.committed_.load(std::memory_order_relaxed);
-  const std::uint8_t flags = entry.flags | (log.after_drop_ ? op_flag::kAfterDrop : 0);
-  log.after_drop_ = false;
-  auto fill = [&](TraceEntry& slot) {  // field by field into the ring (see try_push_with)
-    slot.schema_hash = entry.schema_hash;
-    slot.seq = seq;
-    slot.n_tensors = entry.n_tensors;
-    slot.n_inputs = entry.n_inputs;
-    slot.n_meta_cells = entry.n_meta_cells;
-    slot.n_scalars = entry.n_scalars;
-    slot.module_id = entry.module_id;
-    slot.thread = log.index_;
-    slot.n_args = entry.n_args;
-    slot.phase = entry.phase;
-    slot.flags = flags;
-    slot.reserved0 = 0;
-    slot.reserved[0] = slot.reserved[1] = 0;
-  };
-  const bool pushed = log.entries_.try_push_with(fill);  // the caller made room
-  CRUCIBLE_ASSERT(pushed, "room for the entry");
-  (void)pushed;
-  bump(log.ops_[static_cast<int>(entry.phase) % kNumPhases], 1);
-  bump(log.bytes_,
-       sizeof(TraceEntry) + n_cells * sizeof(MetaCell) + n_scalars * sizeof(ScalarRecord));
-  log.committed_.store(seq + 1, std::memory_order_release);
-}
-
+// commit's fast path is in Recorder.h (Note [Commit fast path]).
 bool Recorder::commit_slow(ThreadLog& log, const TraceEntry& entry, std::span<const MetaCell> cells,
                            std::span<const ScalarRecord> scalars) {
   if (log.drop_mode_ < 0 ? drop_when_full_.load(std::memory_order_relaxed) : log.drop_mode_ != 0)
@@ -165,7 +116,7 @@ bool Recorder::commit_slow(ThreadLog& log, const TraceEntry& entry, std::span<co
                       log.metas_.capacity() - log.metas_.size_approx() >= cells.size() &&
                       log.scalars_.capacity() - log.scalars_.size_approx() >= scalars.size();
     if (!fits) {
-      bump(log.dropped_, 1);
+      bump_owned(log.dropped_, 1);
       log.after_drop_ = true;
       wake_drain();
       return false;
@@ -175,7 +126,7 @@ bool Recorder::commit_slow(ThreadLog& log, const TraceEntry& entry, std::span<co
   auto wait = [&](const auto& ring) __attribute__((noinline, cold)) {  // `ring` was found full
     if (!waited) {
       waited = true;
-      bump(log.waits_, 1);
+      bump_owned(log.waits_, 1);
     }
     const std::uint32_t bell = log.bell_.load(std::memory_order_acquire);
     log.waiting_.store(true, std::memory_order_seq_cst);

@@ -241,12 +241,12 @@ class KeyExcluded {
 #else
 class KeyExcluded {
  public:
-  KeyExcluded() : tls_(&c10::impl::raw_local_dispatch_key_set) {
+  [[gnu::always_inline]] KeyExcluded() : tls_(&c10::impl::raw_local_dispatch_key_set) {
     const c10::DispatchKeySet ex = tls_->excluded();
     added_ = !ex.has(kKey);
     if (added_) tls_->set_excluded(ex.add(kKey));
   }
-  ~KeyExcluded() {
+  [[gnu::always_inline]] ~KeyExcluded() {
     if (added_) tls_->set_excluded(tls_->excluded().remove(kKey));
   }
   KeyExcluded(const KeyExcluded&) = delete;

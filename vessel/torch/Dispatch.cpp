@@ -120,12 +120,19 @@ std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_prof
 
 }  // namespace
 namespace detail {
-Phase current_phase(ThreadState& ts) {
+namespace {
+// The bodies of current_phase, op_flags and enter_op, inlined into enter_recorded, which every
+// unboxed kernel calls once per op: one function's code lines instead of four (Note [Cold code
+// out of the kernels], Unboxed.cpp).
+[[gnu::always_inline]] inline Phase phase_now(ThreadState& ts) {
   if (ts.optimizer_depth > 0) return Phase::Optimizer;
   // The engine sets the current graph task on every thread while it runs backward nodes.
   if (torch::autograd::get_current_graph_task_exec_info() != nullptr) return Phase::Backward;
   return Phase::Forward;
 }
+}  // namespace
+
+Phase current_phase(ThreadState& ts) { return phase_now(ts); }
 
 }  // namespace detail
 namespace {
@@ -218,7 +225,8 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
     set_dims_without_strides(b, sizes);
 }
 
-std::uint8_t op_flags(bool is_mutable) {
+namespace {
+[[gnu::always_inline]] inline std::uint8_t flags_now(bool is_mutable) {
   std::uint8_t flags = is_mutable ? record::op_flag::kMutable : 0;
   // GradMode::is_enabled() and InferenceMode::is_enabled() read this same thread-local state.
   const c10::AutogradState& autograd = c10::AutogradState::get_tls_state();
@@ -226,6 +234,9 @@ std::uint8_t op_flags(bool is_mutable) {
   if (autograd.get_inference_mode()) flags |= record::op_flag::kInferenceMode;
   return flags;
 }
+}  // namespace
+
+std::uint8_t op_flags(bool is_mutable) { return flags_now(is_mutable); }
 
 namespace {
 // A frame for a new nesting depth: once per depth per thread, out of line (Frame's construction
@@ -240,7 +251,9 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
                   c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView));
 }
 
-Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd) {
+namespace {
+[[gnu::always_inline]] inline Frame* enter_now(ThreadState& ts, bool composite_implicit,
+                                               bool below_autograd) {
   if (ts.depth == 0) {
     ts.outer_below_autograd = below_autograd;
   } else {
@@ -261,12 +274,17 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd) {
   f.composite_implicit = composite_implicit;
   return &f;
 }
+}  // namespace
+
+Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd) {
+  return enter_now(ts, composite_implicit, below_autograd);
+}
 
 Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd) {
-  Frame* f = enter_op(ts, /*composite_implicit=*/false, below_autograd);
+  Frame* f = enter_now(ts, /*composite_implicit=*/false, below_autograd);
   if (f == nullptr) return nullptr;
-  f->phase = current_phase(ts);
-  f->flags = op_flags(is_mutable);
+  f->phase = phase_now(ts);
+  f->flags = flags_now(is_mutable);
   return f;
 }
 
