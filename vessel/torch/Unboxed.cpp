@@ -57,7 +57,6 @@
 
 #include <cstring>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 
@@ -186,19 +185,11 @@ std::vector<c10::IValue> box_result(const std::tuple<Ts...>& t) {
 // instructions are fetched from outside the L1 cache nearly every time. What runs only once
 // (the site's lookup) or only under crucible.compile (boxing for the capture) is kept out of
 // line and in the cold section, so the code each op does run spans fewer cache lines.
-template <class Op, class Fn>
-struct Rec;
-
 template <class Op>
 [[gnu::noinline, gnu::cold]] Site make_site() {
   std::string name = Op::name;
   if (std::strlen(Op::overload_name) != 0) name += std::string(".") + Op::overload_name;
   const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-  // Rec<Op>::kMutates reads the schema text (Note [Inputs after the kernel]): it must agree with
-  // the registered schema's alias information.
-  constexpr bool kMutates = Rec<Op, typename Op::schema>::kMutates;
-  TORCH_CHECK(kMutates == handle.schema().is_mutable(),
-              "crucible: ", name, ": schema text and alias information disagree on mutation");
   return Site{record::Recorder::global().intern_schema(name), handle.schema().is_mutable(), handle};
 }
 
@@ -230,6 +221,9 @@ std::string impl_name() {
   return name;
 }
 
+template <class Op, class Fn>
+struct Rec;
+
 template <class Op, class Ret, class... Args>
 struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
@@ -249,24 +243,6 @@ struct Rec<Op, Ret(Args...)> {
     return record<true>(ts, after, below_autograd, args...);
   }
 
-  // Note [Inputs after the kernel]: the kernel in between evicts the recording code from the
-  // instruction cache, so capturing inputs before it and outputs after it fetches add_tensor
-  // and its helpers twice per op. An op whose schema mutates nothing leaves its inputs as they
-  // were (sizes, strides, storage, version, flags), so its inputs are captured after the
-  // kernel, next to its outputs: the same records (the boxed fallback, which captures before,
-  // is compared with these byte for byte in test_vessel.py), fetched once. A mutating op
-  // (add_, zero_, ...) bumps its inputs' versions and may restride them: captured before.
-  static constexpr bool kMutates =
-      std::string_view(Op::schema_str).find('!') != std::string_view::npos;
-
-  [[gnu::always_inline]] static void capture_inputs(ThreadState& ts, OpBuilder& b,
-                                                    const Args&... args) {
-    Cap in{ts, b, false};
-    std::uint16_t i = 0;
-    (cap(in, args, i++), ...);
-    b.end_inputs();
-  }
-
   struct NoCapture {};
   template <bool kCapture>
   [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, bool below_autograd,
@@ -276,12 +252,14 @@ struct Rec<Op, Ret(Args...)> {
     if (f == nullptr) return Op::redispatch(after, args...);
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
-    if constexpr (kMutates) capture_inputs(ts, f->b, args...);
+    Cap in{ts, f->b, false};
+    std::uint16_t i = 0;
+    (cap(in, args, i++), ...);
+    f->b.end_inputs();
     std::conditional_t<kCapture, std::vector<c10::IValue>, NoCapture> cap_args;
     if constexpr (kCapture) cap_args = c10::impl::boxArgs<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
-    if constexpr (!kMutates) capture_inputs(ts, f->b, args...);
     Cap out{ts, f->b, true};
     cap_result(out, result);
     if constexpr (kCapture) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
