@@ -6,27 +6,23 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import crucible_native as crucible  # noqa: E402
+
+import benchutil  # noqa: E402
 
 client = ctypes.CDLL(sys.argv[1])
 mode, steps = sys.argv[2], int(sys.argv[3])
 if mode not in ("eager", "recorded"):
     sys.exit(f"mlp_step.py: mode must be eager or recorded, not {mode!r}")
 torch.set_num_threads(1)
-torch.manual_seed(0)
-m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+m, opt, x, y = benchutil.make_mlp()
 
 
 def step():
-    opt.zero_grad()
-    F.cross_entropy(m(x), y).backward()
-    opt.step()
+    benchutil.step(m, opt, x, y)
 
 
 for _ in range(5):

@@ -18,8 +18,6 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -43,12 +41,7 @@ class PyRecorder(TorchDispatchMode):
         return out
 
 
-def make_mlp():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-    return m, opt, x, y
+make_mlp = benchutil.make_mlp
 
 
 def make_resnet():
@@ -60,10 +53,7 @@ def make_resnet():
     return m, opt, x, y
 
 
-def step(m, opt, x, y):
-    opt.zero_grad()
-    F.cross_entropy(m(x), y).backward()
-    opt.step()
+step = benchutil.step
 
 
 def time_block(fn, n, cpu=None):
