@@ -3,6 +3,7 @@
 # CRUCIBLE_SANITIZER: none | asan-ubsan | tsan | ubsan-strict
 # CRUCIBLE_CONTRACTS: enforce | observe | ignore   (see include/crucible/core/Contract.h)
 # CRUCIBLE_DEBUG_INFO: lines | full | none         (below)
+# CRUCIBLE_UNITY_BUILD: ON in the checking presets (below)
 set(CRUCIBLE_SANITIZER "none" CACHE STRING "none | asan-ubsan | tsan | ubsan-strict")
 set_property(CACHE CRUCIBLE_SANITIZER PROPERTY STRINGS none asan-ubsan tsan ubsan-strict fuzzer)
 set(CRUCIBLE_CONTRACTS "enforce" CACHE STRING "enforce | observe | ignore")
@@ -10,6 +11,17 @@ set_property(CACHE CRUCIBLE_CONTRACTS PROPERTY STRINGS enforce observe ignore)
 option(CRUCIBLE_BUILD_TESTS "Build the test suite" ON)
 option(CRUCIBLE_BUILD_BENCH "Build the benchmarks" ON)
 option(CRUCIBLE_BUILD_FUZZ "Build the libFuzzer harnesses (clang only: the fuzz preset)" OFF)
+# Unity (jumbo) builds: each target's sources compiled eight to a translation unit, so the heavy
+# headers (GoogleTest, torch, LLVM, toml++) are parsed once per batch instead of once per file.
+# The checking presets turn it on: it roughly halves their build (3m48s -> 1m59s for the whole
+# tree at -O3 on the 2-core machine), which is most of the suite's time. The release preset keeps
+# one file per translation unit: it is what the benchmarks measure, and it is the build that
+# catches a source relying on another file's includes or names.
+option(CRUCIBLE_UNITY_BUILD "Compile each target's sources in batches (CMAKE_UNITY_BUILD)" OFF)
+if(CRUCIBLE_UNITY_BUILD)
+  set(CMAKE_UNITY_BUILD ON)
+  set(CMAKE_UNITY_BUILD_BATCH_SIZE 8)
+endif()
 
 if(CRUCIBLE_CONTRACTS STREQUAL "enforce")
   set(_sem 2)

@@ -24,7 +24,7 @@ using K = CKernel;
 //   h200      NVIDIA H200 SXM datasheet: 141 GB HBM3e at 4.8 TB/s, 989 TFLOPS dense BF16/FP16
 //             tensor core, 67 TFLOPS FP32; budget 90% of capacity (CUDA context, allocator
 //             slack). Families: every kind has CUDA kernels (PyTorch's own at worst).
-const std::vector<Hardware>& table() {
+const std::vector<Hardware>& hardware_table() {
   static const std::vector<Hardware> t = {
       {"cpu-avx2",
        "x86-64 AVX2+FMA, 1 core (AMD EPYC Zen 4 @ 2.6 GHz): 83.2 GFLOP/s f32, ~20 GB/s DRAM "
@@ -227,14 +227,14 @@ nlohmann::json hardware_json(const Hardware& hw) {
 }  // namespace
 
 const Hardware* hardware_by_name(std::string_view name) {
-  for (const Hardware& h : table())
+  for (const Hardware& h : hardware_table())
     if (h.name == name) return &h;
   return nullptr;
 }
 
 std::vector<std::string_view> hardware_names() {
   std::vector<std::string_view> out;
-  for (const Hardware& h : table()) out.push_back(h.name);
+  for (const Hardware& h : hardware_table()) out.push_back(h.name);
   return out;
 }
 

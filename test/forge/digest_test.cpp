@@ -15,6 +15,7 @@
 #include "crucible/graph/Analysis.h"
 #include "crucible/record/TraceFile.h"
 #include "ir_fixture.h"
+#include "traces.h"
 
 namespace crucible::forge {
 namespace {
@@ -150,7 +151,6 @@ TEST(PlanText, RuleIdsModulePathsAndCommentsDoNotMoveThePlanDigest) {
 // Golden plans: each recorded model (symbolic over its first two batch sizes) planned for each
 // shipped class under the default training policy, compared byte for byte with
 // test/forge/golden/<model>_<class>.plan.txt. CRUCIBLE_UPDATE_GOLDEN=1 rewrites the files.
-std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
 std::filesystem::path golden_dir() {
   return std::filesystem::path(CRUCIBLE_SOURCE_DIR) / "test" / "forge" / "golden";
 }

@@ -9,6 +9,7 @@
 #include "crucible/forge/Ir001.h"
 #include "crucible/graph/Analysis.h"
 #include "crucible/record/TraceFile.h"
+#include "traces.h"
 
 namespace crucible::forge {
 namespace {
@@ -219,8 +220,6 @@ TEST(Ir001, SymbolizeRefusesWhatIsNotProportional) {
 }
 
 // Recorded traces of the test models (make_traces.py), when present.
-std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
-
 Result<Ir001> ir_of(const std::string& model, std::int64_t batch, ExprPool& pool) {
   const auto path = traces_dir() / (model + "_b" + std::to_string(batch) + ".crtrace");
   auto t = record::load_trace(path.string());

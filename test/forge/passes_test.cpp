@@ -9,6 +9,7 @@
 #include "crucible/forge/Passes.h"
 #include "crucible/graph/Analysis.h"
 #include "crucible/record/TraceFile.h"
+#include "traces.h"
 
 namespace crucible::forge {
 namespace {
@@ -153,8 +154,6 @@ TEST(FrontEnd, AnInferencePlanOfATrainingStepIsRefused) {
             absl::string_view::npos) << refused.status();
   EXPECT_TRUE(run_front_end(build(step, pool), *rules, Policy{}).ok());
 }
-
-std::filesystem::path traces_dir() { return CRUCIBLE_FORGE_TRACES; }
 
 TEST(FrontEnd, RecordedModelsPlanDeterministically) {
   if (!std::filesystem::exists(traces_dir() / "index.json")) GTEST_SKIP() << "no recorded traces";

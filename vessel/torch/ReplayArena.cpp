@@ -203,15 +203,15 @@ class Wrapper final : public c10::Allocator {
   c10::Allocator* base_;
 };
 
-std::mutex g_install_mu;
+std::mutex g_allocator_install_mu;
 Wrapper* g_wrapper = nullptr;
 }  // namespace
 
-void lock_allocator_install() { g_install_mu.lock(); }
-void unlock_allocator_install() { g_install_mu.unlock(); }
+void lock_allocator_install() { g_allocator_install_mu.lock(); }
+void unlock_allocator_install() { g_allocator_install_mu.unlock(); }
 
 std::string ensure_arena_allocator() {
-  std::lock_guard<std::mutex> g(g_install_mu);
+  std::lock_guard<std::mutex> g(g_allocator_install_mu);
   if (g_wrapper != nullptr) {
     if (c10::GetCPUAllocator() != g_wrapper)
       return "another library replaced PyTorch's CPU allocator after Crucible's arena wrapper was installed";
