@@ -3,12 +3,13 @@
 For MLP, small CNN, resnet18 and a small transformer + AdamW (batch sizes as in the tests):
   * build time of one iteration (structure key and copy of its ops out of the trace, graph +
     Merkle DAG + memory plan, measured by the pipeline's build stage with reuse off: wall and
-    build-thread CPU time, median of --rounds recordings) and per op;
+    build-thread CPU time, median of --rounds recordings) and per op, with its parts (key and
+    copy, graph, DAG, plan);
   * the same work (key, copy, graph, DAG, plan) repeated back to back on one thread: the
     build's own cost on a busy core, without the pipeline thread's wake-up on an idle core;
     and the same again with the caches emptied before each round (64 MiB written elsewhere):
     what the build costs when none of its code or data is cached, as the pipeline's build
-    thread finds them after its core was idle;
+    thread finds them after its core was idle; each also by part;
   * with reuse on, the time to republish the last analysis for a new run of the same step (its
     structure key matched), median of --rounds recordings; for a step whose scalars change
     every step (AdamW) only the wiring key matches, and the time is that of the rewire (copy,
@@ -62,13 +63,19 @@ def main():
             crucible.clear()
             models.record(s, 3)
             it = crucible.iteration()
-            builds.append((it["pipeline_build_us"], it["pipeline_copy_us"], it["pipeline_build_cpu_us"]))
-        build_us, copy_us, cpu_us = (statistics.median(b[k] for b in builds) for k in range(3))
+            builds.append((it["pipeline_build_us"], it["pipeline_copy_us"], it["pipeline_build_cpu_us"],
+                           it["pipeline_graph_us"], it["pipeline_dag_us"], it["pipeline_plan_us"]))
+        build_us, copy_us, cpu_us, graph_us, dag_us, plan_us = (
+            statistics.median(b[k] for b in builds) for k in range(6))
         # The same work repeated back to back on this thread, on the iteration just published:
         # what the build costs on a busy core. The build thread wakes on an idle one, which on
         # this VM makes the same code about twice as slow (see bench/README.md).
-        hot_us = statistics.median(crucible._ext.time_build(50)["us"])
-        cold_us = statistics.median(crucible._ext.time_build(15, evict_mib=64)["us"])
+        hot = crucible._ext.time_build(50)
+        cold = crucible._ext.time_build(15, evict_mib=64)
+        hot_us, cold_us = statistics.median(hot["us"]), statistics.median(cold["us"])
+        parts = ("key", "copy", "graph", "dag", "plan")
+        hot_parts = {k: statistics.median(hot[k + "_us"]) for k in parts}
+        cold_parts = {k: statistics.median(cold[k + "_us"]) for k in parts}
         # The same again with reuse on: the last build's analysis is republished when the
         # structure key matches (Note [Reusing earlier builds]).
         crucible._ext.pipeline_reuse(True)
@@ -92,9 +99,14 @@ def main():
             "build_us": build_us,
             "build_copy_us": copy_us,
             "build_cpu_us": cpu_us,
+            "build_graph_us": graph_us,
+            "build_dag_us": dag_us,
+            "build_plan_us": plan_us,
             "build_us_per_op": build_us / it["total_ops"],
             "build_hot_us": hot_us,
             "build_cold_us": cold_us,
+            "build_hot_parts_us": hot_parts,
+            "build_cold_parts_us": cold_parts,
             "reuse_us": reuse_us,
             "rewire_us": rewire_us,
             "rewire_over_build": rewire_us / build_us if rewire_us is not None else None,
@@ -111,6 +123,10 @@ def main():
               + (f"reused {reuse_us:6.1f} us  " if reuse_us is not None else
                  f"rewired {rewire_us:6.1f} us ({r['rewire_over_build']:.2f}x the build; scalars change per step)  "
                  if rewire_us is not None else "rebuilt  ") +
+              f"\n{'':18s}in the pipeline: key + copy {copy_us:5.1f}, graph {graph_us:5.1f}, DAG {dag_us:5.1f}, "
+              f"plan {plan_us:5.1f} us;  back to back: "
+              + ", ".join(f"{k} {hot_parts[k]:.1f}" for k in parts) + ";  caches emptied: "
+              + ", ".join(f"{k} {cold_parts[k]:.1f}" for k in parts) + " us\n" + f"{'':18s}"
               f"arena {r['arena_bytes'] / 2**20:6.2f} MiB  lower bound {r['lower_bound_bytes'] / 2**20:6.2f} MiB "
               f"(ratio {r['arena_over_lower_bound']:.3f})  eager peak {peak / 2**20:6.2f} MiB "
               f"(arena / eager {r['arena_over_eager_peak']:.2f}x)")

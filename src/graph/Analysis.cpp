@@ -2,6 +2,7 @@
 #include "crucible/graph/Analysis.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -18,14 +19,26 @@ void count_ops(IterationAnalysis& a, const record::Trace& t) {
 
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
                                            const PlanOptions& plan_opt, std::span<const ContentHash> locals,
-                                           std::optional<record::StorageNumbering> numbering) {
+                                           std::optional<record::StorageNumbering> numbering,
+                                           BuildTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  auto ns = [](Clock::time_point a, Clock::time_point b) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+  };
+  const Clock::time_point t0 = times ? Clock::now() : Clock::time_point{};
   auto a = std::make_shared<IterationAnalysis>();
   a->ops = std::move(ops);
   count_ops(*a, t);
   a->graph = numbering ? TraceGraph::build(t, a->ops, std::move(*numbering))
                        : TraceGraph::build(t, a->ops);
+  const Clock::time_point t1 = times ? Clock::now() : Clock::time_point{};
   a->dag = MerkleDag::build(t, a->graph, locals);
+  const Clock::time_point t2 = times ? Clock::now() : Clock::time_point{};
   auto plan = plan_memory(t, a->graph, plan_opt);
+  if (times) {
+    const Clock::time_point t3 = Clock::now();
+    *times = BuildTimes{ns(t0, t1), ns(t1, t2), ns(t2, t3)};
+  }
   if (plan.ok())
     a->plan = std::move(*plan);
   else

@@ -254,9 +254,10 @@ void Pipeline::build_loop() {
         continue;
       }
     }
+    graph::BuildTimes parts;
     it = graph::build_iteration(
         *trace, std::move(local), plan_, contents,
-        std::move(kc.numbering));  // numbers the copy's tensors (the structure key's pass)
+        std::move(kc.numbering), &parts);  // numbers the copy's tensors (the structure key's pass)
     it->trace = std::move(trace);
     it->report = std::move(w->report);
     const std::uint64_t cpu1 = thread_cpu_ns();
@@ -264,6 +265,9 @@ void Pipeline::build_loop() {
     last_build_ns_.store(ns(t1 - t0), std::memory_order_relaxed);
     last_copy_ns_.store(ns(t_copied - t0), std::memory_order_relaxed);
     last_build_cpu_ns_.store(cpu1 - cpu0, std::memory_order_relaxed);
+    last_graph_ns_.store(parts.graph_ns, std::memory_order_relaxed);
+    last_dag_ns_.store(parts.dag_ns, std::memory_order_relaxed);
+    last_plan_ns_.store(parts.plan_ns, std::memory_order_relaxed);
     builds_.fetch_add(1, std::memory_order_relaxed);
     // Built afresh: the newest entry. A structure already cached (reuse off) is replaced, so the
     // cache never holds one key twice.
@@ -323,6 +327,9 @@ PipelineStats Pipeline::stats() const {
   s.last_build_ns = last_build_ns_.load(std::memory_order_relaxed);
   s.last_copy_ns = last_copy_ns_.load(std::memory_order_relaxed);
   s.last_build_cpu_ns = last_build_cpu_ns_.load(std::memory_order_relaxed);
+  s.last_graph_ns = last_graph_ns_.load(std::memory_order_relaxed);
+  s.last_dag_ns = last_dag_ns_.load(std::memory_order_relaxed);
+  s.last_plan_ns = last_plan_ns_.load(std::memory_order_relaxed);
   s.last_reuse_ns = last_reuse_ns_.load(std::memory_order_relaxed);
   s.last_rewire_ns = last_rewire_ns_.load(std::memory_order_relaxed);
   return s;

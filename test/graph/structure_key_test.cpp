@@ -4,6 +4,7 @@
 // what keeps that correct.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 
 #include "crucible/graph/Analysis.h"
@@ -110,6 +111,24 @@ TEST(StructureKey, RenamedRunsOfOneStepShareTheKey) {
   EXPECT_EQ(key(step(s, 0)), key(step(s, 1)));
   EXPECT_EQ(key(step(s, 0)), key(step(s, 17)));
   EXPECT_EQ(analyse(step(s, 0)), analyse(step(s, 17)));
+}
+
+// build_iteration's BuildTimes: asking for them changes nothing built, each part takes time, and
+// together they fit in the call's own wall time.
+TEST(BuildIteration, TimesItsPartsWithoutChangingTheResult) {
+  const synth::Builder b = step(chain(40), 0);
+  BuildTimes parts;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto timed = build_iteration(b.trace, b.all(), {}, {}, std::nullopt, &parts);
+  const auto wall = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  const auto plain = build_iteration(b.trace, b.all());
+  EXPECT_EQ(timed->dag().root(), plain->dag().root());
+  EXPECT_EQ(timed->plan()->arena_bytes, plain->plan()->arena_bytes);
+  EXPECT_GT(parts.graph_ns, 0u);
+  EXPECT_GT(parts.dag_ns, 0u);
+  EXPECT_GT(parts.plan_ns, 0u);
+  EXPECT_LE(parts.graph_ns + parts.dag_ns + parts.plan_ns, wall);
 }
 
 TEST(StructureKey, EachKindOfChangeGivesAnotherKey) {

@@ -90,6 +90,13 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   const auto first = p.latest();
   ASSERT_NE(first, nullptr) << p.last_reason();
   EXPECT_EQ(p.stats().builds, 1u);
+  // The build's parts after the key and copy: each took time, and together they fit in the rest.
+  const pipeline::PipelineStats built = p.stats();
+  EXPECT_GT(built.last_graph_ns, 0u);
+  EXPECT_GT(built.last_dag_ns, 0u);
+  EXPECT_GT(built.last_plan_ns, 0u);
+  EXPECT_LE(built.last_graph_ns + built.last_dag_ns + built.last_plan_ns,
+            built.last_build_ns - built.last_copy_ns);
   for (int s = 3; s < 6; ++s) record_step(*r, b, s, 40, 16, sid);
   p.flush();
   const auto again = p.latest();

@@ -461,6 +461,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_build_us"] = static_cast<double>(st.last_build_ns) / 1000.0;
     d["pipeline_copy_us"] = static_cast<double>(st.last_copy_ns) / 1000.0;
     d["pipeline_build_cpu_us"] = static_cast<double>(st.last_build_cpu_ns) / 1000.0;
+    d["pipeline_graph_us"] = static_cast<double>(st.last_graph_ns) / 1000.0;
+    d["pipeline_dag_us"] = static_cast<double>(st.last_dag_ns) / 1000.0;
+    d["pipeline_plan_us"] = static_cast<double>(st.last_plan_ns) / 1000.0;
     d["pipeline_reused"] = st.reused;
     d["pipeline_reuse_us"] = static_cast<double>(st.last_reuse_ns) / 1000.0;
     d["pipeline_rewired"] = st.rewired;
@@ -491,7 +494,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
           throw std::invalid_argument("evict_mib must be in 0..1024");
         std::vector<unsigned char> junk(static_cast<std::size_t>(evict_mib) << 20);
         pipeline::Pipeline& p = global_pipeline();
-        std::vector<double> us;
+        std::vector<double> us, key_us, copy_us, graph_us, dag_us, plan_us;
         ContentHash root;
         {
           py::gil_scoped_release nogil;
@@ -516,17 +519,30 @@ PYBIND11_MODULE(_crucible_ext, m) {
             const ContentHash body = structure_body(t, ops, numbering, contents);
             classify_storages(t, numbering);
             (void)structure_key(body, numbering.kinds);
+            const auto t_key = std::chrono::steady_clock::now();
             auto copy = std::make_shared<Trace>(t);
+            const auto t_copy = std::chrono::steady_clock::now();
+            graph::BuildTimes parts;
             auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents,
-                                                std::move(numbering));
-            us.push_back(
-                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                    .count());
+                                                std::move(numbering), &parts);
+            const auto t1 = std::chrono::steady_clock::now();
+            auto us_of = [](auto d) { return std::chrono::duration<double, std::micro>(d).count(); };
+            us.push_back(us_of(t1 - t0));
+            key_us.push_back(us_of(t_key - t0));
+            copy_us.push_back(us_of(t_copy - t_key));
+            graph_us.push_back(static_cast<double>(parts.graph_ns) / 1000.0);
+            dag_us.push_back(static_cast<double>(parts.dag_ns) / 1000.0);
+            plan_us.push_back(static_cast<double>(parts.plan_ns) / 1000.0);
             root = built->dag().root();
           }
         }
         py::dict d;
-        d["us"] = us;
+        d["us"] = us;  // each round's whole build, then its parts
+        d["key_us"] = key_us;
+        d["copy_us"] = copy_us;
+        d["graph_us"] = graph_us;
+        d["dag_us"] = dag_us;
+        d["plan_us"] = plan_us;
         d["root_hash"] = root.hex();
         return d;
       },

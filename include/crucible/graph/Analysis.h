@@ -5,6 +5,7 @@
 // iteration, build its TraceGraph, MerkleDag and MemoryPlan.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -57,9 +58,16 @@ struct Iteration {
 // given, are the ops' record::op_content (MerkleDag::build), and `numbering`, if given, their
 // storage numbering with kinds (record::number_storages; the pipeline has it from the structure
 // key's pass).
+// `times`, if given, receives where the build's time went.
+struct BuildTimes {
+  std::uint64_t graph_ns = 0;  // ops counted per phase, TraceGraph::build
+  std::uint64_t dag_ns = 0;    // MerkleDag::build
+  std::uint64_t plan_ns = 0;   // plan_memory
+};
 std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<std::size_t> ops,
                                            const PlanOptions& plan = {}, std::span<const ContentHash> locals = {},
-                                           std::optional<record::StorageNumbering> numbering = std::nullopt);
+                                           std::optional<record::StorageNumbering> numbering = std::nullopt,
+                                           BuildTimes* times = nullptr);
 
 // The analysis of other ops with the wiring key of those `last` was built from (Note [Wiring
 // key], Trace.h): `last`'s graph and plan rebased onto their storages, and `last`'s Merkle DAG

@@ -46,6 +46,11 @@ struct PipelineStats {
   std::uint64_t last_build_ns = 0;
   std::uint64_t last_copy_ns = 0;
   std::uint64_t last_build_cpu_ns = 0;
+  // The rest of the last build's wall time, by part (graph::BuildTimes): the dataflow graph, the
+  // Merkle DAG and the memory plan.
+  std::uint64_t last_graph_ns = 0;
+  std::uint64_t last_dag_ns = 0;
+  std::uint64_t last_plan_ns = 0;
   // The last iteration handled by reuse: wall time from taking its ops to a publishable
   // iteration (structure key over the ops in the trace, and a new Iteration sharing the cached analysis).
   std::uint64_t last_reuse_ns = 0;
@@ -131,7 +136,7 @@ class Pipeline final : public record::DrainSink {
   std::atomic<bool> reuse_{true};
   std::atomic<std::uint64_t> ops_seen_{0}, detections_{0}, builds_{0}, reused_{0}, rewired_{0},
       published_{0}, last_build_ns_{0}, last_copy_ns_{0}, last_build_cpu_ns_{0}, last_reuse_ns_{0},
-      last_rewire_ns_{0}, cached_{0};
+      last_rewire_ns_{0}, cached_{0}, last_graph_ns_{0}, last_dag_ns_{0}, last_plan_ns_{0};
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
   std::thread detect_, build_, publish_;
