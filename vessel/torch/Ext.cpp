@@ -495,6 +495,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
         std::vector<unsigned char> junk(static_cast<std::size_t>(evict_mib) << 20);
         pipeline::Pipeline& p = global_pipeline();
         std::vector<double> us, key_us, copy_us, graph_us, dag_us, plan_us;
+        auto us_of = [](auto d) { return std::chrono::duration<double, std::micro>(d).count(); };
         ContentHash root;
         {
           py::gil_scoped_release nogil;
@@ -526,7 +527,6 @@ PYBIND11_MODULE(_crucible_ext, m) {
             auto built = graph::build_iteration(*copy, ops, p.plan_options(), contents,
                                                 std::move(numbering), &parts);
             const auto t1 = std::chrono::steady_clock::now();
-            auto us_of = [](auto d) { return std::chrono::duration<double, std::micro>(d).count(); };
             us.push_back(us_of(t1 - t0));
             key_us.push_back(us_of(t_key - t0));
             copy_us.push_back(us_of(t_copy - t_key));
