@@ -52,12 +52,13 @@ def eager_peak_bytes(s):
 def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
     results = {}
+    recycled_seen = 0  # the pipeline's count of recycled copies after the models so far
     for name in models.MODELS:
         s = models.make(name)
         for _ in range(2):
             s.step()
         peak = eager_peak_bytes(s)
-        builds = []
+        builds, faults = [], []
         crucible._ext.pipeline_reuse(False)
         for _ in range(rounds):  # each round: a fresh recording whose iteration is built once
             crucible.clear()
@@ -65,6 +66,8 @@ def main():
             it = crucible.iteration()
             builds.append((it["pipeline_build_us"], it["pipeline_copy_us"], it["pipeline_build_cpu_us"],
                            it["pipeline_graph_us"], it["pipeline_dag_us"], it["pipeline_plan_us"]))
+            faults.append(it["pipeline_build_faults"])
+        recycled = it["pipeline_recycled"] - recycled_seen
         build_us, copy_us, cpu_us, graph_us, dag_us, plan_us = (
             statistics.median(b[k] for b in builds) for k in range(6))
         # The same work repeated back to back on this thread, on the iteration just published:
@@ -103,6 +106,10 @@ def main():
             "build_dag_us": dag_us,
             "build_plan_us": plan_us,
             "build_us_per_op": build_us / it["total_ops"],
+            # Minor page faults of the build thread per build (fresh memory's first touch), and
+            # how many of the rounds copied into an earlier copy's memory (Note [Recycled copies]).
+            "build_faults": faults,
+            "builds_recycled": recycled,
             "build_hot_us": hot_us,
             "build_cold_us": cold_us,
             "build_hot_parts_us": hot_parts,
@@ -117,9 +124,11 @@ def main():
             "arena_over_eager_peak": it["arena_bytes"] / peak if peak else None,
         }
         results[name] = r
+        recycled_seen = it["pipeline_recycled"]  # the rewire rounds copy too
         print(f"{name:12s} {r['ops']:5d} ops  build {build_us:7.1f} us wall ({r['build_us_per_op']:.2f} us/op; "
               f"key + copy {copy_us:5.1f}, build thread CPU {cpu_us:6.1f} us; back to back {hot_us:6.1f} us, "
-              f"caches emptied {cold_us:6.1f} us)  "
+              f"caches emptied {cold_us:6.1f} us; page faults {statistics.median(faults):.0f} median, "
+              f"{max(faults)} most; {recycled} of {rounds} copies recycled)  "
               + (f"reused {reuse_us:6.1f} us  " if reuse_us is not None else
                  f"rewired {rewire_us:6.1f} us ({r['rewire_over_build']:.2f}x the build; scalars change per step)  "
                  if rewire_us is not None else "rebuilt  ") +

@@ -443,7 +443,12 @@ Recorder::KeyedCopy Recorder::key_and_copy(const CopyRequest& req) {
       if (r.key == k) return r;  // no copy: the caller has these ops' analysis
   }
   if (!req.want_copy) return r;
-  r.copy.emplace();
+  if (req.recycle != nullptr) {
+    req.recycle->clear_keeping_capacity();
+    r.copy.emplace(std::move(*req.recycle));  // moved vectors keep their memory
+  } else {
+    r.copy.emplace();
+  }
   Trace& out = *r.copy;
   // Bounds of op / tensor ranges in the trace's flat arrays (an op's tensors, dims and
   // scalars are contiguous and in op order: Trace::append).

@@ -81,6 +81,21 @@ void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
 
 void Trace::clear() { *this = Trace{}; }
 
+void Trace::clear_keeping_capacity() {
+  ops.clear();
+  tensors.clear();
+  dims.clear();
+  scalars.clear();
+  schema_names.clear();
+  module_paths.clear();
+  module_tree.reset();
+  threads.clear();
+  externals.clear();
+  op_tensor_begin.clear();
+  op_scalar_begin.clear();
+  tensor_dims_begin.clear();
+}
+
 const ModuleTree& Trace::module_tree_of(std::shared_ptr<const ModuleTree>& own) const {
   if (module_tree != nullptr && module_tree->fits(module_paths)) return *module_tree;
   own = std::make_shared<const ModuleTree>(module_paths);

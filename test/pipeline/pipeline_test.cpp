@@ -215,6 +215,56 @@ TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
   EXPECT_EQ(p.stats().cached, 4u);
 }
 
+// Note [Recycled copies] (Pipeline.cpp): with reuse off every run is built, each copy made
+// into the memory of an earlier copy once no iteration holds that any more. A recycled trace
+// must hold exactly the new ops: longer and shorter steps alternate, so leftovers of a bigger
+// copy would show as extra ops, tensors, dims or offsets.
+TEST(Pipeline, RecycledCopiesHoldExactlyTheNewOps) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  p.set_reuse(false);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  int step = 1;
+  // Five structures A-E (ops, width); the cache keeps four analyses, and with them their traces.
+  const std::pair<int, std::int64_t> runs[] = {{80, 16}, {40, 24}, {80, 32}, {24, 16}, {60, 8},
+                                               {40, 24}, {80, 16}, {24, 16}, {60, 8}};
+  for (const auto& [n, width] : runs) {
+    r->clear();
+    for (int s = 0; s < 3; ++s) record_step(*r, b, step++, n, width, sid);
+    p.flush();
+    const auto it = p.latest();
+    ASSERT_NE(it, nullptr) << p.last_reason();
+    ASSERT_EQ(it->trace->num_ops(), static_cast<std::size_t>(n));
+    std::vector<std::size_t> last(static_cast<std::size_t>(n));
+    const std::size_t total = r->snapshot().num_ops();
+    for (std::size_t i = 0; i < last.size(); ++i) last[i] = total - last.size() + i;
+    const Trace fresh = r->copy_ops(last);
+    EXPECT_TRUE(*it->trace == fresh) << n << " ops of width " << width;
+    // The derived offsets, which operator== leaves out.
+    EXPECT_EQ(it->trace->op_tensor_begin, fresh.op_tensor_begin);
+    EXPECT_EQ(it->trace->op_scalar_begin, fresh.op_scalar_begin);
+    EXPECT_EQ(it->trace->tensor_dims_begin, fresh.tensor_dims_begin);
+    EXPECT_EQ(it->trace->sizes(0)[1], width);
+    // The same analysis as a build from that fresh copy.
+    const auto rebuilt = graph::build_iteration(fresh, [&] {
+      std::vector<std::size_t> v(last.size());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = i;
+      return v;
+    }());
+    EXPECT_EQ(rebuilt->dag().root(), it->dag().root());
+    EXPECT_EQ(rebuilt->plan()->arena_bytes, it->plan()->arena_bytes);
+  }
+  const pipeline::PipelineStats st = p.stats();
+  EXPECT_EQ(st.builds, std::size(runs));
+  EXPECT_EQ(st.reused, 0u);
+  // Runs 1-4 fill the cache and nothing is free; run 5 (E) evicts run 1's analysis, whose trace
+  // run 6 (B again, 40 ops into 80 ops' memory) is copied into; from then on each run replaces
+  // or evicts one cached analysis, and the next run reuses its trace (80 into 40, 24 into 80,
+  // 60 into 40).
+  EXPECT_EQ(st.recycled, 4u);
+}
+
 // Note [Wiring key] (Trace.h): a step whose scalars change every step keeps its wiring key;
 // build rebases the last graph and plan and builds the Merkle DAG alone, and what it publishes
 // equals a fresh build of the same ops, storage ids and versions included.

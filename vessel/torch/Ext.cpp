@@ -469,6 +469,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_rewired"] = st.rewired;
     d["pipeline_rewire_us"] = static_cast<double>(st.last_rewire_ns) / 1000.0;
     d["pipeline_cached"] = st.cached;  // analyses kept for reuse (Note [Reusing earlier builds])
+    d["pipeline_recycled"] = st.recycled;  // copies into an earlier copy's memory (Note [Recycled copies])
+    d["pipeline_build_faults"] = st.last_build_faults;  // minor page faults of the last build
     d["pipeline_plan_budget"] = p.plan_options().budget;  // crucible.configure(memory_budget=)
     d["pipeline_plan_alignment"] = p.plan_options().alignment;
     // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).

@@ -447,7 +447,8 @@ def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
     incomplete / ops_after_drop: whether (and how many of) its ops were recorded right after
     dropped ones (drop_when_full), so that the analysis covers only what was recorded.
     Published iterations also say how the pipeline got them (pipeline_builds, pipeline_reused,
-    pipeline_rewired, pipeline_cached: analyses kept for reuse) and what it planned with
+    pipeline_rewired, pipeline_cached: analyses kept for reuse; pipeline_recycled: copies made into
+    an earlier copy's memory; pipeline_build_faults: the last build's minor page faults) and what it planned with
     (pipeline_plan_budget, pipeline_plan_alignment: crucible.configure's memory_budget and
     plan_alignment).
     budget, alignment: None plans as the pipeline does (configure's values); a number plans the

@@ -167,6 +167,9 @@ class Recorder {
     std::span<const ContentHash> contents{};  // op_content of each op, if the caller has them
     std::span<const ContentHash> unless{};
     std::uint64_t generation = kAnyGeneration;
+    // A trace whose memory the copy reuses (emptied first, then moved into KeyedCopy::copy
+    // when a copy is made; left as it is otherwise): Note [Recycled copies] (Pipeline.cpp).
+    Trace* recycle = nullptr;
   };
   struct KeyedCopy {
     bool stale = false;

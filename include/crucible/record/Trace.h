@@ -103,6 +103,9 @@ class Trace {
   void append(const TraceEntry& e, std::span<const MetaCell> cells,
               std::span<const ScalarRecord> scalars);
   void clear();
+  // Empty, like clear(), but the arrays keep their memory: a trace refilled with about as many
+  // ops again allocates nothing (the pipeline's recycled copies, Note [Recycled copies]).
+  void clear_keeping_capacity();
   bool operator==(const Trace& o) const;
 };
 
