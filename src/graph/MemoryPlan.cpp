@@ -18,6 +18,59 @@ std::string mib(std::uint64_t b) {
   return buf;
 }
 
+// Note [Elementwise outputs in their input's block] (MemoryPlan.h): the ops whose output may
+// take over a dying input's block. Each output element is a function of the inputs' elements
+// at the same position; an input broadcast to the output's shape is never the one taken over
+// (its sizes differ from the output's). Functional ops only: an in-place op's output already is
+// its input's storage.
+bool is_elementwise(std::uint64_t schema_hash) {
+  static const std::vector<std::uint64_t> hashes = [] {
+    const char* const names[] = {
+        "aten::relu", "aten::neg", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt",
+        "aten::sigmoid", "aten::tanh", "aten::sin", "aten::cos", "aten::abs", "aten::silu",
+        "aten::gelu", "aten::erf", "aten::reciprocal", "aten::clone", "aten::add.Tensor",
+        "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
+        "aten::mul.Scalar", "aten::maximum", "aten::minimum", "aten::threshold_backward",
+        "aten::sigmoid_backward", "aten::tanh_backward", "aten::gelu_backward", "aten::silu_backward"};
+    std::vector<std::uint64_t> v;
+    for (const char* n : names) v.push_back(hash64(n));
+    std::sort(v.begin(), v.end());
+    return v;
+  }();
+  return std::binary_search(hashes.begin(), hashes.end(), schema_hash);
+}
+
+// Whether two tensors of a trace lie on their storages alike: the same dtype, sizes, strides,
+// and both at offset 0 (so an element of one is at the same bytes as in the other).
+bool same_layout(const record::Trace& t, std::size_t a, std::size_t b) {
+  const record::TensorMeta &x = t.tensors[a], &y = t.tensors[b];
+  constexpr std::uint8_t kOff = record::tensor_flag::kNoStorage | record::tensor_flag::kWrappedNumber;
+  if (x.dtype != y.dtype || x.ndim != y.ndim || x.storage_offset != 0 || y.storage_offset != 0 ||
+      ((x.flags | y.flags) & kOff) != 0)
+    return false;
+  const auto xs = t.sizes(a), ys = t.sizes(b), xt = t.strides(a), yt = t.strides(b);
+  return std::equal(xs.begin(), xs.end(), ys.begin()) && std::equal(xt.begin(), xt.end(), yt.begin());
+}
+
+// The blocks as buffers of memory: a block that shares another's (Block::shares) joins that
+// one's buffer, which spans their lifetimes and the larger size. buffer_of[b] indexes the result.
+std::vector<Block> buffers_of(const std::vector<Block>& blocks, std::vector<std::uint32_t>& buffer_of) {
+  std::vector<Block> out;
+  buffer_of.assign(blocks.size(), 0);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const Block& b = blocks[i];
+    if (b.shares == kOwnBlock) {
+      buffer_of[i] = static_cast<std::uint32_t>(out.size());
+      out.push_back(b);
+      continue;
+    }
+    Block& buf = out[buffer_of[i] = buffer_of[b.shares]];  // shares < i (checked by the callers)
+    buf.last = std::max(buf.last, b.last);
+    buf.bytes = std::max(buf.bytes, b.bytes);
+  }
+  return out;
+}
+
 // The blocks in order of first use (then block order), each handed to start(block index); before
 // it, every block started earlier whose last use comes before its first use is handed to
 // end(block index), earliest last use first. start returns false to stop the sweep. The shared
@@ -176,9 +229,37 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     b.bytes = (b.bytes + opt.alignment - 1) & ~(opt.alignment - 1);
     if (b.bytes == 0) b.bytes = opt.alignment;  // empty tensors still get a distinct address
   }
+  // Note [Elementwise outputs in their input's block]: the second pass, once every lifetime is
+  // known. A host's last use is one node, whose op has one output: at most one block takes it over.
+  if (opt.share_elementwise) {
+    number = num.storage.data();
+    for (std::uint32_t node = 0; node < n; ++node) {
+      const std::size_t op = g.trace_op(node);
+      const std::size_t nin = t.ops[op].n_inputs, nout = t.ops[op].n_tensors - nin;
+      const std::uint32_t* here = number;
+      number += nin + nout;
+      if (nout != 1 || !is_elementwise(t.ops[op].schema_hash)) continue;
+      const std::uint32_t so = here[nin];
+      if (so == 0 || block_of[so] >= kPersistent || plan.blocks[block_of[so]].first != node) continue;
+      const std::size_t t0 = t.op_tensor_begin[op];
+      for (std::size_t k = 0; k < nin; ++k) {
+        const std::uint32_t si = here[k];
+        if (si == 0 || si == so || block_of[si] >= kPersistent) continue;
+        if (plan.blocks[block_of[si]].last != node || !same_layout(t, t0 + k, t0 + nin)) continue;
+        plan.blocks[block_of[so]].shares = block_of[si];
+        ++plan.shared_blocks;
+        break;
+      }
+    }
+  }
+  // Lower bound, placement and budget work on buffers: the blocks themselves unless some share.
+  std::vector<std::uint32_t> buffer_of;
+  std::vector<Block> merged;
+  if (plan.shared_blocks != 0) merged = buffers_of(plan.blocks, buffer_of);
+  std::vector<Block>& bufs = plan.shared_blocks != 0 ? merged : plan.blocks;
   // Lower bound by a sweep: +bytes at first, -bytes after last.
   std::vector<std::int64_t> delta(n + 1, 0);
-  for (const Block& b : plan.blocks) {
+  for (const Block& b : bufs) {
     delta[b.first] += static_cast<std::int64_t>(b.bytes);
     delta[b.last + 1] -= static_cast<std::int64_t>(b.bytes);
   }
@@ -191,10 +272,10 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     }
   }
   // Greedy by size.
-  std::vector<std::size_t> order(plan.blocks.size());
+  std::vector<std::size_t> order(bufs.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const Block &x = plan.blocks[a], &y = plan.blocks[b];
+    const Block &x = bufs[a], &y = bufs[b];
     if (x.bytes != y.bytes) return x.bytes > y.bytes;
     if (x.first != y.first) return x.first < y.first;
     return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
@@ -203,10 +284,10 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   // (FirstFit.h): the same first fit as sorting the lifetime-overlapping blocks' intervals,
   // without building or sorting them per block.
   PlacedBlocks placed;
-  placed.reserve(plan.blocks.size());
+  placed.reserve(bufs.size());
   std::uint64_t visits = 0;  // placed blocks looked at or moved, against opt.first_fit_visits
   for (std::size_t bi : order) {
-    Block& b = plan.blocks[bi];
+    Block& b = bufs[bi];
     const Fit fit = first_fit(placed, b.bytes, b.first, b.last);
     const auto seen_end = placed.offset.begin() + static_cast<long>(fit.seen);
     const std::size_t at = static_cast<std::size_t>(
@@ -215,16 +296,18 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     visits += fit.seen + (placed.size() - at);
     if (visits > opt.first_fit_visits) [[unlikely]] {
       plan.first_fit = false;
-      plan.arena_bytes = place_in_time_order(plan.blocks);
+      plan.arena_bytes = place_in_time_order(bufs);
       break;
     }
     b.offset = fit.offset;
     plan.arena_bytes = std::max(plan.arena_bytes, fit.offset + b.bytes);
     placed.insert(at, fit.offset, fit.offset + b.bytes, b.first, b.last);
   }
+  if (plan.shared_blocks != 0)
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) plan.blocks[i].offset = bufs[buffer_of[i]].offset;
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
     std::vector<const Block*> at_peak;
-    for (const Block& b : plan.blocks)
+    for (const Block& b : bufs)
       if (b.first <= plan.peak_node && plan.peak_node <= b.last) at_peak.push_back(&b);
     std::sort(at_peak.begin(), at_peak.end(), [](const Block* a, const Block* b) { return a->bytes > b->bytes; });
     std::string report = "memory plan does not fit: persistent " + mib(plan.persistent_bytes) +
@@ -260,10 +343,33 @@ MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& num
 // until the first fault, so a new block overlaps one of them only if it overlaps its neighbour
 // below or above. O(B log B): a loaded trace's plan may have millions of blocks.
 Status check_plan(const MemoryPlan& p) {
-  const std::vector<Block>& bl = p.blocks;
-  for (const Block& a : bl)
+  for (const Block& a : p.blocks)
     if (a.offset > p.arena_bytes || a.bytes > p.arena_bytes - a.offset)
       return invalid_input("block of storage " + std::to_string(a.storage_id) + " ends past the arena",
+                           "this is a planner bug: report it with the trace");
+  // Blocks that share memory (Block::shares): each takes over an earlier block, at its offset,
+  // where that one is last used, and no block is taken over twice. Then their buffers are what
+  // must not overlap.
+  std::vector<std::uint8_t> taken(p.blocks.size(), 0);
+  bool any_shared = false;
+  for (std::size_t i = 0; i < p.blocks.size(); ++i) {
+    const Block& b = p.blocks[i];
+    if (b.shares == kOwnBlock) continue;
+    any_shared = true;
+    if (b.shares >= i || p.blocks[b.shares].offset != b.offset || p.blocks[b.shares].last != b.first ||
+        taken[b.shares]++ != 0)
+      return invalid_input("block of storage " + std::to_string(b.storage_id) +
+                               " shares memory with a block it cannot take over (not an earlier one, "
+                               "not at its offset, not where it is last used, or taken twice)",
+                           "this is a planner bug: report it with the trace");
+  }
+  std::vector<std::uint32_t> buffer_of;
+  std::vector<Block> merged;
+  if (any_shared) merged = buffers_of(p.blocks, buffer_of);
+  const std::vector<Block>& bl = any_shared ? merged : p.blocks;
+  for (const Block& a : bl)
+    if (a.bytes > p.arena_bytes - a.offset)
+      return invalid_input("the buffer of storage " + std::to_string(a.storage_id) + " ends past the arena",
                            "this is a planner bug: report it with the trace");
   std::set<std::pair<std::uint64_t, std::uint32_t>> live;  // (offset, block)
   auto overlap = [&](std::uint32_t i, std::uint32_t j) {

@@ -30,12 +30,138 @@ TEST(MemoryPlan, ChainReusesMemoryAndMeetsTheLowerBound) {
   b.op("aten::neg", {T{2, 0, {256}}}, {T{3, 0, {256}}});
   b.op("aten::exp", {T{3, 0, {256}}}, {T{4, 0, {256}}});
   b.op("aten::sin", {T{4, 0, {256}}}, {T{5, 0, {256}}});
-  auto p = plan_of(b);
+  PlanOptions own;
+  own.share_elementwise = false;
+  auto p = plan_of(b, own);
   EXPECT_EQ(p.blocks.size(), 4u) << "storage 1 is external: outside the arena";
   EXPECT_EQ(p.persistent_bytes, 1024u);
   EXPECT_EQ(p.lower_bound, 2048u) << "two 1 KiB tensors are live at each op";
   EXPECT_EQ(p.arena_bytes, 2048u);
   EXPECT_DOUBLE_EQ(p.ratio(), 1.0);
+  EXPECT_EQ(p.shared_blocks, 0u);
+  // Note [Elementwise outputs in their input's block]: each op's input dies where its output is
+  // made, so neg, exp and sin write over their inputs and the chain needs one block of 1 KiB.
+  // relu's input is external: its output gets a block of its own.
+  auto shared = plan_of(b);
+  ASSERT_EQ(shared.blocks.size(), 4u);
+  EXPECT_EQ(shared.shared_blocks, 3u);
+  EXPECT_EQ(shared.blocks[0].shares, kOwnBlock);
+  for (std::uint32_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(shared.blocks[i].shares, i - 1);
+    EXPECT_EQ(shared.blocks[i].offset, shared.blocks[0].offset);
+  }
+  EXPECT_EQ(shared.lower_bound, 1024u) << "the shared buffer is counted once";
+  EXPECT_EQ(shared.arena_bytes, 1024u);
+}
+
+// Which outputs take over an input's block: only an elementwise op's, only an input no later
+// node touches, only one laid out as the output (dtype, sizes, strides, offset), never a
+// persistent storage's.
+TEST(MemoryPlan, ElementwiseOutputsTakeOnlyADyingInputWithTheirLayout) {
+  synth::Builder b;
+  b.op("aten::randn", {}, {T{2, 0, {4, 4}}});                                  // 0
+  b.op("aten::randn", {}, {T{3, 0, {4, 4}}});                                  // 1
+  b.op("aten::randn", {}, {T{4, 0, {1, 4}}});                                  // 2
+  b.op("aten::mul.Tensor", {T{2, 0, {4, 4}}, T{3, 0, {4, 4}}}, {T{5, 0, {4, 4}}});  // 3: 2 dies, 3 lives on
+  b.op("aten::add.Tensor", {T{4, 0, {1, 4}}, T{3, 0, {4, 4}}}, {T{6, 0, {4, 4}}});  // 4: 4 dies but is broadcast; 3 lives on
+  b.op("aten::relu", {T{3, 0, {4, 4}}}, {T{7, 0, {4, 4}, 7}});                 // 5: 3 dies, but float64 out
+  b.op("aten::mm", {T{5, 0, {4, 4}}, T{6, 0, {4, 4}}}, {T{8, 0, {4, 4}}});     // 6: not elementwise
+  b.op("aten::neg", {T{1, 0, {4, 4}}}, {T{9, 0, {4, 4}}});                     // 7: 1 is external
+  b.op("aten::add.Tensor", {T{8, 0, {4, 4}}, T{9, 0, {4, 4}}}, {T{10, 0, {4, 4}}});  // 8: 8 and 9 die: the first
+  b.op("aten::sum", {T{7, 0, {4, 4}, 7}, T{10, 0, {4, 4}}}, {T{11, 0, {}}});
+  const MemoryPlan p = plan_of(b);
+  auto block = [&](std::uint64_t storage) -> const Block& {
+    for (const Block& x : p.blocks)
+      if (x.storage_id == storage) return x;
+    ADD_FAILURE() << "no block for storage " << storage;
+    return p.blocks.front();
+  };
+  auto host_of = [&](std::uint64_t storage) {
+    const Block& x = block(storage);
+    return x.shares == kOwnBlock ? std::uint64_t{0} : p.blocks[x.shares].storage_id;
+  };
+  EXPECT_EQ(host_of(5), 2u) << "mul's output takes the input that dies there";
+  EXPECT_EQ(block(5).offset, block(2).offset);
+  EXPECT_EQ(host_of(6), 0u) << "the dying input is broadcast; the other lives on";
+  EXPECT_EQ(host_of(7), 0u) << "another dtype";
+  EXPECT_EQ(host_of(8), 0u) << "mm is not elementwise";
+  EXPECT_EQ(host_of(9), 0u) << "storage 1 is persistent";
+  EXPECT_EQ(host_of(10), 8u) << "two inputs die: the first laid out alike";
+  EXPECT_EQ(p.shared_blocks, 2u);
+  EXPECT_GE(p.arena_bytes, p.lower_bound);
+}
+
+// check_plan accepts a share only where the planner may make one.
+TEST(MemoryPlan, CheckPlanRefusesImpossibleShares) {
+  auto plan = [] {
+    MemoryPlan p;
+    Block a, c;
+    a.storage_id = 1, a.first = 0, a.last = 2, a.offset = 0, a.bytes = 64;
+    c.storage_id = 2, c.first = 2, c.last = 4, c.offset = 0, c.bytes = 64, c.shares = 0;
+    p.blocks = {a, c};
+    p.arena_bytes = 64;
+    return p;
+  };
+  EXPECT_TRUE(check_plan(plan()).ok()) << check_plan(plan());
+  MemoryPlan moved = plan();
+  moved.blocks[1].offset = 64, moved.arena_bytes = 128;
+  EXPECT_FALSE(check_plan(moved).ok()) << "not at the host's offset";
+  MemoryPlan early = plan();
+  early.blocks[1].first = 1;
+  EXPECT_FALSE(check_plan(early).ok()) << "the host is still live after the share begins";
+  MemoryPlan later = plan();
+  later.blocks[0].shares = 1, later.blocks[1].shares = kOwnBlock;
+  EXPECT_FALSE(check_plan(later).ok()) << "a block can only take over an earlier one";
+  MemoryPlan twice = plan();
+  Block d = twice.blocks[1];
+  d.storage_id = 3;
+  twice.blocks.push_back(d);
+  EXPECT_FALSE(check_plan(twice).ok()) << "one host, two blocks taking it over";
+  MemoryPlan clash = plan();
+  Block e;
+  e.storage_id = 4, e.first = 3, e.last = 3, e.offset = 0, e.bytes = 64;
+  clash.blocks.push_back(e);
+  const crucible::Status st = check_plan(clash);
+  EXPECT_FALSE(st.ok()) << "the shared buffer is live at node 3";
+  EXPECT_NE(st.message().find("live together and overlap"), std::string_view::npos) << st;
+}
+
+// The property on random graphs of elementwise ops, checked by brute force over all pairs
+// rather than by check_plan: two blocks live at one node overlap only when one took the other
+// over where that one was last used (and then sit at the same offset).
+TEST(MemoryPlan, RandomElementwiseGraphsShareOnlyDyingInputs) {
+  std::mt19937 rng(7);
+  const char* const ops[] = {"aten::relu", "aten::mul.Tensor", "aten::add.Tensor", "aten::mm", "aten::neg"};
+  std::uint32_t shares = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    synth::Builder b;
+    const int n = 5 + static_cast<int>(rng() % 40);
+    std::vector<T> live;
+    std::uint64_t next = 1;
+    for (int i = 0; i < n; ++i) {
+      std::vector<T> ins;
+      for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
+      const std::int64_t side = 1 + static_cast<std::int64_t>(rng() % 3);  // few shapes: layouts match often
+      T out{next++, 0, {side, 4}, rng() % 8 == 0 ? std::int8_t{7} : std::int8_t{6}};
+      b.op(ops[rng() % std::size(ops)], ins, {out});
+      live.push_back(out);
+      if (live.size() > 4) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
+    }
+    const MemoryPlan p = plan_of(b);
+    shares += p.shared_blocks;
+    EXPECT_GE(p.arena_bytes, p.lower_bound);
+    for (std::size_t i = 0; i < p.blocks.size(); ++i)
+      for (std::size_t j = i + 1; j < p.blocks.size(); ++j) {
+        const Block &x = p.blocks[i], &y = p.blocks[j];
+        const bool together = x.first <= y.last && y.first <= x.last;
+        const bool overlap = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+        if (!together || !overlap) continue;
+        const bool handoff = (y.shares == i && x.last == y.first) || (x.shares == j && y.last == x.first);
+        EXPECT_TRUE(handoff) << "trial " << trial << ": storages " << x.storage_id << " and " << y.storage_id;
+        EXPECT_EQ(x.offset, y.offset);
+      }
+  }
+  EXPECT_GT(shares, 100u) << "the draws make shares";
 }
 
 // Gradients and optimizer state live across steps: one that an op of the iteration writes first

@@ -17,6 +17,16 @@
 // after its last use (O(B log B)), and the plan says so (MemoryPlan::first_fit). The lower bound is
 // the largest total of bytes live at one node; arena / lower bound is reported. A budget turns an over-size plan into an error
 // that lists what is live at the peak — before anything runs.
+//
+// Note [Elementwise outputs in their input's block]: an elementwise op (relu,
+// threshold_backward, add, mul, ...: kElementwiseOps in MemoryPlan.cpp) whose output has the
+// same dtype, sizes, strides and offset as an input that no later node touches writes its output
+// into that input's block: each element is read before the same element is written, which is how
+// such a kernel runs in place. The output keeps its own Block (Block::shares names the input's)
+// at the same offset, and the two are one buffer from the input's first use to the output's last;
+// the lower bound counts that buffer once. A runtime following the plan runs such an op in place;
+// eager PyTorch cannot, which is how a plan gets below eager's peak. PlanOptions::share_elementwise
+// turns it off (the plan is then the blocks' own lifetimes, as before 2026-12-02).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +45,11 @@ struct PlanOptions {
   // blocks, each looked at or moved by an insertion (1-2 ns each; resnet18's step makes 29k, a
   // 12-layer transformer's 0.6M): about 0.2 s.
   std::uint64_t first_fit_visits = std::uint64_t{1} << 27;
+  // Note [Elementwise outputs in their input's block].
+  bool share_elementwise = true;
 };
+
+inline constexpr std::uint32_t kOwnBlock = UINT32_MAX;  // Block::shares of a block with its own memory
 
 struct Block {
   std::uint64_t storage_id = 0;
@@ -44,16 +58,21 @@ struct Block {
   std::uint64_t offset = 0;
   std::uint32_t producer = 0;    // node that first produced it
   std::uint32_t storage_number = 0;  // in the graph's numbering (record::StorageNumbering)
+  // kOwnBlock, or the index in MemoryPlan::blocks of the block whose memory this one takes over at
+  // its first node, where that one is last used (Note [Elementwise outputs in their input's
+  // block]): the same offset, never more bytes than the buffer they share.
+  std::uint32_t shares = kOwnBlock;
 };
 
 struct MemoryPlan {
   std::vector<Block> blocks;
   std::uint64_t arena_bytes = 0;
-  std::uint64_t lower_bound = 0;     // max over nodes of live bytes
+  std::uint64_t lower_bound = 0;     // max over nodes of live bytes (a shared buffer counted once)
   std::uint32_t peak_node = 0;       // where the lower bound is reached
   std::uint64_t persistent_bytes = 0;
   // Greedy by size (true), or time order after greedy by size passed opt.first_fit_visits.
   bool first_fit = true;
+  std::uint32_t shared_blocks = 0;   // blocks placed in their input's block (Block::shares)
   double ratio() const { return lower_bound == 0 ? 1.0 : static_cast<double>(arena_bytes) / lower_bound; }
 };
 
@@ -67,7 +86,9 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
 MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering);
 
 // The property every plan must have: no two blocks with intersecting lifetimes overlap in the
-// arena, and every block lies inside it. An error names an offending pair. O(B log B). Where
+// arena, and every block lies inside it; a block that shares another's memory (Block::shares)
+// is at that one's offset, first used where that one is last used, and overlaps nothing else
+// (the buffers they make are checked as one). An error names an offending pair. O(B log B). Where
 // contracts are enforced (every test preset but release), plan_memory checks it on every plan
 // it returns.
 Status check_plan(const MemoryPlan& p);
