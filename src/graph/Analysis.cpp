@@ -49,7 +49,8 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
 std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
                                              std::vector<std::size_t> ops,
                                              std::span<const ContentHash> locals,
-                                             record::StorageNumbering numbering) {
+                                             record::StorageNumbering numbering,
+                                             const PlanOptions& plan_opt) {
   std::optional<TraceGraph> g = last.graph().rebased(t, ops, std::move(numbering));
   if (!g) return nullptr;
   auto a = std::make_shared<IterationAnalysis>();
@@ -57,8 +58,16 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
   count_ops(*a, t);
   a->graph = std::move(*g);
   a->dag = MerkleDag::rebuild(last.dag(), t, a->graph, locals);
-  if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());
-  a->plan_status = last.plan_status();
+  if (last.plan() && last.plan()->shared_blocks != 0) {
+    // Shares depend on dtypes, sizes and strides, which the wiring key leaves out (Note
+    // [Elementwise outputs in their input's block]): planned again, not rebased.
+    auto plan = plan_memory(t, a->graph, plan_opt);
+    if (plan.ok()) a->plan = std::move(*plan);
+    else a->plan_status = plan.status();
+  } else {
+    if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());
+    a->plan_status = last.plan_status();
+  }
   const std::uint32_t thread = a->ops.empty() ? 0 : t.ops[a->ops.front()].thread;
   auto it = std::make_shared<Iteration>(std::move(a));
   it->thread = thread;

@@ -46,6 +46,7 @@ bool same_layout(const record::Trace& t, std::size_t a, std::size_t b) {
   const record::TensorMeta &x = t.tensors[a], &y = t.tensors[b];
   constexpr std::uint8_t kOff = record::tensor_flag::kNoStorage | record::tensor_flag::kWrappedNumber;
   if (x.dtype != y.dtype || x.ndim != y.ndim || x.storage_offset != 0 || y.storage_offset != 0 ||
+      x.device_kind != y.device_kind || x.device_index != y.device_index || x.layout != y.layout ||
       ((x.flags | y.flags) & kOff) != 0)
     return false;
   const auto xs = t.sizes(a), ys = t.sizes(b), xt = t.strides(a), yt = t.strides(b);
@@ -246,6 +247,14 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
         const std::uint32_t si = here[k];
         if (si == 0 || si == so || block_of[si] >= kPersistent) continue;
         if (plan.blocks[block_of[si]].last != node || !same_layout(t, t0 + k, t0 + nin)) continue;
+        // The same bytes for both (a buffer spans the larger block), and no other input reading
+        // the host's storage through another layout (add(x, x.t()), a shifted slice): that
+        // input would read elements already overwritten.
+        if (plan.blocks[block_of[si]].bytes != plan.blocks[block_of[so]].bytes) continue;
+        bool other_view = false;
+        for (std::size_t k2 = 0; k2 < nin; ++k2)
+          other_view |= k2 != k && here[k2] == si && !same_layout(t, t0 + k2, t0 + nin);
+        if (other_view) continue;
         plan.blocks[block_of[so]].shares = block_of[si];
         ++plan.shared_blocks;
         break;

@@ -303,7 +303,7 @@ void Pipeline::build_loop() {
     std::shared_ptr<graph::Iteration> it;
     const std::size_t same_wiring = index_of(&Cached::wiring, kc.wiring_key);
     if (whole && reuse && same_wiring < cache.size()) {
-      it = graph::rebuild_iteration(*cache[same_wiring].it, *trace, local, contents, kc.numbering);
+      it = graph::rebuild_iteration(*cache[same_wiring].it, *trace, local, contents, kc.numbering, plan_);
       if (it) {
         it->trace = std::move(trace);
         it->report = std::move(w->report);

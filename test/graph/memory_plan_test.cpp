@@ -91,6 +91,26 @@ TEST(MemoryPlan, ElementwiseOutputsTakeOnlyADyingInputWithTheirLayout) {
   EXPECT_GE(p.arena_bytes, p.lower_bound);
 }
 
+// A host another input reads through another view, or a host block larger than the output's,
+// is not taken over.
+TEST(MemoryPlan, NoShareWithAnotherViewOfTheHostOrAnotherSize) {
+  synth::Builder b;
+  b.op("aten::randn", {}, {T{2, 0, {4, 4}}});
+  b.op("aten::mul.Tensor", {T{2, 0, {4, 4}}, T{2, 0, {16}, 6, 0, true}}, {T{3, 0, {4, 4}}});  // x * x.view(16)
+  b.op("aten::randn", {}, {T{4, 0, {32, 4}}});
+  b.op("aten::relu", {T{4, 0, {4, 4}, 6, 0, true}}, {T{5, 0, {4, 4}}});  // a view of a bigger storage
+  b.op("aten::add.Tensor", {T{3, 0, {4, 4}}, T{5, 0, {4, 4}}}, {T{6, 0, {4, 4}}});  // 3 dies: shared
+  b.op("aten::sum", {T{6, 0, {4, 4}}}, {T{7, 0, {}}});
+  const MemoryPlan p = plan_of(b);
+  for (const Block& x : p.blocks) {
+    const std::uint64_t host = x.shares == kOwnBlock ? 0 : p.blocks[x.shares].storage_id;
+    if (x.storage_id == 3) EXPECT_EQ(host, 0u) << "the host is also read as x.view(16)";
+    if (x.storage_id == 5) EXPECT_EQ(host, 0u) << "the host's block is 8x the output's";
+    if (x.storage_id == 6) EXPECT_EQ(host, 3u);
+  }
+  EXPECT_EQ(p.shared_blocks, 1u);
+}
+
 // check_plan accepts a share only where the planner may make one.
 TEST(MemoryPlan, CheckPlanRefusesImpossibleShares) {
   auto plan = [] {

@@ -261,7 +261,7 @@ TEST(Pipeline, RecycledCopiesHoldExactlyTheNewOps) {
   // Runs 1-4 fill the cache and nothing is free; run 5 (E) evicts run 1's analysis, whose trace
   // run 6 (B again, 40 ops into 80 ops' memory) is copied into; from then on each run replaces
   // or evicts one cached analysis, and the next run reuses its trace (80 into 40, 24 into 80,
-  // 60 into 40).
+  // 60 into 24).
   EXPECT_EQ(st.recycled, 4u);
 }
 

@@ -74,11 +74,13 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
 // hashed again where their contents differ (MerkleDag::rebuild; `locals` as for
 // build_iteration), since their scalars may. `numbering` is theirs, with kinds. nullptr when the
 // rebase finds another wiring after all (TraceGraph::rebased): build_iteration then. `last`'s
-// report is not copied.
+// report is not copied. A plan with shares (Block::shares) is planned again with plan_opt
+// rather than rebased: whether an output may take over its input's block depends on layouts.
 std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
                                              std::vector<std::size_t> ops,
                                              std::span<const ContentHash> locals,
-                                             record::StorageNumbering numbering);
+                                             record::StorageNumbering numbering,
+                                             const PlanOptions& plan_opt = {});
 
 // thread < 0: the thread that recorded the most ops. Errors: no ops, unknown thread, or a
 // trace with no periodic iteration (the message carries the detector's reason).

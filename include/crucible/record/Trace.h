@@ -103,8 +103,10 @@ class Trace {
   void append(const TraceEntry& e, std::span<const MetaCell> cells,
               std::span<const ScalarRecord> scalars);
   void clear();
-  // Empty, like clear(), but the arrays keep their memory: a trace refilled with about as many
-  // ops again allocates nothing (the pipeline's recycled copies, Note [Recycled copies]).
+  // Empty, like clear(), but the big arrays keep their memory: a trace refilled with about as
+  // many ops does not allocate them again (the names, module paths and externals are refilled
+  // anew; the pipeline's recycled copies, Note [Recycled copies]). Every member is reset: one
+  // added to Trace must be added here too.
   void clear_keeping_capacity();
   bool operator==(const Trace& o) const;
 };
