@@ -59,7 +59,7 @@ struct Pipeline::TracePool {
     if (spare.empty()) return nullptr;
     std::unique_ptr<record::Trace> t = std::move(spare.back());
     spare.pop_back();
-    return t;
+    return t;  // emptied by the caller, outside the recorder's trace lock
   }
   // Keeps t if there is room and it is not too big; frees it otherwise (outside the lock).
   void give(std::unique_ptr<record::Trace> t) noexcept {
@@ -271,6 +271,9 @@ void Pipeline::build_loop() {
     req.unless = keys;
     req.generation = w->generation;
     std::unique_ptr<record::Trace> spare = trace_pool_->take();  // Note [Recycled copies]
+    // Emptied here, so that key_and_copy's own clear under the trace lock, which the drain
+    // waits on, frees nothing.
+    if (spare != nullptr) spare->clear_keeping_capacity();
     req.recycle = spare.get();
     record::Recorder::KeyedCopy kc = rec_.key_and_copy(req);
     const auto t_copied = std::chrono::steady_clock::now();

@@ -23,6 +23,21 @@ MemoryPlan plan_of(const synth::Builder& b, PlanOptions opt = {}) {
   return *p;
 }
 
+// A random dataflow of n ops into b: each reads up to two of the last outputs (at most
+// max_live kept, one dropped at random past that); add_op(i, storage, ins) adds op i and
+// returns its output.
+template <class AddOp>
+void random_ops(std::mt19937& rng, int n, std::size_t max_live, AddOp add_op) {
+  std::vector<T> live;
+  std::uint64_t next = 1;
+  for (int i = 0; i < n; ++i) {
+    std::vector<T> ins;
+    for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
+    live.push_back(add_op(i, next++, ins));
+    if (live.size() > max_live) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
+  }
+}
+
 TEST(MemoryPlan, ChainReusesMemoryAndMeetsTheLowerBound) {
   // x(ext) -> a -> b -> c -> d: each intermediate dies after its consumer; float32 [256].
   synth::Builder b;
@@ -156,17 +171,12 @@ TEST(MemoryPlan, RandomElementwiseGraphsShareOnlyDyingInputs) {
   for (int trial = 0; trial < 300; ++trial) {
     synth::Builder b;
     const int n = 5 + static_cast<int>(rng() % 40);
-    std::vector<T> live;
-    std::uint64_t next = 1;
-    for (int i = 0; i < n; ++i) {
-      std::vector<T> ins;
-      for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
+    random_ops(rng, n, 4, [&](int, std::uint64_t storage, const std::vector<T>& ins) {
       const std::int64_t side = 1 + static_cast<std::int64_t>(rng() % 3);  // few shapes: layouts match often
-      T out{next++, 0, {side, 4}, rng() % 8 == 0 ? std::int8_t{7} : std::int8_t{6}};
+      T out{storage, 0, {side, 4}, rng() % 8 == 0 ? std::int8_t{7} : std::int8_t{6}};
       b.op(ops[rng() % std::size(ops)], ins, {out});
-      live.push_back(out);
-      if (live.size() > 4) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
-    }
+      return out;
+    });
     const MemoryPlan p = plan_of(b);
     shares += p.shared_blocks;
     EXPECT_GE(p.arena_bytes, p.lower_bound);
@@ -423,16 +433,11 @@ TEST(MemoryPlan, RandomGraphsNeverOverlapAndStayNearTheBound) {
   for (int trial = 0; trial < 200; ++trial) {
     synth::Builder b;
     const int n = 5 + static_cast<int>(rng() % 60);
-    std::vector<T> live;
-    std::uint64_t next = 1;
-    for (int i = 0; i < n; ++i) {
-      std::vector<T> ins;
-      for (int k = 0; k < 2 && !live.empty(); ++k) ins.push_back(live[rng() % live.size()]);
-      T out{next++, 0, {static_cast<std::int64_t>(1 + rng() % 4096)}};
+    random_ops(rng, n, 6, [&](int i, std::uint64_t storage, const std::vector<T>& ins) {
+      T out{storage, 0, {static_cast<std::int64_t>(1 + rng() % 4096)}};
       b.op("aten::op" + std::to_string(i % 5), ins, {out});
-      live.push_back(out);
-      if (live.size() > 6) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
-    }
+      return out;
+    });
     auto p = plan_of(b);
     EXPECT_GE(p.arena_bytes, p.lower_bound);
     worst = std::max(worst, p.ratio());
