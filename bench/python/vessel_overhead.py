@@ -4,7 +4,8 @@ MLP step (Linear 64->128, ReLU, Linear 128->10, batch 32, cross-entropy, SGD mom
 a resnet18 step (batch 8, 64x64). For each: eager step time, recorded step time, added time
 per op, and the same for a TorchDispatchMode recorder that keeps (op name, output shapes).
 For the MLP also paired short rounds (see paired()): the steadiest of these figures on a shared
-VM.
+VM; and, in a child process, the same paired rounds with the key on but kernels that record
+nothing (key_floor()): the overhead the key itself costs, before any recording.
 Also the recording thread's CPU time per step, eager vs recorded (less sensitive than wall time
 to other work on a shared machine; it leaves out the drain and pipeline threads). Prints the
 ratios (medians of the interleaved rounds, and the fastest round of each, which interference on
@@ -14,6 +15,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -175,13 +177,59 @@ def measure(make, steps, rounds, paired_rounds=0):
         "added_per_op_ratio_dispatch_mode_over_crucible": ratio,
     }
 
+def key_floor(steps, rounds):
+    """In this process (one that has not recorded): paired short rounds of the MLP step, eager
+    and with the key on the thread but kernels that record nothing (Note [Key floor],
+    vessel/torch/Dispatch.cpp): what the key alone adds, the part of the recorded step's overhead
+    that recording less work per op cannot remove."""
+    crucible._ext.install_key_floor()
+    m, opt, x, y = make_mlp()
+    for _ in range(5):
+        step(m, opt, x, y)
+
+    def eager():
+        return time_block(lambda: step(m, opt, x, y), steps)
+
+    def floor():
+        crucible._ext.set_enabled(True)
+        try:
+            return time_block(lambda: step(m, opt, x, y), steps)
+        finally:
+            crucible._ext.set_enabled(False)
+
+    pct = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            e, f = eager(), floor()
+        else:
+            f, e = floor(), eager()
+        pct.append((f - e) / e * 100)
+    if crucible.stats()["total"] != 0:
+        raise RuntimeError("the key-floor kernels recorded ops")
+    pct.sort()
+    return {"key_floor_rounds": rounds, "key_floor_added_pct": statistics.median(pct),
+            "key_floor_added_pct_quartiles": [pct[len(pct) // 4], pct[3 * len(pct) // 4]]}
+
+
+def key_floor_in_child(steps, rounds):
+    """key_floor() in a fresh process (the key's kernels are installed once per process)."""
+    out = subprocess.run([sys.executable, __file__, "--key-floor-child", str(steps), str(rounds)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
+    if "--key-floor-child" in sys.argv:
+        at = sys.argv.index("--key-floor-child")
+        print(json.dumps(key_floor(int(sys.argv[at + 1]), int(sys.argv[at + 2]))))
+        return
     quick = "--quick" in sys.argv
     results = {
         "mlp": measure(make_mlp, steps=50 if quick else 200, rounds=5 if quick else 45,
                        paired_rounds=30 if quick else 300),
         "resnet18": measure(make_resnet, steps=2 if quick else 5, rounds=3 if quick else 7),
     }
+    results["mlp"] |= key_floor_in_child(20, 30 if quick else 300)
     for name, r in results.items():
         print(f"{name}: {r['ops_per_step']} ops/step; eager {r['eager_step_us']:.1f} us, "
               f"crucible {r['crucible_step_us']:.1f} us ({r['crucible_added_pct']:+.1f}%, "
@@ -199,6 +247,11 @@ def main():
                   f"(quartiles {q[0]:+.1f}..{q[1]:+.1f}%), {r['paired_crucible_added_us_per_op']:.3f} us/op, "
                   f"TorchDispatchMode {r['paired_dispatch_mode_added_us_per_op']:.3f} us/op"
                   + (f", {pr:.1f}x less per op" if pr is not None else ""))
+        if "key_floor_added_pct" in r:
+            q = r["key_floor_added_pct_quartiles"]
+            print(f"  the key alone (kernels that record nothing, paired rounds in another process): "
+                  f"{r['key_floor_added_pct']:+.1f}% (quartiles {q[0]:+.1f}..{q[1]:+.1f}%); recording "
+                  f"adds the rest")
         ratio = r["fastest_added_per_op_ratio_dispatch_mode_over_crucible"]
         print(f"  fastest round of each: crucible {r['fastest_crucible_added_pct']:+.1f}%, "
               f"{r['fastest_crucible_added_us_per_op']:.3f} us/op"

@@ -441,25 +441,36 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   commit_op(ts, done, si.hash, si.n_args, phase, flags);
 }
 
+// Note [Key floor]: what the recording key costs a step before anything is recorded. In a
+// process that calls install_key_floor() instead of install(), the key's fallback and the hot
+// ops' kernels only exclude the key and redispatch, as the recording ones do around their
+// work, and the composites fall through as they do when recording; set_enabled() still puts
+// the key on the thread and tags allocations. bench/python/vessel_overhead.py runs the MLP step
+// so in a child process: the recorded step's overhead less this floor is what recording
+// itself adds.
+void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  passthrough_excluding_key(op, ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
+}
+
 std::mutex g_install_mu;
 std::unique_ptr<torch::Library> g_library;
 std::unique_ptr<torch::Library> g_ops;  // the composite fallthroughs and the typed kernels
 bool g_unboxed = false;
+bool g_floor = false;  // installed by install_key_floor: nothing is recorded
 
-}  // namespace
-
-Status install(bool unboxed_kernels) {
-  std::lock_guard<std::mutex> g(g_install_mu);
-  if (g_library) return ok_status();
+Status register_on_key(bool unboxed_kernels, bool floor) {
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
-    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    if (floor) lib->fallback(torch::CppFunction::makeFromBoxedFunction<&floor_fallback>());
+    else lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
     auto ops =
         std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
     detail::register_composite_fallthroughs(*ops);
-    if (unboxed_kernels) detail::register_unboxed(*ops);
+    if (floor) detail::register_passthrough(*ops);
+    else if (unboxed_kernels) detail::register_unboxed(*ops);
     g_ops = std::move(ops);
-    g_unboxed = unboxed_kernels;
+    g_unboxed = unboxed_kernels && !floor;
+    g_floor = floor;
     g_library = std::move(lib);
   } catch (const c10::Error& e) {
     return bad_state(std::string("cannot register Crucible's fallback on DispatchKey::") + kKeyName +
@@ -469,6 +480,28 @@ Status install(bool unboxed_kernels) {
                      "or build PyTorch with patches/ so Crucible gets its own DispatchKey::Crucible");
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status install(bool unboxed_kernels) {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  if (g_floor)
+    return bad_state("this process installed the key-floor kernels (install_key_floor, a benchmark's), "
+                     "which record nothing",
+                     "record in another process: the key's kernels are installed once per process");
+  if (g_library) return ok_status();
+  return register_on_key(unboxed_kernels, /*floor=*/false);
+}
+
+Status install_key_floor() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  if (g_floor) return ok_status();
+  if (g_library)
+    return bad_state("the recording kernels are installed in this process already",
+                     "measure the key floor in a process that has not recorded (the key's kernels are "
+                     "installed once per process)");
+  return register_on_key(false, /*floor=*/true);
 }
 
 std::size_t unboxed_kernel_count() {

@@ -23,6 +23,10 @@ namespace crucible::vessel {
 // kernel for each hot op (Unboxed.cpp), which records the same bytes faster. Refuses with a
 // clear error if another library already registered a fallback on the key.
 Status install(bool unboxed_kernels = true);
+// Instead of install(), for a benchmark: kernels on the key that record nothing, only exclude
+// the key and redispatch (Note [Key floor], Dispatch.cpp). Refused after install(), and
+// install() is refused after it.
+Status install_key_floor();
 std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
 // Composite ops the key falls through (Unboxed.cpp, Note [Composite fallthroughs]); 0 until
 // installed.

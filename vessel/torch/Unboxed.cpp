@@ -268,6 +268,25 @@ struct Rec<Op, Ret(Args...)> {
   }
 };
 
+// A hot op's kernel in the key-floor install (Note [Key floor], Dispatch.cpp): the dispatcher
+// still stops at the key and the kernel still excludes it for the nested calls, as Rec::call
+// does, but nothing is recorded.
+template <class Op, class Fn>
+struct Pass;
+template <class Op, class Ret, class... Args>
+struct Pass<Op, Ret(Args...)> {
+  static Ret call(c10::DispatchKeySet ks, Args... args) {
+    const KeyExcluded guard;
+    return Op::redispatch(after_key(ks), args...);
+  }
+};
+
+template <class Op>
+void reg_pass(torch::Library& lib) {
+  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
+                                        TORCH_FN((&Pass<Op, typename Op::schema>::call))));
+}
+
 template <class Op>
 void reg(torch::Library& lib) {
   lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
@@ -326,6 +345,12 @@ void register_composite_fallthroughs(torch::Library& lib) {
 #define CRUCIBLE_REG_FALLTHROUGH(op) g_fallthroughs += reg_fallthrough<at::_ops::op>(lib);
   CRUCIBLE_COMPOSITE_OPS(CRUCIBLE_REG_FALLTHROUGH)
 #undef CRUCIBLE_REG_FALLTHROUGH
+}
+
+void register_passthrough(torch::Library& lib) {
+#define CRUCIBLE_REG_PASS(op) reg_pass<at::_ops::op>(lib);
+  CRUCIBLE_HOT_OPS(CRUCIBLE_REG_PASS)
+#undef CRUCIBLE_REG_PASS
 }
 
 std::size_t unboxed_op_count() {

@@ -712,6 +712,40 @@ def test_drop_mode_counts_and_reports_every_dropped_op(tmp_path):
     assert back.stats()["dropped"] == dropped
 
 
+KEY_FLOOR_SCRIPT = """
+import torch, crucible_native as crucible, models
+s = models.make("cnn")
+ref = models.make("cnn")
+crucible._ext.install_key_floor()
+crucible._ext.set_enabled(True)
+losses = [s.step().item() for _ in range(3)]
+crucible._ext.set_enabled(False)
+ref_losses = [ref.step().item() for _ in range(3)]
+same = all(torch.equal(a, b) for a, b in zip(s.model.parameters(), ref.model.parameters()))
+try:
+    crucible.enable()
+    refusal = "none"
+except crucible.CrucibleError as e:
+    refusal = str(e)
+print(crucible.stats()["total"], losses == ref_losses and same)
+print(refusal)
+"""
+
+
+def test_key_floor_kernels_record_nothing_and_change_nothing():
+    # The benchmark's key-floor install (Note [Key floor]): every op passes through the key's
+    # kernels, so the step computes exactly what eager does, and nothing is recorded; recording
+    # in that process is refused with a reason.
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    r = subprocess.run([sys.executable, "-c", KEY_FLOOR_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    counts, refusal = r.stdout.splitlines()
+    assert counts == "0 True", counts
+    assert "key-floor kernels" in refusal and "another process" in refusal, refusal
+
+
 def test_sanitizer_build_is_refused_with_instructions(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
