@@ -167,7 +167,7 @@ TEST(MemoryPlan, CheckPlanRefusesImpossibleShares) {
 TEST(MemoryPlan, RandomElementwiseGraphsShareOnlyDyingInputs) {
   std::mt19937 rng(7);
   const char* const ops[] = {"aten::relu", "aten::mul.Tensor", "aten::add.Tensor", "aten::mm", "aten::neg"};
-  std::uint32_t shares = 0;
+  std::uint32_t shares = 0, time_order_shares = 0;
   for (int trial = 0; trial < 300; ++trial) {
     synth::Builder b;
     const int n = 5 + static_cast<int>(rng() % 40);
@@ -177,21 +177,30 @@ TEST(MemoryPlan, RandomElementwiseGraphsShareOnlyDyingInputs) {
       b.op(ops[rng() % std::size(ops)], ins, {out});
       return out;
     });
-    const MemoryPlan p = plan_of(b);
-    shares += p.shared_blocks;
-    EXPECT_GE(p.arena_bytes, p.lower_bound);
-    for (std::size_t i = 0; i < p.blocks.size(); ++i)
-      for (std::size_t j = i + 1; j < p.blocks.size(); ++j) {
-        const Block &x = p.blocks[i], &y = p.blocks[j];
-        const bool together = x.first <= y.last && y.first <= x.last;
-        const bool overlap = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
-        if (!together || !overlap) continue;
-        const bool handoff = (y.shares == i && x.last == y.first) || (x.shares == j && y.last == x.first);
-        EXPECT_TRUE(handoff) << "trial " << trial << ": storages " << x.storage_id << " and " << y.storage_id;
-        EXPECT_EQ(x.offset, y.offset);
-      }
+    // Both placements: greedy by size, and time order (past the visit budget), which places
+    // the buffers shares make in its own way.
+    PlanOptions time_order;
+    time_order.first_fit_visits = 0;
+    for (const PlanOptions& opt : {PlanOptions{}, time_order}) {
+      const MemoryPlan p = plan_of(b, opt);
+      if (opt.first_fit_visits == 0 && p.blocks.size() - p.shared_blocks > 1) EXPECT_FALSE(p.first_fit);
+      (opt.first_fit_visits == 0 ? time_order_shares : shares) += p.shared_blocks;
+      EXPECT_GE(p.arena_bytes, p.lower_bound);
+      for (std::size_t i = 0; i < p.blocks.size(); ++i)
+        for (std::size_t j = i + 1; j < p.blocks.size(); ++j) {
+          const Block &x = p.blocks[i], &y = p.blocks[j];
+          const bool together = x.first <= y.last && y.first <= x.last;
+          const bool overlap = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+          if (!together || !overlap) continue;
+          const bool handoff = (y.shares == i && x.last == y.first) || (x.shares == j && y.last == x.first);
+          EXPECT_TRUE(handoff) << "trial " << trial << (opt.first_fit_visits == 0 ? " (time order)" : "")
+                               << ": storages " << x.storage_id << " and " << y.storage_id;
+          EXPECT_EQ(x.offset, y.offset);
+        }
+    }
   }
   EXPECT_GT(shares, 100u) << "the draws make shares";
+  EXPECT_EQ(time_order_shares, shares) << "which blocks share does not depend on the placement";
 }
 
 // Gradients and optimizer state live across steps: one that an op of the iteration writes first

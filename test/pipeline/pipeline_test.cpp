@@ -97,6 +97,7 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   EXPECT_GT(built.last_plan_ns, 0u);
   EXPECT_LE(built.last_graph_ns + built.last_dag_ns + built.last_plan_ns,
             built.last_build_ns - built.last_copy_ns);
+  const std::uint64_t recycled_before = p.stats().recycled;
   for (int s = 3; s < 6; ++s) record_step(*r, b, s, 40, 16, sid);
   p.flush();
   const auto again = p.latest();
@@ -104,6 +105,10 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   EXPECT_NE(again, first);  // published anew, with the new detection report
   EXPECT_EQ(p.stats().builds, 1u);
   EXPECT_EQ(p.stats().reused, 1u);
+  // A hit copies nothing, so it takes no spare trace (Note [Recycled copies]), and it shares
+  // the cached build's trace.
+  EXPECT_EQ(p.stats().recycled, recycled_before);
+  EXPECT_EQ(again->trace, first->trace);
   EXPECT_GT(again->report.segments.size(), first->report.segments.size());
   EXPECT_EQ(again->dag().root(), first->dag().root());
   EXPECT_EQ(again->plan()->arena_bytes, first->plan()->arena_bytes);
@@ -263,6 +268,57 @@ TEST(Pipeline, RecycledCopiesHoldExactlyTheNewOps) {
   // or evicts one cached analysis, and the next run reuses its trace (80 into 40, 24 into 80,
   // 60 into 24).
   EXPECT_EQ(st.recycled, 4u);
+}
+
+// Note [Recycled copies]: a trace goes back to the pool only when nothing holds it. An iteration
+// a caller keeps while later builds run (each of them a different structure, so that the cache
+// evicts the kept one's analysis and the pool hands traces round) keeps exactly what it held.
+TEST(Pipeline, AHeldIterationKeepsItsTraceAcrossLaterBuilds) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  p.set_reuse(false);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  int step = 1;
+  for (int s = 0; s < 3; ++s) record_step(*r, b, step++, 50, 16, sid);
+  p.flush();
+  const std::shared_ptr<const graph::Iteration> held = p.latest();
+  ASSERT_NE(held, nullptr) << p.last_reason();
+  const Trace before = *held->trace;
+  const auto root = held->dag().root();
+  for (int k = 0; k < 8; ++k) {  // eight more structures, built one after another
+    r->clear();
+    for (int s = 0; s < 3; ++s) record_step(*r, b, step++, 30 + 10 * (k % 4), 8 * (k + 3), sid);
+    p.flush();
+    ASSERT_NE(p.latest(), nullptr) << p.last_reason();
+    EXPECT_NE(p.latest()->trace, held->trace);
+  }
+  EXPECT_GT(p.stats().recycled, 0u) << "later builds recycled traces (the kept one not among them)";
+  EXPECT_TRUE(*held->trace == before);
+  EXPECT_EQ(held->trace->op_tensor_begin, before.op_tensor_begin);
+  EXPECT_EQ(held->trace->tensor_dims_begin, before.tensor_dims_begin);
+  EXPECT_EQ(held->dag().root(), root);
+}
+
+// An iteration may outlive the pipeline that published it: its trace's deleter shares the pool,
+// so letting go of it afterwards hands the trace to a pool that still exists (ASan checks it).
+TEST(Pipeline, AnIterationOutlivesItsPipeline) {
+  auto r = *Recorder::create();
+  std::shared_ptr<const graph::Iteration> kept;
+  std::uint64_t sid = 0;
+  {
+    pipeline::Pipeline p(*r);
+    OpBuilder b;
+    for (int s = 0; s < 3; ++s) record_step(*r, b, s, 40, 16, sid);
+    p.flush();
+    kept = p.latest();
+    ASSERT_NE(kept, nullptr) << p.last_reason();
+  }
+  EXPECT_EQ(kept->trace->num_ops(), 40u);
+  EXPECT_EQ(kept->trace->sizes(0)[1], 16);
+  std::weak_ptr<const record::Trace> trace = kept->trace;
+  kept.reset();
+  EXPECT_TRUE(trace.expired());
 }
 
 // Note [Wiring key] (Trace.h): a step whose scalars change every step keeps its wiring key;
