@@ -82,18 +82,27 @@ void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
 void Trace::clear() { *this = Trace{}; }
 
 void Trace::clear_keeping_capacity() {
-  ops.clear();
-  tensors.clear();
-  dims.clear();
-  scalars.clear();
-  schema_names.clear();
-  module_paths.clear();
-  module_tree.reset();
-  threads.clear();
-  externals.clear();
-  op_tensor_begin.clear();
-  op_scalar_begin.clear();
-  tensor_dims_begin.clear();
+  // The big arrays are moved out (a move keeps a vector's memory), everything is reset to a
+  // default Trace, which resets any member added later without a line here, and the arrays,
+  // emptied, are moved back.
+  auto take = [](auto& v) {
+    auto kept = std::move(v);
+    kept.clear();
+    return kept;
+  };
+  Array<TraceEntry> o = take(ops);
+  Array<TensorMeta> te = take(tensors);
+  Array<std::int64_t> d = take(dims);
+  Array<ScalarRecord> sc = take(scalars);
+  Array<std::uint64_t> otb = take(op_tensor_begin), osb = take(op_scalar_begin), tdb = take(tensor_dims_begin);
+  *this = Trace{};
+  ops = std::move(o);
+  tensors = std::move(te);
+  dims = std::move(d);
+  scalars = std::move(sc);
+  op_tensor_begin = std::move(otb);
+  op_scalar_begin = std::move(osb);
+  tensor_dims_begin = std::move(tdb);
 }
 
 const ModuleTree& Trace::module_tree_of(std::shared_ptr<const ModuleTree>& own) const {

@@ -283,6 +283,32 @@ TEST(Recorder, CopyOpsEqualsTheOpsOneByOne) {
   }
 }
 
+// Note [Recycled copies]: an emptied trace equals a new one, member for member (the derived
+// offsets too), and keeps its arrays' memory.
+TEST(Trace, ClearKeepingCapacityEmptiesEverythingAndKeepsTheArrays) {
+  auto r = *Recorder::create();
+  const auto relu = r->intern_schema("aten::relu");
+  ASSERT_TRUE(r->intern_module("layer1.conv").ok());
+  OpBuilder b;
+  for (std::uint64_t i = 0; i < 200; ++i) commit_synthetic(*r, b, relu, i);
+  r->classify_external(1, ExternalKind::Parameter);
+  Trace t = r->snapshot();
+  ASSERT_EQ(t.num_ops(), 200u);
+  ASSERT_FALSE(t.schema_names.empty() || t.module_paths.empty() || t.threads.empty() || t.externals.empty());
+  const TraceEntry* ops = t.ops.data();
+  const TensorMeta* tensors = t.tensors.data();
+  const std::size_t dims_capacity = t.dims.capacity(), offsets_capacity = t.op_tensor_begin.capacity();
+  t.clear_keeping_capacity();
+  EXPECT_TRUE(t == Trace{});
+  EXPECT_TRUE(t.schema_names.empty() && t.module_paths.empty() && t.threads.empty() && t.externals.empty());
+  EXPECT_EQ(t.module_tree, nullptr);
+  EXPECT_TRUE(t.op_tensor_begin.empty() && t.op_scalar_begin.empty() && t.tensor_dims_begin.empty());
+  EXPECT_EQ(t.ops.data(), ops);
+  EXPECT_EQ(t.tensors.data(), tensors);
+  EXPECT_EQ(t.dims.capacity(), dims_capacity);
+  EXPECT_EQ(t.op_tensor_begin.capacity(), offsets_capacity);
+}
+
 // What the pipeline relies on in key_and_copy: the key of ops read in place equals the key of
 // their copy, contents computed by a sink while draining give the same key as contents
 // computed later, and after a clear() the old generation's indices are refused as stale.

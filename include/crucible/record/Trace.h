@@ -105,8 +105,8 @@ class Trace {
   void clear();
   // Empty, like clear(), but the big arrays keep their memory: a trace refilled with about as
   // many ops does not allocate them again (the names, module paths and externals are refilled
-  // anew; the pipeline's recycled copies, Note [Recycled copies]). Every member is reset: one
-  // added to Trace must be added here too.
+  // anew; the pipeline's recycled copies, Note [Recycled copies]). Every other member is
+  // reset to its default, whatever members Trace has.
   void clear_keeping_capacity();
   bool operator==(const Trace& o) const;
 };
