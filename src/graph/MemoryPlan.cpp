@@ -315,10 +315,27 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   if (plan.shared_blocks != 0)
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) plan.blocks[i].offset = bufs[buffer_of[i]].offset;
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
-    std::vector<const Block*> at_peak;
-    for (const Block& b : bufs)
-      if (b.first <= plan.peak_node && plan.peak_node <= b.last) at_peak.push_back(&b);
-    std::sort(at_peak.begin(), at_peak.end(), [](const Block* a, const Block* b) { return a->bytes > b->bytes; });
+    // Per buffer live at the peak, the tensor that holds it there: with shares, the latest of
+    // its chain to have started by then (its host is last used where it starts), named by its
+    // own producer, with the buffer's bytes.
+    struct Live {
+      std::uint64_t bytes;
+      std::uint32_t producer;
+      std::uint32_t first;
+    };
+    std::vector<Live> holder(bufs.size(), Live{0, 0, 0});
+    std::vector<std::uint8_t> live_at_peak(bufs.size(), 0);
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+      const Block& b = plan.blocks[i];
+      if (b.first > plan.peak_node || plan.peak_node > b.last) continue;
+      const std::size_t at = plan.shared_blocks != 0 ? buffer_of[i] : i;
+      if (!live_at_peak[at] || b.first >= holder[at].first) holder[at] = Live{bufs[at].bytes, b.producer, b.first};
+      live_at_peak[at] = 1;
+    }
+    std::vector<const Live*> at_peak;
+    for (std::size_t i = 0; i < bufs.size(); ++i)
+      if (live_at_peak[i]) at_peak.push_back(&holder[i]);
+    std::sort(at_peak.begin(), at_peak.end(), [](const Live* a, const Live* b) { return a->bytes > b->bytes; });
     std::string report = "memory plan does not fit: persistent " + mib(plan.persistent_bytes) +
                          " + arena " + mib(plan.arena_bytes) + " > budget " + mib(opt.budget) +
                          "; at the peak (node " + std::to_string(plan.peak_node) + ", op '" +
@@ -398,10 +415,20 @@ Status check_plan(const MemoryPlan& p) {
         return false;
       },
       [&](std::uint32_t bi) { live.erase({bl[bi].offset, bi}); });
-  if (found)
-    return invalid_input("blocks of storages " + std::to_string(bl[first].storage_id) + " and " +
-                             std::to_string(bl[second].storage_id) + " are live together and overlap",
+  if (found) {
+    // A buffer is named by every storage in it: its first block's, and those of the blocks that
+    // take it over (the block at fault may be any of them).
+    auto name = [&](std::uint32_t buf) {
+      if (!any_shared) return "storage " + std::to_string(bl[buf].storage_id);
+      std::string ids;
+      int n = 0;
+      for (std::size_t i = 0; i < p.blocks.size(); ++i)
+        if (buffer_of[i] == buf) ids += (n++ == 0 ? "" : ", ") + std::to_string(p.blocks[i].storage_id);
+      return (n == 1 ? "storage " : "storages ") + ids;
+    };
+    return invalid_input("blocks of " + name(first) + " and of " + name(second) + " are live together and overlap",
                          "this is a planner bug: report it with the trace");
+  }
   return ok_status();
 }
 

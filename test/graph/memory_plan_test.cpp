@@ -159,6 +159,8 @@ TEST(MemoryPlan, CheckPlanRefusesImpossibleShares) {
   const crucible::Status st = check_plan(clash);
   EXPECT_FALSE(st.ok()) << "the shared buffer is live at node 3";
   EXPECT_NE(st.message().find("live together and overlap"), std::string_view::npos) << st;
+  EXPECT_NE(st.message().find("storages 1, 2"), std::string_view::npos) << "both blocks of the buffer: " << st;
+  EXPECT_NE(st.message().find("of storage 4"), std::string_view::npos) << st;
 }
 
 // The property on random graphs of elementwise ops, checked by brute force over all pairs
@@ -297,6 +299,27 @@ TEST(MemoryPlan, OverBudgetIsRefusedWithWhatIsLiveAtThePeak) {
   EXPECT_NE(msg.find("aten::mm"), std::string::npos) << msg;
   EXPECT_NE(msg.find("smaller batch"), std::string::npos) << msg;
   EXPECT_TRUE(plan_memory(b.trace, g, PlanOptions{64, 16u << 20}).ok());
+}
+
+// With shares, the report names the tensor that holds a buffer at the peak, not the one that
+// first had the buffer: here neg's output, in relu's output's block, is live at the peak.
+TEST(MemoryPlan, OverBudgetReportNamesTheTensorHoldingASharedBuffer) {
+  synth::Builder b;
+  b.op("aten::relu", {T{1, 0, {256}}}, {T{2, 0, {256}}});  // node 0
+  b.op("aten::neg", {T{2, 0, {256}}}, {T{3, 0, {256}}});   // node 1: in 2's block
+  b.op("aten::randn", {}, {T{4, 0, {512}}});               // node 2: the peak, 1 + 2 KiB
+  b.op("aten::add.Tensor", {T{3, 0, {256}}, T{4, 0, {512}}}, {T{5, 0, {512}}});
+  auto g = TraceGraph::build(b.trace, b.all());
+  auto fits = plan_memory(b.trace, g, PlanOptions{64, 0});
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ASSERT_GE(fits->shared_blocks, 1u);
+  ASSERT_EQ(fits->peak_node, 2u);
+  auto p = plan_memory(b.trace, g, PlanOptions{64, 1});
+  ASSERT_FALSE(p.ok());
+  const std::string msg(p.status().message());
+  EXPECT_NE(msg.find("2 tensors are live"), std::string::npos) << "one per buffer: " << msg;
+  EXPECT_NE(msg.find("from node 1 'aten::neg'"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("'aten::relu'"), std::string::npos) << "relu's output is dead by then: " << msg;
 }
 
 // Past its visit budget greedy by size gives way to time-order placement, which says so and is
