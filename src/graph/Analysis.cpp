@@ -58,9 +58,15 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
   count_ops(*a, t);
   a->graph = std::move(*g);
   a->dag = MerkleDag::rebuild(last.dag(), t, a->graph, locals);
-  if (last.plan() && last.plan()->shared_blocks != 0) {
-    // Shares depend on dtypes, sizes and strides, which the wiring key leaves out (Note
-    // [Elementwise outputs in their input's block]): planned again, not rebased.
+  // Shares depend on dtypes, sizes and strides, which the wiring key leaves out (Note
+  // [Elementwise outputs in their input's block]): where the new ops' layouts make other shares
+  // than the last plan's (some, or none where it had some, or some where it had none), the
+  // plan is made again, not rebased. So is a plan refused over the budget (other shares may
+  // make it fit).
+  bool replan;
+  if (!last.plan()) replan = plan_opt.share_elementwise && !last.plan_status().ok();
+  else replan = plan_opt.share_elementwise ? !shares_hold(*last.plan(), t, a->graph) : last.plan()->shared_blocks != 0;
+  if (replan) {
     auto plan = plan_memory(t, a->graph, plan_opt);
     if (plan.ok()) a->plan = std::move(*plan);
     else a->plan_status = plan.status();

@@ -151,6 +151,45 @@ std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
   sweep_first_uses(blocks, place, release);
   return top;
 }
+// Note [Elementwise outputs in their input's block]: which blocks take over a dying input's
+// block, given every block's lifetime and size (block_of: a storage number's block, or a value
+// >= kPersistentBlock for a storage outside the arena). Sets Block::shares, returns how many.
+// A host's last use is one node, whose op has one output: at most one block takes it over.
+constexpr std::uint32_t kPersistentBlock = UINT32_MAX - 1;
+std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, std::vector<Block>& blocks,
+                            const std::vector<std::uint32_t>& block_of) {
+  const record::StorageNumbering& num = g.numbering();
+  const auto n = static_cast<std::uint32_t>(g.num_nodes());
+  std::uint32_t shared = 0;
+  const std::uint32_t* number = num.storage.data();
+  for (std::uint32_t node = 0; node < n; ++node) {
+    const std::size_t op = g.trace_op(node);
+    const std::size_t nin = t.ops[op].n_inputs, nout = t.ops[op].n_tensors - nin;
+    const std::uint32_t* here = number;
+    number += nin + nout;
+    if (nout != 1 || !is_elementwise(t.ops[op].schema_hash)) continue;
+    const std::uint32_t so = here[nin];
+    if (so == 0 || block_of[so] >= kPersistentBlock || blocks[block_of[so]].first != node) continue;
+    const std::size_t t0 = t.op_tensor_begin[op];
+    for (std::size_t k = 0; k < nin; ++k) {
+      const std::uint32_t si = here[k];
+      if (si == 0 || si == so || block_of[si] >= kPersistentBlock) continue;
+      if (blocks[block_of[si]].last != node || !same_layout(t, t0 + k, t0 + nin)) continue;
+      // The same bytes for both (a buffer spans the larger block), and no other input reading
+      // the host's storage through another layout (add(x, x.t()), a shifted slice): that
+      // input would read elements already overwritten.
+      if (blocks[block_of[si]].bytes != blocks[block_of[so]].bytes) continue;
+      bool other_view = false;
+      for (std::size_t k2 = 0; k2 < nin; ++k2)
+        other_view |= k2 != k && here[k2] == si && !same_layout(t, t0 + k2, t0 + nin);
+      if (other_view) continue;
+      blocks[block_of[so]].shares = block_of[si];
+      ++shared;
+      break;
+    }
+  }
+  return shared;
+}
 }  // namespace
 
 Status check_plan_options(const PlanOptions& opt) {
@@ -169,7 +208,7 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   // Per storage number (the graph's numbering): its block, or kPersistent for storages read
   // before produced (graph externals) or classified external, whose sizes are summed apart.
   const record::StorageNumbering& num = g.numbering();
-  constexpr std::uint32_t kUnseen = UINT32_MAX, kPersistent = UINT32_MAX - 1;
+  constexpr std::uint32_t kUnseen = UINT32_MAX, kPersistent = kPersistentBlock;
   std::vector<std::uint32_t> block_of(num.num_storages() + 1, kUnseen);
   std::vector<std::uint64_t> persistent_size(num.num_storages() + 1, 0);
   for (std::size_t s = 1; s <= num.num_storages(); ++s)
@@ -231,36 +270,8 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
     if (b.bytes == 0) b.bytes = opt.alignment;  // empty tensors still get a distinct address
   }
   // Note [Elementwise outputs in their input's block]: the second pass, once every lifetime is
-  // known. A host's last use is one node, whose op has one output: at most one block takes it over.
-  if (opt.share_elementwise) {
-    number = num.storage.data();
-    for (std::uint32_t node = 0; node < n; ++node) {
-      const std::size_t op = g.trace_op(node);
-      const std::size_t nin = t.ops[op].n_inputs, nout = t.ops[op].n_tensors - nin;
-      const std::uint32_t* here = number;
-      number += nin + nout;
-      if (nout != 1 || !is_elementwise(t.ops[op].schema_hash)) continue;
-      const std::uint32_t so = here[nin];
-      if (so == 0 || block_of[so] >= kPersistent || plan.blocks[block_of[so]].first != node) continue;
-      const std::size_t t0 = t.op_tensor_begin[op];
-      for (std::size_t k = 0; k < nin; ++k) {
-        const std::uint32_t si = here[k];
-        if (si == 0 || si == so || block_of[si] >= kPersistent) continue;
-        if (plan.blocks[block_of[si]].last != node || !same_layout(t, t0 + k, t0 + nin)) continue;
-        // The same bytes for both (a buffer spans the larger block), and no other input reading
-        // the host's storage through another layout (add(x, x.t()), a shifted slice): that
-        // input would read elements already overwritten.
-        if (plan.blocks[block_of[si]].bytes != plan.blocks[block_of[so]].bytes) continue;
-        bool other_view = false;
-        for (std::size_t k2 = 0; k2 < nin; ++k2)
-          other_view |= k2 != k && here[k2] == si && !same_layout(t, t0 + k2, t0 + nin);
-        if (other_view) continue;
-        plan.blocks[block_of[so]].shares = block_of[si];
-        ++plan.shared_blocks;
-        break;
-      }
-    }
-  }
+  // known.
+  if (opt.share_elementwise) plan.shared_blocks = assign_shares(t, g, plan.blocks, block_of);
   // Lower bound, placement and budget work on buffers: the blocks themselves unless some share.
   std::vector<std::uint32_t> buffer_of;
   std::vector<Block> merged;
@@ -352,6 +363,23 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   if constexpr (CRUCIBLE_CONTRACT_SEMANTIC == 2)
     CRUCIBLE_POST(check_plan(plan).ok(), "no two blocks live at one node overlap in the arena");
   return plan;
+}
+
+bool shares_hold(const MemoryPlan& p, const record::Trace& t, const TraceGraph& g) {
+  const record::StorageNumbering& num = g.numbering();
+  std::vector<std::uint32_t> block_of(num.num_storages() + 1, kPersistentBlock);
+  std::vector<Block> blocks = p.blocks;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::uint32_t s = blocks[i].storage_number;
+    if (s == 0 || s > num.num_storages()) return false;  // not a plan of this graph's wiring
+    block_of[s] = static_cast<std::uint32_t>(i);
+    blocks[i].shares = kOwnBlock;
+  }
+  const std::uint32_t shared = assign_shares(t, g, blocks, block_of);
+  if (shared != p.shared_blocks) return false;
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].shares != p.blocks[i].shares) return false;
+  return true;
 }
 
 MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering) {

@@ -334,6 +334,8 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
           << "trial " << trial;
       ASSERT_EQ(rebuilt->plan()->blocks[i].offset, fresh->plan()->blocks[i].offset)
           << "trial " << trial;
+      ASSERT_EQ(rebuilt->plan()->blocks[i].shares, fresh->plan()->blocks[i].shares)
+          << "trial " << trial;
     }
     ASSERT_EQ(rebuilt->plan()->arena_bytes, fresh->plan()->arena_bytes);
     Shape wider = s;
@@ -370,6 +372,45 @@ TEST(WiringKey, RebuildEqualsAFreshBuildOverRandomPrograms) {
   const synth::Builder a = step(chain(4), 0), b = step(chain(5), 0);
   const auto last = build_iteration(a.trace, a.all());
   EXPECT_EQ(rebuild_iteration(*last, b.trace, b.all(), {}, wiring_key(b).second), nullptr);
+}
+
+// Note [Elementwise outputs in their input's block]: shares depend on layouts, which the wiring
+// key leaves out. A rewire keeps the last plan (rebased) only when the new ops make exactly its
+// shares, and otherwise plans again; either way the plan equals a fresh build's, shares and
+// offsets alike. Here relu's output is laid out as its input (a share), or as float64 [2, 4]
+// of the same bytes (no share): the same wiring both ways.
+TEST(WiringKey, ARewireKeepsSharesOnlyWhereTheNewLayoutsMakeThem) {
+  auto program = [](bool same_layout, std::int64_t alpha) {
+    synth::Builder b;
+    b.op("aten::randn", {}, {T{2, 0, {4, 4}}});
+    T out = same_layout ? T{3, 0, {4, 4}} : T{3, 0, {2, 4}, 7};
+    b.op("aten::relu", {T{2, 0, {4, 4}}}, {out}, Phase::Forward, "", {alpha});
+    b.op("aten::randn", {}, {T{4, 0, {4, 4}}});
+    b.op("aten::sum", {out, T{4, 0, {4, 4}}}, {T{5, 0, {}}});
+    return b;
+  };
+  for (const bool before : {true, false})
+    for (const bool after : {true, false}) {
+      const synth::Builder a = program(before, 1), c = program(after, 2);
+      auto [w, numbering] = wiring_key(c);
+      ASSERT_EQ(w, wiring_key(a).first) << "dtypes and sizes are not in the wiring";
+      const auto last = build_iteration(a.trace, a.all());
+      ASSERT_EQ(last->plan()->shared_blocks, before ? 1u : 0u);
+      const auto rebuilt = rebuild_iteration(*last, c.trace, c.all(), {}, numbering);
+      ASSERT_NE(rebuilt, nullptr);
+      const auto fresh = build_iteration(c.trace, c.all());
+      ASSERT_EQ(fresh->plan()->shared_blocks, after ? 1u : 0u);
+      EXPECT_EQ(rebuilt->plan()->shared_blocks, fresh->plan()->shared_blocks) << before << after;
+      EXPECT_EQ(rebuilt->plan()->arena_bytes, fresh->plan()->arena_bytes) << before << after;
+      ASSERT_EQ(rebuilt->plan()->blocks.size(), fresh->plan()->blocks.size());
+      for (std::size_t i = 0; i < fresh->plan()->blocks.size(); ++i) {
+        EXPECT_EQ(rebuilt->plan()->blocks[i].shares, fresh->plan()->blocks[i].shares) << before << after;
+        EXPECT_EQ(rebuilt->plan()->blocks[i].offset, fresh->plan()->blocks[i].offset) << before << after;
+        EXPECT_EQ(rebuilt->plan()->blocks[i].storage_id, fresh->plan()->blocks[i].storage_id);
+      }
+      EXPECT_TRUE(check_plan(*rebuilt->plan()).ok());
+      EXPECT_EQ(shares_hold(*last->plan(), c.trace, fresh->graph()), before == after);
+    }
 }
 
 // A loaded trace's thread fields are whatever the file says: the thread that recorded the

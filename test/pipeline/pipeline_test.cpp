@@ -376,7 +376,9 @@ TEST(Pipeline, ChangedScalarsRebuildOnlyTheDag) {
   for (std::size_t i = 0; i < fresh->plan()->blocks.size(); ++i) {
     EXPECT_EQ(fresh->plan()->blocks[i].storage_id, again->plan()->blocks[i].storage_id);
     EXPECT_EQ(fresh->plan()->blocks[i].offset, again->plan()->blocks[i].offset);
+    EXPECT_EQ(fresh->plan()->blocks[i].shares, again->plan()->blocks[i].shares);
   }
+  EXPECT_GT(again->plan()->shared_blocks, 0u) << "relu's outputs take over their inputs' blocks";
   EXPECT_NE(again->plan()->blocks[0].storage_id, first->plan()->blocks[0].storage_id);  // rebased
   EXPECT_TRUE(graph::check_plan(*again->plan()).ok());
   // The published trace is the new ops' copy: its scalars are the last step's.

@@ -84,6 +84,12 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
 // The plan of other ops with the same wiring key (Note [Wiring key], Trace.h): the same
 // blocks, offsets and sizes, with storage ids from their numbering (the graph's, rebased).
 MemoryPlan rebased_plan(const MemoryPlan& p, const record::StorageNumbering& numbering);
+// Whether a plan made with shares (PlanOptions::share_elementwise) for ops of the same wiring
+// as g's (Note [Wiring key], Trace.h: the same lifetimes and block sizes) makes exactly the
+// shares plan_memory would make for t and g: shares also depend on the layouts of the ops'
+// tensors, which the wiring key leaves out. When it does, rebased_plan(p, g.numbering()) is
+// the plan plan_memory(t, g) would make with the options p was made with.
+bool shares_hold(const MemoryPlan& p, const record::Trace& t, const TraceGraph& g);
 
 // The property every plan must have: no two blocks with intersecting lifetimes overlap in the
 // arena, and every block lies inside it; a block that shares another's memory (Block::shares)
