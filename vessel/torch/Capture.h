@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
@@ -192,6 +193,15 @@ struct ThreadState {
   record::Recorder* rec = nullptr;
   Capture* capture = nullptr;  // set while crucible.compile captures a call on this thread
   bool counts_as_recording = false;  // counted in tagging_acquire (set_enabled)
+  // Note [Thread-locals reached once]: PyTorch's thread-local state that every recorded op reads
+  // (the dispatch key sets, grad and inference mode) lives in libc10, and reaching another
+  // library's thread-local from this one is a call to __tls_get_addr (or a call into libc10
+  // that makes it) per access. Its address is fixed for the thread's life, so the state is
+  // reached once here, on the thread that owns it (ThreadState is made on first use by it).
+#if !(defined(_MSC_VER) || defined(C10_ANDROID) || defined(C10_IPHONE))
+  c10::impl::PODLocalDispatchKeySet* const key_tls = &c10::impl::raw_local_dispatch_key_set;
+#endif
+  const c10::AutogradState* const autograd_tls = &c10::AutogradState::get_tls_state();
   StorageIds storage_ids;      // last: 8 KiB, after the fields every op reads (fewer lines)
   ThreadState() = default;
   ThreadState(const ThreadState&) = delete;
@@ -231,6 +241,7 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 class KeyExcluded {
  public:
   KeyExcluded() = default;
+  explicit KeyExcluded(ThreadState&) {}
   bool below_autograd() const {
     return c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
   }
@@ -241,7 +252,11 @@ class KeyExcluded {
 #else
 class KeyExcluded {
  public:
-  [[gnu::always_inline]] KeyExcluded() : tls_(&c10::impl::raw_local_dispatch_key_set) {
+  [[gnu::always_inline]] KeyExcluded() : KeyExcluded(&c10::impl::raw_local_dispatch_key_set) {}
+  // The same with the calling thread's key sets as its state holds them (Note [Thread-locals
+  // reached once]).
+  [[gnu::always_inline]] explicit KeyExcluded(ThreadState& ts) : KeyExcluded(ts.key_tls) {}
+  [[gnu::always_inline]] explicit KeyExcluded(c10::impl::PODLocalDispatchKeySet* tls) : tls_(tls) {
     const c10::DispatchKeySet ex = tls_->excluded();
     added_ = !ex.has(kKey);
     if (added_) tls_->set_excluded(ex.add(kKey));

@@ -226,17 +226,18 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
 }
 
 namespace {
-[[gnu::always_inline]] inline std::uint8_t flags_now(bool is_mutable) {
+[[gnu::always_inline]] inline std::uint8_t flags_now(const ThreadState& ts, bool is_mutable) {
   std::uint8_t flags = is_mutable ? record::op_flag::kMutable : 0;
-  // GradMode::is_enabled() and InferenceMode::is_enabled() read this same thread-local state.
-  const c10::AutogradState& autograd = c10::AutogradState::get_tls_state();
+  // GradMode::is_enabled() and InferenceMode::is_enabled() read this same thread-local state
+  // (reached once per thread: Note [Thread-locals reached once], Capture.h).
+  const c10::AutogradState& autograd = *ts.autograd_tls;
   if (autograd.get_grad_mode()) flags |= record::op_flag::kGradMode;
   if (autograd.get_inference_mode()) flags |= record::op_flag::kInferenceMode;
   return flags;
 }
 }  // namespace
 
-std::uint8_t op_flags(bool is_mutable) { return flags_now(is_mutable); }
+std::uint8_t op_flags(bool is_mutable) { return flags_now(thread_state(), is_mutable); }
 
 namespace {
 // A frame for a new nesting depth: once per depth per thread, out of line (Frame's construction
@@ -284,7 +285,7 @@ Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd) {
   Frame* f = enter_now(ts, /*composite_implicit=*/false, below_autograd);
   if (f == nullptr) return nullptr;
   f->phase = phase_now(ts);
-  f->flags = flags_now(is_mutable);
+  f->flags = flags_now(ts, is_mutable);
   return f;
 }
 
@@ -397,7 +398,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   }
   Frame& f = *fp;
   const Phase phase = current_phase(ts);
-  const std::uint8_t flags = op_flags(si.is_mutable);
+  const std::uint8_t flags = flags_now(ts, si.is_mutable);
   {
     const auto args = torch::jit::last(*stack, si.n_args);
     for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);

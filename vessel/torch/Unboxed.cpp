@@ -228,8 +228,8 @@ template <class Op, class Ret, class... Args>
 struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet after = after_key(ks);
-    const KeyExcluded guard;  // nested calls are internals (see above)
     ThreadState& ts = thread_state();
+    const KeyExcluded guard(ts);  // nested calls are internals (see above)
     if (ts.capture != nullptr) [[unlikely]]
       return call_capturing(ts, after, guard.below_autograd(), args...);
     return record<false>(ts, after, guard.below_autograd(), args...);
