@@ -73,6 +73,7 @@ std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record
   } else {
     if (last.plan()) a->plan = rebased_plan(*last.plan(), a->graph.numbering());
     a->plan_status = last.plan_status();
+    a->plan_rebased = last.plan().has_value();
   }
   const std::uint32_t thread = a->ops.empty() ? 0 : t.ops[a->ops.front()].thread;
   auto it = std::make_shared<Iteration>(std::move(a));

@@ -410,6 +410,7 @@ TEST(WiringKey, ARewireKeepsSharesOnlyWhereTheNewLayoutsMakeThem) {
       }
       EXPECT_TRUE(check_plan(*rebuilt->plan()).ok());
       EXPECT_EQ(shares_hold(*last->plan(), c.trace, fresh->graph()), before == after);
+      EXPECT_EQ(rebuilt->analysis->plan_rebased, before == after) << "rebased exactly when the shares hold";
     }
 }
 

@@ -105,8 +105,8 @@ TEST(Pipeline, AnotherRunOfTheSameStepReusesTheLastBuild) {
   EXPECT_NE(again, first);  // published anew, with the new detection report
   EXPECT_EQ(p.stats().builds, 1u);
   EXPECT_EQ(p.stats().reused, 1u);
-  // A hit copies nothing, so it takes no spare trace (Note [Recycled copies]), and it shares
-  // the cached build's trace.
+  // A hit copies nothing, so no spare trace is used (Note [Recycled copies]: the one taken is
+  // given back untouched), and it shares the cached build's trace.
   EXPECT_EQ(p.stats().recycled, recycled_before);
   EXPECT_EQ(again->trace, first->trace);
   EXPECT_GT(again->report.segments.size(), first->report.segments.size());

@@ -228,7 +228,6 @@ DeviceKind device_kind_lookup(c10::DeviceType t);  // any type: the table, then 
 inline DeviceKind device_kind_of(c10::DeviceType t) {
   return t == c10::DeviceType::CPU ? DeviceKind::CPU : device_kind_lookup(t);
 }
-std::uint8_t op_flags(bool is_mutable);
 void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_t arg,
                 std::uint32_t list_index, bool output);
 

@@ -121,7 +121,7 @@ std::atomic<std::uint64_t> g_skip_internal{0}, g_skip_decomposed{0}, g_skip_prof
 }  // namespace
 namespace detail {
 namespace {
-// The bodies of current_phase, op_flags and enter_op, inlined into enter_recorded, which every
+// The bodies of current_phase, the op flags and enter_op, inlined into enter_recorded, which every
 // unboxed kernel calls once per op: one function's code lines instead of four (Note [Cold code
 // out of the kernels], Unboxed.cpp).
 [[gnu::always_inline]] inline Phase phase_now(ThreadState& ts) {
@@ -237,7 +237,6 @@ namespace {
 }
 }  // namespace
 
-std::uint8_t op_flags(bool is_mutable) { return flags_now(thread_state(), is_mutable); }
 
 namespace {
 // A frame for a new nesting depth: once per depth per thread, out of line (Frame's construction

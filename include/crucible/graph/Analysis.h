@@ -32,6 +32,7 @@ struct IterationAnalysis {
   MerkleDag dag;
   std::optional<MemoryPlan> plan;       // empty if planning failed: see plan_status
   Status plan_status;
+  bool plan_rebased = false;  // rebuild_iteration rebased the last plan (not planned again)
 };
 
 struct Iteration {
@@ -74,8 +75,11 @@ std::shared_ptr<Iteration> build_iteration(const record::Trace& t, std::vector<s
 // hashed again where their contents differ (MerkleDag::rebuild; `locals` as for
 // build_iteration), since their scalars may. `numbering` is theirs, with kinds. nullptr when the
 // rebase finds another wiring after all (TraceGraph::rebased): build_iteration then. `last`'s
-// report is not copied. A plan with shares (Block::shares) is planned again with plan_opt
-// rather than rebased: whether an output may take over its input's block depends on layouts.
+// report is not copied. Whether an output may take over its input's block (Block::shares)
+// depends on layouts, which the wiring leaves out: the last plan is rebased when the new ops
+// make exactly its shares (shares_hold), and planned again with plan_opt otherwise (then
+// plan_rebased is false). A rebased plan keeps the alignment and budget the last one was
+// made with: pass the plan_opt it was made with.
 std::shared_ptr<Iteration> rebuild_iteration(const Iteration& last, const record::Trace& t,
                                              std::vector<std::size_t> ops,
                                              std::span<const ContentHash> locals,

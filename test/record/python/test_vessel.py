@@ -717,6 +717,13 @@ import torch, crucible_native as crucible, models
 s = models.make("cnn")
 ref = models.make("cnn")
 crucible._ext.install_key_floor()
+# The floor's kernels are the ones on the key: the hot ops' (addmm's among them), the
+# composites' fallthroughs, and no recording kernel counted.
+table = torch._C._dispatch_dump_table("aten::addmm")
+on_key = [l for l in table.splitlines() if l.startswith(crucible._ext.dispatch_key() + ":")]
+assert on_key and "fallthrough" not in on_key[0], table
+assert crucible._ext.installed() and crucible._ext.unboxed_kernel_count() == 0
+assert crucible._ext.composite_fallthrough_count() > 0
 crucible._ext.set_enabled(True)
 losses = [s.step().item() for _ in range(3)]
 crucible._ext.set_enabled(False)
@@ -744,6 +751,12 @@ def test_key_floor_kernels_record_nothing_and_change_nothing():
     counts, refusal = r.stdout.splitlines()
     assert counts == "0 True", counts
     assert "key-floor kernels" in refusal and "another process" in refusal, refusal
+    # And the other way round: no floor in a process that installed the recording kernels.
+    r = subprocess.run([sys.executable, "-c", "import crucible_native as c\nc.enable(); c.disable()\n"
+                        "try:\n    c._ext.install_key_floor()\nexcept RuntimeError as e:\n    print(e)\n"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "recording kernels are installed" in r.stdout, r.stdout
 
 
 def test_sanitizer_build_is_refused_with_instructions(tmp_path):
