@@ -328,24 +328,23 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   if (opt.budget != 0 && plan.persistent_bytes + plan.arena_bytes > opt.budget) {
     // Per buffer live at the peak, the tensor that holds it there: with shares, the latest of
     // its chain to have started by then (its host is last used where it starts), named by its
-    // own producer, with the buffer's bytes.
+    // own producer, with the buffer's bytes (never 0: a block has at least the alignment, so
+    // bytes 0 marks a buffer not live there).
     struct Live {
-      std::uint64_t bytes;
-      std::uint32_t producer;
-      std::uint32_t first;
+      std::uint64_t bytes = 0;
+      std::uint32_t producer = 0;
+      std::uint32_t first = 0;
     };
-    std::vector<Live> holder(bufs.size(), Live{0, 0, 0});
-    std::vector<std::uint8_t> live_at_peak(bufs.size(), 0);
+    std::vector<Live> holder(bufs.size());
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
       const Block& b = plan.blocks[i];
       if (b.first > plan.peak_node || plan.peak_node > b.last) continue;
       const std::size_t at = plan.shared_blocks != 0 ? buffer_of[i] : i;
-      if (!live_at_peak[at] || b.first >= holder[at].first) holder[at] = Live{bufs[at].bytes, b.producer, b.first};
-      live_at_peak[at] = 1;
+      if (holder[at].bytes == 0 || b.first >= holder[at].first) holder[at] = Live{bufs[at].bytes, b.producer, b.first};
     }
     std::vector<const Live*> at_peak;
-    for (std::size_t i = 0; i < bufs.size(); ++i)
-      if (live_at_peak[i]) at_peak.push_back(&holder[i]);
+    for (const Live& h : holder)
+      if (h.bytes != 0) at_peak.push_back(&h);
     std::sort(at_peak.begin(), at_peak.end(), [](const Live* a, const Live* b) { return a->bytes > b->bytes; });
     std::string report = "memory plan does not fit: persistent " + mib(plan.persistent_bytes) +
                          " + arena " + mib(plan.arena_bytes) + " > budget " + mib(opt.budget) +

@@ -36,6 +36,11 @@ inline constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericM
 inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 #endif
 
+// The keys after ours: where a kernel of ours (typed or the fallback) redispatches to.
+inline c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {
+  return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+}
+
 // ---------------------------------------------------------------------------------------
 // Storage identity. Note [Storage ids]: a storage whose memory carries a tag (Note [Allocation
 // tags], AllocationTags.h) is named by it; this table names the rest. The caching allocator

@@ -370,7 +370,7 @@ void passthrough_excluding_key(const c10::OperatorHandle& op, c10::DispatchKeySe
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   ThreadState& ts = thread_state();
-  const c10::DispatchKeySet after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+  const c10::DispatchKeySet after = after_key(ks);
   const SchemaInfo& si = schema_info(op);
 
   if (si.kind != SchemaInfo::Kind::Normal) {  // profiler markers: phase bookkeeping only
@@ -449,7 +449,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 // so in a child process: the recorded step's overhead less this floor is what recording
 // itself adds.
 void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  passthrough_excluding_key(op, ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
+  passthrough_excluding_key(op, after_key(ks), stack);
 }
 
 std::mutex g_install_mu;

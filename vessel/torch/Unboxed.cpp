@@ -199,11 +199,6 @@ const Site& site() {
   return s;
 }
 
-// The keys after ours: where a kernel of ours redispatches to.
-c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {
-  return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
-}
-
 // One nesting level deeper for the duration of the op's own call (exceptions included).
 struct DepthGuard {
   ThreadState& ts;
