@@ -10,6 +10,9 @@ set(CRUCIBLE_CONTRACTS "enforce" CACHE STRING "enforce | observe | ignore")
 set_property(CACHE CRUCIBLE_CONTRACTS PROPERTY STRINGS enforce observe ignore)
 option(CRUCIBLE_BUILD_TESTS "Build the test suite" ON)
 option(CRUCIBLE_BUILD_BENCH "Build the benchmarks" ON)
+# The Vessel's ablation switches (Note [Ablation build], vessel/torch/Capture.h): a benchmark's
+# build (bench/vessel_ablation.sh), never a preset's.
+option(CRUCIBLE_VESSEL_ABLATION "Give the recording kernels the switches bench/vessel_ablation.sh turns" OFF)
 option(CRUCIBLE_BUILD_FUZZ "Build the libFuzzer harnesses (clang only: the fuzz preset)" OFF)
 # Unity (jumbo) builds: each target's sources compiled eight to a translation unit, so the heavy
 # headers (GoogleTest, torch, LLVM, toml++) are parsed once per batch instead of once per file.

@@ -36,6 +36,23 @@ inline constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericM
 inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 #endif
 
+// Note [Ablation build]: where the recording's added time goes, measured by switching parts of
+// the typed kernels' work off (bench/vessel_ablation.sh). Only a build configured with
+// -DCRUCIBLE_VESSEL_ABLATION=ON has the switches; install() reads CRUCIBLE_VESSEL_ABLATE there
+// (and refuses it in any other build). Each rung keeps the work of the rungs below it:
+//   NoRing:     everything captured into the op's builder; nothing committed to the rings
+//   EntryOnly:  no tensor or scalar captured; the op's entry (no cells) committed
+//   EnterOnly:  the op entered (frame, phase, flags); nothing captured or committed
+//   KernelOnly: the typed kernel's own prologue (thread state, capture check, site); no frame
+// The boxed fallback records in full at every rung (the benchmark checks that the MLP step has
+// no op that reaches it). In every other build the switch is a constant and compiles away.
+enum class Ablation : std::uint8_t { None, NoRing, EntryOnly, EnterOnly, KernelOnly };
+#if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
+extern Ablation g_ablation;  // set once by install(), before any kernel is registered
+#else
+inline constexpr Ablation g_ablation = Ablation::None;
+#endif
+
 // The keys after ours: where a kernel of ours (typed or the fallback) redispatches to.
 inline c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {
   return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);

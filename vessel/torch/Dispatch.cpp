@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -304,6 +305,7 @@ void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16
   record::TraceEntry e = f.b.entry(schema_hash, phase, flags);
   e.module_id = ts.modules.back();
   e.n_args = n_args;
+  if (g_ablation == Ablation::NoRing) return;  // Note [Ablation build]
   rec.commit(*ts.log, e, f.b.cells(), f.b.scalars());
 }
 
@@ -458,6 +460,40 @@ std::unique_ptr<torch::Library> g_ops;  // the composite fallthroughs and the ty
 bool g_unboxed = false;
 bool g_floor = false;  // installed by install_key_floor: nothing is recorded
 
+#if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
+}  // namespace
+namespace detail {
+Ablation g_ablation = Ablation::None;
+}  // namespace detail
+namespace {
+#endif
+
+// CRUCIBLE_VESSEL_ABLATE (Note [Ablation build], Capture.h): a rung's name in an ablation build;
+// refused in any other build, where it would change nothing.
+Status read_ablation() {
+  const char* v = std::getenv("CRUCIBLE_VESSEL_ABLATE");
+  if (v == nullptr || *v == 0) return ok_status();
+#if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
+  static const std::pair<const char*, detail::Ablation> kRungs[] = {
+      {"full", detail::Ablation::None},
+      {"no_ring", detail::Ablation::NoRing},
+      {"entry_only", detail::Ablation::EntryOnly},
+      {"enter_only", detail::Ablation::EnterOnly},
+      {"kernel_only", detail::Ablation::KernelOnly}};
+  for (const auto& [name, rung] : kRungs)
+    if (std::strcmp(v, name) == 0) {
+      detail::g_ablation = rung;
+      return ok_status();
+    }
+  return bad_state(std::string("CRUCIBLE_VESSEL_ABLATE=") + v + " is not a rung",
+                   "use full, no_ring, entry_only, enter_only or kernel_only (Note [Ablation build])");
+#else
+  return bad_state(std::string("CRUCIBLE_VESSEL_ABLATE=") + v + " is set, but this build has no ablation switches",
+                   "unset it, or configure a build with -DCRUCIBLE_VESSEL_ABLATION=ON "
+                   "(bench/vessel_ablation.sh does) and point CRUCIBLE_BUILD_DIR at it");
+#endif
+}
+
 Status register_on_key(bool unboxed_kernels, bool floor) {
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
@@ -486,12 +522,27 @@ Status register_on_key(bool unboxed_kernels, bool floor) {
 
 Status install(bool unboxed_kernels) {
   std::lock_guard<std::mutex> g(g_install_mu);
+  if (!g_library) {
+    Status a = read_ablation();
+    if (!a.ok()) return a;
+  }
   if (g_floor)
     return bad_state("this process installed the key-floor kernels (install_key_floor, a benchmark's), "
                      "which record nothing",
                      "record in another process: the key's kernels are installed once per process");
   if (g_library) return ok_status();
   return register_on_key(unboxed_kernels, /*floor=*/false);
+}
+
+const char* ablation_name() {
+  switch (detail::g_ablation) {
+    case detail::Ablation::None: return "full";
+    case detail::Ablation::NoRing: return "no_ring";
+    case detail::Ablation::EntryOnly: return "entry_only";
+    case detail::Ablation::EnterOnly: return "enter_only";
+    case detail::Ablation::KernelOnly: return "kernel_only";
+  }
+  return "full";
 }
 
 Status install_key_floor() {

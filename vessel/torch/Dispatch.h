@@ -27,6 +27,9 @@ Status install(bool unboxed_kernels = true);
 // the key and redispatch (Note [Key floor], Dispatch.cpp). Refused after install(), and
 // install() is refused after it.
 Status install_key_floor();
+// The rung the typed kernels run at (Note [Ablation build], Capture.h): "full" except in an
+// ablation build whose install() read CRUCIBLE_VESSEL_ABLATE.
+const char* ablation_name();
 std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
 // Composite ops the key falls through (Unboxed.cpp, Note [Composite fallthroughs]); 0 until
 // installed.

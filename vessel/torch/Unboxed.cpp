@@ -238,25 +238,34 @@ struct Rec<Op, Ret(Args...)> {
     return record<true>(ts, after, below_autograd, args...);
   }
 
+  // An ablation rung's op (Note [Ablation build]): run at one nesting level deeper, unrecorded.
+  [[gnu::noinline]] static Ret ablated(ThreadState& ts, c10::DispatchKeySet after, Args... args) {
+    DepthGuard depth{ts};
+    return Op::redispatch(after, args...);
+  }
+
   struct NoCapture {};
   template <bool kCapture>
   [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, bool below_autograd,
                                            Args... args) {
     const Site& s = site<Op>();
+    if (g_ablation == Ablation::KernelOnly) return ablated(ts, after, args...);  // Note [Ablation build]
     Frame* f = enter_recorded(ts, s.is_mutable, below_autograd);
     if (f == nullptr) return Op::redispatch(after, args...);
+    if (g_ablation == Ablation::EnterOnly) return ablated(ts, after, args...);
+    const bool capture_args = g_ablation != Ablation::EntryOnly;
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
     Cap in{ts, f->b, false};
     std::uint16_t i = 0;
-    (cap(in, args, i++), ...);
+    if (capture_args) (cap(in, args, i++), ...);
     f->b.end_inputs();
     std::conditional_t<kCapture, std::vector<c10::IValue>, NoCapture> cap_args;
     if constexpr (kCapture) cap_args = c10::impl::boxArgs<Args...>(args...);
     DepthGuard depth{ts};
     decltype(auto) result = Op::redispatch(after, args...);
     Cap out{ts, f->b, true};
-    cap_result(out, result);
+    if (capture_args) cap_result(out, result);
     if constexpr (kCapture) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
     commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;

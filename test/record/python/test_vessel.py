@@ -759,6 +759,21 @@ def test_key_floor_kernels_record_nothing_and_change_nothing():
     assert "recording kernels are installed" in r.stdout, r.stdout
 
 
+def test_ablation_switch_is_refused_by_a_build_without_it():
+    # CRUCIBLE_VESSEL_ABLATE names a rung of the ablation benchmark (Note [Ablation build]); a
+    # build without the switches would record in full and the benchmark would report a rung it
+    # never ran, so recording is refused, saying how to get such a build.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(crucible.__file__), CRUCIBLE_VESSEL_ABLATE="enter_only")
+    script = ("import crucible_native as c\n"
+              "try:\n    c.enable()\nexcept RuntimeError as e:\n    print(e)\n"
+              "print(c._ext.installed(), c._ext.ablation())\n")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    message, state = r.stdout.strip().splitlines()
+    assert "CRUCIBLE_VESSEL_ABLATE=enter_only" in message and "-DCRUCIBLE_VESSEL_ABLATION=ON" in message, message
+    assert state == "False full", state
+
+
 def test_sanitizer_build_is_refused_with_instructions(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
