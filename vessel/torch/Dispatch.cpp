@@ -570,6 +570,11 @@ bool installed() {
   return g_library != nullptr;
 }
 
+bool key_floor_installed() {
+  std::lock_guard<std::mutex> g(g_install_mu);
+  return g_floor;
+}
+
 const char* dispatch_key_name() { return kKeyName; }
 
 void set_enabled(bool on) {

@@ -35,6 +35,8 @@ std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
 // installed.
 std::size_t composite_fallthrough_count();
 bool installed();
+// Whether install_key_floor() installed the key's kernels in this process (then nothing records).
+bool key_floor_installed();
 // Name of the key in use ("Crucible" or "TESTING_ONLY_GenericMode").
 const char* dispatch_key_name();
 

@@ -352,6 +352,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("unboxed_kernel_count", &vessel::unboxed_kernel_count);
   m.def("composite_fallthrough_count", &vessel::composite_fallthrough_count);
   m.def("installed", &vessel::installed);
+  m.def("key_floor_installed", &vessel::key_floor_installed);
   m.def("dispatch_key", &vessel::dispatch_key_name);
   m.def("set_enabled", &vessel::set_enabled);
   m.def("is_enabled", &vessel::is_enabled);

@@ -162,6 +162,10 @@ def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = No
     block alignment in bytes (a power of two up to 2^30, 64 by default). Both only before the
     pipeline starts (the first enable(), recording(), compile() or iteration() starts it)."""
     global _unboxed_kernels, _plan_options, _ring_sizes
+    if unboxed_kernels is not None and _ext.key_floor_installed():
+        raise CrucibleError("crucible.configure(unboxed_kernels=...) in a process that installed the key-floor "
+                            "kernels (install_key_floor, a benchmark's), which record nothing; record in another "
+                            "process: the key's kernels are installed once per process")
     if unboxed_kernels is not None and _ext.installed() and bool(unboxed_kernels) != _unboxed_kernels:
         raise CrucibleError("crucible.configure(unboxed_kernels=...) after the recording kernels were installed "
                             "(by enable(), recording() or compile()); call configure() before those")

@@ -734,8 +734,14 @@ try:
     refusal = "none"
 except crucible.CrucibleError as e:
     refusal = str(e)
-print(crucible.stats()["total"], losses == ref_losses and same)
+try:
+    crucible.configure(unboxed_kernels=False)
+    conf_refusal = "none"
+except crucible.CrucibleError as e:
+    conf_refusal = str(e)
+print(crucible.stats()["total"], losses == ref_losses and same, crucible._ext.key_floor_installed())
 print(refusal)
+print(conf_refusal)
 """
 
 
@@ -748,9 +754,12 @@ def test_key_floor_kernels_record_nothing_and_change_nothing():
     r = subprocess.run([sys.executable, "-c", KEY_FLOOR_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    counts, refusal = r.stdout.splitlines()
-    assert counts == "0 True", counts
+    counts, refusal, conf_refusal = r.stdout.splitlines()
+    assert counts == "0 True True", counts
     assert "key-floor kernels" in refusal and "another process" in refusal, refusal
+    # Choosing the kind of recording kernels there says why it cannot be done, not that the
+    # recording kernels were installed.
+    assert "key-floor kernels" in conf_refusal and "another process" in conf_refusal, conf_refusal
     # And the other way round: no floor in a process that installed the recording kernels.
     r = subprocess.run([sys.executable, "-c", "import crucible_native as c\nc.enable(); c.disable()\n"
                         "try:\n    c._ext.install_key_floor()\nexcept RuntimeError as e:\n    print(e)\n"],
