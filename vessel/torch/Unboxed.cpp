@@ -285,16 +285,12 @@ struct Pass<Op, Ret(Args...)> {
   }
 };
 
-template <class Op>
-void reg_pass(torch::Library& lib) {
-  lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
-                                        TORCH_FN((&Pass<Op, typename Op::schema>::call))));
-}
-
-template <class Op>
+// Registers Kernel<Op, schema>::call, typed, as the op's kernel on the key: Rec for recording,
+// Pass for the key floor.
+template <template <class, class> class Kernel, class Op>
 void reg(torch::Library& lib) {
   lib.impl(impl_name<Op>().c_str(), torch::CppFunction::makeFromUnboxedFunction(
-                                        TORCH_FN((&Rec<Op, typename Op::schema>::call))));
+                                        TORCH_FN((&Kernel<Op, typename Op::schema>::call))));
 }
 
 // Note [Composite fallthroughs]: a CompositeImplicitAutograd op reaches the key above Autograd
@@ -339,7 +335,7 @@ std::size_t g_fallthroughs = 0;
   _(max_pool2d_with_indices) _(max_pool2d_with_indices_backward) _(empty_memory_format) _(zeros)
 
 void register_unboxed(torch::Library& lib) {
-#define CRUCIBLE_REG(op) reg<at::_ops::op>(lib);
+#define CRUCIBLE_REG(op) reg<Rec, at::_ops::op>(lib);
   CRUCIBLE_HOT_OPS(CRUCIBLE_REG)
 #undef CRUCIBLE_REG
 }
@@ -352,7 +348,7 @@ void register_composite_fallthroughs(torch::Library& lib) {
 }
 
 void register_passthrough(torch::Library& lib) {
-#define CRUCIBLE_REG_PASS(op) reg_pass<at::_ops::op>(lib);
+#define CRUCIBLE_REG_PASS(op) reg<Pass, at::_ops::op>(lib);
   CRUCIBLE_HOT_OPS(CRUCIBLE_REG_PASS)
 #undef CRUCIBLE_REG_PASS
 }
