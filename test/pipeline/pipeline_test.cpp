@@ -224,13 +224,19 @@ TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
 // into the memory of an earlier copy once no iteration holds that any more. A recycled trace
 // must hold exactly the new ops: longer and shorter steps alternate, so leftovers of a bigger
 // copy would show as extra ops, tensors, dims or offsets.
-TEST(Pipeline, RecycledCopiesHoldExactlyTheNewOps) {
-  auto r = *Recorder::create();
-  pipeline::Pipeline p(*r);
-  p.set_reuse(false);
+// A pipeline that builds every iteration afresh (reuse off), its recorder, and the state
+// record_step carries from step to step.
+class PipelineWithoutReuse : public ::testing::Test {
+ protected:
+  PipelineWithoutReuse() { p.set_reuse(false); }
+  std::unique_ptr<Recorder> r = *Recorder::create();
+  pipeline::Pipeline p{*r};
   OpBuilder b;
   std::uint64_t sid = 0;
   int step = 1;
+};
+
+TEST_F(PipelineWithoutReuse, RecycledCopiesHoldExactlyTheNewOps) {
   // Five structures A-E (ops, width); the cache keeps four analyses, and with them their traces.
   const std::pair<int, std::int64_t> runs[] = {{80, 16}, {40, 24}, {80, 32}, {24, 16}, {60, 8},
                                                {40, 24}, {80, 16}, {24, 16}, {60, 8}};
@@ -273,13 +279,7 @@ TEST(Pipeline, RecycledCopiesHoldExactlyTheNewOps) {
 // Note [Recycled copies]: a trace goes back to the pool only when nothing holds it. An iteration
 // a caller keeps while later builds run (each of them a different structure, so that the cache
 // evicts the kept one's analysis and the pool hands traces round) keeps exactly what it held.
-TEST(Pipeline, AHeldIterationKeepsItsTraceAcrossLaterBuilds) {
-  auto r = *Recorder::create();
-  pipeline::Pipeline p(*r);
-  p.set_reuse(false);
-  OpBuilder b;
-  std::uint64_t sid = 0;
-  int step = 1;
+TEST_F(PipelineWithoutReuse, AHeldIterationKeepsItsTraceAcrossLaterBuilds) {
   for (int s = 0; s < 3; ++s) record_step(*r, b, step++, 50, 16, sid);
   p.flush();
   const std::shared_ptr<const graph::Iteration> held = p.latest();
