@@ -7,7 +7,8 @@
 # and what it adds to the rung below, and writes bench/baselines/vessel_ablation.json.
 #   bench/vessel_ablation.sh [--passes N] [--rounds N]      (default 3 passes of 300 rounds)
 # Builds build-ablation/ (the release preset's flags, with -DCRUCIBLE_VESSEL_ABLATION=ON), only
-# the Python extension and its libraries: the switches never reach the release build.
+# the Python extension and its libraries: the switches never reach the release build. Also builds
+# the release preset's extension (build-release/), whose full recording is the control rung.
 set -euo pipefail
 source "$(dirname "$0")/../utils/lib/common.sh"
 cd "$CRUCIBLE_ROOT"
@@ -21,4 +22,10 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCM
   -DCRUCIBLE_VESSEL_ABLATION=ON >"$B/configure.log" 2>&1 || { tail -20 "$B/configure.log"; exit 1; }
 cmake --build "$B" -j "${CRUCIBLE_JOBS:-$(nproc)}" --target _crucible_ext >"$B/build.log" 2>&1 ||
   { tail -30 "$B/build.log"; exit 1; }
-CRUCIBLE_BUILD_DIR="$B" "$PY" bench/python/vessel_ablation.py "$@"
+# The release build's extension, for the control rung (the full recording without the switches).
+R=build-release
+if [[ ! -f "$R/build.ninja" ]]; then cmake --preset release >"$B/configure-release.log" 2>&1 ||
+  { tail -20 "$B/configure-release.log"; exit 1; }; fi
+cmake --build "$R" -j "${CRUCIBLE_JOBS:-$(nproc)}" --target _crucible_ext >"$B/build-release.log" 2>&1 ||
+  { tail -30 "$B/build-release.log"; exit 1; }
+CRUCIBLE_BUILD_DIR="$B" CRUCIBLE_RELEASE_BUILD_DIR="$R" "$PY" bench/python/vessel_ablation.py "$@"

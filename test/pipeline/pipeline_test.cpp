@@ -220,10 +220,6 @@ TEST(Pipeline, AlternatingStepsReuseTheirOwnBuilds) {
   EXPECT_EQ(p.stats().cached, 4u);
 }
 
-// Note [Recycled copies] (Pipeline.cpp): with reuse off every run is built, each copy made
-// into the memory of an earlier copy once no iteration holds that any more. A recycled trace
-// must hold exactly the new ops: longer and shorter steps alternate, so leftovers of a bigger
-// copy would show as extra ops, tensors, dims or offsets.
 // A pipeline that builds every iteration afresh (reuse off), its recorder, and the state
 // record_step carries from step to step.
 class PipelineWithoutReuse : public ::testing::Test {
@@ -236,6 +232,10 @@ class PipelineWithoutReuse : public ::testing::Test {
   int step = 1;
 };
 
+// Note [Recycled copies] (Pipeline.cpp): with reuse off every run is built, each copy made
+// into the memory of an earlier copy once no iteration holds that any more. A recycled trace
+// must hold exactly the new ops: longer and shorter steps alternate, so leftovers of a bigger
+// copy would show as extra ops, tensors, dims or offsets.
 TEST_F(PipelineWithoutReuse, RecycledCopiesHoldExactlyTheNewOps) {
   // Five structures A-E (ops, width); the cache keeps four analyses, and with them their traces.
   const std::pair<int, std::int64_t> runs[] = {{80, 16}, {40, 24}, {80, 32}, {24, 16}, {60, 8},

@@ -39,13 +39,18 @@ inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 // Note [Ablation build]: where the recording's added time goes, measured by switching parts of
 // the typed kernels' work off (bench/vessel_ablation.sh). Only a build configured with
 // -DCRUCIBLE_VESSEL_ABLATION=ON has the switches; install() reads CRUCIBLE_VESSEL_ABLATE there
-// (and refuses it in any other build). Each rung keeps the work of the rungs below it:
-//   NoRing:     everything captured into the op's builder; nothing committed to the rings
-//   EntryOnly:  no tensor or scalar captured; the op's entry (no cells) committed
-//   EnterOnly:  the op entered (frame, phase, flags); nothing captured or committed
+// (and refuses it in any other build). The rungs, from the least work up:
 //   KernelOnly: the typed kernel's own prologue (thread state, capture check, site); no frame
-// The boxed fallback records in full at every rung (the benchmark checks that the MLP step has
-// no op that reaches it). In every other build the switch is a constant and compiles away.
+//   EnterOnly:  + the op entered (frame, phase, flags); nothing captured or committed
+//   EntryOnly:  + the op's entry committed, with no tensor or scalar captured (no cells)
+//   NoRing:     + every tensor and scalar captured into the op's builder instead (EnterOnly's
+//               work and the capture); nothing committed, so the drain gets nothing
+// and None, the full recording: NoRing's work and the commit. The switches are in the typed
+// kernels only: the boxed fallback records in full at every rung (the benchmark checks that no
+// op of its step is recorded at the rungs that commit nothing, so none reached the fallback).
+// Every source that reads the switch is one of libcrucible_dispatch's, which alone get the
+// definition (vessel/torch/CMakeLists.txt). In every other build the switch is a constant and
+// compiles away.
 enum class Ablation : std::uint8_t { None, NoRing, EntryOnly, EnterOnly, KernelOnly };
 #if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
 extern Ablation g_ablation;  // set once by install(), before any kernel is registered

@@ -305,7 +305,6 @@ void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16
   record::TraceEntry e = f.b.entry(schema_hash, phase, flags);
   e.module_id = ts.modules.back();
   e.n_args = n_args;
-  if (g_ablation == Ablation::NoRing) return;  // Note [Ablation build]
   rec.commit(*ts.log, e, f.b.cells(), f.b.scalars());
 }
 
@@ -468,6 +467,12 @@ Ablation g_ablation = Ablation::None;
 namespace {
 #endif
 
+#if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
+constexpr bool kHasAblationSwitches = true;
+#else
+constexpr bool kHasAblationSwitches = false;
+#endif
+
 // CRUCIBLE_VESSEL_ABLATE (Note [Ablation build], Capture.h): a rung's name in an ablation build;
 // refused in any other build, where it would change nothing.
 Status read_ablation() {
@@ -533,6 +538,8 @@ Status install(bool unboxed_kernels) {
   if (g_library) return ok_status();
   return register_on_key(unboxed_kernels, /*floor=*/false);
 }
+
+bool has_ablation_switches() { return kHasAblationSwitches; }
 
 const char* ablation_name() {
   switch (detail::g_ablation) {

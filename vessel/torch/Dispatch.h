@@ -30,6 +30,8 @@ Status install_key_floor();
 // The rung the typed kernels run at (Note [Ablation build], Capture.h): "full" except in an
 // ablation build whose install() read CRUCIBLE_VESSEL_ABLATE.
 const char* ablation_name();
+// Whether this build has the ablation switches (-DCRUCIBLE_VESSEL_ABLATION=ON).
+bool has_ablation_switches();
 std::size_t unboxed_kernel_count();  // 0 until installed with unboxed kernels
 // Composite ops the key falls through (Unboxed.cpp, Note [Composite fallthroughs]); 0 until
 // installed.

@@ -349,6 +349,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("install", [](bool unboxed) { check(vessel::install(unboxed)); }, py::arg("unboxed") = true);
   m.def("install_key_floor", [] { check(vessel::install_key_floor()); });
   m.def("ablation", &vessel::ablation_name);
+  m.def("has_ablation_switches", &vessel::has_ablation_switches);
   m.def("unboxed_kernel_count", &vessel::unboxed_kernel_count);
   m.def("composite_fallthrough_count", &vessel::composite_fallthrough_count);
   m.def("installed", &vessel::installed);

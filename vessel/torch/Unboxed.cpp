@@ -238,21 +238,21 @@ struct Rec<Op, Ret(Args...)> {
     return record<true>(ts, after, below_autograd, args...);
   }
 
-  // An ablation rung's op (Note [Ablation build]): run at one nesting level deeper, unrecorded.
-  [[gnu::noinline]] static Ret ablated(ThreadState& ts, c10::DispatchKeySet after, Args... args) {
-    DepthGuard depth{ts};
-    return Op::redispatch(after, args...);
-  }
-
   struct NoCapture {};
   template <bool kCapture>
   [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, bool below_autograd,
                                            Args... args) {
     const Site& s = site<Op>();
-    if (g_ablation == Ablation::KernelOnly) return ablated(ts, after, args...);  // Note [Ablation build]
+    if (g_ablation == Ablation::KernelOnly) {  // Note [Ablation build]: run unrecorded, one level deeper
+      DepthGuard depth{ts};
+      return Op::redispatch(after, args...);
+    }
     Frame* f = enter_recorded(ts, s.is_mutable, below_autograd);
     if (f == nullptr) return Op::redispatch(after, args...);
-    if (g_ablation == Ablation::EnterOnly) return ablated(ts, after, args...);
+    if (g_ablation == Ablation::EnterOnly) {
+      DepthGuard depth{ts};
+      return Op::redispatch(after, args...);
+    }
     const bool capture_args = g_ablation != Ablation::EntryOnly;
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
@@ -267,7 +267,8 @@ struct Rec<Op, Ret(Args...)> {
     Cap out{ts, f->b, true};
     if (capture_args) cap_result(out, result);
     if constexpr (kCapture) capture_op(ts, s.handle, std::move(cap_args), box_result(result), phase);
-    commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
+    if (g_ablation != Ablation::NoRing)
+      commit_op(ts, *f, s.hash, static_cast<std::uint16_t>(sizeof...(Args)), phase, flags);
     return result;
   }
 };
