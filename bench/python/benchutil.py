@@ -36,3 +36,42 @@ def step(m, opt, x, y):
     opt.zero_grad()
     F.cross_entropy(m(x), y).backward()
     opt.step()
+
+
+def quartiles(values):
+    """[first, third] quartile of values (as the benchmarks report a median's spread)."""
+    v = sorted(values)
+    return [v[len(v) // 4], v[3 * len(v) // 4]]
+
+
+def paired_rounds(eager, other, rounds, before_round=None):
+    """Two-way paired rounds: eager then other, other then eager, in turn (each a callable that
+    times a block of steps and returns seconds per step). Returns (each round's added percent
+    of other over eager, each round's eager time). before_round(i), if given, runs first."""
+    pct, eager_times = [], []
+    for i in range(rounds):
+        if before_round is not None:
+            before_round(i)
+        if i % 2 == 0:
+            e, o = eager(), other()
+        else:
+            o, e = other(), eager()
+        eager_times.append(e)
+        pct.append((o - e) / e * 100)
+    return pct, eager_times
+
+
+def run_json_child(argv, what, env=None, timeout=None):
+    """Runs a child process that prints a JSON object on its last line, and returns it; on
+    failure shows the child's stderr and raises, naming `what`."""
+    import json
+    import subprocess
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} ran past {timeout} s: stopped") from None
+    if r.returncode != 0:
+        import sys
+        sys.stderr.write(r.stderr)
+        raise RuntimeError(f"{what} failed (exit {r.returncode}); its output is above")
+    return json.loads(r.stdout.strip().splitlines()[-1])

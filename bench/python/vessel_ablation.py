@@ -41,6 +41,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import benchutil  # noqa: E402
 # (rung, the rung it is compared with; None: eager)
 RUNGS = [("key_floor", None), ("kernel_only", "key_floor"), ("enter_only", "kernel_only"),
          ("entry_only", "enter_only"), ("no_ring", "enter_only"), ("full", "no_ring"), ("release", None)]
@@ -83,18 +85,16 @@ def child(rung, rounds):
         raise RuntimeError(f"the kernels run at rung {crucible._ext.ablation()!r}, not {want!r}")
     crucible.clear()
     skipped0 = crucible.stats()["skipped"]
-    es, pct, total = [], [], 0
-    for i in range(rounds):
-        if i % 25 == 24:  # the trace stays small, as in vessel_overhead.paired()
+    total = 0
+
+    def keep_small(i):  # the trace stays small, as in vessel_overhead.paired()
+        nonlocal total
+        if i % 25 == 24:
             crucible.flush()
             total += crucible.stats()["total"]
             crucible.clear()
-        if i % 2 == 0:
-            e, r = eager(), rung_step()
-        else:
-            r, e = rung_step(), eager()
-        es.append(e)
-        pct.append((r - e) / e * 100)
+
+    pct, es = benchutil.paired_rounds(eager, rung_step, rounds, keep_small)
     crucible.flush()
     total += crucible.stats()["total"]
     skipped = {k: v - skipped0[k] for k, v in crucible.stats()["skipped"].items()}
@@ -106,25 +106,17 @@ def child(rung, rounds):
                            "fallback, which the switches do not touch, so the rung is not what it says")
     if rung not in COMMIT_NOTHING and total == 0:
         raise RuntimeError(f"rung {rung} recorded no op")
-    pct.sort()
     steps = rounds * STEPS + 1  # and the set-up step
     print(json.dumps({"added_pct": statistics.median(pct),
-                      "added_pct_quartiles": [pct[len(pct) // 4], pct[3 * len(pct) // 4]],
+                      "added_pct_quartiles": benchutil.quartiles(pct),
                       "eager_step_us": statistics.median(es) * 1e6,
                       "ops_recorded_per_step": total / (rounds * STEPS),
                       "profiler_scopes_per_step": skipped["profiler"] / steps}))
 
 
 def run_child(rung, rounds, env):
-    try:
-        r = subprocess.run([sys.executable, __file__, "--child", rung, str(rounds)],
-                           capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"rung {rung} ran past {CHILD_TIMEOUT_S} s: stopped") from None
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr)
-        raise RuntimeError(f"rung {rung} failed (exit {r.returncode}); its output is above")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = benchutil.run_json_child([sys.executable, __file__, "--child", rung, str(rounds)], f"rung {rung}",
+                                   env=env, timeout=CHILD_TIMEOUT_S)
     if rung == "key_floor":  # vessel_overhead.key_floor's names
         res = {"added_pct": res["key_floor_added_pct"], "added_pct_quartiles": res["key_floor_added_pct_quartiles"]}
     return res
@@ -192,7 +184,7 @@ def main():
         print(f"  {name:15s} ({a} over {b}) {c['pct']:+7.2f} % ({c['pct_interval_95'][0]:+.2f}..{c['pct_interval_95'][1]:+.2f}), "
               f"{c['ns_per_op']:+.1f} ns/op")
     git = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True, text=True)
-    out = {"benchmark": "vessel_ablation", "machine": __import__("benchutil").machine(),
+    out = {"benchmark": "vessel_ablation", "machine": benchutil.machine(),
            "torch": __import__("torch").__version__, "code": git.stdout.strip() or "unknown",
            "date": time.strftime("%Y-%m-%d"), "ablation_build": ablation_dir, "release_build": release_dir,
            "passes": passes, "rounds": rounds, "steps_per_round": STEPS, "eager_step_us": eager_us,
@@ -204,5 +196,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, HERE)
     main()

@@ -15,7 +15,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -112,7 +111,7 @@ def paired(m, opt, x, y, ops_per_step, steps, rounds):
         "paired_steps_per_round": steps,
         "paired_eager_step_us": statistics.median(es) * 1e6,
         "paired_crucible_added_pct": statistics.median(pct),
-        "paired_crucible_added_pct_quartiles": [pct[len(pct) // 4], pct[3 * len(pct) // 4]],
+        "paired_crucible_added_pct_quartiles": benchutil.quartiles(pct),
         "paired_crucible_added_us_per_op": c / ops_per_step * 1e6,
         "paired_dispatch_mode_added_us_per_op": p / ops_per_step * 1e6,
         "paired_added_per_op_ratio_dispatch_mode_over_crucible": p / c if c > 0 and p > 0 else None,
@@ -198,28 +197,17 @@ def key_floor(steps, rounds):
             crucible._ext.set_enabled(False)
 
     floor()  # the first enable's one-time set-up (the allocator wrapper) outside the rounds
-    pct = []
-    for i in range(rounds):
-        if i % 2 == 0:
-            e, f = eager(), floor()
-        else:
-            f, e = floor(), eager()
-        pct.append((f - e) / e * 100)
+    pct, _ = benchutil.paired_rounds(eager, floor, rounds)
     if crucible.stats()["total"] != 0:
         raise RuntimeError("the key-floor kernels recorded ops")
-    pct.sort()
     return {"key_floor_rounds": rounds, "key_floor_added_pct": statistics.median(pct),
-            "key_floor_added_pct_quartiles": [pct[len(pct) // 4], pct[3 * len(pct) // 4]]}
+            "key_floor_added_pct_quartiles": benchutil.quartiles(pct)}
 
 
 def key_floor_in_child(steps, rounds):
     """key_floor() in a fresh process (the key's kernels are installed once per process)."""
-    r = subprocess.run([sys.executable, __file__, "--key-floor-child", str(steps), str(rounds)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr)
-        raise RuntimeError(f"the key-floor child failed (exit {r.returncode}); its output is above")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return benchutil.run_json_child([sys.executable, __file__, "--key-floor-child", str(steps), str(rounds)],
+                                    "the key-floor child")
 
 
 def main():

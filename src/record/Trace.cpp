@@ -82,27 +82,22 @@ void Trace::append(const TraceEntry& e, std::span<const MetaCell> cells,
 void Trace::clear() { *this = Trace{}; }
 
 void Trace::clear_keeping_capacity() {
-  // The big arrays are moved out (a move keeps a vector's memory), everything is reset to a
-  // default Trace, which resets any member added later without a line here, and the arrays,
-  // emptied, are moved back.
-  auto take = [](auto& v) {
-    auto kept = std::move(v);
-    kept.clear();
-    return kept;
+  // Everything is reset to a default Trace, which resets any member added later without a line
+  // here, except that the big arrays are swapped into it first and emptied (clear() keeps a
+  // vector's memory).
+  Trace fresh;
+  auto keep = [&](auto Trace::*array) {
+    (fresh.*array).swap(this->*array);
+    (fresh.*array).clear();
   };
-  Array<TraceEntry> o = take(ops);
-  Array<TensorMeta> te = take(tensors);
-  Array<std::int64_t> d = take(dims);
-  Array<ScalarRecord> sc = take(scalars);
-  Array<std::uint64_t> otb = take(op_tensor_begin), osb = take(op_scalar_begin), tdb = take(tensor_dims_begin);
-  *this = Trace{};
-  ops = std::move(o);
-  tensors = std::move(te);
-  dims = std::move(d);
-  scalars = std::move(sc);
-  op_tensor_begin = std::move(otb);
-  op_scalar_begin = std::move(osb);
-  tensor_dims_begin = std::move(tdb);
+  keep(&Trace::ops);
+  keep(&Trace::tensors);
+  keep(&Trace::dims);
+  keep(&Trace::scalars);
+  keep(&Trace::op_tensor_begin);
+  keep(&Trace::op_scalar_begin);
+  keep(&Trace::tensor_dims_begin);
+  *this = std::move(fresh);
 }
 
 const ModuleTree& Trace::module_tree_of(std::shared_ptr<const ModuleTree>& own) const {

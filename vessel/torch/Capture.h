@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "AllocationTags.h"
@@ -53,10 +54,17 @@ inline constexpr const char* kKeyName = "TESTING_ONLY_GenericMode";
 // compiles away.
 enum class Ablation : std::uint8_t { None, NoRing, EntryOnly, EnterOnly, KernelOnly };
 #if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
+inline constexpr bool kHasAblationSwitches = true;
 extern Ablation g_ablation;  // set once by install(), before any kernel is registered
 #else
+inline constexpr bool kHasAblationSwitches = false;
 inline constexpr Ablation g_ablation = Ablation::None;
 #endif
+// Each rung's name, as CRUCIBLE_VESSEL_ABLATE and the benchmark spell it.
+inline constexpr std::pair<const char*, Ablation> kAblationRungs[] = {
+    {"full", Ablation::None},           {"no_ring", Ablation::NoRing},
+    {"entry_only", Ablation::EntryOnly}, {"enter_only", Ablation::EnterOnly},
+    {"kernel_only", Ablation::KernelOnly}};
 
 // The keys after ours: where a kernel of ours (typed or the fallback) redispatches to.
 inline c10::DispatchKeySet after_key(c10::DispatchKeySet ks) {

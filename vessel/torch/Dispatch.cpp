@@ -459,6 +459,8 @@ std::unique_ptr<torch::Library> g_ops;  // the composite fallthroughs and the ty
 bool g_unboxed = false;
 bool g_floor = false;  // installed by install_key_floor: nothing is recorded
 
+// CRUCIBLE_VESSEL_ABLATE (Note [Ablation build], Capture.h): a rung's name in an ablation build;
+// refused in any other build, where it would change nothing.
 #if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
 }  // namespace
 namespace detail {
@@ -466,32 +468,20 @@ Ablation g_ablation = Ablation::None;
 }  // namespace detail
 namespace {
 #endif
-
-#if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
-constexpr bool kHasAblationSwitches = true;
-#else
-constexpr bool kHasAblationSwitches = false;
-#endif
-
-// CRUCIBLE_VESSEL_ABLATE (Note [Ablation build], Capture.h): a rung's name in an ablation build;
-// refused in any other build, where it would change nothing.
 Status read_ablation() {
   const char* v = std::getenv("CRUCIBLE_VESSEL_ABLATE");
   if (v == nullptr || *v == 0) return ok_status();
 #if defined(CRUCIBLE_VESSEL_ABLATION) && CRUCIBLE_VESSEL_ABLATION
-  static const std::pair<const char*, detail::Ablation> kRungs[] = {
-      {"full", detail::Ablation::None},
-      {"no_ring", detail::Ablation::NoRing},
-      {"entry_only", detail::Ablation::EntryOnly},
-      {"enter_only", detail::Ablation::EnterOnly},
-      {"kernel_only", detail::Ablation::KernelOnly}};
-  for (const auto& [name, rung] : kRungs)
+  std::string names;
+  for (const auto& [name, rung] : detail::kAblationRungs) {
     if (std::strcmp(v, name) == 0) {
       detail::g_ablation = rung;
       return ok_status();
     }
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
   return bad_state(std::string("CRUCIBLE_VESSEL_ABLATE=") + v + " is not a rung",
-                   "use full, no_ring, entry_only, enter_only or kernel_only (Note [Ablation build])");
+                   "use one of " + names + " (Note [Ablation build])");
 #else
   return bad_state(std::string("CRUCIBLE_VESSEL_ABLATE=") + v + " is set, but this build has no ablation switches",
                    "unset it, or configure a build with -DCRUCIBLE_VESSEL_ABLATION=ON "
@@ -539,17 +529,12 @@ Status install(bool unboxed_kernels) {
   return register_on_key(unboxed_kernels, /*floor=*/false);
 }
 
-bool has_ablation_switches() { return kHasAblationSwitches; }
+bool has_ablation_switches() { return detail::kHasAblationSwitches; }
 
 const char* ablation_name() {
-  switch (detail::g_ablation) {
-    case detail::Ablation::None: return "full";
-    case detail::Ablation::NoRing: return "no_ring";
-    case detail::Ablation::EntryOnly: return "entry_only";
-    case detail::Ablation::EnterOnly: return "enter_only";
-    case detail::Ablation::KernelOnly: return "kernel_only";
-  }
-  return "full";
+  for (const auto& [name, rung] : detail::kAblationRungs)
+    if (rung == detail::g_ablation) return name;
+  return "full";  // not reached: every rung has a name
 }
 
 Status install_key_floor() {

@@ -243,16 +243,15 @@ struct Rec<Op, Ret(Args...)> {
   [[gnu::always_inline]] static Ret record(ThreadState& ts, c10::DispatchKeySet after, bool below_autograd,
                                            Args... args) {
     const Site& s = site<Op>();
-    if (g_ablation == Ablation::KernelOnly) {  // Note [Ablation build]: run unrecorded, one level deeper
+    // Note [Ablation build]: the rungs that stop early run the op unrecorded, one level deeper.
+    auto unrecorded = [&]() -> Ret {
       DepthGuard depth{ts};
       return Op::redispatch(after, args...);
-    }
+    };
+    if (g_ablation == Ablation::KernelOnly) return unrecorded();
     Frame* f = enter_recorded(ts, s.is_mutable, below_autograd);
     if (f == nullptr) return Op::redispatch(after, args...);
-    if (g_ablation == Ablation::EnterOnly) {
-      DepthGuard depth{ts};
-      return Op::redispatch(after, args...);
-    }
+    if (g_ablation == Ablation::EnterOnly) return unrecorded();
     const bool capture_args = g_ablation != Ablation::EntryOnly;
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
