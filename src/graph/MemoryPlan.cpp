@@ -153,11 +153,13 @@ std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
 }
 // Note [Elementwise outputs in their input's block]: which blocks take over a dying input's
 // block, given every block's lifetime and size (block_of: a storage number's block, or a value
-// >= kPersistentBlock for a storage outside the arena). Sets Block::shares, returns how many.
-// A host's last use is one node, whose op has one output: at most one block takes it over.
+// >= kPersistentBlock for a storage outside the arena). Sets shares[i] (what Block::shares of
+// block i is to be; kOwnBlock for the rest), returns how many share. A host's last use is one
+// node, whose op has one output: at most one block takes it over.
 constexpr std::uint32_t kPersistentBlock = UINT32_MAX - 1;
-std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, std::vector<Block>& blocks,
-                            const std::vector<std::uint32_t>& block_of) {
+std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, const std::vector<Block>& blocks,
+                            const std::vector<std::uint32_t>& block_of, std::vector<std::uint32_t>& shares) {
+  shares.assign(blocks.size(), kOwnBlock);
   const record::StorageNumbering& num = g.numbering();
   const auto n = static_cast<std::uint32_t>(g.num_nodes());
   std::uint32_t shared = 0;
@@ -183,7 +185,7 @@ std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, std::ve
       for (std::size_t k2 = 0; k2 < nin; ++k2)
         other_view |= k2 != k && here[k2] == si && !same_layout(t, t0 + k2, t0 + nin);
       if (other_view) continue;
-      blocks[block_of[so]].shares = block_of[si];
+      shares[block_of[so]] = block_of[si];
       ++shared;
       break;
     }
@@ -271,7 +273,11 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
   }
   // Note [Elementwise outputs in their input's block]: the second pass, once every lifetime is
   // known.
-  if (opt.share_elementwise) plan.shared_blocks = assign_shares(t, g, plan.blocks, block_of);
+  if (opt.share_elementwise) {
+    std::vector<std::uint32_t> shares;
+    plan.shared_blocks = assign_shares(t, g, plan.blocks, block_of, shares);
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) plan.blocks[i].shares = shares[i];
+  }
   // Lower bound, placement and budget work on buffers: the blocks themselves unless some share.
   std::vector<std::uint32_t> buffer_of;
   std::vector<Block> merged;
@@ -367,17 +373,17 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
 bool shares_hold(const MemoryPlan& p, const record::Trace& t, const TraceGraph& g) {
   const record::StorageNumbering& num = g.numbering();
   std::vector<std::uint32_t> block_of(num.num_storages() + 1, kPersistentBlock);
-  std::vector<Block> blocks = p.blocks;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const std::uint32_t s = blocks[i].storage_number;
+  for (std::size_t i = 0; i < p.blocks.size(); ++i) {
+    const std::uint32_t s = p.blocks[i].storage_number;
     if (s == 0 || s > num.num_storages()) return false;  // not a plan of this graph's wiring
     block_of[s] = static_cast<std::uint32_t>(i);
-    blocks[i].shares = kOwnBlock;
   }
-  const std::uint32_t shared = assign_shares(t, g, blocks, block_of);
-  if (shared != p.shared_blocks) return false;
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    if (blocks[i].shares != p.blocks[i].shares) return false;
+  // The shares these ops would make, beside the plan's blocks (whose lifetimes and sizes they
+  // are computed from): no copy of the blocks.
+  std::vector<std::uint32_t> shares;
+  if (assign_shares(t, g, p.blocks, block_of, shares) != p.shared_blocks) return false;
+  for (std::size_t i = 0; i < p.blocks.size(); ++i)
+    if (shares[i] != p.blocks[i].shares) return false;
   return true;
 }
 
