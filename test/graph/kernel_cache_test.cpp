@@ -34,9 +34,9 @@ TEST(KernelCache, FindInsertReplace) {
 // lock this test ran for minutes (491 s once under UBSan) and ctest's timeout fails it.
 TEST(KernelCacheStress, ReadersWhileOneWriterInserts) {
   KernelCache<std::uint64_t> c;
-  constexpr std::uint64_t kN = 20000;
+  constexpr std::uint64_t kN = 20000, kBatch = 1000;
   std::atomic<bool> done{false};
-  std::atomic<std::uint64_t> bad{0}, hits{0};
+  std::atomic<std::uint64_t> bad{0}, hits{0}, passes{0};
   std::vector<std::thread> readers;
   for (int r = 0; r < 3; ++r)
     readers.emplace_back([&] {
@@ -47,12 +47,21 @@ TEST(KernelCacheStress, ReadersWhileOneWriterInserts) {
             if (*v != i * i) bad.fetch_add(1, std::memory_order_relaxed);
           }
         }
+        passes.fetch_add(1, std::memory_order_release);
       }
     });
-  for (std::uint64_t i = 0; i < kN; ++i) c.insert(key(i), std::make_shared<const std::uint64_t>(i * i));
+  // The writer waits after each batch until a reader has made a whole pass begun after the batch
+  // began (four passes end: three may have been in flight), so reads interleave with the inserts on any scheduler (on 2 cores the readers might
+  // otherwise run only before or after them), and most passes find some entries.
+  for (std::uint64_t i = 0; i < kN; i += kBatch) {
+    const std::uint64_t before = passes.load(std::memory_order_acquire);
+    for (std::uint64_t k = i; k < i + kBatch; ++k) c.insert(key(k), std::make_shared<const std::uint64_t>(k * k));
+    while (passes.load(std::memory_order_acquire) < before + 4) std::this_thread::yield();
+  }
   done.store(true, std::memory_order_release);
   for (auto& t : readers) t.join();
   EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(hits.load(), 0u) << "the readers found entries while the writer was inserting";
   EXPECT_EQ(c.size(), kN);
   for (std::uint64_t i = 0; i < kN; i += 1000) EXPECT_EQ(*c.find(key(i)), i * i);
 }

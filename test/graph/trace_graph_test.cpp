@@ -32,16 +32,21 @@ TEST(TraceGraph, ChainHasForwardAndReverseEdges) {
 }
 
 TEST(TraceGraph, ReusedAddressCreatesNoFalseEdge) {
-  // The allocator hands storage 2 the address storage 1 had: a pointer-keyed graph would link
-  // op 2 to op 0. Keyed by storage id, op 2 reads what op 1 wrote.
+  // Storage 1 is written at 0xdead00 and read once; after it is freed the allocator hands the
+  // same address to storage 2, which comes from outside the iteration (nothing here writes it).
+  // A graph keyed by data pointer would make op 0 the producer of what op 2 reads; keyed by
+  // storage and version, op 2's input is an external and op 0's only consumer is op 1.
   synth::Builder b;
   b.op("aten::zeros", {}, {T{1, 0, {8}, 6, 0xdead00}});
-  b.op("aten::ones", {}, {T{2, 0, {8}, 6, 0xdead00}});
-  b.op("aten::neg", {T{2, 0, {8}, 6, 0xdead00}}, {T{3}});
+  b.op("aten::neg", {T{1, 0, {8}, 6, 0xdead00}}, {T{3}});
+  b.op("aten::relu", {T{2, 0, {8}, 6, 0xdead00}}, {T{4}});
   auto g = TraceGraph::build(b.trace, b.all());
-  ASSERT_EQ(g.predecessors(2).size(), 1u);
-  EXPECT_EQ(g.predecessors(2)[0].node, 1u);
-  EXPECT_TRUE(g.successors(0).empty());
+  EXPECT_TRUE(g.predecessors(2).empty()) << "no edge from the op that wrote the address before";
+  ASSERT_EQ(g.successors(0).size(), 1u);
+  EXPECT_EQ(g.successors(0)[0].node, 1u);
+  ASSERT_EQ(g.externals().size(), 1u);
+  EXPECT_EQ(g.externals()[0].storage_id, 2u);
+  EXPECT_EQ(g.externals()[0].node, 2u);
 }
 
 TEST(TraceGraph, InPlaceOpsProduceNewVersions) {
