@@ -150,6 +150,9 @@ void Pipeline::detect_loop() {
     {
       std::lock_guard<std::mutex> g(reason_mu_);
       last_reason_ = r.reason;
+      last_periodic_ = r.periodic;
+      last_any_ = true;
+      last_thread_ = pt.thread;
     }
     if (!r.periodic) return;
     const graph::Segment& s = r.segments[static_cast<std::size_t>(r.last_steady())];
@@ -198,6 +201,7 @@ void Pipeline::detect_loop() {
         {
           std::lock_guard<std::mutex> g(reason_mu_);
           last_reason_ = "no ops recorded since the last clear()";
+          last_periodic_ = last_any_ = false;
         }
         to_build_.push(BuildMsg{BuildMsg::Clear, 0, nullptr});
         break;
@@ -351,15 +355,38 @@ void Pipeline::build_loop() {
   }
 }
 
+// Note [Publishing under a mutex]
+// The published iteration is a shared_ptr behind a mutex, swapped by publish and copied by
+// latest(). It was a std::atomic<std::shared_ptr>, whose libstdc++ 12 implementation guards the
+// pointer with a lock bit in the control-block word: load() takes that bit with acquire, reads
+// the pointer and releases the bit with a relaxed fetch_sub (bits/shared_ptr_atomic.h). With no
+// release, the reader's read of the pointer is not ordered before the next store's write of it
+// (a data race by the memory model; on a weakly ordered CPU the read may return the new pointer
+// with the old count), and TSan reports exactly that in the stress test's reader
+// (google/sanitizers#1558 for the same report). Readers are rare (crucible.iteration(),
+// compile()); a mutex costs them and publish next to nothing. The iteration replaced is freed
+// after the lock is let go: its destructor frees a graph and hands its trace back to the pool.
+std::shared_ptr<const graph::Iteration> Pipeline::latest() const {
+  std::lock_guard<std::mutex> g(latest_mu_);
+  return latest_;
+}
+
 void Pipeline::publish_loop() {
+  auto publish = [this](std::shared_ptr<const graph::Iteration> it) {
+    {
+      std::lock_guard<std::mutex> g(latest_mu_);
+      latest_.swap(it);
+    }
+    // `it` now holds the iteration replaced, freed here, outside the lock.
+  };
   PublishMsg m;
   while (to_publish_.pop(m)) {
     if (m.kind == PublishMsg::Publish) {
       std::unique_ptr<std::shared_ptr<const graph::Iteration>> it(m.it);
-      latest_.store(std::move(*it), std::memory_order_release);
+      publish(std::move(*it));
       published_.fetch_add(1, std::memory_order_relaxed);
     } else if (m.kind == PublishMsg::Clear) {
-      latest_.store(nullptr, std::memory_order_release);
+      publish(nullptr);
     } else {
       published_token_.store(m.token, std::memory_order_release);
       published_token_.notify_all();
@@ -380,6 +407,11 @@ void Pipeline::flush() {
 std::string Pipeline::last_reason() const {
   std::lock_guard<std::mutex> g(reason_mu_);
   return last_reason_;
+}
+
+Pipeline::Detection Pipeline::last_detection() const {
+  std::lock_guard<std::mutex> g(reason_mu_);
+  return Detection{last_periodic_, last_any_, last_thread_, last_reason_};
 }
 
 PipelineStats Pipeline::stats() const {

@@ -4,6 +4,7 @@
 // Run under the tsan preset this checks the stage threads and their channels.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -38,11 +39,35 @@ TEST_P(PipelineStress, MillionOpProducerLosesNothingUncounted) {
       record_step(*r, b, 1, 1, 16, sid);
     }
   });
+  // A reader of the published iteration while the pipeline publishes (latest() is an atomic
+  // shared_ptr): every iteration it gets is whole, its graph, plan and trace copy those of the
+  // same ops. Under the tsan preset this checks the publication itself.
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> seen{0}, torn{0};
+  auto whole = [&](const std::shared_ptr<const graph::Iteration>& it) {
+    std::uint64_t phases = 0;
+    for (std::uint64_t n : it->ops_per_phase()) phases += n;
+    return it->graph().num_nodes() == it->ops().size() && phases == it->ops().size() && it->trace != nullptr &&
+           it->trace->num_ops() == it->ops().size() && it->plan().has_value() && graph::check_plan(*it->plan()).ok();
+  };
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_acquire)) {
+      if (auto it = p.latest()) {
+        seen.fetch_add(1, std::memory_order_relaxed);
+        if (!whole(it)) torn.fetch_add(1, std::memory_order_relaxed);
+      }
+      std::this_thread::yield();
+    }
+  });
   for (int k = 0; k < 5; ++k) p.flush();  // concurrent with the producer: must return
   producer.join();
   const auto t0 = std::chrono::steady_clock::now();
   p.flush();
   const double flush_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stop.store(true, std::memory_order_release);
+  reader.join();
+  EXPECT_EQ(torn.load(), 0u) << "of " << seen.load() << " iterations read while publishing";
+  RecordProperty("iterations_read_while_publishing", std::to_string(seen.load()));
   std::uint64_t recorded = 0, dropped = 0;
   for (const auto& s : r->thread_stats()) {
     recorded += s.total_ops();
@@ -55,6 +80,7 @@ TEST_P(PipelineStress, MillionOpProducerLosesNothingUncounted) {
     auto it = p.latest();
     ASSERT_NE(it, nullptr) << p.last_reason();
     EXPECT_EQ(it->ops().size(), static_cast<std::size_t>(kOpsPerStep));
+    EXPECT_TRUE(whole(it));
     EXPECT_FALSE(it->incomplete());
   } else {
     const Trace t = r->snapshot();

@@ -412,4 +412,40 @@ TEST(Pipeline, NonPeriodicPublishesNothingAndSaysWhy) {
   EXPECT_NE(p.last_reason().find("not periodic"), std::string::npos) << p.last_reason();
 }
 
+// A loop, then ops that are no loop: the loop's iteration stays published (it is the last one
+// found), and last_detection() says that what followed it on its thread is not periodic, which
+// crucible.iteration() turns into a warning. Another loop after them is periodic again.
+TEST(Pipeline, OpsAfterALoopThatAreNoLoopAreReportedAsSuch) {
+  auto r = *Recorder::create();
+  pipeline::Pipeline p(*r);
+  EXPECT_FALSE(p.last_detection().any);
+  OpBuilder b;
+  std::uint64_t sid = 0;
+  for (int s = 0; s < 4; ++s) record_step(*r, b, s, 20, 16, sid);
+  p.flush();
+  const auto loop = p.latest();
+  ASSERT_NE(loop, nullptr) << p.last_reason();
+  pipeline::Pipeline::Detection d = p.last_detection();
+  EXPECT_TRUE(d.any && d.periodic) << d.reason;
+  EXPECT_EQ(d.thread, loop->thread);
+  for (int w = 1; w < 30; ++w) record_step(*r, b, 1, 3, w, sid);  // a new width every step
+  p.flush();
+  EXPECT_EQ(p.latest(), loop) << "the last iteration found stays published";
+  d = p.last_detection();
+  EXPECT_TRUE(d.any);
+  EXPECT_FALSE(d.periodic);
+  EXPECT_EQ(d.thread, loop->thread);
+  EXPECT_NE(d.reason.find("not periodic"), std::string::npos) << d.reason;
+  // Enough steps that the repeating tail covers a third of the window (IterationDetector).
+  for (int s = 0; s < 10; ++s) record_step(*r, b, s + 1, 20, 8, sid);
+  p.flush();
+  d = p.last_detection();
+  EXPECT_TRUE(d.periodic) << d.reason;
+  ASSERT_NE(p.latest(), loop);
+  EXPECT_EQ(p.latest()->ops().size(), 20u);
+  r->clear();
+  p.flush();
+  EXPECT_FALSE(p.last_detection().any) << "clear() forgets the detections";
+}
+
 }  // namespace

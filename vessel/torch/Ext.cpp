@@ -475,6 +475,11 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_cached"] = st.cached;  // analyses kept for reuse (Note [Reusing earlier builds])
     d["pipeline_recycled"] = st.recycled;  // copies into an earlier copy's memory (Note [Recycled copies])
     d["pipeline_build_faults"] = st.last_build_faults;  // minor page faults of the last build
+    // Whether ops recorded after this iteration (on its thread) are no loop: then this is the
+    // last iteration found before them, and crucible.iteration() warns (Pipeline::Detection).
+    const pipeline::Pipeline::Detection last = p.last_detection();
+    d["pipeline_stale"] = last.any && !last.periodic && last.thread == it->thread;
+    d["pipeline_last_detection"] = last.reason;
     d["pipeline_plan_budget"] = p.plan_options().budget;  // crucible.configure(memory_budget=)
     d["pipeline_plan_alignment"] = p.plan_options().alignment;
     // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).

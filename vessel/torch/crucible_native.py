@@ -450,6 +450,8 @@ def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
     ratio, plan_placement: "greedy by size", or "time order" for a plan too large for it).
     incomplete / ops_after_drop: whether (and how many of) its ops were recorded right after
     dropped ones (drop_when_full), so that the analysis covers only what was recorded.
+    pipeline_stale: the ops recorded on its thread since it are not periodic (a CrucibleWarning
+    says so, with pipeline_last_detection, the detector's reason); it is the last one found.
     Published iterations also say how the pipeline got them (pipeline_builds, pipeline_reused,
     pipeline_rewired, pipeline_cached: analyses kept for reuse; pipeline_recycled: copies made into
     an earlier copy's memory; pipeline_build_faults: the last build's minor page faults) and what it planned with
@@ -466,6 +468,13 @@ def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
         if trace is None and thread == -1 and (budget, alignment) == _plan_options:
             it = _ext.published_iteration()  # what the background pipeline published
             _warn_dropped(_ext.stats()["dropped"], "the iteration")
+            if it["pipeline_stale"]:
+                import warnings
+                warnings.warn(f"crucible: this is the last iteration found, older than the ops recorded "
+                              f"after it, which are no loop ({it['pipeline_last_detection']}). Call "
+                              f"crucible.clear() before recording another loop, so that the one before "
+                              f"is not reported as the latest",
+                              CrucibleWarning, stacklevel=2)
             return it
         t = trace if trace is not None else _ext.snapshot()
         _warn_dropped(t.stats()["dropped"], "the iteration")

@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "crucible/graph/Analysis.h"
@@ -82,10 +83,20 @@ class Pipeline final : public record::DrainSink {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // The latest published iteration, or nullptr. Any thread, lock-free.
-  std::shared_ptr<const graph::Iteration> latest() const { return latest_.load(std::memory_order_acquire); }
+  // The latest published iteration, or nullptr. Any thread (Note [Publishing under a mutex]).
+  std::shared_ptr<const graph::Iteration> latest() const;
   // Why nothing is published yet (the detector's last reason), for error messages.
   std::string last_reason() const;
+  // The detector's last look at a recording thread's ops: whether it found them periodic, and
+  // its reason. Not periodic while an iteration is published: the ops recorded since that
+  // iteration (on that thread) are not a loop, and latest() is older than them.
+  struct Detection {
+    bool periodic = false;
+    bool any = false;  // false: nothing detected since the pipeline began or the last clear()
+    std::uint32_t thread = 0;
+    std::string reason;
+  };
+  Detection last_detection() const;
   void flush();
   PipelineStats stats() const;
   // Whether build may reuse a cached analysis, whole or rewired (on by default); off, every
@@ -140,7 +151,8 @@ class Pipeline final : public record::DrainSink {
   Channel<SigMsg> to_detect_{1 << 12};  // one message per drained batch (<= 256 ops)
   Channel<BuildMsg> to_build_{64};
   Channel<PublishMsg> to_publish_{64};
-  std::atomic<std::shared_ptr<const graph::Iteration>> latest_;
+  mutable std::mutex latest_mu_;  // guards latest_ (Note [Publishing under a mutex])
+  std::shared_ptr<const graph::Iteration> latest_;
   std::atomic<std::uint64_t> next_token_{1};
   std::atomic<std::uint64_t> published_token_{0};
   std::atomic<bool> reuse_{true};
@@ -151,6 +163,8 @@ class Pipeline final : public record::DrainSink {
   std::shared_ptr<TracePool> trace_pool_;
   mutable std::mutex reason_mu_;
   std::string last_reason_ = "no ops recorded yet";
+  bool last_periodic_ = false, last_any_ = false;  // under reason_mu_, as last_thread_
+  std::uint32_t last_thread_ = 0;
   std::thread detect_, build_, publish_;
 };
 

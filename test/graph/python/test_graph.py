@@ -1,7 +1,9 @@
 """Iterations, dataflow graph, Merkle hashes and memory plans of real PyTorch training steps."""
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -40,6 +42,30 @@ def test_not_periodic_is_reported_not_guessed():
     crucible.disable()
     with pytest.raises(crucible.CrucibleError, match="not periodic"):
         crucible.iteration()
+
+
+def test_ops_after_a_loop_that_are_no_loop_are_reported():
+    """A training loop, then ops that repeat nothing: crucible.iteration() still returns the
+    loop's iteration (the last one found) but says, in a CrucibleWarning and pipeline_stale, that
+    what was recorded after it is no loop; after another loop it is current again."""
+    s = models.make("mlp")
+    record(s, 4)
+    it = crucible.iteration()
+    assert not it["pipeline_stale"]
+    x = torch.randn(4)
+    crucible.enable()
+    for k in range(1, 12):  # a different shape every step
+        torch.cat([x] * k).sum()
+    crucible.disable()
+    with pytest.warns(crucible.CrucibleWarning, match="no loop .*not periodic"):
+        stale = crucible.iteration()
+    assert stale["pipeline_stale"] and stale["root_hash"] == it["root_hash"]
+    assert "not periodic" in stale["pipeline_last_detection"]
+    record(s, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning now
+        again = crucible.iteration()
+    assert not again["pipeline_stale"] and again["root_hash"] == it["root_hash"]
 
 
 def test_an_op_every_third_step_is_a_variant_not_a_new_loop():
@@ -298,4 +324,19 @@ def test_export_graph_writes_dot(tmp_path):
     text = path.read_text()
     assert text.startswith("digraph crucible {") and text.rstrip().endswith("}")
     assert text.count("[label=") == n
-    assert 'label="conv1"' in text and "#f8d7da" in text and "->" in text
+    assert 'label="conv1"' in text and "->" in text
+    # Coloured by phase: as many nodes of each phase's colour as the iteration has ops in it.
+    it = crucible.iteration()
+    colours = {"forward": "#cfe2ff", "backward": "#f8d7da", "optimizer": "#d1e7dd"}
+    fills = re.findall(r'^\s*n\d+ \[label=.*fillcolor="(#[0-9a-f]{6})"\];$', text, re.M)
+    assert len(fills) == n
+    for phase, colour in colours.items():
+        assert fills.count(colour) == it["ops"][phase] > 0, phase
+    # Clustered by module: conv1's cluster holds the forward convolution, and the edges join
+    # nodes that exist.
+    cluster = text[text.index('label="conv1"'):]
+    cluster = cluster[:cluster.index("\n  }")]
+    assert "aten::convolution" in cluster and colours["forward"] in cluster
+    nodes = set(re.findall(r"^\s*(n\d+) \[label=", text, re.M))
+    for a, b in re.findall(r"^\s*(n\d+) -> (n\d+)", text, re.M):
+        assert a in nodes and b in nodes
