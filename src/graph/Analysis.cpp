@@ -85,6 +85,9 @@ Result<std::shared_ptr<const Iteration>> analyze_latest_iteration(const record::
                                                                   const PlanOptions& plan_opt) {
   if (t.num_ops() == 0) return bad_state("the trace has no ops", "record some training steps first");
   std::uint32_t th = 0;
+  if (thread < -1)
+    return invalid_input("thread " + std::to_string(thread) + " is no recording thread's index",
+                         "use one from 0, or -1 for the thread with the most ops");
   if (thread < 0) {
     // A map, not a vector indexed by thread: a loaded trace's thread fields are whatever the
     // file says (0xFFFFFFFF would wrap a vector's size to 0).

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <unistd.h>
+
 #include "absl/container/flat_hash_set.h"
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/Contract.h"
@@ -47,16 +49,39 @@ Result<std::unique_ptr<Recorder>> Recorder::create(const RecorderConfig& cfg) {
                              std::to_string(cfg.scalar_slots) + ")",
                          "round each up to a power of two, e.g. 65536");
   }
+  // Every recording thread (autograd's workers included) gets rings of these sizes the first
+  // time it records, allocated and zeroed there: sizes the machine cannot hold would fail in
+  // the middle of a kernel, or get the process killed. Refused here instead, with the cost.
+  const std::uint64_t per_thread = std::uint64_t{cfg.ring_entries} * sizeof(TraceEntry) +
+                                   std::uint64_t{cfg.meta_cells} * sizeof(MetaCell) +
+                                   std::uint64_t{cfg.scalar_slots} * sizeof(ScalarRecord);
+  const std::uint64_t limit = ring_memory_limit();
+  if (per_thread > limit) {
+    auto mib = [](std::uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+    return invalid_input("rings of ring_entries " + std::to_string(cfg.ring_entries) + ", meta_cells " +
+                             std::to_string(cfg.meta_cells) + ", scalar_slots " + std::to_string(cfg.scalar_slots) +
+                             " take " + mib(per_thread) + " per recording thread, over the " + mib(limit) +
+                             " allowed (an eighth of this machine's memory; each recording thread, autograd's "
+                             "included, has rings of its own)",
+                         "use smaller sizes: the defaults (65536, 131072, 65536) take 13 MiB per thread");
+  }
   return std::unique_ptr<Recorder>(new Recorder(cfg));
 }
 
-Status Recorder::configure_global(const RecorderConfig& cfg) {
+std::uint64_t Recorder::ring_memory_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  // Unknown memory: 4 GiB, the most the defaults' kind of sizes would ever need.
+  if (pages <= 0 || page <= 0) return std::uint64_t{4} << 30;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 8;
+}
+
+Status Recorder::configure_global(const RecorderConfig& cfg, bool apply) {
   std::lock_guard<std::mutex> g(g_global_mu);
   if (g_global != nullptr)
     return bad_state("the global recorder already exists", "configure it before recording starts");
   auto r = create(cfg);  // validates
   if (!r.ok()) return r.status();
-  g_global_cfg = cfg;
+  if (apply) g_global_cfg = cfg;
   return ok_status();
 }
 

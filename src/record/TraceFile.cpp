@@ -337,37 +337,47 @@ Result<Trace> decode_trace(std::span<const std::byte> in) {
   return t;
 }
 
-Status save_trace(const Trace& t, const std::string& path) {
-  for (std::size_t i = 0; i < t.module_paths.size(); ++i)  // what the reader would refuse
-    if (Status st = check_module_path(t.module_paths[i], i, "not written to " + path); !st.ok())
-      return st;
-  const std::vector<std::byte> bytes = encode_trace(t);
+Status write_file_replacing(const std::string& path, std::span<const std::byte> bytes, std::string_view what) {
+  if (path.find('\0') != std::string::npos)
+    return invalid_input(std::string(what) + ": the path has a NUL character in it", "pass a path without one");
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return os_error("crtrace: cannot create " + tmp, errno);
+  if (f == nullptr) return os_error(std::string(what) + ": cannot create " + tmp, errno);
   const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   const int werr = errno;
   if (std::fclose(f) != 0 || !ok) {
+    const int e = ok ? errno : werr;
     std::remove(tmp.c_str());
-    return os_error("crtrace: cannot write " + tmp, ok ? errno : werr);
+    return os_error(std::string(what) + ": cannot write " + tmp, e);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     std::remove(tmp.c_str());
-    return os_error("crtrace: cannot rename " + tmp + " to " + path, e);
+    return os_error(std::string(what) + ": cannot rename " + tmp + " to " + path, e);
   }
   return ok_status();
 }
 
+Status save_trace(const Trace& t, const std::string& path) {
+  for (std::size_t i = 0; i < t.module_paths.size(); ++i)  // what the reader would refuse
+    if (Status st = check_module_path(t.module_paths[i], i, "not written to " + path); !st.ok())
+      return st;
+  return write_file_replacing(path, encode_trace(t), "crtrace");
+}
+
 Result<Trace> load_trace(const std::string& path) {
+  if (path.find('\0') != std::string::npos)
+    return invalid_input("crtrace: the path has a NUL character in it", "pass a path without one");
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return os_error("crtrace: cannot open " + path, errno);
   std::vector<std::byte> bytes;
   std::byte buf[1 << 16];
+  errno = 0;
   for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) != 0;) bytes.insert(bytes.end(), buf, buf + n);
   const bool err = std::ferror(f) != 0;
+  const int read_errno = errno;  // fread sets it (EISDIR for a directory)
   std::fclose(f);
-  if (err) return os_error("crtrace: cannot read " + path, EIO);
+  if (err) return os_error("crtrace: cannot read " + path, read_errno != 0 ? read_errno : EIO);
   auto r = decode_trace(bytes);
   if (!r.ok()) return Status(r.status().code(), path + ": " + std::string(r.status().message()));
   return r;

@@ -51,6 +51,20 @@ TEST(Recorder, RejectsNonPowerOfTwoRings) {
   EXPECT_NE(r.status().message().find("powers of two"), absl::string_view::npos);
 }
 
+// Rings that one recording thread could not hold are refused when the recorder is made, with
+// what they would cost, not when a thread first records (in a kernel, or killed for memory).
+TEST(Recorder, RejectsRingsTooLargeForTheMachine) {
+  const std::uint64_t limit = Recorder::ring_memory_limit();
+  ASSERT_GT(limit, 13u << 20) << "the default rings fit";
+  auto r = Recorder::create(RecorderConfig{1u << 31, 1u << 31, 2, false});  // 256 GiB per thread
+  if (limit >= (std::uint64_t{256} << 30)) GTEST_SKIP() << "a machine with 2 TiB of memory";
+  ASSERT_FALSE(r.ok());
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("262144 MiB per recording thread"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("use smaller sizes"), std::string::npos) << msg;
+  EXPECT_TRUE(Recorder::create(RecorderConfig{}).ok());
+}
+
 // A thread that records into many recorders in turn keeps none of their rings once they are
 // destroyed (its thread-local lookup table holds no ownership). Measured with glibc's
 // mallinfo2; skipped where malloc is replaced (sanitizers), which mallinfo2 does not see.

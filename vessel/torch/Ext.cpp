@@ -323,7 +323,8 @@ pipeline::Pipeline& global_pipeline() {
   return *g_pipeline.load(std::memory_order_relaxed);
 }
 
-void configure_plan(std::uint64_t budget, std::uint64_t alignment) {
+// check_only: only says (by throwing) whether the options would be accepted.
+void configure_plan(std::uint64_t budget, std::uint64_t alignment, bool check_only) {
   std::lock_guard<std::mutex> g(g_pipeline_mu);
   graph::PlanOptions opt = g_plan_options;
   opt.budget = budget;
@@ -339,7 +340,7 @@ void configure_plan(std::uint64_t budget, std::uint64_t alignment) {
         "crucible.configure(memory_budget=..., plan_alignment=...) before those, or pass "
         "budget=/alignment= to crucible.iteration() to plan the recorded step again");
   }
-  g_plan_options = opt;
+  if (!check_only) g_plan_options = opt;
 }
 
 }  // namespace
@@ -371,13 +372,14 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("pop_modules_to_if", &vessel::pop_modules_to_if);
   m.def("pop_modules_to", &vessel::pop_modules_to);
-  m.def("configure", [](std::uint32_t entries, std::uint32_t cells, std::uint32_t scalars) {
+  m.def("configure", [](std::uint32_t entries, std::uint32_t cells, std::uint32_t scalars, bool check_only) {
     RecorderConfig cfg;
     cfg.ring_entries = entries;
     cfg.meta_cells = cells;
     cfg.scalar_slots = scalars;
-    check(Recorder::configure_global(cfg));
-  });
+    check(Recorder::configure_global(cfg, !check_only));
+  }, py::arg("entries"), py::arg("cells"), py::arg("scalars"), py::arg("check_only") = false);
+  m.def("ring_memory_limit", &Recorder::ring_memory_limit);
   m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
   m.def("drop_when_full", [] { return Recorder::global().drop_when_full(); });
   m.def("set_thread_drop_when_full",
@@ -432,7 +434,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
         return d;
       })
       .def("save", [](const Trace& t, const std::string& path) { check(save_trace(t, path)); })
-      .def("__eq__", [](const Trace& a, const Trace& b) { return a == b; });
+      // is_operator: a Trace compared with anything else is NotImplemented, so == gives False.
+      .def("__eq__", [](const Trace& a, const Trace& b) { return a == b; }, py::is_operator());
 
   m.def("snapshot", [] {
     py::gil_scoped_release nogil;
@@ -559,16 +562,14 @@ PYBIND11_MODULE(_crucible_ext, m) {
       },
       py::arg("rounds"), py::arg("evict_mib") = 0);
   m.def("start_pipeline", [] { (void)global_pipeline(); });
-  m.def("configure_plan", &configure_plan, py::arg("budget"), py::arg("alignment"));
+  m.def("configure_plan", &configure_plan, py::arg("budget"), py::arg("alignment"), py::arg("check_only") = false);
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
     if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
     const std::string dot = graph::to_dot(t, (*r)->graph());
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-    const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
-    if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    // Replaces path whole, or leaves it as it was (a full disk leaves no partial graph).
+    check(write_file_replacing(path, std::as_bytes(std::span<const char>(dot)), "export_graph"));
     return (*r)->ops().size();
   }, py::arg("trace"), py::arg("path"), py::arg("thread") = -1);
   // Which of these parameters have no .grad (bit i: params[i].grad is None), as an int, or a

@@ -146,6 +146,11 @@ def _nonnegative_int(fn: str, name: str, v) -> int:
     return n
 
 
+def _check_alignment(fn: str, name: str, n: int) -> None:
+    if n == 0 or n & (n - 1) or n > 1 << 30:
+        raise CrucibleError(f"crucible.{fn}: {name} {n} is not a power of two up to 2^30: use 16, 64, 256, ...")
+
+
 def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = None,
               scalar_slots: Optional[int] = None, unboxed_kernels: Optional[bool] = None,
               memory_budget: Optional[int] = None, plan_alignment: Optional[int] = None) -> None:
@@ -162,6 +167,9 @@ def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = No
     block alignment in bytes (a power of two up to 2^30, 64 by default). Both only before the
     pipeline starts (the first enable(), recording(), compile() or iteration() starts it)."""
     global _unboxed_kernels, _plan_options, _ring_sizes
+    if unboxed_kernels is not None and not isinstance(unboxed_kernels, bool):
+        raise CrucibleError(f"crucible.configure: unboxed_kernels must be True or False, got "
+                            f"{type(unboxed_kernels).__name__} {unboxed_kernels!r}")
     if unboxed_kernels is not None and _ext.key_floor_installed():
         raise CrucibleError("crucible.configure(unboxed_kernels=...) in a process that installed the key-floor "
                             "kernels (install_key_floor, a benchmark's), which record nothing; record in another "
@@ -172,27 +180,38 @@ def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = No
     rings = tuple(old if v is None else _nonnegative_int("configure", name, v) for v, old, name in
                   zip((ring_entries, meta_cells, scalar_slots), _ring_sizes,
                       ("ring_entries", "meta_cells", "scalar_slots")))
+    for n, name in zip(rings, ("ring_entries", "meta_cells", "scalar_slots")):
+        if n < 2 or n & (n - 1) or n >= 1 << 32:
+            raise CrucibleError(f"crucible.configure: {name} {n} is not a power of two from 2 to 2^31: "
+                                f"use 65536, 131072, ...")
     plan = tuple(old if v is None else _nonnegative_int("configure", name, v) for v, old, name in
                  zip((memory_budget, plan_alignment), _plan_options, ("memory_budget", "plan_alignment")))
-    if plan[1] == 0 or plan[1] & (plan[1] - 1) or plan[1] > 1 << 30:
-        raise CrucibleError(f"crucible.configure: plan_alignment {plan[1]} is not a power of two up to 2^30: "
-                            f"use 16, 64, 256, ...")
-    if rings != _ring_sizes:
-        try:
-            _ext.configure(*rings)
-        except (RuntimeError, TypeError) as e:
-            msg = str(e)
-            if "already exists" in msg:
-                msg += (" (the recorder is made by the first enable(), recording(), compile(), track_modules(), "
-                        "mark_inputs(), stats(), trace() or flush()): call crucible.configure() before any of those")
-            raise CrucibleError(msg) from None
-        _ring_sizes = rings
-    if plan != _plan_options:
-        try:
-            _ext.configure_plan(*plan)
-        except (RuntimeError, TypeError) as e:
-            raise CrucibleError(f"crucible.configure: {e}") from None
-        _plan_options = plan
+    if plan[0] >= 1 << 64:
+        raise CrucibleError(f"crucible.configure: memory_budget {plan[0]} is over 2^64 - 1 bytes")
+    _check_alignment("configure", "plan_alignment", plan[1])
+    # Every setting is checked before any is applied: the recorder's and the pipeline's own checks
+    # first, then both applied (which can then fail only if another thread began recording or
+    # started the pipeline in between).
+    def apply(check_only):
+        if rings != _ring_sizes:
+            try:
+                _ext.configure(*rings, check_only=check_only)
+            except (RuntimeError, TypeError) as e:
+                msg = f"crucible.configure: {e}"
+                if "already exists" in msg:
+                    msg += (" (the recorder is made by the first call that records or reads the recording: "
+                            "enable(), recording(), compile(), track_modules(), track_optimizer(), "
+                            "mark_inputs(), mark_constants(), stats(), trace(), iteration(), export(), "
+                            "clear() or flush()): call crucible.configure() before any of those")
+                raise CrucibleError(msg) from None
+        if plan != _plan_options:
+            try:
+                _ext.configure_plan(*plan, check_only=check_only)
+            except (RuntimeError, TypeError) as e:
+                raise CrucibleError(f"crucible.configure: {e}") from None
+    apply(check_only=True)
+    apply(check_only=False)
+    _ring_sizes, _plan_options = rings, plan
     if unboxed_kernels is not None:
         _unboxed_kernels = bool(unboxed_kernels)
 
@@ -204,11 +223,14 @@ def enable(drop_when_full: bool = False) -> None:
     True: the op is counted as dropped (stats()['dropped']) and the next op is flagged.
     The mode is the calling thread's, as recording is.
     """
+    if not isinstance(drop_when_full, bool):
+        raise CrucibleError(f"crucible.enable: drop_when_full must be True or False, got "
+                            f"{type(drop_when_full).__name__} {drop_when_full!r}")
     try:
         _ext.install(_unboxed_kernels)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
-    _ext.set_thread_drop_when_full(bool(drop_when_full))
+    _ext.set_thread_drop_when_full(drop_when_full)
     _ext.start_pipeline()
     _ext.set_enabled(True)
 
@@ -462,8 +484,12 @@ def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
     plan_error naming what is live at the peak.
     Raises CrucibleError when no iteration can be found (and says why)."""
     _check_trace("iteration", trace)
-    budget = _plan_options[0] if budget is None else budget
-    alignment = _plan_options[1] if alignment is None else alignment
+    thread = _thread_arg("iteration", thread)
+    budget = _plan_options[0] if budget is None else _nonnegative_int("iteration", "budget", budget)
+    if budget >= 1 << 64:
+        raise CrucibleError(f"crucible.iteration: budget {budget} is over 2^64 - 1 bytes")
+    alignment = _plan_options[1] if alignment is None else _nonnegative_int("iteration", "alignment", alignment)
+    _check_alignment("iteration", "alignment", alignment)
     try:
         if trace is None and thread == -1 and (budget, alignment) == _plan_options:
             it = _ext.published_iteration()  # what the background pipeline published
@@ -480,13 +506,31 @@ def iteration(trace=None, thread: int = -1, budget: Optional[int] = None,
         _warn_dropped(t.stats()["dropped"], "the iteration")
         return _ext.iteration(t, thread, budget, alignment)
     except RuntimeError as e:
-        msg = str(e)
-        dropped = (trace.stats() if trace is not None else _ext.stats())["dropped"]
-        if dropped and "not periodic" in msg:
-            msg += (f" ({dropped} ops were dropped while recording (drop_when_full), which may be why: a step "
-                    f"that lost ops differs from one that did not. Record with back-pressure, the default, or "
-                    f"larger rings: crucible.configure(ring_entries=..., meta_cells=..., scalar_slots=...))")
-        raise CrucibleError(msg) from None
+        raise CrucibleError(_with_drop_hint(str(e), trace)) from None
+
+
+def _with_drop_hint(msg: str, trace) -> str:
+    """msg, and when no iteration was found in a recording that dropped ops, that this may be why."""
+    dropped = (trace.stats() if trace is not None else _ext.stats())["dropped"]
+    if dropped and "not periodic" in msg:
+        msg += (f" ({dropped} ops were dropped while recording (drop_when_full), which may be why: a step "
+                f"that lost ops differs from one that did not. Record with back-pressure, the default, or "
+                f"larger rings: crucible.configure(ring_entries=..., meta_cells=..., scalar_slots=...))")
+    return msg
+
+
+def _thread_arg(fn: str, thread) -> int:
+    """A recording thread's index (stats()['threads'] order), or -1: the thread with most ops."""
+    if isinstance(thread, bool):
+        raise CrucibleError(f"crucible.{fn}: thread must be an int, got bool")
+    try:
+        n = operator.index(thread)
+    except TypeError:
+        raise CrucibleError(f"crucible.{fn}: thread must be an int, got {type(thread).__name__}") from None
+    if n < -1 or n >= 1 << 31:
+        raise CrucibleError(f"crucible.{fn}: thread {n} is no recording thread's index: use one from "
+                            f"0 (the first thread that recorded), or -1 for the thread with the most ops")
+    return n
 
 
 def _check_trace(fn: str, trace) -> None:
@@ -499,12 +543,13 @@ def export_graph(path: str, trace=None, thread: int = -1) -> int:
     """Writes the latest iteration's dataflow graph as Graphviz DOT (nodes coloured by phase,
     clustered by module). Returns the number of nodes. Render: dot -Tsvg path -o graph.svg"""
     _check_trace("export_graph", trace)
+    thread = _thread_arg("export_graph", thread)
     try:
         t = trace if trace is not None else _ext.snapshot()
         _warn_dropped(t.stats()["dropped"], "the graph")
         return _ext.export_graph(t, os.fspath(path), thread)
     except RuntimeError as e:
-        raise CrucibleError(str(e)) from None
+        raise CrucibleError(_with_drop_hint(str(e), trace)) from None
 
 
 def clear() -> None:
@@ -579,6 +624,10 @@ def _unflatten_out(spec, it):
         items = [_unflatten_out(s, it) for s in spec[1]]
         return items if kind == "l" else tuple(items)
     return {k: _unflatten_out(s, it) for k, s in zip(spec[1], spec[2])}
+
+
+def _guards_nothing():
+    """A function that uses no module or optimizer (_discover_state of a guard entry alone)."""
 
 
 def _discover_state(fn, extra):
@@ -749,13 +798,30 @@ class CompiledStep:
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
         if not callable(fn):
             raise CrucibleError(f"crucible.compile needs a callable, got {type(fn).__name__}")
-        if verify_every < 0 or warmup < 0:
-            raise CrucibleError("crucible.compile: verify_every and warmup must be >= 0")
+        verify_every = _nonnegative_int("compile", "verify_every", verify_every)
+        warmup = _nonnegative_int("compile", "warmup", warmup)
+        if not isinstance(arena, bool):
+            raise CrucibleError(f"crucible.compile: arena must be True or False, got {type(arena).__name__}")
         import torch
-        _ext.install(_unboxed_kernels)
-        self._fn, self._verify_every, self._warmup = fn, int(verify_every), int(warmup)
-        self._arena = bool(arena)
-        self._guard_extra = tuple(guard)
+        if isinstance(guard, (torch.nn.Module, torch.optim.Optimizer)):
+            guard = (guard,)
+        try:
+            guard = tuple(guard)
+        except TypeError:
+            raise CrucibleError(f"crucible.compile: guard must be a module, an optimizer, or a sequence of "
+                                f"them (or of objects holding them), got {type(guard).__name__}") from None
+        for g in guard:  # each must hold something to guard, or it would be ignored without a word
+            if not _discover_state(_guards_nothing, (g,)):
+                raise CrucibleError(f"crucible.compile: guard entry of type {type(g).__name__} is no module or "
+                                    f"optimizer and holds none as an attribute: pass the modules and "
+                                    f"optimizers the step uses")
+        try:
+            _ext.install(_unboxed_kernels)
+        except RuntimeError as e:
+            raise CrucibleError(str(e)) from None
+        self._fn, self._verify_every, self._warmup = fn, verify_every, warmup
+        self._arena = arena
+        self._guard_extra = guard
         self._guard_objs = _discover_state(fn, self._guard_extra)
         self._sources = _ScalarSources(self._guard_objs)
         self._param_list = self._params()
@@ -771,6 +837,7 @@ class CompiledStep:
         weakref.finalize(self, _retire_stats, self._stats)
         self._overflow_warned = False
         self._recording_warned = False
+        self._unhashable_warned = False
         self._warm = False        # the warm-up call has run (gradients and optimizer state exist)
         self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
         self.last_refusal = None    # why the last refused signature runs eagerly
@@ -840,6 +907,21 @@ class CompiledStep:
         key.append(_ext.grads_none_mask(self._param_list))
         return tuple(key), tensors
 
+    def _unhashable_leaf(self, a) -> str:
+        """The type name of the first non-tensor leaf of `a` (walked as _nested_key walks it)
+        that cannot be hashed."""
+        if isinstance(a, self._tensor):
+            return ""
+        if isinstance(a, (tuple, list)):
+            return next((n for n in map(self._unhashable_leaf, a) if n), "")
+        if isinstance(a, dict):
+            return next((n for n in map(self._unhashable_leaf, a.values()) if n), "")
+        try:
+            hash(a)
+        except TypeError:
+            return type(a).__name__
+        return ""
+
     def _nested_key(self, a, key, tensors):
         if isinstance(a, self._tensor):
             tensors.append(a)
@@ -873,6 +955,15 @@ class CompiledStep:
             key, tensors = self._signature(args, kwargs)
             e = self._entries.get(key)
         except TypeError:  # an unhashable non-tensor argument: nothing to guard on
+            if not self._unhashable_warned:
+                import warnings
+                self._unhashable_warned = True
+                bad = self._unhashable_leaf(list(args) + list(kwargs.values()))
+                self.last_refusal = (f"a non-tensor argument of type {bad} cannot be hashed, so a call "
+                                     f"cannot be matched to a plan")
+                warnings.warn(f"crucible.compile: {self.last_refusal}; every such call runs eagerly. Pass "
+                              f"tensors, or hashable values (numbers, strings, tuples, frozen dataclasses)",
+                              CrucibleWarning, stacklevel=2)
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
         if e is None:

@@ -112,8 +112,11 @@ class DrainSink {
 
 class Recorder {
  public:
-  // Validates the config (power-of-two ring sizes, room for the largest op the rings can hold).
+  // Validates the config (power-of-two ring sizes, room for the largest op the rings can hold,
+  // at most ring_memory_limit() bytes of rings per recording thread).
   static Result<std::unique_ptr<Recorder>> create(const RecorderConfig& cfg = {});
+  // Most bytes of rings one recording thread may have: an eighth of the machine's memory.
+  static std::uint64_t ring_memory_limit();
   // The process-wide recorder the PyTorch Vessel writes to (created on first use).
   static Recorder& global();
 
@@ -200,7 +203,9 @@ class Recorder {
   // The calling thread's mode; a thread with no log yet has the recorder's (asking makes none).
   bool thread_drop_when_full() const;
   // Sets the ring sizes global() will use; an error once global() exists.
-  static Status configure_global(const RecorderConfig& cfg);
+  // apply false: only says whether it would be accepted (crucible.configure checks every
+  // setting before applying any).
+  static Status configure_global(const RecorderConfig& cfg, bool apply = true);
 
  private:
   explicit Recorder(const RecorderConfig& cfg);

@@ -32,6 +32,9 @@ Result<Trace> decode_trace(std::span<const std::byte> bytes);
 
 // Atomic write: to path + ".tmp", then rename, so a crash never leaves half a trace.
 Status save_trace(const Trace& t, const std::string& path);
+// Writes bytes to path + ".tmp" and renames it over path, so that a failed write (a full disk)
+// leaves no partial file; errors start with `what`. A path with a NUL in it is refused.
+Status write_file_replacing(const std::string& path, std::span<const std::byte> bytes, std::string_view what);
 Result<Trace> load_trace(const std::string& path);
 
 }  // namespace crucible::record

@@ -549,8 +549,42 @@ def test_compiled_step_while_recording_runs_eagerly_and_records_every_call():
 def test_bad_arguments():
     with pytest.raises(crucible.CrucibleError, match="callable"):
         crucible.compile(3)
-    with pytest.raises(crucible.CrucibleError, match=">= 0"):
+    with pytest.raises(crucible.CrucibleError, match="verify_every must not be negative"):
         crucible.compile(lambda: None, verify_every=-1)
+    with pytest.raises(crucible.CrucibleError, match="verify_every must be an int, got float"):
+        crucible.compile(lambda: None, verify_every=2.5)
+    with pytest.raises(crucible.CrucibleError, match="warmup must be an int, got NoneType"):
+        crucible.compile(lambda: None, warmup=None)
+    with pytest.raises(crucible.CrucibleError, match="arena must be True or False"):
+        crucible.compile(lambda: None, arena="no")
+    # guard: one module is taken as it is; an entry that holds no module or optimizer is an error,
+    # not ignored.
+    m = torch.nn.Linear(2, 2)
+    assert crucible.compile(lambda: None, guard=m)._guard_objs == [m]
+    with pytest.raises(crucible.CrucibleError, match="guard entry of type OrderedDict is no module"):
+        crucible.compile(lambda: None, guard=(m, m.state_dict()))
+    with pytest.raises(crucible.CrucibleError, match="guard must be a module, an optimizer, or a sequence"):
+        crucible.compile(lambda: None, guard=3)
+
+
+def test_an_unhashable_argument_runs_eagerly_and_says_why():
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def f(x, tags):
+        opt.zero_grad()
+        loss = m(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = crucible.compile(f)
+    x = torch.randn(4, 3)
+    with pytest.warns(crucible.CrucibleWarning, match="of type set cannot be hashed"):
+        step(x, [{"a"}])
+    step(x, [{"a"}])  # warned once
+    assert step.stats()["eager_calls"] == 2 and step.stats()["plans_built"] == 0
+    assert "set" in step.last_refusal
 
 
 def test_gradient_accumulation_outside_the_step():

@@ -530,6 +530,86 @@ def test_bad_arguments_to_the_controller_are_clear_errors():
     assert crucible.track_optimizer(opt) == 4, "two gradients and two momentum buffers"
 
 
+CONFIGURE_SCRIPT = """
+import crucible_native as crucible
+
+def refused(match, **kw):
+    try:
+        crucible.configure(**kw)
+    except crucible.CrucibleError as e:
+        assert match in str(e), (match, str(e))
+        return
+    raise AssertionError(f"configure({kw}) was accepted")
+
+refused("ring_entries 1000 is not a power of two", ring_entries=1000)
+refused("meta_cells 4294967296 is not a power of two from 2 to 2^31", meta_cells=1 << 32)
+refused("per recording thread, over the", ring_entries=1 << 31, meta_cells=1 << 31)
+refused("unboxed_kernels must be True or False, got str", unboxed_kernels="no")
+refused("memory_budget 18446744073709551616 is over", memory_budget=1 << 64)
+refused("plan_alignment 48 is not a power of two", plan_alignment=48)
+# Nothing is applied when one value is refused: the rings asked for with a bad budget are not set.
+refused("memory_budget", ring_entries=1 << 10, memory_budget=-1)
+assert crucible._ring_sizes == (1 << 16, 1 << 17, 1 << 16), crucible._ring_sizes
+crucible.configure(ring_entries=1 << 12)
+assert crucible._ring_sizes == (1 << 12, 1 << 17, 1 << 16), crucible._ring_sizes
+try:
+    crucible.enable(drop_when_full="false")
+    raise AssertionError("a string drop_when_full was accepted")
+except crucible.CrucibleError as e:
+    assert "drop_when_full must be True or False" in str(e), str(e)
+crucible.stats()  # makes the recorder
+refused("the global recorder already exists", ring_entries=1 << 13)
+refused("iteration(), export(), clear() or flush()", scalar_slots=1 << 13)
+print("ok")
+"""
+
+
+def test_configure_checks_every_value_before_applying_any():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    r = subprocess.run([sys.executable, "-c", CONFIGURE_SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_iteration_and_export_graph_check_their_arguments(tmp_path):
+    s = models.make("mlp")
+    models.record(s, 3)
+    for kw, match in [({"thread": -2}, "thread -2 is no recording thread's index"),
+                      ({"thread": "0"}, "thread must be an int, got str"),
+                      ({"thread": True}, "thread must be an int, got bool"),
+                      ({"budget": -1}, "budget must not be negative"),
+                      ({"budget": 1 << 64}, "budget 18446744073709551616 is over"),
+                      ({"alignment": 3}, "alignment 3 is not a power of two"),
+                      ({"alignment": 2.0}, "alignment must be an int, got float")]:
+        with pytest.raises(crucible.CrucibleError, match=match):
+            crucible.iteration(**kw)
+    with pytest.raises(crucible.CrucibleError, match="thread -5 is no recording thread's index"):
+        crucible.export_graph(str(tmp_path / "g.dot"), thread=-5)
+    assert crucible.iteration(thread=0, budget=0, alignment=128)["total_ops"] > 0
+
+
+def test_file_errors_say_what_is_wrong(tmp_path):
+    s = models.make("mlp")
+    models.record(s, 3)
+    with pytest.raises(crucible.CrucibleError, match="Is a directory"):
+        crucible.load_trace(tmp_path)
+    with pytest.raises(crucible.CrucibleError, match="NUL character"):
+        crucible.load_trace(str(tmp_path / "a\0b"))
+    with pytest.raises(crucible.CrucibleError, match="NUL character"):
+        crucible.export(str(tmp_path / "a\0b"))
+    with pytest.raises(crucible.CrucibleError, match="export_graph: cannot create .*No such file or directory"):
+        crucible.export_graph(str(tmp_path / "missing" / "g.dot"))
+    # A graph written over an earlier file replaces it whole, and leaves no temporary behind.
+    path = tmp_path / "g.dot"
+    path.write_text("old")
+    n = crucible.export_graph(str(path))
+    assert path.read_text().count("[label=") == n and not (tmp_path / "g.dot.tmp").exists()
+    t = crucible.trace()
+    assert (t == None) is False and (t != 3) is True  # noqa: E711
+    assert t == crucible.trace()
+
+
 def test_no_grad_and_inference_mode():
     s = models.make("mlp")
     with torch.no_grad():
