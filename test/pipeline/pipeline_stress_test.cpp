@@ -39,8 +39,8 @@ TEST_P(PipelineStress, MillionOpProducerLosesNothingUncounted) {
       record_step(*r, b, 1, 1, 16, sid);
     }
   });
-  // A reader of the published iteration while the pipeline publishes (latest() is an atomic
-  // shared_ptr): every iteration it gets is whole, its graph, plan and trace copy those of the
+  // A reader of the published iteration while the pipeline publishes (latest() copies a
+  // shared_ptr under a mutex): every iteration it gets is whole, its graph, plan and trace copy those of the
   // same ops. Under the tsan preset this checks the publication itself.
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> seen{0}, torn{0};

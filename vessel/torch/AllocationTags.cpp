@@ -39,7 +39,6 @@ constinit thread_local std::uint64_t t_id_end = 0;
 
 std::atomic<int> g_recording_threads{0};
 std::atomic<bool> g_tags_made{false};  // set once the key exists: before, no block is tagged
-bool g_fork_counted = false;           // the forking thread counts as recording (prepare handler)
 std::atomic<std::uint64_t> g_raw_frees{0};
 std::mutex g_mu;
 // Leaked, like every global a thread may reach during static destruction.
@@ -120,23 +119,23 @@ void tagging_acquire() {
   static const bool once = [] {
     (void)check_key();  // here, not first inside a deleter (random_device may throw)
     g_tags_made.store(true, std::memory_order_release);
-    // A forked child (DataLoader workers) keeps only the forking thread: it counts alone. The
-    // mutexes a concurrent enable() or plan install may hold are taken around the fork, so the
-    // child never inherits them locked.
+    // A forked child (DataLoader workers) keeps only the forking thread, and that one stops
+    // recording there (Note [Forked children], Dispatch.cpp): nothing records, nothing tags.
+    // The mutexes a concurrent enable(), plan install or raw free may hold are taken around the
+    // fork, so the child never inherits them locked.
     pthread_atfork(
         [] {
           g_mu.lock();
-          lock_allocator_install();
-          const ThreadState* ts = t_state_ptr;
-          g_fork_counted = ts != nullptr && ts->counts_as_recording;
+          lock_arena_for_fork();
         },
         [] {
-          unlock_allocator_install();
+          unlock_arena_after_fork();
           g_mu.unlock();
         },
         [] {
-          g_recording_threads.store(g_fork_counted ? 1 : 0, std::memory_order_relaxed);
-          unlock_allocator_install();
+          stop_recording_in_forked_child();
+          g_recording_threads.store(0, std::memory_order_relaxed);
+          unlock_arena_after_fork();
           g_mu.unlock();
         });
     return true;

@@ -73,6 +73,9 @@ bool tagging();
 // Counted per recording thread: the first acquire installs the wrapper (once per process).
 void tagging_acquire();
 void tagging_release();
+// In a forked child (its fork handler): the forking thread stops recording (Note [Forked
+// children], Dispatch.cpp).
+void stop_recording_in_forked_child();
 // "" while the wrapper is installed; else why storages are named by the table alone.
 std::string tagging_unavailable();
 

@@ -11,11 +11,15 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -569,7 +573,40 @@ bool key_floor_installed() {
 
 const char* dispatch_key_name() { return kKeyName; }
 
+// Note [Forked children]
+// A DataLoader worker is a fork() of the training process, often made while that process
+// records. The child has one thread, the forking one: none of the recorder's drain or the
+// pipeline's stage threads, and locks other threads held may stay held for good. A child that
+// went on recording would fill its rings and then wait for ever for a drain that is not there
+// (and a flush() would never return). So in the child the forking thread stops recording (its
+// fork handler, AllocationTags.cpp; what the child's ops do is no part of the parent's step),
+// and every Crucible call there that needs the recorder or the pipeline refuses with
+// forked_child_error() instead of waiting. The parent's recording is untouched.
+namespace {
+std::atomic<bool> g_forked_child{false};
+}  // namespace
+bool forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
+void watch_forks() {
+  static const bool once = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)once;
+}
+std::string forked_child_error(const std::string& what) {
+  return "crucible: " + what + " in a forked process: this process is a fork of the one that loaded Crucible (a DataLoader worker, say); "
+         "the recorder's and the pipeline's threads do not survive fork(), so nothing is recorded here: record, "
+         "flush and read the recording in the parent process";
+}
+namespace detail {
+void stop_recording_in_forked_child() {
+  c10::impl::tls_set_dispatch_key_included(kKey, false);
+  if (ThreadState* ts = t_state_ptr) ts->counts_as_recording = false;  // the count is reset with it
+}
+}  // namespace detail
+
 void set_enabled(bool on) {
+  if (on && forked_child()) throw std::runtime_error(forked_child_error("enable()"));
   if (!on) {  // a thread that never recorded has nothing to release (and needs no state)
     c10::impl::tls_set_dispatch_key_included(kKey, false);
     ThreadState* ts = t_state_ptr;

@@ -42,9 +42,17 @@ bool key_floor_installed();
 // Name of the key in use ("Crucible" or "TESTING_ONLY_GenericMode").
 const char* dispatch_key_name();
 
-// Recording on/off for the calling thread (a thread-local dispatch key toggle).
+// Recording on/off for the calling thread (a thread-local dispatch key toggle). Turning it on
+// in a forked child throws (Note [Forked children]).
 void set_enabled(bool on);
 bool is_enabled();
+
+// Note [Forked children] (Dispatch.cpp): whether this process is a fork of one that loaded
+// Crucible (watch_forks() registers the handler that says so; call it once, at load).
+bool forked_child();
+void watch_forks();
+// The error for what a forked child cannot do ("crucible: <what> in a forked process: ...").
+std::string forked_child_error(const std::string& what);
 
 // Module scope of the calling thread (forward pre/post hooks call these). push_module_id
 // returns the scope depth before the push; pop_modules_to(depth) goes back to it, dropping

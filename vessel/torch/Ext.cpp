@@ -314,12 +314,27 @@ std::mutex g_pipeline_mu;
 graph::PlanOptions g_plan_options;
 std::atomic<pipeline::Pipeline*> g_pipeline{nullptr};
 
+// Thrown for what a forked child cannot do; Python sees it as crucible_native.CrucibleError
+// (the type set_error_type names), whichever binding threw it.
+struct ForkedChild : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+PyObject* g_error_type = nullptr;  // a strong reference, set once by crucible_native
+
+// The process's recorder, refused in a forked child (Note [Forked children], Dispatch.cpp):
+// its drain thread did not survive the fork, so a flush or a full ring would wait for ever.
+Recorder& recorder() {
+  if (vessel::forked_child()) throw ForkedChild(vessel::forked_child_error("a call that needs the recorder"));
+  return Recorder::global();
+}
+
 pipeline::Pipeline& global_pipeline() {
+  if (vessel::forked_child()) throw ForkedChild(vessel::forked_child_error("a call that needs the pipeline"));
   if (pipeline::Pipeline* p = g_pipeline.load(std::memory_order_acquire)) return *p;
   std::lock_guard<std::mutex> g(g_pipeline_mu);
   if (g_pipeline.load(std::memory_order_relaxed) == nullptr)
     // Leaked on purpose, like the global recorder: recording threads may outlive main().
-    g_pipeline.store(new pipeline::Pipeline(Recorder::global(), g_plan_options), std::memory_order_release);
+    g_pipeline.store(new pipeline::Pipeline(recorder(), g_plan_options), std::memory_order_release);
   return *g_pipeline.load(std::memory_order_relaxed);
 }
 
@@ -347,6 +362,18 @@ void configure_plan(std::uint64_t budget, std::uint64_t alignment, bool check_on
 
 PYBIND11_MODULE(_crucible_ext, m) {
   m.doc() = "Crucible's PyTorch Vessel (native part); use crucible_native instead";
+  vessel::watch_forks();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ForkedChild& e) {
+      PyErr_SetString(g_error_type != nullptr ? g_error_type : PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("set_error_type", [](py::object type) {
+    if (g_error_type == nullptr) g_error_type = type.release().ptr();  // kept for the process
+  });
+  m.def("forked_child", &vessel::forked_child);
   m.def("install", [](bool unboxed) { check(vessel::install(unboxed)); }, py::arg("unboxed") = true);
   m.def("install_key_floor", [] { check(vessel::install_key_floor()); });
   m.def("ablation", &vessel::ablation_name);
@@ -360,12 +387,12 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("is_enabled", &vessel::is_enabled);
   m.def("intern_module",
         [](const std::string& path) {
-          auto id = Recorder::global().intern_module(path);
+          auto id = recorder().intern_module(path);
           if (!id.ok()) throw std::invalid_argument(std::string(id.status().message()));
           return *id;
         });
   m.def("push_module_id", [](std::uint32_t id) {
-    if (const std::uint32_t n = Recorder::global().num_modules(); id >= n)
+    if (const std::uint32_t n = recorder().num_modules(); id >= n)
       throw std::invalid_argument("module id " + std::to_string(id) + " was not interned (" +
                                   std::to_string(n) + " exist): use an id from intern_module");
     return vessel::push_module_id(id);
@@ -380,21 +407,21 @@ PYBIND11_MODULE(_crucible_ext, m) {
     check(Recorder::configure_global(cfg, !check_only));
   }, py::arg("entries"), py::arg("cells"), py::arg("scalars"), py::arg("check_only") = false);
   m.def("ring_memory_limit", &Recorder::ring_memory_limit);
-  m.def("set_drop_when_full", [](bool on) { Recorder::global().set_drop_when_full(on); });
-  m.def("drop_when_full", [] { return Recorder::global().drop_when_full(); });
+  m.def("set_drop_when_full", [](bool on) { recorder().set_drop_when_full(on); });
+  m.def("drop_when_full", [] { return recorder().drop_when_full(); });
   m.def("set_thread_drop_when_full",
-        [](bool on) { Recorder::global().set_thread_drop_when_full(on); });
-  m.def("thread_drop_when_full", [] { return Recorder::global().thread_drop_when_full(); });
+        [](bool on) { recorder().set_thread_drop_when_full(on); });
+  m.def("thread_drop_when_full", [] { return recorder().thread_drop_when_full(); });
   m.def("flush", [] {
     py::gil_scoped_release nogil;
-    Recorder::global().flush();
+    recorder().flush();
   });
   m.def("clear", [] {
     py::gil_scoped_release nogil;
-    Recorder::global().clear();
+    recorder().clear();
   });
   m.def("stats", [] {
-    py::dict d = stats_dict(Recorder::global().thread_stats());
+    py::dict d = stats_dict(recorder().thread_stats());
     const auto sk = vessel::skip_counters();
     py::dict skipped;
     skipped["internal"] = sk.internal;
@@ -409,7 +436,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("tagged_raw_frees", &vessel::tagged_raw_frees);
   m.def("classify_external", [](std::uint64_t sid, int kind) {
     if (kind < 1 || kind > kMaxExternalKind) throw std::invalid_argument("unknown external kind " + std::to_string(kind));
-    Recorder::global().classify_external(sid, static_cast<ExternalKind>(kind));
+    recorder().classify_external(sid, static_cast<ExternalKind>(kind));
   });
 
   py::class_<Trace>(m, "Trace")
@@ -439,7 +466,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
 
   m.def("snapshot", [] {
     py::gil_scoped_release nogil;
-    return Recorder::global().snapshot();
+    return recorder().snapshot();
   });
   m.def("load_trace", [](const std::string& path) {
     auto r = load_trace(path);
@@ -486,8 +513,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["pipeline_plan_budget"] = p.plan_options().budget;  // crucible.configure(memory_budget=)
     d["pipeline_plan_alignment"] = p.plan_options().alignment;
     // Structure keys from the drain's wiring log vs the trace's own pass (Note [Wiring log]).
-    d["keys_from_log"] = Recorder::global().keys_from_log();
-    d["keys_from_trace"] = Recorder::global().keys_from_trace();
+    d["keys_from_log"] = recorder().keys_from_log();
+    d["keys_from_trace"] = recorder().keys_from_trace();
     return d;
   });
   // The build stage's work on the latest published iteration, repeated back to back on this

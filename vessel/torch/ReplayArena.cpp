@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -207,8 +208,14 @@ std::mutex g_allocator_install_mu;
 Wrapper* g_wrapper = nullptr;
 }  // namespace
 
-void lock_allocator_install() { g_allocator_install_mu.lock(); }
-void unlock_allocator_install() { g_allocator_install_mu.unlock(); }
+void lock_arena_for_fork() {
+  g_allocator_install_mu.lock();
+  g_blocks_mu.lock();
+}
+void unlock_arena_after_fork() {
+  g_blocks_mu.unlock();
+  g_allocator_install_mu.unlock();
+}
 
 std::string ensure_arena_allocator() {
   std::lock_guard<std::mutex> g(g_allocator_install_mu);
@@ -220,6 +227,9 @@ std::string ensure_arena_allocator() {
   c10::Allocator* base = c10::GetCPUAllocator();
   g_base_raw_deleter = base->raw_deleter();
   auto* w = new Wrapper(base);  // leaked: tensors may be freed during static destruction
+  // c10's allocator table is read with plain loads by threads already allocating: the wrapper's
+  // fields and g_base_raw_deleter must be visible before its pointer is (weakly ordered CPUs).
+  std::atomic_thread_fence(std::memory_order_release);
   c10::SetCPUAllocator(w, /*priority=*/1);
   if (c10::GetCPUAllocator() != w) {
     c10::SetCPUAllocator(base, 0);

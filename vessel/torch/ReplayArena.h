@@ -63,9 +63,10 @@ class AllocScope {
 // Installs the wrapper allocator (once per process). Returns "" or why it cannot (another
 // allocator with a higher priority owns the CPU slot).
 std::string ensure_arena_allocator();
-// Around fork() (AllocationTags.cpp): the child must not inherit the install mutex locked.
-void lock_allocator_install();
-void unlock_allocator_install();
+// Around fork() (AllocationTags.cpp): the child must inherit neither the install mutex nor the
+// blocks' (taken by every raw free through the wrapper) locked. Install, then blocks.
+void lock_arena_for_fork();
+void unlock_arena_after_fork();
 
 std::shared_ptr<AllocLog> new_alloc_log();
 // After a run left an arena block alive: the arena is never reused or freed again.

@@ -95,6 +95,7 @@ def _load_ext():
 
 
 _ext = _load_ext()
+_ext.set_error_type(CrucibleError)  # what a forked child cannot do raises it (Note [Forked children])
 _lock = threading.Lock()
 
 # External kinds, as in include/crucible/record/Trace.h (ExternalKind).
@@ -228,11 +229,11 @@ def enable(drop_when_full: bool = False) -> None:
                             f"{type(drop_when_full).__name__} {drop_when_full!r}")
     try:
         _ext.install(_unboxed_kernels)
+        _ext.set_thread_drop_when_full(drop_when_full)
+        _ext.start_pipeline()
+        _ext.set_enabled(True)
     except RuntimeError as e:
         raise CrucibleError(str(e)) from None
-    _ext.set_thread_drop_when_full(drop_when_full)
-    _ext.start_pipeline()
-    _ext.set_enabled(True)
 
 
 def disable() -> bool:

@@ -14,7 +14,8 @@
 //            repeats one step: see Note [Reusing earlier builds]); when only their wiring key
 //            matches (scalars changed: AdamW), it rebases that graph and plan onto the new copy
 //            and hashes again only what changed in the Merkle DAG;
-//   publish  swaps the result into an atomic shared_ptr that readers load without locks.
+//   publish  swaps the result into the published shared_ptr under a mutex that latest() takes
+//            to copy it (Note [Publishing under a mutex], Pipeline.cpp).
 // flush() is exact: it returns once every op recorded before the call has gone through all
 // four stages and whatever iteration they complete is published.
 //

@@ -249,8 +249,9 @@ def test_raw_allocations_are_freed_by_their_own_allocator():
 
 def test_forked_child_counts_only_the_forking_thread():
     # A DataLoader worker is a fork of a process that may be recording on several threads. The
-    # child has only the forking thread: once it stops recording, nothing tags its memory (a
-    # count inherited from the parent's other threads would tag it for good).
+    # child has only the forking thread and none of the recorder's threads: it stops recording
+    # (Note [Forked children]), so more than a ring's worth of ops cannot hang it, nothing tags
+    # its memory, and what needs the recorder says why it cannot run there instead of waiting.
     other_on, release = threading.Event(), threading.Event()
 
     def other():
@@ -267,12 +268,19 @@ def test_forked_child_counts_only_the_forking_thread():
     if pid == 0:
         code = 1
         try:
-            during = torch.ones(8) * 2  # kept alive while its storage's address is used
-            tagged = crucible._ext.storage_is_tagged(crucible._storage_cdata(during))
-            crucible.disable()
-            after = torch.ones(8) * 2
-            untagged = not crucible._ext.storage_is_tagged(crucible._storage_cdata(after))
-            code = 0 if tagged and untagged else 3
+            x = torch.ones(8)
+            for _ in range(40000):  # 80k ops: more than one ring of 65536 entries
+                x = x * 1.0 + 0.0
+            during = torch.ones(8) * 2
+            off = not crucible._ext.is_enabled()
+            untagged = not crucible._ext.storage_is_tagged(crucible._storage_cdata(during))
+            refused = 0
+            for call in (crucible.flush, crucible.stats, crucible.enable, crucible.iteration):
+                try:
+                    call()
+                except crucible.CrucibleError as e:
+                    refused += "forked process" in str(e)
+            code = 0 if off and untagged and refused == 4 else 3
         finally:
             os._exit(code)
     crucible.disable()
