@@ -14,6 +14,13 @@ namespace crucible::ptload {
 namespace {
 
 constexpr std::string_view kResave = "re-save it with torch.save in a current PyTorch";
+// How a caller raises each limit, named in the refusal.
+constexpr std::string_view kRaisePickle =
+    "LoadOptions::max_pickle_bytes (crucible pt: --max-pickle-bytes N)";
+constexpr std::string_view kRaiseRatio =
+    "LoadOptions::max_inflate_ratio (crucible pt: --max-inflate-ratio N)";
+// "little" or "big": a longer record is refused before it is read.
+constexpr std::uint64_t kMaxByteorderBytes = 6;
 
 // Walking the tree to list tensors visits shared subtrees once per path, so a crafted DAG could
 // ask for 2^depth visits. Real trees are visited about once per pickle byte or less: the budget
@@ -127,6 +134,11 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
 
   bool big = false;
   if (const ZipEntry* bo = zip->find(prefix + "byteorder")) {
+    if (bo->uncompressed_size > kMaxByteorderBytes)
+      return invalid_input("pt: byteorder record is " + std::to_string(bo->uncompressed_size) +
+                               " bytes (at byte offset " + std::to_string(bo->data_offset) +
+                               "), not 'little' or 'big'",
+                           std::string(kResave));
     auto text = zip->extract(*bo);
     if (!text.ok()) return text.status();
     const std::string_view s(reinterpret_cast<const char*>(text->data()), text->size());
@@ -145,7 +157,13 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
   if (pkl == nullptr)
     return invalid_input("pt: no '" + prefix + "data.pkl' record in the archive",
                          "pass a file written by torch.save");
-  auto pickle = zip->extract(*pkl);
+  InflateLimits limits;
+  limits.max_ratio = options.max_inflate_ratio;
+  limits.max_ratio_option = kRaiseRatio;
+  InflateLimits pickle_limits = limits;
+  pickle_limits.max_bytes = options.max_pickle_bytes;
+  pickle_limits.max_bytes_option = kRaisePickle;
+  auto pickle = zip->extract(*pkl, pickle_limits);
   if (!pickle.ok()) return pickle.status();
 
   const ZipArchive& z = *zip;
@@ -176,7 +194,7 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
       if (options.verify_checksums) CRUCIBLE_RETURN_IF_ERROR(z.check_crc(*e, s->bytes));
       s->owner = owner;
     } else {
-      auto copy = z.extract(*e);
+      auto copy = z.extract(*e, limits);
       if (!copy.ok()) return copy.status();
       if (big) swap_bytes(*copy, item);
       auto held = std::make_shared<std::vector<std::byte>>(std::move(*copy));

@@ -286,41 +286,98 @@ Status ZipArchive::check_crc(const ZipEntry& e, std::span<const std::byte> data)
   return ok_status();
 }
 
-Result<std::vector<std::byte>> ZipArchive::extract(const ZipEntry& e) const {
+// Note [Inflation limits]
+// A deflated record can inflate 1032:1: a 1 MB file can hold a 1 GB data.pkl of zeros, and a
+// reader that allocates the declared size before inflating holds 1 GB before it finds the
+// pickle is junk (or dies of std::bad_alloc under a memory limit). torch.save stores every record
+// uncompressed, so deflate only appears in re-zipped files; real pickles deflate about 5:1 and
+// real weights under 2:1. extract() therefore refuses, before allocating anything:
+//   - an entry whose declared uncompressed size is over InflateLimits::max_bytes (StateDict sets
+//     LoadOptions::max_pickle_bytes, 64 MiB by default, for data.pkl: a pickle is about 200
+//     bytes a tensor, so a million-tensor state dict fits);
+//   - a deflated entry of more than 1 MiB whose declared size is over max_ratio times its
+//     compressed size (LoadOptions::max_inflate_ratio, 100:1 by default).
+// The declared size is the most inflate may write: the output is bounded by it, so the checks on
+// the declared size bound what is produced too. Capacity for it is reserved (address space; pages
+// are committed as inflate writes them), so a record that declares more than it holds costs
+// only what it holds.
+namespace {
+
+Status check_limits(const ZipEntry& e, const InflateLimits& limits) {
+  auto raise = [](std::string_view option) {
+    return option.empty() ? std::string("re-save it with torch.save (which stores records "
+                                        "uncompressed)")
+                          : "if you trust the file, raise " + std::string(option);
+  };
+  if (e.uncompressed_size > limits.max_bytes)
+    return exhausted("pt zip: entry '" + e.name + "' is " + std::to_string(e.uncompressed_size) +
+                         " bytes uncompressed, over the limit of " +
+                         std::to_string(limits.max_bytes) + " bytes (from " +
+                         std::to_string(e.compressed_size) + " bytes in the file, at byte offset " +
+                         std::to_string(e.data_offset) + ")",
+                     "no state dict needs that much; the file is likely a decompression bomb; " +
+                         raise(limits.max_bytes_option));
+  std::uint64_t allowed = 0;  // compressed * max_ratio; past 2^64 nothing is over it
+  if (!e.stored() && e.uncompressed_size > InflateLimits::kRatioExemptBytes &&
+      !__builtin_mul_overflow(e.compressed_size, limits.max_ratio, &allowed) &&
+      e.uncompressed_size > allowed)
+    return exhausted(
+        "pt zip: entry '" + e.name + "' inflates " + std::to_string(e.compressed_size) +
+            " bytes to " + std::to_string(e.uncompressed_size) + " (" +
+            std::to_string(e.uncompressed_size / std::max<std::uint64_t>(e.compressed_size, 1)) +
+            ":1), over the limit of " + std::to_string(limits.max_ratio) +
+            ":1 on the compression ratio (at byte offset " + std::to_string(e.data_offset) + ")",
+        "torch.save stores records uncompressed and real data deflates far less; the file is "
+        "likely a decompression bomb; " +
+            raise(limits.max_ratio_option));
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> ZipArchive::extract(const ZipEntry& e,
+                                                   const InflateLimits& limits) const {
   CRUCIBLE_PRE(fits(bytes_, e.data_offset, e.compressed_size), "entry from another archive");
+  CRUCIBLE_RETURN_IF_ERROR(check_limits(e, limits));
   std::vector<std::byte> out;
   if (e.stored()) {
     const auto v = stored_view(e);
     out.assign(v.begin(), v.end());
   } else {
-    out.resize(static_cast<std::size_t>(e.uncompressed_size));
+    // Reserved, not resized: the pages of the declared size are committed chunk by chunk as
+    // inflate fills them (Note [Inflation limits]); data() never moves while size <= capacity.
+    const auto declared = static_cast<std::size_t>(e.uncompressed_size);
+    out.reserve(declared);
     z_stream zs{};
     if (inflateInit2(&zs, -15) != Z_OK)
       return exhausted("zlib inflateInit2 failed", "free memory and retry");
-    // zlib counts in 32-bit uInt: feed input and output in chunks of at most 1 GiB.
-    constexpr std::uint64_t kChunk = 1u << 30;
-    std::uint64_t in_done = 0, out_done = 0;
+    // zlib counts in 32-bit uInt: input is fed in chunks of at most 1 GiB, output space is
+    // added 1 MiB at a time (each chunk zero-filled by resize, then overwritten by inflate).
+    constexpr std::uint64_t kInChunk = 1u << 30;
+    constexpr std::size_t kOutChunk = 1u << 20;
+    std::uint64_t in_done = 0;
     Bytef empty_out = 0;  // zlib refuses a null next_out even when nothing is to be written
     zs.next_out = &empty_out;
     int rc = Z_OK;
     while (rc == Z_OK) {
       if (zs.avail_in == 0 && in_done < e.compressed_size) {
-        const std::uint64_t n = std::min(kChunk, e.compressed_size - in_done);
+        const std::uint64_t n = std::min(kInChunk, e.compressed_size - in_done);
         zs.next_in = reinterpret_cast<Bytef*>(
             const_cast<std::byte*>(bytes_.data() + e.data_offset + in_done));
         zs.avail_in = static_cast<uInt>(n);
         in_done += n;
       }
-      if (zs.avail_out == 0 && out_done < out.size()) {
-        const std::uint64_t n = std::min<std::uint64_t>(kChunk, out.size() - out_done);
-        zs.next_out = reinterpret_cast<Bytef*>(out.data() + out_done);
+      if (zs.avail_out == 0 && out.size() < declared) {
+        const std::size_t at = out.size(), n = std::min(kOutChunk, declared - at);
+        out.resize(at + n);
+        CRUCIBLE_ASSERT(out.capacity() == declared, "the reserved buffer never moves");
+        zs.next_out = reinterpret_cast<Bytef*>(out.data() + at);
         zs.avail_out = static_cast<uInt>(n);
-        out_done += n;
       }
       if (zs.avail_in == 0 && zs.avail_out == 0) break;  // sizes exhausted, stream not ended
       rc = inflate(&zs, Z_NO_FLUSH);
     }
-    const std::uint64_t produced = out_done - zs.avail_out;
+    const std::uint64_t produced = out.size() - zs.avail_out;
     const bool input_left = zs.avail_in != 0 || in_done < e.compressed_size;
     const char* zmsg = zs.msg;
     inflateEnd(&zs);

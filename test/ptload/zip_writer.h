@@ -1,11 +1,13 @@
 // zip_writer.h — builds small ZIP archives in memory for the ptload tests and fuzz seeds.
 //
-// Test-only: stored or raw-deflate entries, optional archive comment, no ZIP64. Real fixtures
-// come from torch (make_fixtures.py); this covers what C++ tests build byte by byte.
+// Test-only: stored or raw-deflate entries (or deflated zeros: bombs), optional archive comment,
+// no ZIP64. Real fixtures come from torch (make_fixtures.py); this covers what C++ tests build
+// byte by byte.
 #pragma once
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,6 +19,9 @@ struct ZipItem {
   std::string name;
   std::string data;
   bool deflate = false;
+  // > 0: the entry is this many zero bytes, deflated 1 MiB at a time (`data` and `deflate` are
+  // not used): a decompression bomb without holding what it inflates to.
+  std::uint64_t zeros = 0;
 };
 
 inline void put16(std::string& o, std::uint32_t v) {
@@ -42,14 +47,51 @@ inline std::string raw_deflate(std::string_view in) {
   return out;
 }
 
+// Raw deflate of `n` zero bytes (about n / 1030 bytes out) and their CRC-32, never holding more
+// than 1 MiB of input.
+inline std::string raw_deflate_zeros(std::uint64_t n, std::uint32_t& crc) {
+  const std::string chunk(1u << 20, '\0');
+  z_stream zs{};
+  deflateInit2(&zs, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+  std::string out;
+  char buf[1u << 16];
+  crc = 0;
+  for (std::uint64_t left = n;;) {
+    const auto take = static_cast<uInt>(std::min<std::uint64_t>(left, chunk.size()));
+    crc = static_cast<std::uint32_t>(
+        crc32(crc, reinterpret_cast<const Bytef*>(chunk.data()), take));
+    left -= take;
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(chunk.data()));
+    zs.avail_in = take;
+    const int flush = left == 0 ? Z_FINISH : Z_NO_FLUSH;
+    int rc;
+    do {
+      zs.next_out = reinterpret_cast<Bytef*>(buf);
+      zs.avail_out = sizeof buf;
+      rc = deflate(&zs, flush);
+      out.append(buf, sizeof buf - zs.avail_out);
+    } while (zs.avail_out == 0 || (flush == Z_FINISH && rc != Z_STREAM_END));
+    if (left == 0) break;
+  }
+  deflateEnd(&zs);
+  return out;
+}
+
 inline std::string make_zip(const std::vector<ZipItem>& items, std::string_view comment = {}) {
   std::string out, central;
   for (const auto& it : items) {
-    const std::string payload = it.deflate ? raw_deflate(it.data) : it.data;
-    const auto crc = static_cast<std::uint32_t>(crc32(
-        0, reinterpret_cast<const Bytef*>(it.data.data()), static_cast<uInt>(it.data.size())));
+    std::uint32_t crc = 0;
+    std::string payload;
+    if (it.zeros > 0) {
+      payload = raw_deflate_zeros(it.zeros, crc);
+    } else {
+      payload = it.deflate ? raw_deflate(it.data) : it.data;
+      crc = static_cast<std::uint32_t>(crc32(
+          0, reinterpret_cast<const Bytef*>(it.data.data()), static_cast<uInt>(it.data.size())));
+    }
+    const auto size = static_cast<std::uint32_t>(it.zeros > 0 ? it.zeros : it.data.size());
     const auto off = static_cast<std::uint32_t>(out.size());
-    const std::uint32_t method = it.deflate ? 8 : 0;
+    const std::uint32_t method = it.deflate || it.zeros > 0 ? 8 : 0;
     put32(out, 0x04034b50);
     put16(out, 20);
     put16(out, 0);
@@ -57,7 +99,7 @@ inline std::string make_zip(const std::vector<ZipItem>& items, std::string_view 
     put32(out, 0);
     put32(out, crc);
     put32(out, static_cast<std::uint32_t>(payload.size()));
-    put32(out, static_cast<std::uint32_t>(it.data.size()));
+    put32(out, size);
     put16(out, static_cast<std::uint32_t>(it.name.size()));
     put16(out, 0);
     out += it.name;
@@ -70,7 +112,7 @@ inline std::string make_zip(const std::vector<ZipItem>& items, std::string_view 
     put32(central, 0);
     put32(central, crc);
     put32(central, static_cast<std::uint32_t>(payload.size()));
-    put32(central, static_cast<std::uint32_t>(it.data.size()));
+    put32(central, size);
     put16(central, static_cast<std::uint32_t>(it.name.size()));
     put16(central, 0);
     put16(central, 0);

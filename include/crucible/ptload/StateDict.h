@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +29,12 @@ struct LoadOptions {
   // CRC-32 of every storage record is checked (zlib crc32, several GB/s); turn off to keep
   // stored records lazily paged in for very large files.
   bool verify_checksums = true;
+  // Decompression bombs (Note [Inflation limits] in ZipArchive.cpp): data.pkl may be at most
+  // this many bytes uncompressed (a pickle is about 200 bytes a tensor) ...
+  std::uint64_t max_pickle_bytes = std::uint64_t{64} << 20;
+  // ... and a deflated record over 1 MiB may inflate at most this many times its size in the
+  // file (torch.save stores records uncompressed; real data deflates under 10:1).
+  std::uint64_t max_inflate_ratio = 100;
 };
 
 struct NamedTensor {

@@ -6,11 +6,13 @@
 // duplicate names, no path traversal ("..", absolute, backslash, NUL), no encryption, method
 // stored or deflate only, sizes that cannot overflow. ZIP64 (files over 4 GiB) is supported:
 // the ZIP64 end record, its locator and the per-entry extra field are validated like the rest.
-// Errors name the byte offset and the reason.
+// Errors name the byte offset and the reason. Inflating is bounded (InflateLimits): see
+// Note [Inflation limits] in ZipArchive.cpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +33,21 @@ struct ZipEntry {
   bool stored() const { return method == 0; }
 };
 
+// What extracting one entry may produce, checked before any output is allocated. A limit that is
+// hit is an error naming what was found, the limit and `*_option` (how the caller raises it).
+struct InflateLimits {
+  // Uncompressed bytes of the entry (stored or deflated).
+  std::uint64_t max_bytes = std::numeric_limits<std::uint64_t>::max();
+  std::string_view max_bytes_option;
+  // Uncompressed : compressed bytes of a deflated entry, applied to entries that inflate to more
+  // than kRatioExemptBytes.
+  std::uint64_t max_ratio = std::numeric_limits<std::uint64_t>::max();
+  std::string_view max_ratio_option;
+  // Entries this small inflate into memory that does not matter, while small zero-filled
+  // buffers (a bias, a step counter) deflate over 1000:1: they are not held to max_ratio.
+  static constexpr std::uint64_t kRatioExemptBytes = 1u << 20;
+};
+
 class ZipArchive {
  public:
   // `bytes` must outlive the archive and every view it hands out.
@@ -44,8 +61,10 @@ class ZipArchive {
   std::span<const std::byte> stored_view(const ZipEntry& e) const;
   // CRC-32 of `data` against the entry's recorded checksum.
   Status check_crc(const ZipEntry& e, std::span<const std::byte> data) const;
-  // A copy of the uncompressed bytes (inflated for deflate), checksum verified.
-  Result<std::vector<std::byte>> extract(const ZipEntry& e) const;
+  // A copy of the uncompressed bytes (inflated for deflate), checksum verified. The entry's
+  // declared size is checked against `limits` first; inflating never writes past it, and memory
+  // is committed as output arrives, so a record that lies about its size costs no more.
+  Result<std::vector<std::byte>> extract(const ZipEntry& e, const InflateLimits& limits = {}) const;
 
  private:
   std::span<const std::byte> bytes_;

@@ -1,8 +1,10 @@
 /* ptload_c.h — plain C API of the torch-free .pt loader (crucible::ptload::StateDict).
  *
  * Functions returning int give 0 on success and -1 on error; crucible_ptload_last_error() then
- * holds the message (per thread, valid until the next call on that thread). Pointers handed
- * out (names, shapes, strides, data) stay valid until crucible_ptload_close(). */
+ * holds the message (per thread, valid until the next call on that thread). Nothing throws
+ * across this API: running out of memory (a file needing more than the process may use) is an
+ * error return with a message like any other. Pointers handed out (names, shapes, strides,
+ * data) stay valid until crucible_ptload_close(). */
 #ifndef CRUCIBLE_PTLOAD_PTLOAD_C_H
 #define CRUCIBLE_PTLOAD_PTLOAD_C_H
 
