@@ -16,8 +16,9 @@ namespace crucible::cli {
 using Args = std::span<const std::string_view>;
 
 // 0 success, 1 the input was examined and refused (a file failed its check), 2 usage errors:
-// unknown command or option, missing or unreadable file.
-enum Exit : int { kExitOk = 0, kExitRefused = 1, kExitUsage = 2 };
+// unknown command or option, missing or unreadable file; 3 the command could not finish: out of
+// memory (main catches std::bad_alloc) or an unexpected exception.
+enum Exit : int { kExitOk = 0, kExitRefused = 1, kExitUsage = 2, kExitFailed = 3 };
 
 // A leaf command has `run`; a group (`crucible pt ...`) has `group`, its own table.
 struct Command {

@@ -34,15 +34,40 @@ constexpr std::string_view kPath = "crucible pt";
 struct Options {
   bool json = false;
   std::uint64_t repeat = 0;  // check --repeat N: time N opens
+  ptload::LoadOptions load;  // --max-pickle-bytes N, --max-inflate-ratio N
   std::string file;
 };
 
-// Parses [--json] [--repeat N] FILE, accepting only the flags the command names.
-// Returns -1 on success, else the exit code of the usage error already printed.
+// The decompression-bomb limits both commands take (help text of ls and check).
+#define CRUCIBLE_PT_LIMIT_HELP                                                                  \
+  "--max-pickle-bytes N    refuse a data.pkl over N bytes uncompressed (default 67108864)\n"    \
+  "--max-inflate-ratio N   refuse a deflated record over 1 MiB that inflates more than N:1\n"  \
+  "                        (default 100; torch.save never compresses)\n"
+
+// Parses [--json] [--repeat N] [--max-pickle-bytes N] [--max-inflate-ratio N] FILE, accepting
+// only the flags the command names. Returns -1 on success, else the exit code of the usage error
+// already printed.
 int parse(std::string_view cmd, Args args, bool allow_json, bool allow_repeat, Options& o) {
   const std::string where = std::string(kPath) + " " + std::string(cmd);
   std::vector<std::string_view> files;
   bool options_done = false;
+  // Reads the positive integer after the flag args[i] into `out`; on a usage error prints it,
+  // keeps its exit code in rc and returns false.
+  int rc = -1;
+  auto count = [&](std::size_t& i, std::uint64_t& out) {
+    const std::string flag(args[i]);
+    if (i + 1 == args.size()) {
+      rc = usage_error(where, flag + " needs a count");
+      return false;
+    }
+    const std::string_view n = args[++i];
+    auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), out);
+    if (ec != std::errc() || end != n.data() + n.size() || out == 0) {
+      rc = usage_error(where, flag + " takes a positive integer, not '" + std::string(n) + "'");
+      return false;
+    }
+    return true;
+  };
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
     if (options_done || a.empty() || a[0] != '-' || a == "-") {
@@ -52,12 +77,11 @@ int parse(std::string_view cmd, Args args, bool allow_json, bool allow_repeat, O
     } else if (allow_json && a == "--json") {
       o.json = true;
     } else if (allow_repeat && a == "--repeat") {
-      if (i + 1 == args.size()) return usage_error(where, "--repeat needs a count");
-      const std::string_view n = args[++i];
-      auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), o.repeat);
-      if (ec != std::errc() || end != n.data() + n.size() || o.repeat == 0)
-        return usage_error(where,
-                           "--repeat takes a positive integer, not '" + std::string(n) + "'");
+      if (!count(i, o.repeat)) return rc;
+    } else if (a == "--max-pickle-bytes") {
+      if (!count(i, o.load.max_pickle_bytes)) return rc;
+    } else if (a == "--max-inflate-ratio") {
+      if (!count(i, o.load.max_inflate_ratio)) return rc;
     } else {
       return usage_error(where, "unknown option '" + std::string(a) + "'");
     }
@@ -248,7 +272,7 @@ int run_ls(Args args) {
   Options o;
   if (int rc = parse("ls", args, /*allow_json=*/true, /*allow_repeat=*/false, o); rc >= 0)
     return rc;
-  auto sd = StateDict::open(o.file);
+  auto sd = StateDict::open(o.file, o.load);
   if (!sd.ok()) {
     if (o.json) return refused_json(o, sd.status());
     print_refusal(stderr, sd.status());
@@ -261,7 +285,7 @@ int run_check(Args args) {
   Options o;
   if (int rc = parse("check", args, /*allow_json=*/false, /*allow_repeat=*/true, o); rc >= 0)
     return rc;
-  ptload::LoadOptions opts;
+  ptload::LoadOptions opts = o.load;
   opts.verify_checksums = true;
   const std::uint64_t opens = std::max<std::uint64_t>(o.repeat, 1);
   std::vector<double> seconds;
@@ -314,16 +338,20 @@ constexpr Command kPtCommands[] = {
      "Bytes are each view's numel x itemsize; 'storages' counts distinct data records, fewer\n"
      "than the tensors when views share one. --json prints the same as JSON (also the strides,\n"
      "storage offset, storage key, contiguity and requires_grad of each tensor).\n"
-     "Exit 0 listed, 1 the file was refused (reason and explanation on stderr), 2 usage error.",
+     "Exit 0 listed, 1 the file was refused (reason and explanation on stderr), 2 usage error,\n"
+     "3 out of memory.\n\nLimits on decompression (both take N > 0):\n" CRUCIBLE_PT_LIMIT_HELP,
      run_ls, nullptr},
     {"check", "FILE", "verify the file loads safely (CRC-32 checked); explain any refusal",
      "Prints 'OK' and a summary, exit 0; or the loader's refusal and what that class of\n"
-     "refusal means and what to do, exit 1. Exit 2 on usage errors (missing file, bad option).\n"
+     "refusal means and what to do, exit 1. Exit 2 on usage errors (missing file, bad option),\n"
+     "3 out of memory.\n"
      "--repeat N (for benchmarks): opens the file N times and prints each open's wall time\n"
-     "and a 'timing:' line with opens, file_bytes, median_s, min_s and seconds=.",
+     "and a 'timing:' line with opens, file_bytes, median_s, min_s and seconds=.\n"
+     "\nLimits on decompression (both take N > 0):\n" CRUCIBLE_PT_LIMIT_HELP,
      run_check, nullptr},
 };
 static_assert(std::size(kPtCommands) == 2, "misc/CLI.md documents every pt subcommand");
+#undef CRUCIBLE_PT_LIMIT_HELP
 
 }  // namespace
 

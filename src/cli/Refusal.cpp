@@ -80,6 +80,13 @@ constexpr RefusalClass kClasses[] = {
      "The zip directory that every torch.save file ends with is missing: the file is most likely "
      "truncated (an incomplete download or copy). Copy or download it again.",
      "", ""},
+    {"over the limit of", "decompression-bomb", "a record would inflate past the loader's limit",
+     "A zip record is, or inflates to, more than the loader allows before it allocates memory: "
+     "the pickle (data.pkl) past a size no state dict needs, or a deflated record past a "
+     "compression ratio real data does not reach. torch.save never compresses records, so this "
+     "is most likely a decompression bomb, a small file made to exhaust memory. If you trust the "
+     "file, raise the limit the message names (--max-pickle-bytes, --max-inflate-ratio).",
+     "", ""},
     {"pt zip:", "zip-structure", "the zip container is malformed",
      "The zip structure is broken or crafted (entries outside the file or overlapping, unsafe "
      "names such as '..' or absolute paths, encryption, impossible sizes). torch.save never "
@@ -142,7 +149,7 @@ constexpr RefusalClass kClasses[] = {
     {"", "other", "the file was refused",
      "The loader refused the file for the reason above; its message says what to do.", "", ""},
 };
-static_assert(std::size(kClasses) == 29, "each refusal class of the loader has a row");
+static_assert(std::size(kClasses) == 30, "each refusal class of the loader has a row");
 
 // Rows whose advice is "do not torch.load it": the file could run code.
 bool could_run_code(std::string_view id) {

@@ -1,7 +1,10 @@
 // crucible.cpp — the `crucible` command-line tool: main() and the table of top-level commands.
 //
 // Each command is one row here and one entry point in its own file (see Command.h); misc/CLI.md
-// describes the tool. Exit codes: 0 ok, 1 refused input, 2 usage error.
+// describes the tool. Exit codes: 0 ok, 1 refused input, 2 usage error, 3 out of memory.
+#include <cstdio>
+#include <exception>
+#include <new>
 #include <string_view>
 #include <vector>
 
@@ -32,7 +35,19 @@ static_assert(std::size(kTopLevel) == 3, "misc/CLI.md lists every top-level comm
 }  // namespace
 }  // namespace crucible::cli
 
+// No exception leaves main (an uncaught one aborts with a core dump and no useful message): a
+// file or trace that needs more memory than the process may have is reported and exits 3.
 int main(int argc, char** argv) {
-  const std::vector<std::string_view> args(argv + 1, argv + argc);
-  return crucible::cli::dispatch("crucible", crucible::cli::kTopLevel, args);
+  try {
+    const std::vector<std::string_view> args(argv + 1, argv + argc);
+    return crucible::cli::dispatch("crucible", crucible::cli::kTopLevel, args);
+  } catch (const std::bad_alloc&) {
+    std::fputs(
+        "crucible: out of memory (std::bad_alloc): the input needs more memory than this "
+        "process may use; free memory or raise the process's limit (ulimit -v)\n",
+        stderr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "crucible: unexpected error: %s\n", e.what());
+  }
+  return crucible::cli::kExitFailed;
 }
