@@ -61,7 +61,7 @@ def write_expected(name, obj):
             "sizes": list(t.shape), "strides": list(t.stride()),
             "offset": t.storage_offset(), "requires_grad": bool(t.requires_grad),
             "parameter": isinstance(t, torch.nn.Parameter), "f32": binpath,
-            "storage": t.storage().data_ptr(),
+            "storage": t.untyped_storage().data_ptr(),
         })
     with open(os.path.join(OUT, name + ".json"), "w") as f:
         json.dump({"tensors": rows}, f, indent=1)
@@ -116,11 +116,14 @@ def read_entries(path):
 
 def rewrite(src, dst, method=0, zip64=False, byteorder=None, swap=None):
     """Copies a torch.save file through zip_bytes; optionally byte-swaps storages (swap maps
-    record key -> itemsize) and adds a byteorder record."""
+    record key -> itemsize) and sets the byteorder record (replacing the one torch >= 1.13
+    writes)."""
     entries = []
     prefix = None
     for name, data in read_entries(src):
         prefix = prefix or name.split("/")[0]
+        if byteorder is not None and name == prefix + "/byteorder":
+            continue
         key = name.split("/data/")[-1] if "/data/" in name else None
         if swap is not None and key is not None and swap.get(key, 1) > 1:
             w = swap[key]
@@ -181,8 +184,52 @@ nested = {
 }
 nested_path = save_valid("nested", nested)
 
-rn = __import__("torchvision").models.resnet18()
+# resnet18's state dict (torchvision's names, shapes and order: 122 tensors, 44.6 MiB) from
+# plain torch.nn layers, so the fixtures need no torchvision. One training-mode forward gives
+# the batch norms' running statistics and counters values other than their initial 0 and 1.
+class BasicBlock(torch.nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet18(torch.nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(64)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+        widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
+        for i, (cin, cout, stride) in enumerate(widths, 1):
+            setattr(self, "layer%d" % i, torch.nn.Sequential(BasicBlock(cin, cout, stride),
+                                                             BasicBlock(cout, cout, 1)))
+        self.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+rn = ResNet18()
+with torch.no_grad():
+    rn.train()(torch.randn(2, 3, 64, 64))
 rn_sd = rn.state_dict()
+assert len(rn_sd) == 122 and sum(v.numel() * v.element_size() for v in rn_sd.values()) == 46796608
 torch.save(rn_sd, os.path.join(OUT, "resnet18.pt"))
 spot = ["conv1.weight", "layer3.1.bn2.running_var", "fc.weight", "fc.bias", "bn1.num_batches_tracked"]
 write_expected("resnet18_spot", collections.OrderedDict((k, rn_sd[k]) for k in spot))
@@ -190,6 +237,39 @@ with open(os.path.join(OUT, "resnet18_all.json"), "w") as f:
     json.dump({"tensors": [{"name": k, "dtype": str(v.dtype).replace("torch.", ""),
                             "sizes": list(v.shape), "sum": float(v.double().sum())}
                            for k, v in rn_sd.items()]}, f)
+
+# A training checkpoint as torch 2.x writes it: a model's state dict, Adam's (a 0-d float32
+# tensor `step` per parameter, exp_avg, exp_avg_sq; param_groups of floats, a tuple, bools, None
+# and the parameters' indices), SGD-with-momentum's, and plain values. The archive's records
+# besides data/ (.format_version, .storage_alignment, byteorder, .data/serialization_id in 2.x)
+# are listed for the test.
+torch.manual_seed(1)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                          torch.nn.Linear(36, 2))
+adam = torch.optim.Adam(net.parameters(), lr=0.01)
+sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+for opt in (adam, sgd):
+    opt.zero_grad()
+    net(torch.randn(2, 3, 5, 5)).square().sum().backward()
+    opt.step()
+checkpoint_path = save_valid("checkpoint", {"model": net.state_dict(), "adam": adam.state_dict(),
+                                            "sgd": sgd.state_dict(), "epoch": 3})
+with zipfile.ZipFile(checkpoint_path) as z:
+    records = sorted(n.split("/", 1)[1] for n in z.namelist() if "/data/" not in n)
+with open(os.path.join(OUT, "checkpoint_records.json"), "w") as f:
+    json.dump({"torch": torch.__version__, "records": records}, f)
+
+# Storages aligned to 4096 bytes instead of 64 (torch.utils.serialization.config, torch >= 2.5).
+try:
+    from torch.utils.serialization import config as serialization_config
+except ImportError:
+    serialization_config = None
+if serialization_config is not None and hasattr(serialization_config.save, "storage_alignment"):
+    serialization_config.save.storage_alignment = 4096
+    try:
+        save_valid("aligned4096", views)
+    finally:
+        serialization_config.save.storage_alignment = 64
 
 # Big-endian: the same tensors with every storage byte-swapped and a byteorder record "big".
 def itemsizes(path):

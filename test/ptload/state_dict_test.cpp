@@ -1,6 +1,7 @@
 // state_dict_test.cpp — loads files torch.save wrote and compares with PyTorch's own values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -156,6 +157,58 @@ TEST(StateDict, DeflatedZip64AndHandMadeArchives) {
   expect_matches_torch(open_ok("dtypes_deflate.pt"), "dtypes");
   expect_matches_torch(open_ok("views_zip64.pt"), "views");
   expect_matches_torch(open_ok("handmade.pt"), "handmade");
+}
+
+// A checkpoint as torch 2.x writes it: the archive's 2.x records are there (and ignored), the
+// optimizers' state dicts load with their tensor `step`s, buffers and param_groups.
+TEST(StateDict, Torch2CheckpointWithOptimizerStates) {
+  const auto records = test::manifest("checkpoint_records");
+  SCOPED_TRACE("written by torch " + records.value("torch", std::string("?")));
+  for (const char* r : {".format_version", ".storage_alignment", "byteorder",
+                        ".data/serialization_id", "data.pkl", "version"}) {
+    EXPECT_NE(std::find(records["records"].begin(), records["records"].end(), r),
+              records["records"].end())
+        << "torch >= 2.x writes the record " << r << "; the fixture should come from it";
+  }
+  const StateDict sd = open_ok("checkpoint.pt");
+  expect_matches_torch(sd, "checkpoint");
+  const PickleValue& r = sd.root();
+  EXPECT_EQ(r.get("epoch")->as_int(), 3);
+  const PickleValue& adam = *r.get("adam");
+  const TensorView* step = sd.find("adam.state.0.step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->ndim(), 0u);
+  EXPECT_EQ(step->dtype_name(), "float32");
+  EXPECT_EQ(step->materialize_f32(), std::vector<float>{1.0f});
+  EXPECT_EQ(adam.get("state")->entries().size(), 6u) << "int keys: one entry per parameter";
+  const PickleValue& group = adam.get("param_groups")->items()[0];
+  EXPECT_EQ(group.get("lr")->as_float(), 0.01);
+  const auto betas = group.get("betas")->items();
+  ASSERT_EQ(betas.size(), 2u);
+  EXPECT_EQ(betas[0].as_float(), 0.9);
+  EXPECT_EQ(betas[1].as_float(), 0.999);
+  EXPECT_EQ(group.get("eps")->as_float(), 1e-8);
+  EXPECT_FALSE(group.get("amsgrad")->as_bool());
+  EXPECT_TRUE(group.get("foreach")->is(K::None));
+  EXPECT_EQ(group.get("params")->repr(), "[0, 1, 2, 3, 4, 5]");
+  const PickleValue& sgd = *r.get("sgd")->get("param_groups")->items()[0].get("momentum");
+  EXPECT_EQ(sgd.as_float(), 0.9);
+  EXPECT_NE(sd.find("sgd.state.5.momentum_buffer"), nullptr);
+}
+
+// torch.utils.serialization.config.save.storage_alignment = 4096 (torch >= 2.5).
+TEST(StateDict, StoragesAlignedTo4096Bytes) {
+  if (test::read_file(fixture("aligned4096.pt")).empty())
+    GTEST_SKIP() << "the torch that made the fixtures has no storage_alignment setting";
+  auto bytes = std::make_shared<std::string>(test::read_file(fixture("aligned4096.pt")));
+  auto sd = StateDict::from_bytes(
+      std::as_bytes(std::span<const char>(bytes->data(), bytes->size())), bytes);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  expect_matches_torch(*sd, "aligned4096");
+  for (const auto& nt : sd->tensors()) {
+    const auto* p = reinterpret_cast<const char*>(nt.tensor.storage().bytes.data());
+    EXPECT_EQ((p - bytes->data()) % 4096, 0) << nt.name;
+  }
 }
 
 TEST(StateDict, MissingFileNamesThePath) {
