@@ -18,6 +18,7 @@
 #include <benchmark/benchmark.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -77,7 +78,7 @@ struct Mlp {
     at::Tensor h = at::relu(at::linear(x, w1, b1));
     at::Tensor loss = at::cross_entropy_loss(at::linear(h, w2, b2), y);
     loss.backward();
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < params.size(); ++i) {  // SGD, momentum 0.9, lr 0.01
       at::Tensor g = params[i]->grad();
       if (!momentum[i].defined()) momentum[i] = g.clone().detach();

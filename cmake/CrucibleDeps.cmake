@@ -101,5 +101,54 @@ if(CRUCIBLE_BUILD_BENCH)
   crucible_require(benchmark_FOUND "Google Benchmark" libbenchmark-dev)
 endif()
 
-# libtorch (libtorch-dev): optional for the torch-free stages, required for the PyTorch Vessel.
-find_package(Torch CONFIG QUIET)
+# PyTorch: optional for the torch-free stages, required for the PyTorch Vessel. Found from the
+# interpreter that runs it (CRUCIBLE_PYTHON, CrucibleOptions.cmake), never from a fixed path:
+# torch.utils.cmake_prefix_path holds its TorchConfig.cmake. What it reports is written into
+# crucible_build.json, and crucible_native refuses a torch other than the one built against.
+set(CRUCIBLE_TORCH_VERSION "")
+set(CRUCIBLE_TORCH_CUDA "")
+set(CRUCIBLE_TORCH_CXX11_ABI "")
+if(CRUCIBLE_PYTHON)
+  execute_process(
+    COMMAND ${CRUCIBLE_PYTHON} -c
+      "import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.version.cuda or '')"
+    RESULT_VARIABLE _torch_rc OUTPUT_VARIABLE _torch_out ERROR_VARIABLE _torch_err
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_torch_rc EQUAL 0)
+    string(REPLACE "\n" ";" _torch_out "${_torch_out}")
+    list(LENGTH _torch_out _n)
+    if(_n LESS 3)
+      message(FATAL_ERROR "${CRUCIBLE_PYTHON} printed an unexpected torch description: ${_torch_out}")
+    endif()
+    list(GET _torch_out 0 _torch_prefix)
+    list(GET _torch_out 1 CRUCIBLE_TORCH_VERSION)
+    list(GET _torch_out 2 CRUCIBLE_TORCH_CXX11_ABI)
+    if(_n GREATER 3)
+      list(GET _torch_out 3 CRUCIBLE_TORCH_CUDA)
+    endif()
+    if(CRUCIBLE_TORCH_VERSION VERSION_LESS 2.4)
+      message(FATAL_ERROR "${CRUCIBLE_PYTHON} has torch ${CRUCIBLE_TORCH_VERSION}; Crucible needs torch 2.4 or "
+                          "newer. Run utils/bin/setup (it makes .venv with torch 2.13.0), or point "
+                          "CRUCIBLE_PYTHON at another interpreter.")
+    endif()
+    if(NOT CRUCIBLE_TORCH_CXX11_ABI STREQUAL "1")
+      # Every stage links Debian's Abseil, built with the new std::string ABI, into the same
+      # library as torch: a torch built with the old ABI cannot share those objects.
+      message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) was built with the pre-C++11 "
+                          "std::string ABI (_GLIBCXX_USE_CXX11_ABI=0), which Debian's C++ libraries cannot "
+                          "link beside. Use a torch built with the C++11 ABI (every pip wheel from 2.7 on).")
+    endif()
+    list(PREPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+    message(STATUS "PyTorch ${CRUCIBLE_TORCH_VERSION} (CUDA: ${CRUCIBLE_TORCH_CUDA}) from ${CRUCIBLE_PYTHON}")
+  else()
+    message(WARNING "${CRUCIBLE_PYTHON} cannot import torch (${_torch_err}): the PyTorch Vessel is not built. "
+                    "Run utils/bin/setup, or point CRUCIBLE_PYTHON at an interpreter with torch 2.4 or newer.")
+  endif()
+endif()
+if(CRUCIBLE_TORCH_VERSION)
+  find_package(Torch CONFIG QUIET)
+  if(NOT Torch_FOUND)
+    message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} imports from ${CRUCIBLE_PYTHON}, but CMake cannot "
+                        "load its TorchConfig.cmake under ${_torch_prefix}")
+  endif()
+endif()

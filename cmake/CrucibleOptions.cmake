@@ -37,13 +37,15 @@ else()
 endif()
 add_compile_definitions(CRUCIBLE_CONTRACT_SEMANTIC=${_sem} CRUCIBLE_SANITIZER_NAME="${CRUCIBLE_SANITIZER}")
 
-# The interpreter that imports torch (Python tests and the extension). Override with
-# -DCRUCIBLE_PYTHON=... or the CRUCIBLE_PYTHON environment variable.
+# The interpreter that imports torch (Python tests and the extension): the project's .venv made
+# by utils/bin/setup. Override with -DCRUCIBLE_PYTHON=... or the CRUCIBLE_PYTHON environment variable.
 if(NOT CRUCIBLE_PYTHON)
   if(DEFINED ENV{CRUCIBLE_PYTHON})
     set(_py $ENV{CRUCIBLE_PYTHON})
+  elseif(EXISTS ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+    set(_py ${CMAKE_SOURCE_DIR}/.venv/bin/python)   # made by utils/bin/setup
   else()
-    set(_py /usr/bin/python3)
+    find_program(_py NAMES python3)
   endif()
   set(CRUCIBLE_PYTHON ${_py} CACHE FILEPATH "Python interpreter that imports torch")
 endif()

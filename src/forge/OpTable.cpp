@@ -286,6 +286,7 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::_log_softmax_backward_data", CKernel::Softmax),
     k("aten::_masked_softmax", CKernel::Softmax),
     k("aten::_masked_softmax_backward", CKernel::Softmax),
+    k("aten::_safe_softmax", CKernel::Softmax),   // softmax that gives 0 for a fully masked row
     k("aten::_softmax", CKernel::Softmax),
     k("aten::_softmax_backward_data", CKernel::Softmax),
     k("aten::log_softmax", CKernel::Softmax),
@@ -356,6 +357,8 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::contiguous", CKernel::DataMovement),
     k("aten::copy", CKernel::DataMovement),
     k("aten::copy_", CKernel::DataMovement),
+    k("aten::select_backward", CKernel::DataMovement),   // zeros, the gradient copied into one index
+    k("aten::slice_backward", CKernel::DataMovement),
     k("aten::expand_copy", CKernel::DataMovement),
     k("aten::flip", CKernel::DataMovement),
     k("aten::narrow_copy", CKernel::DataMovement),
@@ -561,7 +564,7 @@ constexpr OpTableEntry kByKind[] = {
 };
 
 // Rows in the table. A change here is a deliberate edit of the registry (see ckernel_test).
-constexpr std::size_t kOpCount = 472;
+constexpr std::size_t kOpCount = 475;
 static_assert(std::size(kByKind) == kOpCount, "update kOpCount with the rows you add or remove");
 
 constexpr bool by_name(const OpTableEntry& a, const OpTableEntry& b) { return a.name < b.name; }

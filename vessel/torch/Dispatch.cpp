@@ -97,7 +97,7 @@ DeviceKind device_kind_lookup(c10::DeviceType t) {
     case c10::DeviceType::IDEEP: return DeviceKind::IDEEP;
     case c10::DeviceType::HIP: return DeviceKind::HIP;
     case c10::DeviceType::FPGA: return DeviceKind::FPGA;
-    case c10::DeviceType::ORT: return DeviceKind::ORT;
+    case static_cast<c10::DeviceType>(8): return DeviceKind::ORT;  // ORT, named MAIA from 2.1
     case c10::DeviceType::XLA: return DeviceKind::XLA;
     case c10::DeviceType::Vulkan: return DeviceKind::Vulkan;
     case c10::DeviceType::Metal: return DeviceKind::Metal;

@@ -1,7 +1,13 @@
 """The four test models of the Vessel and pipeline tests, each with one training step."""
+import os
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "utils", "python"))
+import crucible_zoo  # noqa: E402  (torchvision's architectures without torchvision)
 
 
 class SmallCNN(nn.Module):
@@ -68,8 +74,7 @@ def make(name, seed=0, batch=None):
         return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
                      torch.randn(b, 3, 16, 16), torch.randint(0, 10, (b,)), F.cross_entropy)
     if name == "resnet18":
-        import torchvision
-        m = torchvision.models.resnet18(num_classes=10)
+        m = crucible_zoo.resnet18(num_classes=10)
         return Setup(name, m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
                      torch.randn(b, 3, 64, 64), torch.randint(0, 10, (b,)), F.cross_entropy)
     if name == "transformer":

@@ -51,7 +51,9 @@ def comparable(seq):
     # that return their input (no kernel runs, so the Python mode never sees them). In-place
     # names are compared as functional ones: under a Python mode, aten::linear takes its
     # "tensor subclass" path and uses add where eager uses add_.
-    return [(_functional(op[0]), op[1]) for op in seq
+    # _reshape_alias as view: reshape takes _reshape_alias unless a Python mode is active,
+    # where it takes view (torch 2.x); both return the same view of their input.
+    return [(_functional("aten::view" if op[0] == "aten::_reshape_alias" else op[0]), op[1]) for op in seq
             if op[0] != "aten::detach" and not op[0].startswith("aten::to.")
             and not op[0].startswith("profiler::")]
 
@@ -200,7 +202,7 @@ def test_reused_addresses_get_fresh_storage_ids(scheme):
     # memory from being handed out again.
     with open(os.path.join(crucible.build_dir(), "lib", "crucible_build.json")) as f:
         if "asan" not in json.load(f).get("sanitizer", "none"):
-            assert len(addresses) < 2000
+            assert len(addresses) < 0.9 * len(outs)   # a tenth of the results or more reuse an address
 
 
 def test_tagged_memory_is_aligned_and_views_share_its_id():
@@ -446,8 +448,13 @@ def test_a_module_path_too_deep_for_a_trace_file_is_refused_before_any_hook():
     with pytest.raises(crucible.CrucibleError, match="levels deep.*256 levels"):
         crucible.track_modules(m)
     assert not inner._forward_pre_hooks and not m._forward_pre_hooks, "no hook left behind"
-    with crucible.recording():
-        m(torch.randn(1, 2))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4000))   # torch 2.x: three frames per module call
+    try:
+        with crucible.recording():
+            m(torch.randn(1, 2))
+    finally:
+        sys.setrecursionlimit(limit)
     assert {o["module"] for o in crucible.trace().ops()} == {""}
     crucible.export(os.path.join(tempfile.mkdtemp(), "deep.crtrace"))  # exports as recorded
 
