@@ -12,9 +12,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace crucible::ptload;
   const auto bytes = std::as_bytes(std::span<const std::uint8_t>(data, size));
   if (auto zip = ZipArchive::parse(bytes); zip.ok()) {
+    // Each entry twice: unbounded, and under the limits StateDict applies to data.pkl.
+    InflateLimits limits;
+    limits.max_bytes = LoadOptions{}.max_pickle_bytes;
+    limits.max_ratio = LoadOptions{}.max_inflate_ratio;
     for (const ZipEntry& e : zip->entries()) {
       if (zip->find(e.name) != &e) __builtin_trap();  // names are unique and findable
-      (void)zip->extract(e);
+      const auto whole = zip->extract(e);
+      const auto bounded = zip->extract(e, limits);
+      if (bounded.ok() && (!whole.ok() || *whole != *bounded)) __builtin_trap();
     }
   }
   auto sd = StateDict::from_bytes(bytes, nullptr);
