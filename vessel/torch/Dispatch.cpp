@@ -63,6 +63,8 @@ struct SchemaInfo {
   bool is_mutable = false;
   bool composite_implicit = false;  // has a CompositeImplicitAutograd kernel
   bool lifts_constant = false;      // aten::lift_fresh: its input is data from Python
+  bool in_place = false;            // add_, silu_: the name ends in '_' (Note [Saved originals])
+  bool is_clone = false;            // aten::clone (Note [Saved originals])
   enum class Kind : std::uint8_t { Normal, ProfilerEnter, ProfilerExit } kind = Kind::Normal;
 };
 
@@ -80,6 +82,8 @@ const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
   si.is_mutable = schema.is_mutable();
   si.composite_implicit = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   si.lifts_constant = schema.name() == "aten::lift_fresh";
+  si.in_place = in_place_name(schema.name());
+  si.is_clone = schema.name() == "aten::clone";
   if (schema.name().rfind("profiler::_record_function_enter", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerEnter;
   else if (schema.name().rfind("profiler::_record_function_exit", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerExit;
   return cache.emplace(&schema, si).first->second;
@@ -258,18 +262,19 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit) {
 
 namespace {
 [[gnu::always_inline]] inline Frame* enter_now(ThreadState& ts, bool composite_implicit,
-                                               bool below_autograd) {
+                                               bool below_autograd, bool is_clone) {
   if (ts.depth == 0) {
     ts.outer_below_autograd = below_autograd;
   } else {
     Frame& parent = *ts.frames[ts.depth - 1];
-    // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded), or from a
-    // parent that is not a CompositeImplicitAutograd op (its nested calls are its kernel's own,
-    // e.g. the per-tensor loop of a foreach op that has no autograd formula).
-    const bool internal =
-        (below_autograd && !ts.outer_below_autograd) || !parent.composite_implicit;
-    if (internal) return nullptr;
-    parent.had_child = true;
+    // Called from inside a kernel below Autograd (ADInplaceOrView newly excluded): internals.
+    if (below_autograd && !ts.outer_below_autograd) return nullptr;
+    // Above Autograd, under a composite: part of its decomposition, recorded instead of it.
+    // Under any other parent (an in-place op that kept the key on): a clone is the copy of its
+    // input autograd saves, recorded beside it; anything else is the parent's own work (Note
+    // [Saved originals], Capture.h).
+    if (parent.composite_implicit) parent.had_child = true;
+    else if (!is_clone) return nullptr;
   }
   if (ts.frames.size() <= static_cast<std::size_t>(ts.depth)) [[unlikely]]
     add_frame(ts);
@@ -281,12 +286,12 @@ namespace {
 }
 }  // namespace
 
-Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd) {
-  return enter_now(ts, composite_implicit, below_autograd);
+Frame* enter_op(ThreadState& ts, bool composite_implicit, bool below_autograd, bool is_clone) {
+  return enter_now(ts, composite_implicit, below_autograd, is_clone);
 }
 
-Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd) {
-  Frame* f = enter_now(ts, /*composite_implicit=*/false, below_autograd);
+Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd, bool is_clone) {
+  Frame* f = enter_now(ts, /*composite_implicit=*/false, below_autograd, is_clone);
   if (f == nullptr) return nullptr;
   f->phase = phase_now(ts);
   f->flags = flags_now(ts, is_mutable);
@@ -394,7 +399,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     return;
   }
 
-  Frame* fp = enter_op(ts, si.composite_implicit);
+  const bool below_autograd =
+      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::ADInplaceOrView);
+  Frame* fp = enter_op(ts, si.composite_implicit, below_autograd, si.is_clone);
   if (fp == nullptr) {
     g_skip_internal.fetch_add(1, std::memory_order_relaxed);
     passthrough_excluding_key(op, after, stack);
@@ -412,10 +419,13 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 
   // A parent without a CompositeImplicitAutograd kernel has no decomposition to record: all
   // its nested calls are kernel internals, so run it with the key excluded and they never
-  // come back here (saves a boxed round trip, ~0.3 us, per internal call).
+  // come back here (saves a boxed round trip, ~0.3 us, per internal call). Except an in-place
+  // op under autograd: the copy of its input that autograd saves is recorded (Note [Saved
+  // originals], Capture.h).
   ++ts.depth;
   try {
-    if (si.composite_implicit) {
+    if (si.composite_implicit ||
+        (si.in_place && keeps_key_for_saved_originals(ts, below_autograd))) {
       op.redispatchBoxed(after, stack);
     } else {
       KeyExcluded guard;

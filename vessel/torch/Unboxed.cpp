@@ -224,10 +224,23 @@ struct Rec<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet after = after_key(ks);
     ThreadState& ts = thread_state();
+    if constexpr (in_place_name(Op::name)) {
+      const bool below = ts_below_autograd(ts);
+      if (keeps_key_for_saved_originals(ts, below)) [[unlikely]]
+        return call_keeping_key(ts, after, below, args...);
+    }
     const KeyExcluded guard(ts);  // nested calls are internals (see above)
     if (ts.capture != nullptr) [[unlikely]]
       return call_capturing(ts, after, guard.below_autograd(), args...);
     return record<false>(ts, after, guard.below_autograd(), args...);
+  }
+
+  // An in-place op under autograd: its nested calls come back to the key, and the copy of its
+  // input that autograd saves is recorded (Note [Saved originals], Capture.h).
+  [[gnu::noinline]] static Ret call_keeping_key(ThreadState& ts, c10::DispatchKeySet after,
+                                                bool below_autograd, Args... args) {
+    if (ts.capture != nullptr) return record<true>(ts, after, below_autograd, args...);
+    return record<false>(ts, after, below_autograd, args...);
   }
 
   // Under crucible.compile's capture the arguments and results are also boxed for it (Note
@@ -249,8 +262,11 @@ struct Rec<Op, Ret(Args...)> {
       return Op::redispatch(after, args...);
     };
     if (g_ablation == Ablation::KernelOnly) return unrecorded();
-    Frame* f = enter_recorded(ts, s.is_mutable, below_autograd);
-    if (f == nullptr) return Op::redispatch(after, args...);
+    Frame* f = enter_recorded(ts, s.is_mutable, below_autograd, std::string_view(Op::name) == "aten::clone");
+    if (f == nullptr) {  // internals (the key is excluded already, except after call_keeping_key)
+      const KeyExcluded guard(ts);
+      return Op::redispatch(after, args...);
+    }
     if (g_ablation == Ablation::EnterOnly) return unrecorded();
     const bool capture_args = g_ablation != Ablation::EntryOnly;
     const Phase phase = f->phase;
