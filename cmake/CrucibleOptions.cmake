@@ -40,7 +40,9 @@ add_compile_definitions(CRUCIBLE_CONTRACT_SEMANTIC=${_sem} CRUCIBLE_SANITIZER_NA
 # The interpreter that imports torch (Python tests and the extension): the project's .venv made
 # by utils/bin/setup. Override with -DCRUCIBLE_PYTHON=... or the CRUCIBLE_PYTHON environment variable.
 if(NOT CRUCIBLE_PYTHON)
-  if(DEFINED ENV{CRUCIBLE_PYTHON})
+  if(SKBUILD AND Python_EXECUTABLE)
+    set(_py ${Python_EXECUTABLE})   # pip install .: the interpreter pip runs for
+  elseif(DEFINED ENV{CRUCIBLE_PYTHON})
     set(_py $ENV{CRUCIBLE_PYTHON})
   elseif(EXISTS ${CMAKE_SOURCE_DIR}/.venv/bin/python)
     set(_py ${CMAKE_SOURCE_DIR}/.venv/bin/python)   # made by utils/bin/setup

@@ -32,8 +32,24 @@ using namespace crucible::record;
 
 namespace {
 
+// Errors reach Python as crucible_native's exception types, by kind (set_error_types): a call
+// valid but not now (the recorder already made, a forked child) as CrucibleStateError, a bad
+// argument as CrucibleValueError, the rest as CrucibleError.
+struct StateError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct ArgumentError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 void check(const Status& s) {
-  if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+  if (s.ok()) return;
+  switch (s.code()) {
+    case absl::StatusCode::kFailedPrecondition: throw StateError(std::string(s.message()));
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: throw ArgumentError(std::string(s.message()));
+    default: throw std::runtime_error(std::string(s.message()));
+  }
 }
 
 py::dict tensor_dict(const Trace& t, std::size_t idx) {
@@ -314,12 +330,14 @@ std::mutex g_pipeline_mu;
 graph::PlanOptions g_plan_options;
 std::atomic<pipeline::Pipeline*> g_pipeline{nullptr};
 
-// Thrown for what a forked child cannot do; Python sees it as crucible_native.CrucibleError
-// (the type set_error_type names), whichever binding threw it.
-struct ForkedChild : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// Thrown for what a forked child cannot do; Python sees it as crucible_native.CrucibleStateError,
+// whichever binding threw it.
+struct ForkedChild : StateError {
+  using StateError::StateError;
 };
-PyObject* g_error_type = nullptr;  // a strong reference, set once by crucible_native
+// crucible_native's CrucibleStateError and CrucibleValueError: strong references, set once.
+PyObject* g_state_error = nullptr;
+PyObject* g_value_error = nullptr;
 
 // The process's recorder, refused in a forked child (Note [Forked children], Dispatch.cpp):
 // its drain thread did not survive the fork, so a flush or a full ring would wait for ever.
@@ -366,13 +384,17 @@ PYBIND11_MODULE(_crucible_ext, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ForkedChild& e) {
-      PyErr_SetString(g_error_type != nullptr ? g_error_type : PyExc_RuntimeError, e.what());
+    } catch (const StateError& e) {
+      PyErr_SetString(g_state_error != nullptr ? g_state_error : PyExc_RuntimeError, e.what());
+    } catch (const ArgumentError& e) {
+      PyErr_SetString(g_value_error != nullptr ? g_value_error : PyExc_ValueError, e.what());
     }
   });
-  m.def("set_error_type", [](py::object type) {
-    if (g_error_type == nullptr) g_error_type = type.release().ptr();  // kept for the process
+  m.def("set_error_types", [](py::object state_error, py::object value_error) {
+    if (g_state_error == nullptr) g_state_error = state_error.release().ptr();  // kept for the process
+    if (g_value_error == nullptr) g_value_error = value_error.release().ptr();
   });
+  m.def("take_guard_failure", &vessel::take_guard_failure);
   m.def("forked_child", &vessel::forked_child);
   m.def("install", [](bool unboxed) { check(vessel::install(unboxed)); }, py::arg("unboxed") = true);
   m.def("install_key_floor", [] { check(vessel::install_key_floor()); });

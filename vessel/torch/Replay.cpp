@@ -722,6 +722,9 @@ thread_local std::unique_ptr<Capture> t_active;
 thread_local std::unique_ptr<Capture> t_stopped;
 thread_local bool t_key_was_on = false;
 
+// Set by run_op's guard: whether the thread's last plan run stopped at its guard (see run_op).
+thread_local bool t_guard_failed = false;
+
 std::shared_ptr<const Form> get_form(std::int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
@@ -811,16 +814,18 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
                 "); crucible.compile guards this and builds another plan");
   }
   // The run's guard on the persistent tensors and the parameters' .grad (see ExtSnap and
-  // GradPre). "crucible-guard:" tells crucible.compile to check the plan against a recorded
-  // call instead (nothing has run yet).
+  // GradPre). A failure sets the thread's guard-failure flag (take_guard_failure) before the
+  // error: crucible.compile then checks the plan against a recorded call instead (nothing has
+  // run yet).
   for (std::size_t e = 0; e < p->ext_snap.size(); ++e) {
     const Plan::ExtSnap& x = p->ext_snap[e];
     if (x.storage == nullptr) continue;
     const at::Tensor& t = p->run_exts[e];
-    TORCH_CHECK(t.storage().unsafeGetStorageImpl() == x.storage && t.storage_offset() == x.offset &&
-                    t.sizes() == c10::IntArrayRef(x.sizes) && t.scalar_type() == x.dtype &&
-                    t.requires_grad() == x.requires_grad,
-                "crucible-guard: a persistent tensor of the plan (", c10::toString(t.scalar_type()), dims(t.sizes()),
+    const bool same = t.storage().unsafeGetStorageImpl() == x.storage && t.storage_offset() == x.offset &&
+                      t.sizes() == c10::IntArrayRef(x.sizes) && t.scalar_type() == x.dtype &&
+                      t.requires_grad() == x.requires_grad;
+    t_guard_failed = !same;
+    TORCH_CHECK(same, "a persistent tensor of the plan (", c10::toString(t.scalar_type()), dims(t.sizes()),
                 ") changed in place: new data, shape, dtype or requires_grad");
   }
   for (const Form::GradPre& gp : f.grad_pre) {
@@ -828,7 +833,8 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     const bool ok = gp.state == Form::GradPre::None     ? !g.defined()
                     : gp.state == Form::GradPre::Unread ? g.defined()
                                                         : g.unsafeGetTensorImpl() == p->run_exts[gp.grad_ext].unsafeGetTensorImpl();
-    TORCH_CHECK(ok, "crucible-guard: a parameter's .grad is not what it was when the step was recorded ",
+    t_guard_failed = !ok;
+    TORCH_CHECK(ok, "a parameter's .grad is not what it was when the step was recorded ",
                 "(set to None, accumulated into, or replaced)");
   }
   TORCH_CHECK(scalars.size() == p->build_sources.size() || (p->patches.empty() && scalars.empty()),
@@ -943,6 +949,12 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
 }
 
 }  // namespace
+
+bool take_guard_failure() {
+  const bool failed = t_guard_failed;
+  t_guard_failed = false;
+  return failed;
+}
 
 void capture_start(bool capture_only) {
   if (t_active != nullptr) throw std::runtime_error("a crucible.compile capture is already active on this thread");

@@ -27,6 +27,11 @@ namespace crucible::vessel {
 // Starts capturing the calling thread's ops (turns recording on for the thread; with
 // capture_only the ops are not also written to the trace rings). Throws if a capture is
 // already active on this thread.
+// Whether the calling thread's last plan run raised because the plan's guard failed (a
+// persistent tensor or a .grad changed; nothing ran), and clears it. crucible.compile asks it
+// when a run raises, instead of reading the message.
+bool take_guard_failure();
+
 void capture_start(bool capture_only);
 // Stops capturing and restores the thread's recording state. The capture waits for
 // capture_finish (the crucible::capture_finish op, which receives the call's tensors).

@@ -107,7 +107,7 @@ print(it["root_hash"], it["arena_bytes"])
 def test_root_hash_is_the_same_in_two_processes(name):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(crucible.__file__), os.path.join(here, "..", "..", "record", "python")]))
+        [os.path.dirname(os.path.dirname(crucible.__file__)), os.path.join(here, "..", "..", "record", "python")]))
     outs = []
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", ROOT_SCRIPT.replace("NAME", repr(name))],
@@ -298,7 +298,7 @@ def test_the_pipeline_checks_every_plan_against_the_configured_budget(budget):
     runs from the plan. Only before the pipeline starts: later, the error says so."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(crucible.__file__), os.path.join(here, "..", "..", "record", "python")]))
+        [os.path.dirname(os.path.dirname(crucible.__file__)), os.path.join(here, "..", "..", "record", "python")]))
     r = subprocess.run([sys.executable, "-c", PIPELINE_BUDGET_SCRIPT, str(budget)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

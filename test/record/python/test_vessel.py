@@ -564,9 +564,9 @@ refused("memory_budget 18446744073709551616 is over", memory_budget=1 << 64)
 refused("plan_alignment 48 is not a power of two", plan_alignment=48)
 # Nothing is applied when one value is refused: the rings asked for with a bad budget are not set.
 refused("memory_budget", ring_entries=1 << 10, memory_budget=-1)
-assert crucible._ring_sizes == (1 << 16, 1 << 17, 1 << 16), crucible._ring_sizes
+assert crucible.recorder._ring_sizes == (1 << 16, 1 << 17, 1 << 16), crucible.recorder._ring_sizes
 crucible.configure(ring_entries=1 << 12)
-assert crucible._ring_sizes == (1 << 12, 1 << 17, 1 << 16), crucible._ring_sizes
+assert crucible.recorder._ring_sizes == (1 << 12, 1 << 17, 1 << 16), crucible.recorder._ring_sizes
 try:
     crucible.enable(drop_when_full="false")
     raise AssertionError("a string drop_when_full was accepted")
@@ -581,7 +581,7 @@ print("ok")
 
 def test_configure_checks_every_value_before_applying_any():
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(crucible.__file__)), here]))
     r = subprocess.run([sys.executable, "-c", CONFIGURE_SCRIPT], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
@@ -790,7 +790,7 @@ except crucible.CrucibleError as e:
 
 def test_drop_mode_counts_and_reports_every_dropped_op(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(crucible.__file__)), here]))
     r = subprocess.run([sys.executable, "-c", DROP_SCRIPT, str(tmp_path / "d.crtrace")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -845,7 +845,7 @@ def test_key_floor_kernels_record_nothing_and_change_nothing():
     # kernels, so the step computes exactly what eager does, and nothing is recorded; recording
     # in that process is refused with a reason.
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(crucible.__file__)), here]))
     r = subprocess.run([sys.executable, "-c", KEY_FLOOR_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -868,7 +868,7 @@ def test_ablation_switch_is_refused_by_a_build_without_it():
     # CRUCIBLE_VESSEL_ABLATE names a rung of the ablation benchmark (Note [Ablation build]); a
     # build without the switches would record in full and the benchmark would report a rung it
     # never ran, so recording is refused, saying how to get such a build.
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(crucible.__file__), CRUCIBLE_VESSEL_ABLATE="enter_only")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(crucible.__file__)), CRUCIBLE_VESSEL_ABLATE="enter_only")
     script = ("import crucible_native as c\n"
               "try:\n    c.enable()\nexcept RuntimeError as e:\n    print(e)\n"
               "print(c._ext.installed(), c._ext.ablation())\n")
@@ -884,7 +884,7 @@ def test_sanitizer_build_is_refused_with_instructions(tmp_path):
     lib.mkdir()
     (lib / "crucible_build.json").write_text('{"sanitizer": "asan-ubsan"}')
     env = dict(os.environ, CRUCIBLE_BUILD_DIR=str(tmp_path),
-               PYTHONPATH=os.path.dirname(crucible.__file__))
+               PYTHONPATH=os.path.dirname(os.path.dirname(crucible.__file__)))
     env.pop("LD_PRELOAD", None)
     r = subprocess.run([sys.executable, "-c", "import crucible_native"], env=env,
                        capture_output=True, text=True)
@@ -909,7 +909,7 @@ print(crucible._ext.unboxed_kernel_count())
 
 def test_unboxed_kernels_record_exactly_what_the_boxed_fallback_records(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(crucible.__file__), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(crucible.__file__)), here]))
     counts = {}
     for mode in ("0", "1"):
         r = subprocess.run([sys.executable, "-c", EQUIV_SCRIPT, str(tmp_path / f"{mode}.crtrace"), mode],

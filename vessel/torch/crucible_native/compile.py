@@ -1,0 +1,539 @@
+"""crucible.compile: capture a training step, build an ExecutionPlan, replay it from C++."""
+from __future__ import annotations
+
+import weakref
+
+from . import recorder as _recording
+from ._args import _nonnegative_int
+from ._compile_stats import COUNTERS as _COUNTERS, live_steps as _live_steps, retire_stats as _retire_stats
+from ._errors import CrucibleError, CrucibleTypeError, CrucibleValueError, CrucibleWarning
+from ._native import ext as _ext
+from .optimizer_sources import ScalarSources as _ScalarSources
+
+_MISSING = object()
+_PLAIN = (bool, int, float, str, type(None), tuple)
+
+_ONE_TENSOR = ("t",)
+_MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
+_MAX_ATTEMPTS = 3      # pairs of recorded calls that disagree before a signature runs eagerly
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _flatten_out(obj, flat):
+    """Output structure of the step: tensors, None, and tuples/lists/dicts of them."""
+    import torch
+    if obj is None:
+        return ("n",)
+    if isinstance(obj, torch.Tensor):
+        flat.append(obj)
+        return _ONE_TENSOR
+    if isinstance(obj, (tuple, list)):
+        return ("l" if isinstance(obj, list) else "u", tuple(_flatten_out(o, flat) for o in obj))
+    if isinstance(obj, dict):
+        keys = tuple(obj)
+        return ("d", keys, tuple(_flatten_out(obj[k], flat) for k in keys))
+    raise _Unsupported(
+        f"the step returns a {type(obj).__name__}; a compiled step returns tensors (or tuples, lists "
+        f"and dicts of them). Return the tensor and call .item() outside the step")
+
+
+def _unflatten_out(spec, it):
+    kind = spec[0]
+    if kind == "n":
+        return None
+    if kind == "t":
+        return next(it)
+    if kind in ("l", "u"):
+        items = [_unflatten_out(s, it) for s in spec[1]]
+        return items if kind == "l" else tuple(items)
+    return {k: _unflatten_out(s, it) for k, s in zip(spec[1], spec[2])}
+
+
+def _guards_nothing():
+    """A function that uses no module or optimizer (_discover_state of a guard entry alone)."""
+
+
+def _discover_state(fn, extra):
+    """Modules and optimizers the step uses: bound self, closure cells, globals it names, and
+    one level of attributes of those (a trainer object holding model and optimizer)."""
+    import torch
+    found, seen = [], set()
+
+    def add(o, depth):
+        if o is None or id(o) in seen:
+            return
+        seen.add(id(o))
+        if isinstance(o, (torch.nn.Module, torch.optim.Optimizer)):
+            found.append(o)
+        elif depth > 0 and hasattr(o, "__dict__") and not isinstance(o, type) and not callable(o):
+            for v in list(vars(o).values()):
+                add(v, depth - 1)
+        elif depth > 0 and isinstance(o, (list, tuple)):
+            for v in o:
+                add(v, depth - 1)
+
+    for o in extra:
+        add(o, 1)
+    f = getattr(fn, "__func__", fn)
+    add(getattr(fn, "__self__", None), 1)
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            add(cell.cell_contents, 1)
+        except ValueError:  # empty cell
+            pass
+    code, g = getattr(f, "__code__", None), getattr(f, "__globals__", {})
+    for name in (code.co_names if code is not None else ()):
+        add(g.get(name), 1)
+    return found
+
+
+class _StateGuard:
+    """Identity of every parameter, buffer and optimizer state tensor, and the value of every
+    training flag and optimizer hyperparameter, as of one moment. ok() is the per-call check
+    (in C++: _ext.StateGuard walks the dicts without hashing their keys): a replaced
+    parameter, a loaded optimizer state, train()/eval() or a new learning rate fail it.
+    Hyperparameters in `lifted` (taken over by the plan as patch points) are not checked."""
+
+    IDENT, EQUAL, IGNORE = 0, 1, 2
+
+    def __init__(self, objs, lifted=None):
+        import torch
+        lifted = lifted or {}   # id(param group) -> hyperparameter names that are patch points now
+        keys, dicts, lists, hyper = [], [], [], []
+        I, E, X = self.IDENT, self.EQUAL, self.IGNORE
+
+        def snap(d, mode_of):
+            dicts.append((d, [(k, v, mode_of(k, v)) for k, v in d.items()]))
+
+        for o in objs:
+            if isinstance(o, torch.nn.Module):
+                for m in o.modules():
+                    snap(m._parameters, lambda k, v: I)
+                    snap(m._buffers, lambda k, v: I)
+                    keys.append((m.__dict__, "training", m.training, E))
+                    # plain settings a forward reads (dropout p, batchnorm momentum and eps)
+                    for k, v in vars(m).items():
+                        if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN):
+                            keys.append((m.__dict__, k, v, E))
+            else:
+                keys.append((o.__dict__, "state", o.state, I))
+                keys.append((o.__dict__, "param_groups", o.param_groups, I))
+                lists.append((o.param_groups, list(o.param_groups)))
+                for g in o.param_groups:
+                    skip = lifted.get(id(g), ())
+                    lists.append((g["params"], list(g["params"])))
+                    snap(g, lambda k, v, skip=skip: I if k == "params" else (X if k in skip else E))
+                    hyper.extend((g, k, v) for k, v in g.items() if k != "params" and k not in skip)
+                snap(o.state, lambda k, v: I)
+                for st in o.state.values():
+                    snap(st, lambda k, v: I if isinstance(v, torch.Tensor) else E)
+        self._hyper = hyper
+        self._native = _ext.StateGuard(keys, dicts, lists)
+        self.ok = self._native.ok
+
+
+class _Entry:
+    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts")
+
+    def __init__(self):
+        self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
+        self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
+        self.patched = False   # the plan has patch points: each run needs the sources' values
+        self.attempts = 0      # plan builds that failed: two recorded calls disagreed
+
+
+class CompiledStep:
+    """A training step compiled by crucible.compile. Call it like the function it wraps.
+
+    Per call signature (the tensor arguments' shapes, strides, dtypes, devices and
+    requires_grad; the other arguments' values): the first `warmup` calls run eagerly (the
+    first step creates gradients and optimizer state), the next two are recorded, and when
+    they agree an ExecutionPlan is built. Later calls run the plan in one C++ call: forward,
+    backward and optimizer, no Python and no autograd per op. Parameters, buffers, gradients
+    and optimizer state are the real tensors, updated in place; .grad fields are set as
+    eager would set them. Each call checks the modules and optimizers the step uses (found
+    from the function: bound self, closure, globals; or passed as guard=): a replaced
+    parameter, a loaded optimizer state, train()/eval() or a changed hyperparameter makes
+    the step record again. Intermediates live in one static arena per plan, planned from the
+    plan's first run (arena=False: PyTorch's allocator throughout). verify_every=N re-records every N-th plan call eagerly and compares;
+    a divergence returns the eager result and retires the plan. A step whose two recordings
+    differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
+    CrucibleWarning says which op and argument."""
+
+    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
+        if not callable(fn):
+            raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
+        verify_every = _nonnegative_int("compile", "verify_every", verify_every)
+        warmup = _nonnegative_int("compile", "warmup", warmup)
+        if not isinstance(arena, bool):
+            raise CrucibleTypeError(f"crucible.compile: arena must be True or False, got {type(arena).__name__}")
+        import torch
+        if isinstance(guard, (torch.nn.Module, torch.optim.Optimizer)):
+            guard = (guard,)
+        try:
+            guard = tuple(guard)
+        except TypeError:
+            raise CrucibleTypeError(f"crucible.compile: guard must be a module, an optimizer, or a sequence of "
+                                f"them (or of objects holding them), got {type(guard).__name__}") from None
+        for g in guard:  # each must hold something to guard, or it would be ignored without a word
+            if not _discover_state(_guards_nothing, (g,)):
+                raise CrucibleTypeError(f"crucible.compile: guard entry of type {type(g).__name__} is no module or "
+                                    f"optimizer and holds none as an attribute: pass the modules and "
+                                    f"optimizers the step uses")
+        try:
+            _ext.install(_recording.unboxed_kernels())
+        except CrucibleError:
+            raise
+        except RuntimeError as e:
+            raise CrucibleError(str(e)) from None
+        self._fn, self._verify_every, self._warmup = fn, verify_every, warmup
+        self._arena = arena
+        self._guard_extra = guard
+        self._guard_objs = _discover_state(fn, self._guard_extra)
+        self._sources = _ScalarSources(self._guard_objs)
+        self._param_list = self._params()
+        self._nothing_guarded_warned = False
+        self._entries = {}
+        self._run = torch.ops.crucible.run
+        self._finish = torch.ops.crucible.capture_finish
+        self._note_grads = torch.ops.crucible.note_grads
+        self._tensor = torch.Tensor
+        self._stats = {k: 0 for k in _COUNTERS}
+        self._has_sources = bool(self._sources)
+        _live_steps.add(self)
+        weakref.finalize(self, _retire_stats, self._stats)
+        self._overflow_warned = False
+        self._recording_warned = False
+        self._unhashable_warned = False
+        self._warm = False        # the warm-up call has run (gradients and optimizer state exist)
+        self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
+        self.last_refusal = None    # why the last refused signature runs eagerly
+        self.last_divergence = None
+        self.__wrapped__ = fn
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _count(self, k, n=1):
+        self._stats[k] += n
+
+    def stats(self) -> dict:
+        """calls, plan_runs, eager_calls, captures, plans_built; guard_misses (a call signature
+        without a plan yet); guard_failures (the modules' or optimizers' state changed), each
+        ending in a plan_update (the plan kept: hyper_learned, a hyperparameter taken over as
+        patch points; rebinds, new persistent tensors bound) or a replan (the plan dropped,
+        the step records again); verifications, divergences, refusals; plus plans (live plans)
+        and guarded (the modules and optimizers found)."""
+        d = dict(self._stats)
+        d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
+        d["guarded"] = [type(o).__name__ for o in self._guard_objs]
+        return d
+
+    def plans(self) -> list:
+        """plan_info() of every live plan: kernel calls, slots, externals, hash, build time."""
+        return [_ext.plan_info(e.plan) for e in self._entries.values() if e.plan is not None]
+
+    def reset(self) -> None:
+        """Forgets every plan and refusal; the next calls record again."""
+        for e in self._entries.values():
+            self._drop(e)
+        self._entries.clear()
+
+    def _drop(self, e):
+        for f in e.forms:
+            _ext.form_release(f)
+        e.forms, e.srcs = [], []
+        if e.plan is not None:
+            _ext.plan_release(e.plan)
+        e.plan, e.seen, e.guard, e.lifted, e.patched = None, 0, None, {}, False
+
+    def _refuse(self, e, why):
+        import warnings
+        self._drop(e)
+        e.refused = why
+        self.last_refusal = why
+        self._count("refusals")
+        warnings.warn(f"crucible.compile: {why}", CrucibleWarning, stacklevel=3)
+
+    # -- a call ------------------------------------------------------------------------
+    def _signature(self, args, kwargs):
+        """The call's guard key and its tensors, in order (tensors inside tuples, lists and
+        dicts included: they are patch points too, never part of the key)."""
+        T = self._tensor
+        key, tensors = [len(args)], []
+        for a in args:
+            if isinstance(a, T):
+                tensors.append(a)
+                key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+            else:
+                self._nested_key(a, key, tensors)
+        for k in sorted(kwargs):
+            key.append(k)
+            self._nested_key(kwargs[k], key, tensors)
+        # Which parameters have a .grad as the call begins: backward stores a new gradient
+        # into an empty .grad and accumulates into an existing one (other ops), so a loop that
+        # clears gradients every few steps gets a plan for each case.
+        key.append(_ext.grads_none_mask(self._param_list))
+        return tuple(key), tensors
+
+    def _unhashable_leaf(self, a) -> str:
+        """The type name of the first non-tensor leaf of `a` (walked as _nested_key walks it)
+        that cannot be hashed."""
+        if isinstance(a, self._tensor):
+            return ""
+        if isinstance(a, (tuple, list)):
+            return next((n for n in map(self._unhashable_leaf, a) if n), "")
+        if isinstance(a, dict):
+            return next((n for n in map(self._unhashable_leaf, a.values()) if n), "")
+        try:
+            hash(a)
+        except TypeError:
+            return type(a).__name__
+        return ""
+
+    def _nested_key(self, a, key, tensors):
+        if isinstance(a, self._tensor):
+            tensors.append(a)
+            key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+        elif isinstance(a, (tuple, list)):
+            key.append((type(a), len(a)))
+            for x in a:
+                self._nested_key(x, key, tensors)
+        elif isinstance(a, dict):
+            key.append((dict, tuple(a)))
+            for x in a.values():
+                self._nested_key(x, key, tensors)
+        else:
+            key.append((type(a), a))   # by value: a different value is another plan
+
+    def __call__(self, *args, **kwargs):
+        st = self._stats
+        st["calls"] += 1
+        if _ext.is_enabled():
+            # A plan runs outside the recording (its ops would be missing from the trace):
+            # while this thread records, the step runs eagerly, every op recorded.
+            if not self._recording_warned:
+                import warnings
+                self._recording_warned = True
+                warnings.warn("crucible.compile: the step runs eagerly while this thread records "
+                              "(crucible.enable() / recording()), so that its ops are recorded; plans run "
+                              "again once recording is off", CrucibleWarning, stacklevel=2)
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        try:
+            key, tensors = self._signature(args, kwargs)
+            e = self._entries.get(key)
+        except TypeError:  # an unhashable non-tensor argument: nothing to guard on
+            if not self._unhashable_warned:
+                import warnings
+                self._unhashable_warned = True
+                bad = self._unhashable_leaf(list(args) + list(kwargs.values()))
+                self.last_refusal = (f"a non-tensor argument of type {bad} cannot be hashed, so a call "
+                                     f"cannot be matched to a plan")
+                warnings.warn(f"crucible.compile: {self.last_refusal}; every such call runs eagerly. Pass "
+                              f"tensors, or hashable values (numbers, strings, tuples, frozen dataclasses)",
+                              CrucibleWarning, stacklevel=2)
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        if e is None:
+            if key[:-1] not in self._argkeys:
+                if self._argkeys:
+                    self._count("guard_misses")
+                self._argkeys.add(key[:-1])
+            if len(self._entries) >= _MAX_SIGNATURES:
+                if not self._overflow_warned:
+                    import warnings
+                    self._overflow_warned = True
+                    warnings.warn(
+                        f"crucible.compile: {len(self._entries)} different call signatures so far "
+                        f"(shapes, dtypes, or the values of non-tensor arguments such as a step "
+                        f"counter); calls with new ones run eagerly. Pass changing numbers as "
+                        f"tensors, or keep them out of the step's arguments.", CrucibleWarning, stacklevel=2)
+                self._count("eager_calls")
+                return self._fn(*args, **kwargs)
+            e = self._entries[key] = _Entry()
+            if self._warm:   # the first call made the step's state: later signatures record at once
+                e.seen = self._warmup
+        if e.plan is not None:
+            if not e.guard.ok():
+                st["guard_failures"] += 1
+                return self._update(e, args, kwargs, tensors)
+            else:
+                if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
+                    return self._verify(e, args, kwargs, tensors)
+                vals = [v for _, _, v, _ in self._sources.values(True)] if e.patched else []
+                try:
+                    outs = self._run(e.plan, tensors, vals)
+                except RuntimeError:
+                    if not _ext.take_guard_failure():
+                        raise
+                    st["guard_failures"] += 1   # checked before anything ran
+                    return self._update(e, args, kwargs, tensors)
+                st["plan_runs"] += 1
+                return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
+        if e.refused is not None:
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
+        e.seen += 1
+        if e.seen <= self._warmup:
+            self._count("eager_calls")
+            result = self._fn(*args, **kwargs)
+            self._warm = True
+            return result
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        if e.forms and spec != e.spec:
+            _ext.form_release(form)
+            self._refuse(e, "the step returned a different structure in two calls")
+            return result
+        e.spec = spec
+        e.forms.append(form)
+        e.srcs.append(self._sources.values(False) if self._sources else [])
+        if len(e.forms) == 2:
+            try:
+                e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
+            except RuntimeError as err:
+                e.attempts += 1
+                if e.attempts >= _MAX_ATTEMPTS:
+                    self._refuse(e, str(err))
+                else:   # maybe a one-off (state that changed between the two calls): try the next pair
+                    _ext.form_release(e.forms.pop(0))
+                    e.srcs.pop(0)
+                return result
+            for f in e.forms:
+                _ext.form_release(f)
+            e.forms, e.srcs = [], []
+            if not self._arena:
+                _ext.plan_set_arena(e.plan, False)
+            info = _ext.plan_info(e.plan)
+            e.patched = info["patches"] > 0
+            if not self._guard_objs and not self._nothing_guarded_warned:
+                import warnings
+                self._nothing_guarded_warned = True
+                warnings.warn(
+                    "crucible.compile found no torch.nn.Module or optimizer in the step (its bound "
+                    "self, closure, the globals it names, one attribute deep): a replaced parameter, "
+                    "a loaded optimizer state, train()/eval() or a new learning rate will not be "
+                    "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
+                    CrucibleWarning, stacklevel=2)
+            e.guard = _StateGuard(self._guard_objs, e.lifted)
+            self._count("plans_built")
+            if info["value_reads"] and not self._verify_every:
+                import warnings
+                warnings.warn(
+                    f"crucible.compile: the step reads tensor values into Python "
+                    f"({', '.join(info['value_reads'][:3])}: .item(), bool(), float()). The plan "
+                    f"replays the path those values took in the recorded calls; a branch on them is "
+                    f"caught only by verification: pass verify_every=N.", CrucibleWarning, stacklevel=2)
+        return result
+
+    def _params(self):
+        import torch
+        ps = []
+        for o in self._guard_objs:
+            if isinstance(o, torch.nn.Module):
+                ps.extend(o.parameters())
+            else:
+                for g in o.param_groups:
+                    ps.extend(g["params"])
+        return ps
+
+    def _rediscover(self):
+        """Modules and optimizers again (a global assigned after compile(), a new optimizer)."""
+        objs = _discover_state(self._fn, self._guard_extra)
+        if [id(o) for o in objs] != [id(o) for o in self._guard_objs]:
+            self._guard_objs = objs
+            self._sources = _ScalarSources(objs)
+            self._has_sources = bool(self._sources)
+            self._param_list = self._params()
+
+    def _capture(self, e, args, kwargs, tensors):
+        """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec)."""
+        if not e.forms:
+            self._rediscover()
+        self._count("captures")
+        self._count("eager_calls")
+        self._note_grads(self._params())
+        try:
+            _ext.capture_start(not _recording.is_enabled())
+        except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded
+            self._refuse(e, str(err))
+            return self._fn(*args, **kwargs), None, None
+        try:
+            result = self._fn(*args, **kwargs)
+        except BaseException:
+            _ext.capture_discard()
+            raise
+        _ext.capture_stop()
+        flat = []
+        try:
+            spec = _flatten_out(result, flat)
+        except _Unsupported as err:
+            _ext.capture_discard()
+            self._refuse(e, str(err))
+            return result, None, None
+        try:
+            form = self._finish(tensors, flat)
+        except RuntimeError as err:
+            self._refuse(e, str(err).split("\nException raised from")[0])
+            return result, None, None
+        return result, form, spec
+
+    def _update(self, e, args, kwargs, tensors):
+        """The guard saw the step's state change. This call runs eagerly and is recorded, and
+        the plan is checked against it: scalars that moved because a hyperparameter changed
+        (a scheduler's learning rate) and are fed by a source become patch points, and that
+        hyperparameter is no longer guarded, so later changes cost nothing; persistent tensors
+        that are new objects of the same kind (a loaded optimizer state, a replaced parameter)
+        are bound instead. Anything else drops the plan, and the step records again."""
+        changed = [(d, k) for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v]
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        srcs = self._sources.values(False) if self._has_sources else []
+        if spec == e.spec:
+            why, added, rebound = _ext.plan_update(e.plan, form, srcs)
+        else:
+            why, added, rebound = "the step returned a different structure", 0, 0
+        _ext.form_release(form)
+        if why:
+            self._count("replans")
+            self._drop(e)
+            return result
+        for d, k in changed:   # that group's value now comes from the sources at every run
+            e.lifted.setdefault(id(d), set()).add(k)
+        e.patched = _ext.plan_info(e.plan)["patches"] > 0
+        e.guard = _StateGuard(self._guard_objs, e.lifted)
+        self._count("plan_updates")
+        if changed:
+            self._count("hyper_learned")
+        if rebound:
+            self._count("rebinds")
+        return result
+
+    def _verify(self, e, args, kwargs, tensors):
+        import warnings
+        self._count("verifications")
+        result, form, spec = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        srcs = self._sources.values(False) if self._sources else []
+        why = _ext.plan_check(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
+        _ext.form_release(form)
+        if why:
+            self._count("divergences")
+            self.last_divergence = why
+            self._drop(e)
+            warnings.warn(f"crucible.compile: verification found the step diverged from its plan: {why} "
+                          f"The plan is retired; this call's result is eager.", CrucibleWarning, stacklevel=2)
+        return result
+
+
+def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
+    """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
+    with or without arguments."""
+    if fn is None:
+        return lambda f: CompiledStep(f, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)
+    return CompiledStep(fn, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)
