@@ -783,3 +783,21 @@ def test_torch2_optimizer_implementations_replay_bit_identically_or_refuse_with_
     else:
         # warm-up and two recorded calls, then the plan (every 2nd plan call verified)
         assert st["refusals"] == 0 and st["plan_runs"] >= 4 and st["plans_built"] == 1
+
+
+def test_a_step_off_the_cpu_is_refused_and_runs_eagerly():
+    # A step whose tensors live on another device (meta here; CUDA on a GPU machine: its
+    # backward runs on autograd's device threads, which the capture does not follow) runs
+    # eagerly, with the reason said, never a partial plan.
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("meta")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    step = crucible.compile(train_step(m, opt))
+    x, y = torch.randn(8, 16, device="meta"), torch.randint(0, 4, (8,), device="meta")
+    with pytest.warns(crucible.CrucibleWarning, match="replays CPU steps only"):
+        for _ in range(5):
+            loss = step(x, y)
+    assert loss.device.type == "meta"
+    st = step.stats()
+    assert st["plan_runs"] == 0 and st["refusals"] == 1 and st["eager_calls"] == 5
+    assert "tensor on meta" in step.last_refusal

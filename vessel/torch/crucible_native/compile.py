@@ -455,7 +455,18 @@ class CompiledStep:
             self._rediscover()
         self._count("captures")
         self._count("eager_calls")
-        self._note_grads(self._params())
+        params = self._params()
+        off_cpu = next((t for t in list(tensors) + params if t.device.type != "cpu"), None)
+        if off_cpu is not None:
+            # The capture is the calling thread's, and autograd runs the backward of a CUDA (or
+            # other accelerator) step on its own device threads: a plan would miss those ops.
+            self._refuse(e, f"the step uses a tensor on {off_cpu.device} ({tuple(off_cpu.shape)}, "
+                            f"{off_cpu.dtype}); crucible.compile replays CPU steps only, since its capture "
+                            f"does not follow autograd onto the device threads that run a "
+                            f"{off_cpu.device.type.upper()} backward. The step runs eagerly (recording "
+                            f"with crucible.enable() works on any device)")
+            return self._fn(*args, **kwargs), None, None
+        self._note_grads(params)
         try:
             _ext.capture_start(not _recording.is_enabled())
         except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded

@@ -1,0 +1,74 @@
+"""The Vessel on CUDA: recording follows a step onto autograd's device threads, and
+crucible.compile refuses a CUDA step openly. Skipped where torch sees no GPU (utils/bin/
+device-check runs it on a GPU machine)."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import crucible_native as crucible
+import models
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def cuda_setup(name):
+    s = models.make(name)
+    s.model.cuda()
+    s.x, s.y = s.x.cuda(), s.y.cuda()
+    # the optimizer was made over the same Parameter objects, now holding CUDA data
+    return s
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
+def test_cuda_steps_record_forward_backward_and_optimizer_with_their_device(name):
+    s = cuda_setup(name)
+    s.step()   # state created
+    torch.cuda.synchronize()
+    counts = models.record(s, 2)
+    torch.cuda.synchronize()
+    crucible.flush()
+    trace = crucible.trace()
+    ops = trace.ops()
+    assert counts[0] > 0 and len(ops) >= sum(counts)
+    phases = {o["phase"] for o in ops}
+    assert {"forward", "backward", "optimizer"} <= phases, phases
+    devices = {t["device"] for o in ops for t in o["outputs"] if t["has_storage"]}
+    assert "cuda" in devices, devices
+    st = crucible.stats()
+    # autograd ran the CUDA backward on its device thread: that thread recorded it
+    recording_threads = [t for t in st["threads"] if t["forward"] + t["backward"] + t["optimizer"] > 0]
+    assert sum(t["backward"] for t in recording_threads) == st["ops"]["backward"] > 0
+    assert st["dropped"] == 0
+
+
+def test_compile_refuses_a_cuda_step_and_gives_eager_results():
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", crucible.CrucibleWarning)
+            for _ in range(6):
+                x, y = torch.randn(8, 16, generator=g).cuda(), torch.randint(0, 4, (8,), generator=g).cuda()
+                losses.append(step(x, y).detach().cpu())
+        res.append(losses)
+        if compiled:
+            assert step.stats()["plan_runs"] == 0 and step.stats()["refusals"] == 1
+            assert "replays CPU steps only" in step.last_refusal
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
