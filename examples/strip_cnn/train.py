@@ -10,7 +10,7 @@ Writes (into --out):
   strip_cnn.pt   torch.save(model.state_dict())           -- what the C++ program loads
   heldout.pt     {'image', 'pose', 'labels', 'logits'}     -- a held-out set and PyTorch's
                                                                eval-mode logits on it
-Run with the interpreter that has torch (Debian: /usr/bin/python3).
+Run with the interpreter that has torch (the project venv: .venv/bin/python).
 """
 import argparse
 import os

@@ -2,7 +2,7 @@
 then compile a training step and replay it from C++, bit-identical to eager.
 
 Run through utils/bin/demo (which installs and builds everything first), or directly:
-    PYTHONPATH=vessel/torch /usr/bin/python3 vessel/torch/examples/demo.py
+    PYTHONPATH=vessel/torch .venv/bin/python vessel/torch/examples/demo.py
 """
 import collections
 import os
@@ -14,8 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..", "..", "utils", "python")]
 import crucible_native as crucible  # noqa: E402
+import crucible_zoo  # noqa: E402  (torchvision's resnet18, defined without torchvision)
 
 
 def banner(text):
@@ -35,9 +37,8 @@ def main():
     print(f"Crucible demo — torch {torch.__version__}, native build {crucible.build_dir()}, "
           f"dispatch key {crucible._ext.dispatch_key()}")
 
-    banner("1. Record three training steps of torchvision resnet18 (SGD + momentum)")
-    import torchvision
-    model = torchvision.models.resnet18(num_classes=10)
+    banner("1. Record three training steps of resnet18 (SGD + momentum)")
+    model = crucible_zoo.resnet18(num_classes=10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
     crucible.track_modules(model)
