@@ -1,8 +1,9 @@
 // PtCommand.cpp — `crucible pt ls|check FILE`: a .pt file's tensors, and whether it loads.
 //
 // Both open the file with crucible::ptload::StateDict (no torch, no code execution; CRC-32 of
-// every record verified). A refusal prints the loader's message plus its class explained
-// (Refusal.h) and exits 1; a missing or unreadable file is a usage error, exit 2.
+// every record verified, unless --allow-zero-crc admits an archive that has none). A refusal
+// prints the loader's message plus its class explained (Refusal.h) and exits 1; a missing or
+// unreadable file is a usage error, exit 2.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,19 +35,23 @@ constexpr std::string_view kPath = "crucible pt";
 struct Options {
   bool json = false;
   std::uint64_t repeat = 0;  // check --repeat N: time N opens
-  ptload::LoadOptions load;  // --max-pickle-bytes N, --max-inflate-ratio N
+  ptload::LoadOptions load;  // the limits below, and --allow-zero-crc
   std::string file;
 };
 
-// The decompression-bomb limits both commands take (help text of ls and check).
-#define CRUCIBLE_PT_LIMIT_HELP                                                                  \
-  "--max-pickle-bytes N    refuse a data.pkl over N bytes uncompressed (default 67108864)\n"    \
-  "--max-inflate-ratio N   refuse a deflated record over 1 MiB that inflates more than N:1\n"  \
-  "                        (default 100; torch.save never compresses)\n"
+// The limits and the checksum option both commands take (help text of ls and check).
+#define CRUCIBLE_PT_LIMIT_HELP                                                                     \
+  "--max-pickle-bytes N    refuse a data.pkl over N bytes uncompressed (default 67108864)\n"       \
+  "--max-inflate-ratio N   refuse a deflated record over 1 MiB that inflates more than N:1\n"      \
+  "                        (default 100; torch.save never compresses)\n"                           \
+  "--max-pickle-memory N   refuse a pickle whose objects would take over N bytes of memory\n"      \
+  "                        (default 268435456; torch.save's take 2-3 KB a tensor)\n"               \
+  "--allow-zero-crc        load an archive whose every CRC-32 field is 0 (torch.save under\n"      \
+  "                        torch.serialization.set_crc32_options(False)) unverified\n"
 
-// Parses [--json] [--repeat N] [--max-pickle-bytes N] [--max-inflate-ratio N] FILE, accepting
-// only the flags the command names. Returns -1 on success, else the exit code of the usage error
-// already printed.
+// Parses [--json] [--repeat N] [--max-pickle-bytes N] [--max-inflate-ratio N]
+// [--max-pickle-memory N] [--allow-zero-crc] FILE, accepting only the flags the command names.
+// Returns -1 on success, else the exit code of the usage error already printed.
 int parse(std::string_view cmd, Args args, bool allow_json, bool allow_repeat, Options& o) {
   const std::string where = std::string(kPath) + " " + std::string(cmd);
   std::vector<std::string_view> files;
@@ -82,6 +87,10 @@ int parse(std::string_view cmd, Args args, bool allow_json, bool allow_repeat, O
       if (!count(i, o.load.max_pickle_bytes)) return rc;
     } else if (a == "--max-inflate-ratio") {
       if (!count(i, o.load.max_inflate_ratio)) return rc;
+    } else if (a == "--max-pickle-memory") {
+      if (!count(i, o.load.max_pickle_memory)) return rc;
+    } else if (a == "--allow-zero-crc") {
+      o.load.allow_zero_crc = true;
     } else {
       return usage_error(where, "unknown option '" + std::string(a) + "'");
     }
@@ -324,11 +333,13 @@ int run_check(Args args) {
         seconds.size(), static_cast<long long>(st.st_size), median, sorted.front(), list.c_str());
   }
   const Totals t = totals_of(sd);
-  std::printf(
-      "OK  %s: %zu tensors, %s elements, %s in %zu storages, %s; CRC-32 of every record "
-      "verified\n",
-      o.file.c_str(), t.tensors, count_str(t.numel).c_str(), human_bytes(t.storage_bytes).c_str(),
-      t.storages, sd.big_endian_source() ? "big-endian" : "little-endian");
+  std::printf("OK  %s: %zu tensors, %s elements, %s in %zu storages, %s; %s\n", o.file.c_str(),
+              t.tensors, count_str(t.numel).c_str(), human_bytes(t.storage_bytes).c_str(),
+              t.storages, sd.big_endian_source() ? "big-endian" : "little-endian",
+              sd.crc_unverified()
+                  ? "NOT verified: every CRC-32 field of the archive is 0 (saved with "
+                    "torch.serialization.set_crc32_options(False)), loaded with --allow-zero-crc"
+                  : "CRC-32 of every record verified");
   return kExitOk;
 }
 
@@ -339,7 +350,7 @@ constexpr Command kPtCommands[] = {
      "than the tensors when views share one. --json prints the same as JSON (also the strides,\n"
      "storage offset, storage key, contiguity and requires_grad of each tensor).\n"
      "Exit 0 listed, 1 the file was refused (reason and explanation on stderr), 2 usage error,\n"
-     "3 out of memory.\n\nLimits on decompression (both take N > 0):\n" CRUCIBLE_PT_LIMIT_HELP,
+     "3 out of memory.\n\nLimits (each N > 0) and checksums:\n" CRUCIBLE_PT_LIMIT_HELP,
      run_ls, nullptr},
     {"check", "FILE", "verify the file loads safely (CRC-32 checked); explain any refusal",
      "Prints 'OK' and a summary, exit 0; or the loader's refusal and what that class of\n"
@@ -347,7 +358,7 @@ constexpr Command kPtCommands[] = {
      "3 out of memory.\n"
      "--repeat N (for benchmarks): opens the file N times and prints each open's wall time\n"
      "and a 'timing:' line with opens, file_bytes, median_s, min_s and seconds=.\n"
-     "\nLimits on decompression (both take N > 0):\n" CRUCIBLE_PT_LIMIT_HELP,
+     "\nLimits (each N > 0) and checksums:\n" CRUCIBLE_PT_LIMIT_HELP,
      run_check, nullptr},
 };
 static_assert(std::size(kPtCommands) == 2, "misc/CLI.md documents every pt subcommand");

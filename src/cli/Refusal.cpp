@@ -71,6 +71,14 @@ constexpr RefusalClass kClasses[] = {
      "The file does not start like a torch.save archive (a zip). It may be another format "
      "(safetensors, numpy, ONNX, a TorchScript or legacy file renamed), or damaged at the start.",
      "", ""},
+    {"every CRC-32 field of this archive is 0", "no-checksums",
+     "the file was saved without checksums",
+     "Every CRC-32 field of the archive is 0: torch.save writes that after "
+     "torch.serialization.set_crc32_options(False), to save time on large files. Nothing then "
+     "tells whether the data was damaged in transfer or modified since. Re-save it with "
+     "checksums (torch.serialization.set_crc32_options(True) before torch.save), or, if you "
+     "trust this copy, pass --allow-zero-crc to load it unverified.",
+     "", ""},
     {"fails its checksum", "checksum", "the data does not match its checksum",
      "A record's bytes differ from the CRC-32 stored when the file was written: the file was "
      "damaged (interrupted download, disk or transfer error) or modified after saving. Copy or "
@@ -79,6 +87,13 @@ constexpr RefusalClass kClasses[] = {
     {"no zip end-of-central-directory record", "truncated", "the file ends early",
      "The zip directory that every torch.save file ends with is missing: the file is most likely "
      "truncated (an incomplete download or copy). Copy or download it again.",
+     "", ""},
+    {"unpickling memory", "memory-bomb", "the pickle would build more than memory allows",
+     "The pickle (data.pkl) would build more objects, stack, memo or tensor names than the "
+     "loader lets it hold in memory. torch.save's pickles take 2-3 KB a tensor, so the "
+     "default limit holds about 100,000 tensors: this pickle pushes, nests or repeats objects "
+     "far beyond what a state dict needs, most likely to exhaust memory. If you trust the file, "
+     "raise the limit with --max-pickle-memory N.",
      "", ""},
     {"over the limit of", "decompression-bomb", "a record would inflate past the loader's limit",
      "A zip record is, or inflates to, more than the loader allows before it allocates memory: "
@@ -149,7 +164,7 @@ constexpr RefusalClass kClasses[] = {
     {"", "other", "the file was refused",
      "The loader refused the file for the reason above; its message says what to do.", "", ""},
 };
-static_assert(std::size(kClasses) == 30, "each refusal class of the loader has a row");
+static_assert(std::size(kClasses) == 32, "each refusal class of the loader has a row");
 
 // Rows whose advice is "do not torch.load it": the file could run code.
 bool could_run_code(std::string_view id) {

@@ -1,87 +1,137 @@
 // PickleValue.cpp — the immutable shared nodes behind PickleValue.
 #include "crucible/ptload/PickleValue.h"
 
+#include <bit>
 #include <cstdio>
-#include <optional>
 
 #include "crucible/core/Contract.h"
 #include "crucible/core/ScalarType.h"
 
 namespace crucible::ptload {
 
-struct PickleValue::Rep {
+// Note [PickleValue nodes]
+// A value is a shared_ptr to an immutable node. Every node starts with the 16-byte PickleRep
+// (kind, flag, dtype and the int or float bits); strings, sequences, dicts and tensors are
+// nodes that extend it, so an int costs 16 bytes plus the 16-byte control block, where one
+// struct holding every kind's fields would take 216. A crafted pickle can ask for a node per
+// pickle byte (a list of a million empty lists is 1 MB): node size is what that costs, and the
+// unpickler charges it to its memory budget through node_bytes(). True and False are two shared
+// nodes. Accessors check the kind before the static_cast.
+struct detail::PickleRep {
+  using Kind = PickleValue::Kind;
   Kind kind = Kind::None;
-  bool b = false;
-  bool ordered = false;
+  bool flag = false;  // Bool value; Dict: is an OrderedDict
   std::int8_t dtype = 0;
-  std::int64_t i = 0;
-  double f = 0.0;
-  std::string s;                   // String; BigInt bytes
+  std::int64_t i = 0;  // Int; Float's bits
+};
+static_assert(sizeof(detail::PickleRep) == 16);
+
+namespace {
+
+struct StringRep : detail::PickleRep {
+  std::string s;  // String; BigInt's little-endian two's-complement bytes
+};
+struct SequenceRep : detail::PickleRep {
   std::vector<PickleValue> items;  // Tuple, List, Set
-  std::vector<Entry> entries;      // Dict
-  PickleValue attributes;          // Dict BUILD state
-  std::optional<TensorView> tensor;
+};
+struct DictRep : detail::PickleRep {
+  std::vector<PickleValue::Entry> entries;
+  PickleValue attributes;  // BUILD state
+};
+struct TensorRep : detail::PickleRep {
+  explicit TensorRep(TensorView t) : tensor(std::move(t)) {}
+  TensorView tensor;
 };
 
-std::shared_ptr<PickleValue::Rep> PickleValue::make_rep(Kind k) {
-  auto r = std::make_shared<Rep>();
+// make_shared's control block: vtable pointer and the two counts.
+constexpr std::size_t kControlBlockBytes = 16;
+
+template <class R, class... A>
+std::shared_ptr<R> make_node(PickleValue::Kind k, A&&... a) {
+  auto r = std::make_shared<R>(std::forward<A>(a)...);
   r->kind = k;
   return r;
 }
 
-namespace {
 const std::string kEmpty;
-const PickleValue kNone;
+
 }  // namespace
+
+std::size_t PickleValue::node_bytes(Kind k) {
+  switch (k) {
+    case Kind::None:
+      return 0;
+    case Kind::String:
+    case Kind::BigInt:
+      return kControlBlockBytes + sizeof(StringRep);
+    case Kind::Tuple:
+    case Kind::List:
+    case Kind::Set:
+      return kControlBlockBytes + sizeof(SequenceRep);
+    case Kind::Dict:
+      return kControlBlockBytes + sizeof(DictRep);
+    case Kind::Tensor:
+      return kControlBlockBytes + sizeof(TensorRep);
+    case Kind::Bool:  // two shared nodes
+      return 0;
+    case Kind::Int:
+    case Kind::Float:
+    case Kind::Dtype:
+      return kControlBlockBytes + sizeof(detail::PickleRep);
+  }
+  return 0;
+}
 
 PickleValue::PickleValue() = default;
 
 PickleValue PickleValue::boolean(bool v) {
-  auto r = make_rep(Kind::Bool);
-  r->b = v;
-  return PickleValue(r);
+  static const auto kFalse = make_node<detail::PickleRep>(Kind::Bool);
+  static const auto kTrue = [] {
+    auto r = make_node<detail::PickleRep>(Kind::Bool);
+    r->flag = true;
+    return r;
+  }();
+  return PickleValue(v ? kTrue : kFalse);
 }
 PickleValue PickleValue::integer(std::int64_t v) {
-  auto r = make_rep(Kind::Int);
+  auto r = make_node<detail::PickleRep>(Kind::Int);
   r->i = v;
   return PickleValue(r);
 }
 PickleValue PickleValue::big_integer(std::string b) {
-  auto r = make_rep(Kind::BigInt);
+  auto r = make_node<StringRep>(Kind::BigInt);
   r->s = std::move(b);
   return PickleValue(r);
 }
 PickleValue PickleValue::floating(double v) {
-  auto r = make_rep(Kind::Float);
-  r->f = v;
+  auto r = make_node<detail::PickleRep>(Kind::Float);
+  r->i = std::bit_cast<std::int64_t>(v);
   return PickleValue(r);
 }
 PickleValue PickleValue::string(std::string v) {
-  auto r = make_rep(Kind::String);
+  auto r = make_node<StringRep>(Kind::String);
   r->s = std::move(v);
   return PickleValue(r);
 }
 PickleValue PickleValue::sequence(Kind kind, std::vector<PickleValue> items) {
   CRUCIBLE_PRE(kind == Kind::Tuple || kind == Kind::List || kind == Kind::Set,
                "not a sequence kind");
-  auto r = make_rep(kind);
+  auto r = make_node<SequenceRep>(kind);
   r->items = std::move(items);
   return PickleValue(r);
 }
 PickleValue PickleValue::dict(std::vector<Entry> entries, bool ordered, PickleValue attributes) {
-  auto r = make_rep(Kind::Dict);
+  auto r = make_node<DictRep>(Kind::Dict);
   r->entries = std::move(entries);
-  r->ordered = ordered;
+  r->flag = ordered;
   r->attributes = std::move(attributes);
   return PickleValue(r);
 }
 PickleValue PickleValue::tensor(TensorView t) {
-  auto r = make_rep(Kind::Tensor);
-  r->tensor.emplace(std::move(t));
-  return PickleValue(r);
+  return PickleValue(make_node<TensorRep>(Kind::Tensor, std::move(t)));
 }
 PickleValue PickleValue::dtype(std::int8_t c10_ordinal) {
-  auto r = make_rep(Kind::Dtype);
+  auto r = make_node<detail::PickleRep>(Kind::Dtype);
   r->dtype = c10_ordinal;
   return PickleValue(r);
 }
@@ -120,7 +170,7 @@ std::string_view PickleValue::kind_name(Kind k) {
 
 bool PickleValue::as_bool() const {
   CRUCIBLE_PRE(is(Kind::Bool), "as_bool() on a non-bool");
-  return rep_->b;
+  return rep_->flag;
 }
 std::int64_t PickleValue::as_int() const {
   CRUCIBLE_PRE(is(Kind::Int), "as_int() on a non-int");
@@ -128,34 +178,34 @@ std::int64_t PickleValue::as_int() const {
 }
 double PickleValue::as_float() const {
   CRUCIBLE_PRE(is(Kind::Float), "as_float() on a non-float");
-  return rep_->f;
+  return std::bit_cast<double>(rep_->i);
 }
 const std::string& PickleValue::as_string() const {
   CRUCIBLE_PRE(is(Kind::String) || is(Kind::BigInt), "as_string() on a non-str");
-  return rep_ ? rep_->s : kEmpty;
+  return rep_ ? static_cast<const StringRep&>(*rep_).s : kEmpty;
 }
 std::span<const PickleValue> PickleValue::items() const {
   CRUCIBLE_PRE(is(Kind::Tuple) || is(Kind::List) || is(Kind::Set), "items() on a non-sequence");
-  return rep_->items;
+  return static_cast<const SequenceRep&>(*rep_).items;
 }
 std::span<const PickleValue::Entry> PickleValue::entries() const {
   CRUCIBLE_PRE(is(Kind::Dict), "entries() on a non-dict");
-  return rep_->entries;
+  return static_cast<const DictRep&>(*rep_).entries;
 }
-bool PickleValue::is_ordered_dict() const { return is(Kind::Dict) && rep_->ordered; }
+bool PickleValue::is_ordered_dict() const { return is(Kind::Dict) && rep_->flag; }
 const PickleValue& PickleValue::attributes() const {
   CRUCIBLE_PRE(is(Kind::Dict), "attributes() on a non-dict");
-  return rep_->attributes;
+  return static_cast<const DictRep&>(*rep_).attributes;
 }
 const PickleValue* PickleValue::get(std::string_view key) const {
   if (!is(Kind::Dict)) return nullptr;
-  for (const auto& [k, v] : rep_->entries)
+  for (const auto& [k, v] : entries())
     if (k.is(Kind::String) && k.as_string() == key) return &v;
   return nullptr;
 }
 const TensorView& PickleValue::as_tensor() const {
   CRUCIBLE_PRE(is(Kind::Tensor), "as_tensor() on a non-tensor");
-  return *rep_->tensor;
+  return static_cast<const TensorRep&>(*rep_).tensor;
 }
 std::int8_t PickleValue::as_dtype() const {
   CRUCIBLE_PRE(is(Kind::Dtype), "as_dtype() on a non-dtype");
@@ -167,35 +217,36 @@ std::string PickleValue::repr() const {
     case Kind::None:
       return "None";
     case Kind::Bool:
-      return rep_->b ? "True" : "False";
+      return rep_->flag ? "True" : "False";
     case Kind::Int:
       return std::to_string(rep_->i);
     case Kind::BigInt:
-      return "<int of " + std::to_string(rep_->s.size()) + " bytes>";
+      return "<int of " + std::to_string(as_string().size()) + " bytes>";
     case Kind::Float: {
       char buf[32];
-      std::snprintf(buf, sizeof buf, "%.17g", rep_->f);
+      std::snprintf(buf, sizeof buf, "%.17g", as_float());
       return buf;
     }
     case Kind::String:
-      return rep_->s;
+      return as_string();
     case Kind::Tuple:
     case Kind::List:
     case Kind::Set: {
       const char* open = is(Kind::Tuple) ? "(" : is(Kind::List) ? "[" : "{";
       const char* close = is(Kind::Tuple) ? ")" : is(Kind::List) ? "]" : "}";
       std::string out = open;
-      for (std::size_t i = 0; i < rep_->items.size(); ++i) {
+      const auto it = items();
+      for (std::size_t i = 0; i < it.size(); ++i) {
         if (i) out += ", ";
-        out += rep_->items[i].repr();
+        out += it[i].repr();
       }
-      if (is(Kind::Tuple) && rep_->items.size() == 1) out += ",";
+      if (is(Kind::Tuple) && it.size() == 1) out += ",";
       return out + close;
     }
     case Kind::Dict:
-      return "{dict of " + std::to_string(rep_->entries.size()) + "}";
+      return "{dict of " + std::to_string(entries().size()) + "}";
     case Kind::Tensor:
-      return "<tensor " + std::string(rep_->tensor->dtype_name()) + ">";
+      return "<tensor " + std::string(as_tensor().dtype_name()) + ">";
     case Kind::Dtype:
       return "torch." + std::string(scalar_type_info(rep_->dtype).name);
   }

@@ -19,6 +19,16 @@ constexpr std::string_view kRaisePickle =
     "LoadOptions::max_pickle_bytes (crucible pt: --max-pickle-bytes N)";
 constexpr std::string_view kRaiseRatio =
     "LoadOptions::max_inflate_ratio (crucible pt: --max-inflate-ratio N)";
+constexpr std::string_view kRaiseMemory =
+    "LoadOptions::max_pickle_memory (crucible pt: --max-pickle-memory N)";
+constexpr std::string_view kAllowZeroCrc =
+    "LoadOptions::allow_zero_crc (crucible pt: --allow-zero-crc)";
+static_assert(LoadOptions{}.max_pickle_memory == UnpickleLimits{}.max_memory_bytes,
+              "one default for the unpickler's memory");
+// What one listed tensor holds beyond its name and dims: its NamedTensor in the list and the
+// name's node in the duplicate check (Note [Unpickler memory budget] in Unpickler.cpp).
+constexpr std::uint64_t kListedTensorBytes = sizeof(NamedTensor) + 64;
+constexpr std::uint64_t kHeapBlockBytes = 16;
 // "little" or "big": a longer record is refused before it is read.
 constexpr std::uint64_t kMaxByteorderBytes = 6;
 
@@ -37,41 +47,72 @@ void swap_bytes(std::vector<std::byte>& v, std::uint32_t item) {
     std::reverse(v.begin() + i, v.begin() + i + item);
 }
 
+// Lists the tensors of the tree. One path buffer is extended and cut back as the walk goes down
+// and up, so a deep tree of long keys holds one path, not one per level; each listed tensor's
+// name and dims are charged to what is left of the memory budget.
 struct Flattener {
   std::vector<NamedTensor>& out;
   std::unordered_set<std::string> names;
-  std::uint64_t budget;
+  std::uint64_t visits_left;
+  std::uint64_t memory_left;
+  std::uint64_t memory_limit;
+  std::string path;
 
-  Status walk(const PickleValue& v, const std::string& path) {
-    if (budget-- == 0)
+  Status charge(std::uint64_t bytes) {
+    if (bytes <= memory_left) {
+      memory_left -= bytes;
+      return ok_status();
+    }
+    return exhausted("pt: listing the tensors would take unpickling memory over the limit of " +
+                         std::to_string(memory_limit) + " bytes (" + std::to_string(out.size()) +
+                         " tensors listed so far, the latest named with " +
+                         std::to_string(path.size()) + " bytes)",
+                     "if you trust the file, raise " + std::string(kRaiseMemory));
+  }
+
+  Status walk(const PickleValue& v) {
+    if (visits_left-- == 0)
       return exhausted(
           "pt: listing the tensors revisits shared containers too often (a crafted "
           "object graph?)",
           "load root() and walk it yourself, or re-save the file "
           "without shared nested containers");
-    auto child = [&](const std::string& part) { return path.empty() ? part : path + "." + part; };
+    auto child = [&](std::string_view part, const PickleValue& c) {
+      const std::size_t keep = path.size();
+      if (!path.empty()) path += '.';
+      path += part;
+      Status s = walk(c);
+      path.resize(keep);
+      return s;
+    };
     switch (v.kind()) {
-      case PickleValue::Kind::Tensor:
+      case PickleValue::Kind::Tensor: {
+        const TensorView& t = v.as_tensor();
+        const std::uint64_t name_bytes = path.size() > 15 ? path.size() + 1 + kHeapBlockBytes : 0;
+        CRUCIBLE_RETURN_IF_ERROR(charge(
+            kListedTensorBytes + 2 * name_bytes +
+            (t.ndim() ? 2 * (t.ndim() * sizeof(std::int64_t) + kHeapBlockBytes) : 0) +
+            (out.size() == out.capacity() ? out.capacity() * sizeof(NamedTensor) : 0)));
         if (!names.insert(path).second)
           return invalid_input(
               "pt: two tensors are both named '" + path + "' ('.'-joined keys collide)",
               "re-save with keys that stay unique when joined with '.'");
-        out.push_back(NamedTensor{path, v.as_tensor()});
+        out.push_back(NamedTensor{path, t});
         return ok_status();
+      }
       case PickleValue::Kind::Tuple:
       case PickleValue::Kind::List:
       case PickleValue::Kind::Set: {
         const auto items = v.items();
         for (std::size_t i = 0; i < items.size(); ++i)
-          CRUCIBLE_RETURN_IF_ERROR(walk(items[i], child(std::to_string(i))));
+          CRUCIBLE_RETURN_IF_ERROR(child(std::to_string(i), items[i]));
         return ok_status();
       }
       case PickleValue::Kind::Dict:
-        for (const auto& [k, val] : v.entries())
-          CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
+        for (const auto& [k, val] : v.entries()) CRUCIBLE_RETURN_IF_ERROR(child(k.repr(), val));
         if (v.attributes().is(PickleValue::Kind::Dict))
           for (const auto& [k, val] : v.attributes().entries())
-            CRUCIBLE_RETURN_IF_ERROR(walk(val, child(k.repr())));
+            CRUCIBLE_RETURN_IF_ERROR(child(k.repr(), val));
         return ok_status();
       default:
         return ok_status();
@@ -105,7 +146,10 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
     return invalid_input("pt: not a torch.save zip archive: no zip local header at byte offset 0",
                          "pass a file written by torch.save (PyTorch >= 1.6)");
   }
-  auto zip = ZipArchive::parse(bytes);
+  ZipOptions zip_options;
+  zip_options.allow_zero_crc = options.allow_zero_crc;
+  zip_options.allow_zero_crc_option = kAllowZeroCrc;
+  auto zip = ZipArchive::parse(bytes, zip_options);
   if (!zip.ok()) return zip.status();
   const auto& entries = zip->entries();
   if (entries.empty())
@@ -203,14 +247,25 @@ Result<StateDict> StateDict::from_bytes(std::span<const std::byte> bytes,
     }
     return std::shared_ptr<const TensorStorage>(std::move(s));
   };
-  auto root = unpickle(*pickle, resolve);
+  UnpickleLimits unpickle_limits;
+  unpickle_limits.max_memory_bytes = options.max_pickle_memory;
+  unpickle_limits.max_memory_option = kRaiseMemory;
+  UnpickleStats used;
+  auto root = unpickle(*pickle, resolve, unpickle_limits, &used);
   if (!root.ok()) return root.status();
 
   StateDict sd;
   sd.root_ = std::move(*root);
   sd.big_endian_ = big;
-  Flattener f{sd.tensors_, {}, kMinVisits + kVisitsPerPickleByte * pickle->size()};
-  CRUCIBLE_RETURN_IF_ERROR(f.walk(sd.root_, ""));
+  sd.crc_unverified_ = zip->crc_unverified();
+  // The VM is gone; the tree stays beside the list.
+  Flattener f{sd.tensors_,
+              {},
+              kMinVisits + kVisitsPerPickleByte * pickle->size(),
+              options.max_pickle_memory - std::min(options.max_pickle_memory, used.result_bytes),
+              options.max_pickle_memory,
+              {}};
+  CRUCIBLE_RETURN_IF_ERROR(f.walk(sd.root_));
   return sd;
 }
 

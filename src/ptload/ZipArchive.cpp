@@ -173,7 +173,7 @@ Status apply_zip64_extra(std::span<const std::byte> b, std::uint64_t at, std::ui
 
 }  // namespace
 
-Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
+Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b, const ZipOptions& options) {
   auto central = find_central(b);
   if (!central.ok()) return central.status();
   const Central c = *central;
@@ -259,6 +259,10 @@ Result<ZipArchive> ZipArchive::parse(std::span<const std::byte> b) {
     if (z.entries_[i].name == z.entries_[i - 1].name)
       return bad(z.entries_[i].local_header_offset,
                  "duplicate entry name '" + z.entries_[i].name + "'");
+  z.all_crc_zero_ =
+      !z.entries_.empty() && std::all_of(z.entries_.begin(), z.entries_.end(),
+                                         [](const ZipEntry& e) { return e.crc32 == 0; });
+  z.options_ = options;
   return z;
 }
 
@@ -274,12 +278,30 @@ std::span<const std::byte> ZipArchive::stored_view(const ZipEntry& e) const {
   return bytes_.subspan(e.data_offset, e.compressed_size);
 }
 
+// Note [Archives without checksums]
+// torch.save under torch.serialization.set_crc32_options(False) (PyTorch 2.x) writes 0 in every
+// CRC-32 field instead of computing it, to save time on large files. Such an archive carries no
+// checksum at all: check_crc() says so instead of reporting a plain mismatch (which reads as
+// damage), and names the two ways on: re-save with crc32 on, or accept it unverified with
+// ZipOptions::allow_zero_crc. That option skips verification only when every entry's field is
+// 0; a single 0 among real checksums is a mismatch like any other.
 Status ZipArchive::check_crc(const ZipEntry& e, std::span<const std::byte> data) const {
+  if (crc_unverified()) return ok_status();
   // zlib's crc32 (reflected 0xEDB88320, pre- and post-inverted), 3.4x as fast: every stored
   // record is checked on open, so this is most of StateDict::open's time on a large file.
   const std::uint32_t crc = ::libdeflate_crc32(0, data.data(), data.size());
   if (crc != e.crc32) {
     char buf[64];
+    if (all_crc_zero_) {
+      std::snprintf(buf, sizeof buf, "0x%08x", crc);
+      return invalid_input(
+          "pt zip: entry '" + e.name + "' cannot be verified: every CRC-32 field of this archive "
+              "is 0, as torch.save writes under torch.serialization.set_crc32_options(False) "
+              "(its data's CRC-32 is " + buf + ", at byte offset " +
+              std::to_string(e.data_offset) + ")",
+          "re-save it with torch.serialization.set_crc32_options(True), or, if you trust this "
+          "copy, load it unverified with " + std::string(options_.allow_zero_crc_option));
+    }
     std::snprintf(buf, sizeof buf, "CRC-32 0x%08x, directory says 0x%08x", crc, e.crc32);
     return bad(e.data_offset, "entry '" + e.name + "' fails its checksum: " + buf);
   }

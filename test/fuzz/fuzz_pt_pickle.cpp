@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 #include "crucible/core/ScalarType.h"
@@ -29,21 +30,25 @@ crucible::Result<std::shared_ptr<const TensorStorage>> resolve(const StorageRequ
   return std::shared_ptr<const TensorStorage>(std::move(s));
 }
 
-void touch(const PickleValue& v, int depth) {
+// Reads every value once: shared containers (a DAG of 2^k paths in k nodes, which the VM
+// builds in linear time) are visited once each, by the address of their items.
+void touch(const PickleValue& v, int depth, std::unordered_set<const void*>& seen) {
   if (depth > 300) __builtin_trap();  // the VM caps nesting at 256
   switch (v.kind()) {
     case PickleValue::Kind::Tensor:
-      (void)v.as_tensor().materialize_f32();
+      if (seen.insert(&v.as_tensor()).second) (void)v.as_tensor().materialize_f32();
       break;
     case PickleValue::Kind::Tuple:
     case PickleValue::Kind::List:
     case PickleValue::Kind::Set:
-      for (const auto& i : v.items()) touch(i, depth + 1);
+      if (v.items().empty() || !seen.insert(v.items().data()).second) break;
+      for (const auto& i : v.items()) touch(i, depth + 1, seen);
       break;
     case PickleValue::Kind::Dict:
+      if (v.entries().empty() || !seen.insert(v.entries().data()).second) break;
       for (const auto& [k, val] : v.entries()) {
-        touch(k, depth + 1);
-        touch(val, depth + 1);
+        touch(k, depth + 1, seen);
+        touch(val, depth + 1, seen);
       }
       break;
     default:
@@ -53,7 +58,18 @@ void touch(const PickleValue& v, int depth) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  auto r = unpickle(std::as_bytes(std::span<const std::uint8_t>(data, size)), resolve);
-  if (r.ok()) touch(*r, 0);
+  // A 64 MiB budget: under libFuzzer's 2 GB RSS limit with room for ASan, so an input that
+  // outgrows it is a budget that leaks, not a slow run.
+  UnpickleLimits limits;
+  limits.max_memory_bytes = std::uint64_t{64} << 20;
+  UnpickleStats stats;
+  auto r = unpickle(std::as_bytes(std::span<const std::uint8_t>(data, size)), resolve, limits,
+                    &stats);
+  if (stats.result_bytes > stats.memory_bytes) __builtin_trap();
+  if (r.ok() && stats.memory_bytes > limits.max_memory_bytes) __builtin_trap();  // checked first
+  if (r.ok()) {
+    std::unordered_set<const void*> seen;
+    touch(*r, 0, seen);
+  }
   return 0;
 }

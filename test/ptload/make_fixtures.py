@@ -3,6 +3,8 @@
 Usage: make_fixtures.py OUT_DIR   (run with the interpreter that imports torch: CRUCIBLE_PYTHON)
 
 OUT_DIR/<name>.pt            valid files (torch.save, plus rewrites: big-endian, deflate, ZIP64)
+                             (zero_crc.pt is saved without checksums: it loads only with
+                             LoadOptions::allow_zero_crc)
 OUT_DIR/<name>.json          what PyTorch sees in them: per tensor name, dtype, sizes, strides,
                              storage offset, requires_grad, and a .f32 file of its float32 values
 OUT_DIR/bad/<name>.pt        one malicious or broken file per refusal class (hand-crafted
@@ -258,6 +260,26 @@ with zipfile.ZipFile(checkpoint_path) as z:
     records = sorted(n.split("/", 1)[1] for n in z.namelist() if "/data/" not in n)
 with open(os.path.join(OUT, "checkpoint_records.json"), "w") as f:
     json.dump({"torch": torch.__version__, "records": records}, f)
+
+# A 1000-parameter model (500 Linear(4, 4) layers: 1000 tensors, 40 KB of weights): what it
+# takes to unpickle must fit the loader's default memory budget many times over. Names and
+# order are all the test needs, so no expected values are written.
+wide = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(500)])
+assert len(wide.state_dict()) == 1000
+torch.save(wide.state_dict(), os.path.join(OUT, "wide1000.pt"))
+
+# torch 2.x can skip checksums: after torch.serialization.set_crc32_options(False) every CRC-32
+# field of the archive is 0. The loader refuses that (saying why) unless
+# LoadOptions::allow_zero_crc, and then loads it unverified.
+crc32_before = torch.serialization.get_crc32_options()
+torch.serialization.set_crc32_options(False)
+try:
+    zero_crc_path = save_valid("zero_crc", views, _use_new_zipfile_serialization=True)
+finally:
+    torch.serialization.set_crc32_options(crc32_before)
+with zipfile.ZipFile(zero_crc_path) as z:
+    assert all(i.CRC == 0 for i in z.infolist()) and len(z.infolist()) > 3
+torch.load(zero_crc_path)  # torch itself reads it
 
 # Storages aligned to 4096 bytes instead of 64 (torch.utils.serialization.config, torch >= 2.5).
 try:

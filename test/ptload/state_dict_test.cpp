@@ -211,6 +211,62 @@ TEST(StateDict, StoragesAlignedTo4096Bytes) {
   }
 }
 
+// Every real file loads with a 64th of the default memory budget (4 MiB): resnet18 and a
+// 1000-parameter model have room to spare, and a budget too small is refused by name.
+TEST(StateDictMemory, RealFilesFitTheDefaultBudgetWithRoomToSpare) {
+  LoadOptions small;
+  small.max_pickle_memory = LoadOptions{}.max_pickle_memory / 64;
+  for (const char* f : {"resnet18.pt", "wide1000.pt", "checkpoint.pt", "dtypes.pt", "views.pt",
+                        "nested.pt", "handmade.pt", "dtypes_big.pt", "views_zip64.pt"}) {
+    SCOPED_TRACE(f);
+    auto sd = StateDict::open(fixture(f), small);
+    ASSERT_TRUE(sd.ok()) << sd.status();
+  }
+  const StateDict wide = open_ok("wide1000.pt");
+  ASSERT_EQ(wide.tensors().size(), 1000u);
+  EXPECT_EQ(wide.tensors()[0].name, "0.weight");
+  EXPECT_EQ(wide.tensors()[999].name, "499.bias");
+
+  LoadOptions tiny;
+  tiny.max_pickle_memory = 64u << 10;
+  auto refused = StateDict::open(fixture("resnet18.pt"), tiny);
+  ASSERT_FALSE(refused.ok());
+  const std::string msg(refused.status().message());
+  EXPECT_NE(msg.find("pt pickle: unpickling memory would reach "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("over the limit of 65536 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("raise LoadOptions::max_pickle_memory (crucible pt: --max-pickle-memory N)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(fixture("resnet18.pt")), std::string::npos) << "names the file: " << msg;
+}
+
+// torch.save after torch.serialization.set_crc32_options(False): every CRC-32 field is 0.
+TEST(StateDictZeroCrc, RefusedSayingWhyThenLoadedUnverifiedWhenAllowed) {
+  auto refused = StateDict::open(fixture("zero_crc.pt"));
+  ASSERT_FALSE(refused.ok());
+  const std::string msg(refused.status().message());
+  EXPECT_NE(msg.find("cannot be verified: every CRC-32 field of this archive is 0, as torch.save "
+                     "writes under torch.serialization.set_crc32_options(False)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("LoadOptions::allow_zero_crc (crucible pt: --allow-zero-crc)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("re-save it with torch.serialization.set_crc32_options(True)"),
+            std::string::npos)
+      << msg;
+  LoadOptions allow;
+  allow.allow_zero_crc = true;
+  auto sd = StateDict::open(fixture("zero_crc.pt"), allow);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  EXPECT_TRUE(sd->crc_unverified());
+  expect_matches_torch(*sd, "zero_crc");
+  // Checked files stay checked.
+  auto checked = StateDict::open(fixture("views.pt"), allow);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_FALSE(checked->crc_unverified());
+}
+
 TEST(StateDict, MissingFileNamesThePath) {
   auto sd = StateDict::open(fixture("no_such_file.pt"));
   ASSERT_FALSE(sd.ok());

@@ -1,6 +1,9 @@
-"""`crucible pt` on decompression bombs: refused before inflating, with the limit in the message.
+"""`crucible pt` on decompression and memory bombs: refused with the limit in the message.
 
-Each bomb is a 1 MB archive made here (never committed) whose record inflates to 1 GiB of zeros.
+Each decompression bomb is a 1 MB archive made here (never committed) whose record inflates to
+1 GiB of zeros; each memory bomb a 16 MiB stored data.pkl of one-byte opcodes (4 to 9 GB of RSS
+for an unpickler without a memory budget). An archive without checksums (every CRC-32 0) is
+refused saying so, and loads with --allow-zero-crc.
 Where the build has no sanitizer the tool runs under `ulimit -v 524288` (512 MiB of address
 space): it must exit 1 with the refusal, not abort on std::bad_alloc. ASan reserves terabytes
 of address space and cannot start under such a limit, so sanitizer builds run without it; both
@@ -111,15 +114,16 @@ def run(*args, ulimit=not SANITIZED):
     return p.returncode, out, err, usage.ru_maxrss * 1024
 
 
-def assert_clean_refusal(rc, out, err, rss, phrases):
+def assert_clean_refusal(rc, out, err, rss, phrases, cls="decompression-bomb",
+                         rss_limit=PEAK_RSS_LIMIT):
     assert rc == 1, "exit %d, stdout %r, stderr %r" % (rc, out, err)
     assert "terminate called" not in err and "bad_alloc" not in err and "Sanitizer" not in err
     first = out.splitlines()[0]
     assert first.startswith("REFUSED: ")
     for phrase in phrases:
         assert phrase in first, first
-    assert "What this means [decompression-bomb: " in out
-    assert rss < PEAK_RSS_LIMIT, "peak RSS %d MiB" % (rss >> 20)
+    assert "What this means [%s: " % cls in out
+    assert rss < rss_limit, "peak RSS %d MiB" % (rss >> 20)
 
 
 @pytest.mark.parametrize("command", ["check", "ls"])
@@ -165,11 +169,110 @@ def test_running_out_of_memory_is_an_error_not_an_abort(bombs):
     assert "terminate called" not in err
 
 
+# ---------------------------------------------------------------- memory bombs
+MIB = 1 << 20
+# 16 MiB of pickle: the file's pages, data.pkl's copy, and what the budget lets the VM hold
+# (plain build: 200 MiB measured at the default 256 MiB budget, 48 MiB at 16 MiB). ASan keeps
+# the buffers a growing vector frees in its quarantine (up to 256 MiB): 438 MiB measured.
+MEMORY_RSS_LIMIT = {"default": (560 if SANITIZED else 256) * MIB,
+                    "16 MiB": (160 if SANITIZED else 64) * MIB}
+
+
+def write_repeated_pickle(path, head, op, n, tail):
+    """A torch.save-shaped archive whose stored data.pkl is head + op * n + tail, written 1 MiB at
+    a time: this process never holds the pickle (a child forked from a large parent would start
+    with the parent's RSS, and os.wait4 would report it)."""
+    chunk = op * (1 << 20)
+    crc, left = zlib.crc32(head), n
+    while left:
+        crc = zlib.crc32(chunk[:min(left, len(chunk))], crc)
+        left -= min(left, len(chunk))
+    crc = zlib.crc32(tail, crc) & 0xFFFFFFFF
+    size = len(head) + n + len(tail)
+    entries = [(b"a/data.pkl", crc, size), (b"a/version", zlib.crc32(b"3\n") & 0xFFFFFFFF, 2)]
+    with open(path, "wb") as f:
+        central, offsets = bytearray(), []
+        for name, c, sz in entries:
+            offsets.append(f.tell())
+            f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0x21, c, sz, sz,
+                                len(name), 0) + name)
+            if name == b"a/version":
+                f.write(b"3\n")
+                continue
+            f.write(head)
+            left = n
+            while left:
+                f.write(chunk[:min(left, len(chunk))])
+                left -= min(left, len(chunk))
+            f.write(tail)
+        cd_off = f.tell()
+        for (name, c, sz), off in zip(entries, offsets):
+            central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0x21, c, sz,
+                                   sz, len(name), 0, 0, 0, 0, 0, off) + name
+        f.write(central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 2, 2, len(central), cd_off,
+                                      0))
+
+
+@pytest.fixture(scope="module")
+def memory_bombs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("memory_bombs")
+    n = 16 * MIB - 6
+    paths = {"lists": d / "lists.pt", "nones": d / "nones.pt"}
+    # A list of 16 Mi empty lists: a valid pickle (9 GB of RSS to load without the budget).
+    write_repeated_pickle(paths["lists"], b"\x80\x02](", b"]", n, b"e.")
+    # 16 Mi NONEs left on the stack: corrupt at STOP (4.3 GB of RSS to find without the budget).
+    write_repeated_pickle(paths["nones"], b"\x80\x02", b"N", n, b".")
+    return paths
+
+
+def test_a_pickle_of_empty_lists_is_refused_at_the_default_memory_budget(memory_bombs):
+    rc, out, err, rss = run("pt", "check", memory_bombs["lists"])
+    assert_clean_refusal(rc, out, err, rss, [
+        "pt pickle: unpickling memory would reach ", " bytes, over the limit of 268435456 bytes (",
+        " objects, ", "raise LoadOptions::max_pickle_memory (crucible pt: --max-pickle-memory N)"],
+        cls="memory-bomb", rss_limit=MEMORY_RSS_LIMIT["default"])
+
+
+def test_nones_stay_within_the_memory_budget(memory_bombs):
+    # 16 Mi stack slots of 4 bytes fit the default budget: refused at STOP, as corrupt.
+    rc, out, err, rss = run("pt", "check", memory_bombs["nones"])
+    assert_clean_refusal(rc, out, err, rss, ["STOP with 16777210 objects on the stack"],
+                         cls="pickle-corrupt", rss_limit=MEMORY_RSS_LIMIT["default"])
+    # A smaller budget refuses them as they are pushed.
+    rc, out, err, rss = run("pt", "check", "--max-pickle-memory", 16 * MIB, memory_bombs["nones"])
+    assert_clean_refusal(rc, out, err, rss, [
+        "over the limit of 16777216 bytes (", " on the stack, ", "--max-pickle-memory N"],
+        cls="memory-bomb", rss_limit=MEMORY_RSS_LIMIT["16 MiB"])
+
+
+# ---------------------------------------------------------------- archives without checksums
+def test_an_archive_without_checksums_is_refused_saying_so_and_loads_when_allowed(tmp_path):
+    pkl = float_tensor_pickle(4)
+    data = struct.pack("<4f", 1, 2, 3, 4)
+    path = tmp_path / "zero_crc.pt"
+    path.write_bytes(zip_bytes([("a/data.pkl", pkl, 0, 0, len(pkl)), ("a/data/0", data, 0, 0, 16),
+                                ("a/version", b"3\n", 0, 0, 2)]))
+    rc, out, err, _ = run("pt", "check", path)
+    assert rc == 1, out + err
+    first = out.splitlines()[0]
+    assert "cannot be verified: every CRC-32 field of this archive is 0" in first
+    assert ("load it unverified with LoadOptions::allow_zero_crc (crucible pt: --allow-zero-crc)"
+            in first)
+    assert "What this means [no-checksums: " in out and "fails its checksum" not in out
+    rc, out, err, _ = run("pt", "check", "--allow-zero-crc", path)
+    assert rc == 0, out + err
+    assert out.startswith("OK ") and "NOT verified: every CRC-32 field of the archive is 0" in out
+    rc, out, err, _ = run("pt", "ls", "--allow-zero-crc", path)
+    assert rc == 0 and "1 tensors, 4 elements" in out
+
+
 @pytest.mark.parametrize("args,message", [
     (["--max-pickle-bytes"], "--max-pickle-bytes needs a count"),
     (["--max-pickle-bytes", "0", "x.pt"], "--max-pickle-bytes takes a positive integer, not '0'"),
     (["--max-inflate-ratio", "1e3", "x.pt"],
      "--max-inflate-ratio takes a positive integer, not '1e3'"),
+    (["--max-pickle-memory", "-1", "x.pt"],
+     "--max-pickle-memory takes a positive integer, not '-1'"),
 ])
 @pytest.mark.parametrize("command", ["check", "ls"])
 def test_limit_options_are_checked(command, args, message):

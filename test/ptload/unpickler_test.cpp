@@ -6,12 +6,14 @@
 #include <cstring>
 #include <string>
 
+#include "peak_rss.h"
 #include "zip_writer.h"
 
 namespace {
 using namespace crucible::ptload;
 using crucible::Result;
 using test::global;
+using test::peak_rss;
 using test::uni;
 using K = PickleValue::Kind;
 
@@ -205,5 +207,132 @@ TEST(Unpickler, ParameterKeepsRequiresGrad) {
   EXPECT_TRUE(r->as_tensor().is_parameter());
   EXPECT_TRUE(r->as_tensor().requires_grad());
 }
+
+// `op` n times.
+std::string times(std::string_view op, std::size_t n) {
+  std::string out;
+  out.reserve(op.size() * n);
+  for (std::size_t i = 0; i < n; ++i) out += op;
+  return out;
+}
+
+std::string le32(std::uint32_t v) {
+  std::string o;
+  test::put32(o, v);
+  return o;
+}
+
+// Millions of one-byte objects, MARKs, memo entries and dict keys: each pickle is refused by the
+// memory budget as it grows (256-byte nodes would take 4.3 GB for 16 Mi NONEs), and RSS grows by
+// about the budget, not by what the pickle asks for. One test per pickle, so that ctest measures
+// each in its own process.
+struct Bomb {
+  const char* name;
+  const char* found;  // what fills the budget, as the message counts it
+};
+constexpr std::size_t kBombOpcodes = 4u << 20;
+
+std::string bomb_body(std::string_view name) {
+  constexpr std::size_t n = kBombOpcodes;
+  if (name == "NONE") return "](" + std::string(n, 'N') + "e";
+  if (name == "EMPTY_LIST") return "](" + std::string(n, ']') + "e";
+  if (name == "MARK") return std::string(n, '(') + "N";
+  if (name == "BINGET") return std::string("]q\x00", 3) + times(std::string("h\x00", 2), n / 2);
+  std::string out = name == "LONG_BINPUT" ? "N" : "}";
+  for (std::uint32_t i = 0; i < n / 6; ++i)
+    out += name == "LONG_BINPUT" ? "r" + le32(i) : "J" + le32(i) + "Ns";  // memo i / d[i] = None
+  return out;
+}
+
+class UnpicklerMemoryBomb : public ::testing::TestWithParam<Bomb> {};
+
+TEST_P(UnpicklerMemoryBomb, IsRefusedAtTheBudget) {
+  const Bomb& b = GetParam();
+  const std::string p = "\x80\x02" + bomb_body(b.name) + ".";
+  UnpickleLimits tight;
+  tight.max_memory_bytes = 8u << 20;
+  UnpickleStats stats;
+  const std::uint64_t before = peak_rss();
+  auto r = unpickle(std::as_bytes(std::span<const char>(p.data(), p.size())), resolve, tight,
+                    &stats);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("pt pickle: unpickling memory would reach "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" bytes, over the limit of 8388608 bytes ("), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at data.pkl offset "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("if you trust the file, raise UnpickleLimits::max_memory_bytes"),
+            std::string::npos)
+      << msg;
+  // The message counts what filled the budget: "<count><found>".
+  const std::size_t at = msg.find(b.found);
+  ASSERT_NE(at, std::string::npos) << msg;
+  const std::size_t digits = msg.find_last_not_of("0123456789", at - 1) + 1;
+  EXPECT_GT(std::stoull(msg.substr(digits, at - digits)), 50000u) << msg;
+  EXPECT_GT(stats.memory_bytes, tight.max_memory_bytes) << "the charge that was refused";
+  EXPECT_LT(stats.memory_bytes, tight.max_memory_bytes + (tight.max_memory_bytes >> 1))
+      << "refused at the first growth past the limit";
+  // The 8 MiB budget, a growing vector's old buffer beside its new one, and ASan's redzones and
+  // quarantine; 256-byte nodes in doubling vectors would take over 1 GiB for 4 Mi NONEs.
+  EXPECT_LT(peak_rss() - before, std::uint64_t{32} << 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Opcodes, UnpicklerMemoryBomb,
+                         ::testing::Values(Bomb{"NONE", " on the stack"},
+                                           Bomb{"EMPTY_LIST", " objects, "},
+                                           Bomb{"MARK", " open MARKs"},
+                                           Bomb{"BINGET", " on the stack"},
+                                           Bomb{"LONG_BINPUT", " memo entries"},
+                                           Bomb{"SETITEM", " dict keys"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(UnpicklerMemory, TheBudgetIsCheckedAsItGrows) {
+  const std::string p = "\x80\x02" + global("torch._utils", "_rebuild_parameter") + "(" +
+                        test::tensor_f32("0", 4, 0, 4) + "\x88" +
+                        global("collections", "OrderedDict") + ")RtR.";
+  const auto bytes = std::as_bytes(std::span<const char>(p.data(), p.size()));
+  UnpickleStats stats;
+  ASSERT_TRUE(unpickle(bytes, resolve, {}, &stats).ok());
+  EXPECT_GT(stats.result_bytes, 0u);
+  EXPECT_LT(stats.result_bytes, stats.memory_bytes);
+  EXPECT_LT(stats.memory_bytes, 8u << 10) << "one tensor takes a few KB";
+  UnpickleLimits exact;
+  exact.max_memory_bytes = stats.memory_bytes;
+  EXPECT_TRUE(unpickle(bytes, resolve, exact).ok()) << "what a run charged is enough";
+  exact.max_memory_bytes = stats.memory_bytes - 1;
+  auto r = unpickle(bytes, resolve, exact);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("building the result"), std::string::npos)
+      << "the last charge is the result's: " << r.status();
+}
+
+// Nesting is built by the VM's loop (no recursion) and refused when the result is built, whose
+// recursion stops at max_depth: a million levels overflow nothing. One test per shape.
+class UnpicklerDeepNesting : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(UnpicklerDeepNesting, IsRefusedWithoutOverflowingTheStack) {
+  constexpr std::size_t kN = 1'000'000;
+  const std::string_view shape = GetParam();
+  std::string body;
+  if (shape == "EMPTY_LIST_APPEND") body = std::string(kN, ']') + std::string(kN - 1, 'a');
+  if (shape == "MARK_TUPLE") body = std::string(kN, '(') + std::string(kN, 't');
+  if (shape == "MARK_APPENDS") body = "]" + times("(]", kN) + std::string(kN, 'e');
+  if (shape == "DICT_KEY") body = "}" + std::string(kN, '(') + std::string(kN, 't') + "Ns";
+  auto r = run(body);
+  ASSERT_FALSE(r.ok());
+  if (shape == "DICT_KEY") {  // a key is hashed (its canonical text) recursively too, capped
+    EXPECT_NE(r.status().message().find("dict key nests deeper than 256"), std::string::npos)
+        << r.status();
+    return;
+  }
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("containers nest deeper than 256"), std::string::npos)
+      << r.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, UnpicklerDeepNesting,
+                         ::testing::Values("EMPTY_LIST_APPEND", "MARK_TUPLE", "MARK_APPENDS",
+                                           "DICT_KEY"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

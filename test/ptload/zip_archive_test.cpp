@@ -1,17 +1,18 @@
 // zip_archive_test.cpp — the ZIP reader and StateDict::from_bytes on archives built in memory.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "crucible/ptload/StateDict.h"
 #include "crucible/ptload/ZipArchive.h"
+#include "peak_rss.h"
 #include "zip_writer.h"
 
 namespace {
 using namespace crucible::ptload;
 using test::make_zip;
+using test::peak_rss;
 using test::ZipItem;
 
 std::span<const std::byte> bytes_of(const std::string& s) {
@@ -80,13 +81,6 @@ TEST(StateDictFromBytes, NotAZipAndLegacyAreRefusedDistinctly) {
   auto junk = StateDict::from_bytes(bytes_of("hello world"), nullptr);
   ASSERT_FALSE(junk.ok());
   EXPECT_NE(junk.status().message().find("not a torch.save zip archive"), std::string::npos);
-}
-
-// Peak resident memory of this process so far, in bytes (ctest runs each test in its own one).
-std::uint64_t peak_rss() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
 }
 
 std::string refusal(const std::string& archive, const LoadOptions& options = {}) {
@@ -186,6 +180,77 @@ TEST(InflationLimits, ARecordThatDeclaresMoreThanItHoldsCostsOnlyWhatItHolds) {
   EXPECT_NE(msg.find("inflates to 65536 bytes, directory says 62914560"), std::string::npos)
       << msg;
   EXPECT_LT(peak_rss() - before, std::uint64_t{16} << 20);
+}
+
+// torch.save under torch.serialization.set_crc32_options(False) writes 0 in every CRC-32 field.
+TEST(ZeroCrc, AnArchiveWithoutChecksumsIsRefusedSayingWhyAndLoadsWhenAllowed) {
+  const std::string pkl = "\x80\x02}(" + test::uni("w") + test::tensor_f32("0", 4, 1, 3) + "u.";
+  const std::string data(reinterpret_cast<const char*>(std::vector<float>{1, 2, 3, 4}.data()), 16);
+  auto archive = [&](bool zero_pickle_crc) {
+    return make_zip({{"a/data.pkl", pkl, false, 0, zero_pickle_crc},
+                     {"a/data/0", data, false, 0, true},
+                     {"a/version", "3\n", false, 0, true}});
+  };
+  const std::string none = archive(true);
+  const std::string msg = refusal(none);
+  EXPECT_NE(msg.find("pt zip: entry 'a/"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot be verified: every CRC-32 field of this archive is 0, as torch.save "
+                     "writes under torch.serialization.set_crc32_options(False)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("at byte offset "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("re-save it with torch.serialization.set_crc32_options(True), or, if you "
+                     "trust this copy, load it unverified with LoadOptions::allow_zero_crc "
+                     "(crucible pt: --allow-zero-crc)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("fails its checksum"), std::string::npos) << "not reported as damage";
+
+  LoadOptions allow;
+  allow.allow_zero_crc = true;
+  auto sd = StateDict::from_bytes(bytes_of(none), nullptr, allow);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  EXPECT_TRUE(sd->crc_unverified());
+  EXPECT_EQ(sd->tensors()[0].tensor.materialize_f32(), (std::vector<float>{2, 3, 4}));
+
+  // One real checksum among the zeros: the zeros are mismatches, allowed or not.
+  const std::string mixed = archive(false);
+  for (const LoadOptions& o : {LoadOptions{}, allow}) {
+    const std::string m = refusal(mixed, o);
+    EXPECT_NE(m.find("fails its checksum: CRC-32 0x"), std::string::npos) << m;
+    EXPECT_NE(m.find("directory says 0x00000000"), std::string::npos) << m;
+  }
+  // A file with checksums is verified whatever the option says.
+  auto checked = StateDict::from_bytes(bytes_of(make_zip({{"a/data.pkl", pkl},
+                                                          {"a/data/0", data},
+                                                          {"a/version", "3\n"}})),
+                                       nullptr, allow);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_FALSE(checked->crc_unverified());
+}
+
+// One tensor listed 10,000 times (a tuple of BINGETs, 2 bytes each): the list of names and views
+// costs far more than the pickle's objects, and is charged to what the tree left of the budget.
+TEST(StateDictMemory, TheTensorListIsChargedToTheBudget) {
+  std::string pkl = "\x80\x02(" + test::tensor_f32("0", 4, 0, 4) + std::string("q\x00", 2);
+  for (int i = 1; i < 10000; ++i) pkl += std::string("h\x00", 2);
+  pkl += "t.";
+  const std::string z = test::make_pt(pkl, {{1, 2, 3, 4}});
+  auto sd = StateDict::from_bytes(bytes_of(z), nullptr);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  EXPECT_EQ(sd->tensors().size(), 10000u);
+  EXPECT_EQ(sd->tensors()[9999].name, "9999");
+  LoadOptions tight;
+  tight.max_pickle_memory = 1u << 20;
+  const std::string msg = refusal(z, tight);
+  EXPECT_NE(msg.find("pt: listing the tensors would take unpickling memory over the limit of "
+                     "1048576 bytes ("),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(" tensors listed so far"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("raise LoadOptions::max_pickle_memory (crucible pt: --max-pickle-memory N)"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -22,6 +22,8 @@ struct ZipItem {
   // > 0: the entry is this many zero bytes, deflated 1 MiB at a time (`data` and `deflate` are
   // not used): a decompression bomb without holding what it inflates to.
   std::uint64_t zeros = 0;
+  // Write 0 in the CRC-32 fields, as torch.save does under set_crc32_options(False).
+  bool zero_crc = false;
 };
 
 inline void put16(std::string& o, std::uint32_t v) {
@@ -89,6 +91,7 @@ inline std::string make_zip(const std::vector<ZipItem>& items, std::string_view 
       crc = static_cast<std::uint32_t>(crc32(
           0, reinterpret_cast<const Bytef*>(it.data.data()), static_cast<uInt>(it.data.size())));
     }
+    if (it.zero_crc) crc = 0;
     const auto size = static_cast<std::uint32_t>(it.zeros > 0 ? it.zeros : it.data.size());
     const auto off = static_cast<std::uint32_t>(out.size());
     const std::uint32_t method = it.deflate || it.zeros > 0 ? 8 : 0;

@@ -7,6 +7,7 @@
 // shared immutable nodes: an object the pickle references twice (memo) is one node.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -18,6 +19,10 @@
 #include "crucible/ptload/TensorView.h"
 
 namespace crucible::ptload {
+
+namespace detail {
+struct PickleRep;  // kind and scalars; heavier kinds extend it (Note [PickleValue nodes])
+}  // namespace detail
 
 class PickleValue {
  public:
@@ -67,9 +72,12 @@ class PickleValue {
   // Python-like text for names and messages: 'a', 3, True, (1, 2), ...
   std::string repr() const;
 
+  // Heap bytes one value of kind `k` takes for its node (control block included), not counting
+  // what the node owns (string bytes, items, a tensor's sizes): what memory budgets charge.
+  static std::size_t node_bytes(Kind k);
+
  private:
-  struct Rep;
-  static std::shared_ptr<Rep> make_rep(Kind k);
+  using Rep = detail::PickleRep;
   explicit PickleValue(std::shared_ptr<const Rep> rep) : rep_(std::move(rep)) {}
   std::shared_ptr<const Rep> rep_;  // nullptr is None
 };

@@ -35,6 +35,15 @@ struct LoadOptions {
   // ... and a deflated record over 1 MiB may inflate at most this many times its size in the
   // file (torch.save stores records uncompressed; real data deflates under 10:1).
   std::uint64_t max_inflate_ratio = 100;
+  // Memory bombs: heap bytes the unpickler's objects, stack and memo, the object tree and the
+  // tensor list may take together (UnpickleLimits::max_memory_bytes; Note [Unpickler memory
+  // budget] in Unpickler.cpp). torch.save's pickles take 2-3 KB a tensor (about 100,000
+  // tensors fit); one byte of a crafted pickle can ask for tens.
+  std::uint64_t max_pickle_memory = std::uint64_t{256} << 20;
+  // Load an archive whose every CRC-32 field is 0 (torch.save under
+  // torch.serialization.set_crc32_options(False)) without verifying it; off, it is refused with
+  // a message saying so. A single 0 among real checksums is still a mismatch.
+  bool allow_zero_crc = false;
 };
 
 struct NamedTensor {
@@ -56,11 +65,15 @@ class StateDict {
   const TensorView* find(std::string_view name) const;
   // True when the file's byteorder record said "big" (storages were swapped on load).
   bool big_endian_source() const { return big_endian_; }
+  // True when the archive had no checksums (every CRC-32 field 0) and LoadOptions::allow_zero_crc
+  // let it load unverified.
+  bool crc_unverified() const { return crc_unverified_; }
 
  private:
   PickleValue root_;
   std::vector<NamedTensor> tensors_;  // in tree order
   bool big_endian_ = false;
+  bool crc_unverified_ = false;
 };
 
 }  // namespace crucible::ptload

@@ -11,6 +11,8 @@
 // another opcode, another global, SETITEM on a non-dict, a malformed persistent id, a memo
 // miss, a stack underflow, a length past the end — is an error naming the data.pkl offset and
 // the reason. A failed run returns only the error. See Note [Why an arena] in Unpickler.cpp.
+// Memory is bounded by UnpickleLimits::max_memory_bytes, and nesting by max_depth: the VM's
+// loop is iterative, and only the conversion to PickleValues (depth-capped) recurses.
 #pragma once
 
 #include <cstddef>
@@ -41,9 +43,24 @@ struct UnpickleLimits {
   // Nesting of containers in the result. Real checkpoints nest 2-4 deep; the cap bounds the
   // recursion that turns the VM's objects into PickleValues (about 200 bytes of stack a level).
   std::size_t max_depth = 256;
+  // Heap bytes the VM and its result may hold: objects, stack, MARKs, memo, dict keys, item
+  // lists, then the PickleValue tree (Note [Unpickler memory budget] in Unpickler.cpp). Each
+  // growth is charged before it is allocated; past the limit the run is refused with what was in
+  // use. torch.save's pickles take 2-3 KB a tensor (resnet18: 302 KiB).
+  std::uint64_t max_memory_bytes = std::uint64_t{256} << 20;
+  // How the caller raises max_memory_bytes, named in the refusal.
+  std::string_view max_memory_option = "UnpickleLimits::max_memory_bytes";
 };
 
+// What a run charged to UnpickleLimits::max_memory_bytes (nothing is released before it ends,
+// so this is also the peak).
+struct UnpickleStats {
+  std::uint64_t memory_bytes = 0;  // VM and result together
+  std::uint64_t result_bytes = 0;  // the part the returned PickleValue tree keeps
+};
+
+// `stats`, when given, is filled whether or not the run succeeds.
 Result<PickleValue> unpickle(std::span<const std::byte> pickle, const StorageResolver& storages,
-                             const UnpickleLimits& limits = {});
+                             const UnpickleLimits& limits = {}, UnpickleStats* stats = nullptr);
 
 }  // namespace crucible::ptload

@@ -48,10 +48,19 @@ struct InflateLimits {
   static constexpr std::uint64_t kRatioExemptBytes = 1u << 20;
 };
 
+struct ZipOptions {
+  // Accept an archive whose every CRC-32 field is 0 (torch.save under
+  // torch.serialization.set_crc32_options(False)) without verifying any entry. Off, such an
+  // archive fails check_crc() with a message saying why. See Note [Archives without checksums].
+  bool allow_zero_crc = false;
+  std::string_view allow_zero_crc_option = "ZipOptions::allow_zero_crc";  // named in that message
+};
+
 class ZipArchive {
  public:
   // `bytes` must outlive the archive and every view it hands out.
-  static Result<ZipArchive> parse(std::span<const std::byte> bytes);
+  static Result<ZipArchive> parse(std::span<const std::byte> bytes,
+                                  const ZipOptions& options = {});
 
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // nullptr when absent. Names are compared exactly (case-sensitive).
@@ -59,8 +68,13 @@ class ZipArchive {
 
   // The stored bytes of a stored entry, in place (no copy, no checksum).
   std::span<const std::byte> stored_view(const ZipEntry& e) const;
-  // CRC-32 of `data` against the entry's recorded checksum.
+  // CRC-32 of `data` against the entry's recorded checksum (nothing to check when
+  // crc_unverified()).
   Status check_crc(const ZipEntry& e, std::span<const std::byte> data) const;
+  // Every entry's CRC-32 field is 0: written without checksums.
+  bool all_crc_zero() const { return all_crc_zero_; }
+  // all_crc_zero() and ZipOptions::allow_zero_crc: no checksum is verified.
+  bool crc_unverified() const { return all_crc_zero_ && options_.allow_zero_crc; }
   // A copy of the uncompressed bytes (inflated for deflate), checksum verified. The entry's
   // declared size is checked against `limits` first; inflating never writes past it, and memory
   // is committed as output arrives, so a record that lies about its size costs no more.
@@ -69,6 +83,8 @@ class ZipArchive {
  private:
   std::span<const std::byte> bytes_;
   std::vector<ZipEntry> entries_;  // sorted by name, for find()
+  bool all_crc_zero_ = false;
+  ZipOptions options_;
 };
 
 }  // namespace crucible::ptload
