@@ -366,7 +366,7 @@ void configure_plan(std::uint64_t budget, std::uint64_t alignment, bool check_on
   if (pipeline::Pipeline* p = g_pipeline.load(std::memory_order_relaxed)) {
     const graph::PlanOptions& now = p->plan_options();
     if (now.budget == budget && now.alignment == alignment) return;
-    throw std::runtime_error(
+    throw StateError(
         "the background pipeline already runs, planning with budget " + std::to_string(now.budget) +
         " and alignment " + std::to_string(now.alignment) +
         " (the first enable(), recording(), compile() or iteration() starts it): call "
@@ -492,7 +492,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("load_trace", [](const std::string& path) {
     auto r = load_trace(path);
-    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    check(r.status());
     return std::move(*r);
   });
   m.def("iteration", [](const Trace& t, int thread, std::uint64_t budget, std::uint64_t alignment) {
@@ -500,7 +500,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     opt.budget = budget;
     opt.alignment = alignment;
     auto r = graph::analyze_latest_iteration(t, thread, opt);
-    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    check(r.status());
     return iteration_dict(**r);
   }, py::arg("trace"), py::arg("thread") = -1, py::arg("budget") = 0, py::arg("alignment") = 64);
   m.def("published_iteration", [] {
@@ -615,7 +615,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
-    if (!r.ok()) throw std::runtime_error(std::string(r.status().message()));
+    check(r.status());
     const std::string dot = graph::to_dot(t, (*r)->graph());
     // Replaces path whole, or leaves it as it was (a full disk leaves no partial graph).
     check(write_file_replacing(path, std::as_bytes(std::span<const char>(dot)), "export_graph"));

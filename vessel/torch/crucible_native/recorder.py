@@ -109,6 +109,8 @@ def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = No
                     "export(), clear() or flush()): call crucible.configure() before any of those") from None
             except CrucibleValueError as e:
                 raise CrucibleValueError(f"crucible.configure: {e}") from None
+            except RuntimeError as e:
+                raise CrucibleError(f"crucible.configure: {e}") from None
         if plan != _plan_options:
             try:
                 _ext.configure_plan(*plan, check_only=check_only)
@@ -116,6 +118,8 @@ def configure(ring_entries: Optional[int] = None, meta_cells: Optional[int] = No
                 raise CrucibleStateError(f"crucible.configure: {e}") from None
             except CrucibleValueError as e:
                 raise CrucibleValueError(f"crucible.configure: {e}") from None
+            except RuntimeError as e:
+                raise CrucibleError(f"crucible.configure: {e}") from None
     apply(check_only=True)
     apply(check_only=False)
     _ring_sizes, _plan_options = rings, plan
