@@ -14,7 +14,7 @@ For each model, at its test batch (test/record/python/models.py: resnet18 2, tra
     backward, optimizer), so this compares a larger job against a smaller one.
 Prints the table and writes bench/baselines/forge_bench.{json,txt}.
 
-  /usr/bin/python3 bench/python/forge_bench.py [--iters N] [--trace-dir DIR] [--hardware CLASS]
+  .venv/bin/python bench/python/forge_bench.py [--iters N] [--trace-dir DIR] [--hardware CLASS]
 CRUCIBLE_BUILD_DIR picks the build (default build-release); recording needs its Vessel.
 --trace-dir reuses a directory make_traces.py wrote (e.g. build-release/test/forge/traces).
 """

@@ -19,7 +19,7 @@ Prints a table with the times, MB/s (10^6 bytes) and the ratios (target: crucibl
 faster), and writes bench/baselines/pt_load_bench.json and a .txt copy of the table.
 The crucible binary comes from $CRUCIBLE_BUILD_DIR (default build-release) /bin/crucible.
 
-Usage: /usr/bin/python3 bench/python/pt_load_bench.py [--runs N] [--layers L]
+Usage: .venv/bin/python bench/python/pt_load_bench.py [--runs N] [--layers L]
 """
 import argparse
 import collections

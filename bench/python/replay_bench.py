@@ -9,7 +9,7 @@ longer a recorded (capturing) call takes than an eager one, and the plan's stati
 against the peak bytes one eager step allocates on the calling thread (both 64-aligned). Writes
 bench/baselines/replay_bench.{json,txt}.
 
-    /usr/bin/python3 bench/python/replay_bench.py [--rounds 7] [--models mlp,transformer]
+    .venv/bin/python bench/python/replay_bench.py [--rounds 7] [--models mlp,transformer]
 """
 import argparse
 import json

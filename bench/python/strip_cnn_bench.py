@@ -9,7 +9,7 @@ resident set (VmHWM) of a process that loads the model and runs them — each in
 subprocess, so that one does not count another's memory. Prints the ratios and writes
 bench/baselines/strip_cnn_bench.{json,txt}.
 
-  /usr/bin/python3 bench/python/strip_cnn_bench.py [--iters N] [--model-dir DIR]
+  .venv/bin/python bench/python/strip_cnn_bench.py [--iters N] [--model-dir DIR]
 CRUCIBLE_BUILD_DIR picks the build (default build-release).
 """
 import argparse

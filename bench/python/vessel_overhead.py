@@ -10,6 +10,8 @@ Also the recording thread's CPU time per step, eager vs recorded (less sensitive
 to other work on a shared machine; it leaves out the drain and pipeline threads). Prints the
 ratios (medians of the interleaved rounds, and the fastest round of each, which interference on
 a shared machine cannot make faster) and writes bench/baselines/vessel_overhead.json.
+
+    .venv/bin/python bench/python/vessel_overhead.py [--quick]
 """
 import itertools
 import json
@@ -23,9 +25,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "utils", "python"))
 import crucible_native as crucible  # noqa: E402
 
 import benchutil  # noqa: E402
+import crucible_zoo  # noqa: E402  (torchvision's resnet18 without torchvision)
 
 torch.set_num_threads(1)
 
@@ -46,9 +50,8 @@ make_mlp = benchutil.make_mlp
 
 
 def make_resnet():
-    import torchvision
     torch.manual_seed(0)
-    m = torchvision.models.resnet18(num_classes=10)
+    m = crucible_zoo.resnet18(num_classes=10)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
     return m, opt, x, y
