@@ -28,7 +28,6 @@ static_assert(LoadOptions{}.max_pickle_memory == UnpickleLimits{}.max_memory_byt
 // What one listed tensor holds beyond its name and dims: its NamedTensor in the list and the
 // name's node in the duplicate check (Note [Unpickler memory budget] in Unpickler.cpp).
 constexpr std::uint64_t kListedTensorBytes = sizeof(NamedTensor) + 64;
-constexpr std::uint64_t kHeapBlockBytes = 16;
 // "little" or "big": a longer record is refused before it is read.
 constexpr std::uint64_t kMaxByteorderBytes = 6;
 

@@ -115,7 +115,6 @@ constexpr std::uint64_t kMaxPickleBytes = 0xFFFFFFF0u;
 //  tensors, 14.5 KB of pickle, 302 KiB charged; the training checkpoint fixture 2.9 KB a
 //  tensor), so the 256 MiB default holds about 100,000 tensors, while a crafted pickle is
 //  refused at 256 MiB whatever it does.
-constexpr std::uint64_t kHeapBlockBytes = 16;  // malloc's header per block (glibc, 64-bit)
 constexpr std::size_t kMinCapacity = 4;        // first capacity of a growing vector
 // An unordered_map<uint32_t, uint32_t> entry: next pointer and pair (16 bytes) in a 32-byte
 // block, plus up to two 8-byte buckets (the table rehashes at load factor 1, doubling).

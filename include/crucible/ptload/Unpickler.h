@@ -28,6 +28,10 @@
 
 namespace crucible::ptload {
 
+// What malloc adds to each heap block (glibc, 64-bit): the memory budget's estimates of what a
+// string or vector costs count it (Note [Unpickler memory budget], Unpickler.cpp).
+inline constexpr std::uint64_t kHeapBlockBytes = 16;
+
 // A BINPERSID ('storage', torch.<T>Storage, key, location, numel), already checked for shape.
 struct StorageRequest {
   std::string_view key;
