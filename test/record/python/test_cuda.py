@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import crucible_native as crucible
 import models
+from test_replay import train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -51,13 +51,7 @@ def test_compile_refuses_a_cuda_step_and_gives_eager_results():
         m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
+        f = train_step(m, opt)
         step = crucible.compile(f) if compiled else f
         g = torch.Generator().manual_seed(1)
         losses = []
