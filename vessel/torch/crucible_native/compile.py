@@ -9,13 +9,14 @@ from ._compile_stats import COUNTERS as _COUNTERS, live_steps as _live_steps, re
 from ._errors import CrucibleError, CrucibleTypeError, CrucibleValueError, CrucibleWarning
 from ._native import ext as _ext
 from .optimizer_sources import ScalarSources as _ScalarSources
+from .purity import PythonGuard as _PythonGuard, Watch as _Watch
 
 _MISSING = object()
 _PLAIN = (bool, int, float, str, type(None), tuple)
 
 _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
-_MAX_ATTEMPTS = 3      # pairs of recorded calls that disagree before a signature runs eagerly
+_MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
 
 
 class _Unsupported(Exception):
@@ -52,6 +53,17 @@ def _unflatten_out(spec, it):
     return {k: _unflatten_out(s, it) for k, s in zip(spec[1], spec[2])}
 
 
+def _describe_key(key) -> str:
+    """A call signature (CompiledStep._signature's key) in words: its tensor shapes and dtypes."""
+    parts = []
+    for k in key[1:-1]:
+        if isinstance(k, tuple) and len(k) == 5 and hasattr(k[0], "__len__"):
+            parts.append(f"{str(k[2]).replace('torch.', '')}{list(k[0])}")
+        elif isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], type) and k[0] not in (tuple, list, dict):
+            parts.append(repr(k[1]))
+    return "(" + ", ".join(parts) + ")"
+
+
 def _guards_nothing():
     """A function that uses no module or optimizer (_discover_state of a guard entry alone)."""
 
@@ -84,6 +96,8 @@ def _discover_state(fn, extra):
             add(cell.cell_contents, 1)
         except ValueError:  # empty cell
             pass
+    for v in (getattr(f, "__defaults__", None) or ()) + tuple((getattr(f, "__kwdefaults__", None) or {}).values()):
+        add(v, 1)
     code, g = getattr(f, "__code__", None), getattr(f, "__globals__", {})
     for name in (code.co_names if code is not None else ()):
         add(g.get(name), 1)
@@ -113,12 +127,18 @@ class _StateGuard:
                 for m in o.modules():
                     snap(m._parameters, lambda k, v: I)
                     snap(m._buffers, lambda k, v: I)
+                    for k, v in vars(m).items():   # a hook added later runs Python a plan would skip
+                        if k.endswith("hooks") and isinstance(v, dict):
+                            snap(v, lambda k, v: I)
                     keys.append((m.__dict__, "training", m.training, E))
                     # plain settings a forward reads (dropout p, batchnorm momentum and eps)
                     for k, v in vars(m).items():
                         if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN):
                             keys.append((m.__dict__, k, v, E))
             else:
+                for k, v in vars(o).items():
+                    if k.endswith("hooks") and isinstance(v, dict):
+                        snap(v, lambda k, v: I)
                 keys.append((o.__dict__, "state", o.state, I))
                 keys.append((o.__dict__, "param_groups", o.param_groups, I))
                 lists.append((o.param_groups, list(o.param_groups)))
@@ -130,16 +150,34 @@ class _StateGuard:
                 snap(o.state, lambda k, v: I)
                 for st in o.state.values():
                     snap(st, lambda k, v: I if isinstance(v, torch.Tensor) else E)
+        import torch.nn.modules.module as mm
+        import torch.optim.optimizer as oo
+        for src, names in ((mm, ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
+                                 "_global_forward_hooks_with_kwargs")),
+                           (oo, ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"))):
+            for name in names:
+                d = getattr(src, name, None)
+                if isinstance(d, dict):
+                    snap(d, lambda k, v: I)
         self._hyper = hyper
         self._native = _ext.StateGuard(keys, dicts, lists)
         self.ok = self._native.ok
 
 
 class _Entry:
-    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts")
+    __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
+                 "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
+        self.scheds = None     # [(scheduler, times)] the step steps after its optimizers: run after each plan run
+        self.causes = []       # every reason the signature was refused (explain())
+        # Of the last captured call: the state guard as the call began (the hyperparameters its
+        # ops were recorded with, even when the step changes them itself) and the scalar
+        # sources' values for that call.
+        self.cap_guard, self.cap_srcs = None, []
+        self.py, self.cap_py = None, None   # PythonGuard: of the plan, and as the last captured call began
         self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
         self.attempts = 0      # plan builds that failed: two recorded calls disagreed
@@ -212,6 +250,7 @@ class CompiledStep:
         self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
         self.last_refusal = None    # why the last refused signature runs eagerly
         self.last_divergence = None
+        self.last_guard_failure = None   # what Python state changed, when it was that
         self.__wrapped__ = fn
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -230,6 +269,18 @@ class CompiledStep:
         d["guarded"] = [type(o).__name__ for o in self._guard_objs]
         return d
 
+    def explain(self) -> list:
+        """Per call signature that runs eagerly or has not compiled yet: {"signature", "state",
+        "causes"}, state being "refused" (every call of it runs eagerly; causes lists every
+        reason found), "compiled", or "pending" (still warming up or recording; causes lists
+        what made earlier captures unusable, if anything)."""
+        out = []
+        for key, e in self._entries.items():
+            state = "refused" if e.refused is not None else ("compiled" if e.plan is not None else "pending")
+            out.append({"signature": _describe_key(key), "state": state, "causes": list(e.causes),
+                        "schedulers": [type(s).__name__ for s, _ in (e.scheds or ())]})
+        return out
+
     def plans(self) -> list:
         """plan_info() of every live plan: kernel calls, slots, externals, hash, build time."""
         return [_ext.plan_info(e.plan) for e in self._entries.values() if e.plan is not None]
@@ -246,12 +297,13 @@ class CompiledStep:
         e.forms, e.srcs = [], []
         if e.plan is not None:
             _ext.plan_release(e.plan)
-        e.plan, e.seen, e.guard, e.lifted, e.patched = None, 0, None, {}, False
+        e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
 
-    def _refuse(self, e, why):
+    def _refuse(self, e, why, causes=None):
         import warnings
         self._drop(e)
         e.refused = why
+        e.causes = list(causes or [why])
         self.last_refusal = why
         self._count("refusals")
         warnings.warn(f"crucible.compile: {why}", CrucibleWarning, stacklevel=3)
@@ -359,6 +411,11 @@ class CompiledStep:
             if not e.guard.ok():
                 st["guard_failures"] += 1
                 return self._update(e, args, kwargs, tensors)
+            changed = e.py.changed()
+            if changed is not None:
+                st["guard_failures"] += 1
+                self.last_guard_failure = changed
+                return self._update(e, args, kwargs, tensors)
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
@@ -371,6 +428,10 @@ class CompiledStep:
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
+                if e.scheds:
+                    for sched, times in e.scheds:   # as the step did, after its optimizers' step()
+                        for _ in range(times):
+                            sched.step()
                 return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
         if e.refused is not None:
             self._count("eager_calls")
@@ -390,7 +451,7 @@ class CompiledStep:
             return result
         e.spec = spec
         e.forms.append(form)
-        e.srcs.append(self._sources.values(False) if self._sources else [])
+        e.srcs.append(e.cap_srcs)
         if len(e.forms) == 2:
             try:
                 e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
@@ -408,6 +469,15 @@ class CompiledStep:
             if not self._arena:
                 _ext.plan_set_arena(e.plan, False)
             info = _ext.plan_info(e.plan)
+            if info["value_reads"]:
+                reads = info["value_reads"]
+                self._refuse(e, f"the step reads tensor values into Python ({', '.join(reads[:3])}"
+                                f"{', ...' if len(reads) > 3 else ''}: .item(), bool(), float(), printing "
+                                f"a tensor); a replay would not give Python those values, and a branch on "
+                                f"them would not be taken again. Read values after the call (return the "
+                                f"tensor), or outside the step",
+                             [f"a tensor value read into Python by {r}" for r in reads])
+                return result
             e.patched = info["patches"] > 0
             if not self._guard_objs and not self._nothing_guarded_warned:
                 import warnings
@@ -418,15 +488,9 @@ class CompiledStep:
                     "a loaded optimizer state, train()/eval() or a new learning rate will not be "
                     "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
                     CrucibleWarning, stacklevel=2)
-            e.guard = _StateGuard(self._guard_objs, e.lifted)
+            e.guard, e.py = e.cap_guard, e.cap_py
+            e.attempts = 0
             self._count("plans_built")
-            if info["value_reads"] and not self._verify_every:
-                import warnings
-                warnings.warn(
-                    f"crucible.compile: the step reads tensor values into Python "
-                    f"({', '.join(info['value_reads'][:3])}: .item(), bool(), float()). The plan "
-                    f"replays the path those values took in the recorded calls; a branch on them is "
-                    f"caught only by verification: pass verify_every=N.", CrucibleWarning, stacklevel=2)
         return result
 
     def _params(self):
@@ -449,8 +513,10 @@ class CompiledStep:
             self._has_sources = bool(self._sources)
             self._param_list = self._params()
 
-    def _capture(self, e, args, kwargs, tensors):
-        """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec)."""
+    def _capture(self, e, args, kwargs, tensors, lifted=None):
+        """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec),
+        and leaves e.cap_guard and e.cap_srcs for the call (lifted: the hyperparameters the
+        guard leaves to the sources; e.lifted when None)."""
         if not e.forms:
             self._rediscover()
         self._count("captures")
@@ -467,17 +533,50 @@ class CompiledStep:
                             f"with crucible.enable() works on any device)")
             return self._fn(*args, **kwargs), None, None
         self._note_grads(params)
+        e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
+        hyper = self._sources.hyperparameters() if self._has_sources else None
+        watch = _Watch(self._fn, self._guard_extra)
+        try:
+            watch.start()   # before the capture: its walk of the step's state runs no ATen op
+        except RuntimeError as err:   # another thread is capturing: this call is not captured
+            self.last_refusal = str(err)
+            return self._fn(*args, **kwargs), None, None
+        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids)
         try:
             _ext.capture_start(not _recording.is_enabled())
         except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded
+            watch.stop()
             self._refuse(e, str(err))
             return self._fn(*args, **kwargs), None, None
         try:
             result = self._fn(*args, **kwargs)
         except BaseException:
             _ext.capture_discard()
+            watch.stop()
             raise
         _ext.capture_stop()
+        watch.stop()
+        e.cap_srcs = self._sources.values(False, hyper) if self._has_sources else []
+        problems = watch.finish()
+        if problems:
+            # Maybe a one-off (the optimizer creating a new parameter's state, a lazily built
+            # cache): the capture is dropped, and after _MAX_ATTEMPTS such calls the signature
+            # runs eagerly.
+            _ext.capture_discard()
+            self._count("impure_captures")
+            e.attempts += 1
+            e.causes = problems
+            if e.attempts >= _MAX_ATTEMPTS:
+                self._refuse(e, f"the step does what a replay of its ATen ops would skip: {problems[0]}"
+                                + (f" (and {len(problems) - 1} more: step.explain())" if len(problems) > 1 else ""),
+                             problems)
+            return result, None, None
+        scheds = list(watch.schedulers)
+        if e.scheds is not None and [(id(s), n) for s, n in e.scheds] != [(id(s), n) for s, n in scheds]:
+            _ext.capture_discard()
+            self._refuse(e, "the step stepped its LR schedulers differently in two calls")
+            return result, None, None
+        e.scheds = scheds
         flat = []
         try:
             spec = _flatten_out(result, flat)
@@ -500,10 +599,13 @@ class CompiledStep:
         that are new objects of the same kind (a loaded optimizer state, a replaced parameter)
         are bound instead. Anything else drops the plan, and the step records again."""
         changed = [(d, k) for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v]
-        result, form, spec = self._capture(e, args, kwargs, tensors)
+        lifted = {g: set(ks) for g, ks in e.lifted.items()}
+        for d, k in changed:   # if the plan takes them over, that group's value comes from the sources
+            lifted.setdefault(id(d), set()).add(k)
+        result, form, spec = self._capture(e, args, kwargs, tensors, lifted)
         if form is None:
             return result
-        srcs = self._sources.values(False) if self._has_sources else []
+        srcs = e.cap_srcs
         if spec == e.spec:
             why, added, rebound = _ext.plan_update(e.plan, form, srcs)
         else:
@@ -513,10 +615,10 @@ class CompiledStep:
             self._count("replans")
             self._drop(e)
             return result
-        for d, k in changed:   # that group's value now comes from the sources at every run
-            e.lifted.setdefault(id(d), set()).add(k)
+        e.lifted = lifted
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
-        e.guard = _StateGuard(self._guard_objs, e.lifted)
+        e.guard, e.py = e.cap_guard, e.cap_py
+        e.attempts = 0
         self._count("plan_updates")
         if changed:
             self._count("hyper_learned")
@@ -530,7 +632,7 @@ class CompiledStep:
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
-        srcs = self._sources.values(False) if self._sources else []
+        srcs = e.cap_srcs
         why = _ext.plan_check(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
         _ext.form_release(form)
         if why:

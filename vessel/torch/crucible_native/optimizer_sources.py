@@ -5,10 +5,15 @@ import math
 
 class ScalarSources:
     """Python's replica of the scalar arithmetic of recognized optimizers (single-tensor SGD,
-    Adam and AdamW of PyTorch 1.13 and 2.x): the Python floats they compute from the group's
-    hyperparameters and the step counter (state["step"]) and pass to ops. Each value is named
-    by the op and argument it feeds:
+    Adam, AdamW, Adadelta, RMSprop and Adagrad of PyTorch 2.x; SGD, Adam and AdamW of 1.13):
+    the Python floats they compute from the group's hyperparameters and the step counter
+    (state["step"]) and pass to ops. Each value is named by the op and argument it feeds:
       SGD        param.add_(d_p, alpha=-lr)                       aten::add_.Tensor / alpha
+      Adadelta   param.add_(delta, alpha=-lr)                     aten::add_.Tensor / alpha
+      RMSprop    param.add_(buf, alpha=-lr) (momentum), else
+                 param.addcdiv_(grad, avg, value=-lr)             aten::addcdiv_ / value
+      Adagrad    param.addcdiv_(grad, std, value=-clr),
+                 clr = lr / (1 + (step - 1) * lr_decay)          aten::addcdiv_ / value
       Adam(W)    param.addcdiv_(exp_avg, denom, value=-step_size)  aten::addcdiv_ / value
                  exp_avg_sq.sqrt() / sqrt(1 - beta2**step)         aten::div.Tensor / other
       AdamW      param.mul_(1 - lr * weight_decay)                 aten::mul_.Tensor / other
@@ -20,25 +25,45 @@ class ScalarSources:
 
     def __init__(self, objs):
         import torch
-        self._opts = [o for o in objs if type(o) in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)]
-        self._sgd = torch.optim.SGD
-        self._adamw = torch.optim.AdamW
+        self._kinds = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw",
+                       torch.optim.Adadelta: "adadelta", torch.optim.RMSprop: "rmsprop",
+                       torch.optim.Adagrad: "adagrad"}
+        self._opts = [o for o in objs if type(o) in self._kinds]
 
     def __bool__(self):
         return bool(self._opts)
 
-    def values(self, upcoming: bool) -> list:
+    def hyperparameters(self) -> list:
+        """The param groups' hyperparameters now, for values(): a step that changes them itself
+        (a scheduler stepped inside it) used the ones it started with."""
+        return [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in self._opts]
+
+    def values(self, upcoming: bool, hyper=None) -> list:
         """(op, argument, value, anchor) per source; the anchor is the data pointer of the
-        tensor the value belongs to (the parameter; exp_avg_sq for the bias correction)."""
+        tensor the value belongs to (the parameter; exp_avg_sq for the bias correction).
+        hyper: hyperparameters() taken earlier, used instead of the groups' current ones."""
         out = []
-        for opt in self._opts:
-            sgd, adamw = type(opt) is self._sgd, type(opt) is self._adamw
-            for g in opt.param_groups:
+        for oi, opt in enumerate(self._opts):
+            kind = self._kinds[type(opt)]
+            for gi, g in enumerate(opt.param_groups):
+                if hyper is not None and oi < len(hyper) and gi < len(hyper[oi]):
+                    g = dict(hyper[oi][gi], params=g["params"])
                 if g.get("foreach") or g.get("fused") or g.get("capturable") or g.get("differentiable"):
                     continue
                 lr = g["lr"]
-                if sgd:
+                if kind in ("sgd", "adadelta") or (kind == "rmsprop" and g.get("momentum", 0) > 0):
                     out.extend(("aten::add_.Tensor", "alpha", -lr, p.data_ptr()) for p in g["params"])
+                    continue
+                if kind == "rmsprop":
+                    out.extend(("aten::addcdiv_", "value", -lr, p.data_ptr()) for p in g["params"])
+                    continue
+                if kind == "adagrad":
+                    for p in g["params"]:
+                        st = opt.state.get(p)
+                        if not st or "step" not in st:
+                            continue
+                        step = float(st["step"]) + (1.0 if upcoming else 0.0)
+                        out.append(("aten::addcdiv_", "value", -(lr / (1 + (step - 1) * g["lr_decay"])), p.data_ptr()))
                     continue
                 beta1, beta2 = g["betas"]
                 decay = 1 - lr * g["weight_decay"]
@@ -55,7 +80,7 @@ class ScalarSources:
                     out.append(("aten::addcdiv_", "value", -step_size, p.data_ptr()))
                     out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2), sq))  # 1.13
                     out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5, sq))     # 2.x
-                    if adamw:
+                    if kind == "adamw":
                         out.append(("aten::mul_.Tensor", "other", decay, p.data_ptr()))
         return out
 

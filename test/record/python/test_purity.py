@@ -1,0 +1,458 @@
+"""crucible.compile never silently skips what a step does besides ATen ops: every step here
+runs N times eagerly and N times compiled from the same state, and everything a user sees —
+losses, parameters, optimizer state, learning rates, and the step's Python side effects (a
+log list, a counter, a hook's count, printed text) — must be identical. A step whose Python
+a replay would skip is refused openly (a CrucibleWarning and step.explain() name the cause)
+and runs eagerly; a recognized LR scheduler stepped inside the step runs after each plan
+run instead, and the plan runs."""
+import io
+import logging
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import crucible_native as crucible
+
+from test_replay import assert_same, batches, snapshot
+
+N = 10
+
+
+def mlp(opt_name="SGD", **kw):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = getattr(torch.optim, opt_name)(m.parameters(), lr=kw.pop("lr", 0.05), **kw)
+    return m, opt
+
+
+def twin_runs(make, n=N, compile_kw=None):
+    """make() -> (step, model, optimizer, observe): runs the step n times eagerly and n times
+    compiled, each from fresh state. Returns (eager results, compiled results, compiled
+    step, warnings of the compiled run); each result is (losses, snapshot, lrs, observe())."""
+    out, step, caught = [], None, []
+    for compiled in (False, True):
+        f, m, opt, observe = make()
+        step = crucible.compile(f, **(compile_kw or {})) if compiled else f
+        losses, lrs = [], []
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for x, y in batches(n, [8]):
+                losses.append(step(x, y).detach().clone())
+                lrs.append([g["lr"] for g in opt.param_groups])
+        if compiled:
+            caught = [str(x.message) for x in w if issubclass(x.category, crucible.CrucibleWarning)]
+        out.append((losses, snapshot(m, opt), lrs, observe()))
+    return out[0], out[1], step, caught
+
+
+def assert_identical(eager, compiled):
+    for a, b in zip(eager[0], compiled[0]):
+        assert torch.equal(a, b)
+    assert_same(eager[1], compiled[1])
+    assert eager[2] == compiled[2], "learning rates differ"
+    assert eager[3] == compiled[3], "the step's Python side effects differ"
+
+
+def refused_with(step, caught, pattern):
+    st = step.stats()
+    assert st["plan_runs"] == 0 and st["refusals"] >= 1, st
+    assert any(pattern in c for c in caught), caught
+    causes = [c for e in step.explain() if e["state"] == "refused" for c in e["causes"]]
+    assert any(pattern in c for c in causes), causes
+
+
+# -- recognized LR schedulers: the plan runs, the scheduler steps after it --------------------
+SCHEDULERS = {
+    "StepLR": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5),
+    "LambdaLR": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda i: 1.0 / (1 + i)),
+    "CosineAnnealingLR": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=7),
+    "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=N + 2,
+                                                                cycle_momentum=False),
+    "SequentialLR": lambda o: torch.optim.lr_scheduler.SequentialLR(
+        o, [torch.optim.lr_scheduler.LinearLR(o, 0.5, total_iters=3),
+            torch.optim.lr_scheduler.ExponentialLR(o, 0.9)], milestones=[3]),
+}
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adadelta", "RMSprop", "Adagrad", "Adam", "AdamW"])
+@pytest.mark.parametrize("sched_name", ["StepLR", "LambdaLR"])
+def test_a_scheduler_stepped_inside_the_step_runs_after_each_plan_run(opt_name, sched_name):
+    def make():
+        m, opt = mlp(opt_name, momentum=0.9) if opt_name == "SGD" else mlp(opt_name)
+        sched = SCHEDULERS[sched_name](opt)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+        return f, m, opt, lambda: (sched.last_epoch, sched.get_last_lr())
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert st["refusals"] == 0, (step.last_refusal, caught)
+    assert st["plan_runs"] >= N - 5 and st["replans"] == 0, st
+    assert step.explain()[-1]["schedulers"] == [type(SCHEDULERS[sched_name](mlp()[1])).__name__]
+
+
+@pytest.mark.parametrize("sched_name", ["CosineAnnealingLR", "OneCycleLR", "SequentialLR"])
+def test_other_schedulers_inside_the_step(sched_name):
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        sched = SCHEDULERS[sched_name](opt)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+        return f, m, opt, lambda: sched.last_epoch
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["refusals"] == 0 and step.stats()["plan_runs"] >= 1, (step.last_refusal, caught)
+
+
+def test_a_scheduler_stepped_before_the_optimizer_is_refused():
+    def make():
+        m, opt = mlp()
+        sched = SCHEDULERS["StepLR"](opt)
+
+        def f(x, y):
+            sched.step()
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: sched.last_epoch
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    refused_with(step, caught, "StepLR.step() ran before its optimizer's step()")
+
+
+def test_reduce_lr_on_plateau_fed_from_the_loss_is_refused():
+    def make():
+        m, opt = mlp()
+        sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step(loss.item())
+            return loss
+        return f, m, opt, lambda: sched.num_bad_epochs
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["plan_runs"] == 0 and step.stats()["refusals"] == 1
+
+
+def test_a_step_that_sets_the_learning_rate_itself_is_refused():
+    def make():
+        m, opt = mlp()
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            for g in opt.param_groups:
+                g["lr"] *= 0.9
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    refused_with(step, caught, "['lr'] changed")
+
+
+# -- Python side effects: refused, and the eager calls keep every one of them -----------------
+def side_effect_step(effect):
+    """A step doing `effect(loss, state)` after its update; observe() returns the state."""
+    def make():
+        m, opt = mlp()
+        state = {"log": [], "n": 0, "hook": [0], "out": io.StringIO()}
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            effect(loss, state, m)
+            return loss
+
+        def observe():
+            return (list(state["log"]), state["n"], list(state["hook"]))
+        return f, m, opt, observe
+    return make
+
+
+def _log_item(loss, state, m):
+    state["log"].append(loss.item())
+
+
+def _count(loss, state, m):
+    state["n"] += 1
+
+
+def _append_tensor(loss, state, m):
+    state["log"].append(loss.detach())
+
+
+@pytest.mark.parametrize("effect,pattern", [
+    (_log_item, "grew"),
+    (_count, "['n'] changed"),
+])
+def test_python_side_effects_are_refused_and_kept(effect, pattern):
+    eager, compiled, step, caught = twin_runs(side_effect_step(effect))
+    refused_with(step, caught, pattern)
+    if effect is _log_item:
+        assert len(compiled[3][0]) == N   # every call appended: the calls ran eagerly
+    else:
+        assert compiled[3][1] == N
+    assert_identical(eager, compiled)
+
+
+def test_a_list_of_tensors_growing_is_refused():
+    eager, compiled, step, caught = twin_runs(side_effect_step(_append_tensor))
+    refused_with(step, caught, "grew")
+    assert len(compiled[3][0]) == N
+
+
+N_GLOBAL = 0
+
+
+def test_a_global_counter_is_refused_and_named():
+    def make():
+        m, opt = mlp()
+
+        def f(x, y):
+            global N_GLOBAL
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            N_GLOBAL += 1
+            return loss
+        return f, m, opt, lambda: None
+
+    global N_GLOBAL
+    N_GLOBAL = 0
+    eager, compiled, step, caught = twin_runs(make)
+    assert N_GLOBAL == 2 * N
+    refused_with(step, caught, "global 'N_GLOBAL'")
+    assert_identical(eager, compiled)
+
+
+def test_a_forward_hook_that_counts_is_refused():
+    def make():
+        m, opt = mlp()
+        count = [0]
+        m[0].register_forward_hook(lambda mod, i, o: count.__setitem__(0, count[0] + 1))
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: count[0]
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert compiled[3] == N
+    refused_with(step, caught, "_forward_hooks")
+    assert_identical(eager, compiled)
+
+
+def test_a_gradient_hook_that_counts_is_refused():
+    def make():
+        m, opt = mlp()
+        count = [0]
+        m[2].weight.register_hook(lambda g: count.__setitem__(0, count[0] + 1))
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: count[0]
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert compiled[3] == N
+    refused_with(step, caught, "_backward_hooks")
+    assert_identical(eager, compiled)
+
+
+def test_printing_and_logging_are_refused(capsys, caplog):
+    def make():
+        m, opt = mlp()
+        log = logging.getLogger("crucible.test")
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            print("step done")
+            log.warning("a record")
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    refused_with(step, caught, "wrote to stdout: 'step done'")
+    causes = step.explain()[-1]["causes"]
+    assert any("through logging: 'crucible.test: a record'" in c for c in causes), causes
+    assert capsys.readouterr().out.count("step done") == 2 * N
+    assert_identical(eager, compiled)
+
+
+@pytest.mark.parametrize("source", ["random", "numpy"])
+def test_drawing_from_python_or_numpy_random_is_refused(source):
+    def make():
+        m, opt = mlp()
+        random.seed(0)
+        np.random.seed(0)
+
+        def f(x, y):
+            opt.zero_grad()
+            scale = random.random() if source == "random" else float(np.random.rand())
+            loss = F.cross_entropy(m(x), y) * 0.0 + F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss * (scale * 0 + 1)
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    refused_with(step, caught, "Python's random module" if source == "random" else "NumPy's global random")
+    assert_identical(eager, compiled)
+
+
+@pytest.mark.parametrize("read", ["tolist", "numpy", "array"])
+def test_reading_values_without_an_aten_op_is_refused(read):
+    def make():
+        m, opt = mlp()
+        seen = []
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            d = loss.detach()
+            v = d.tolist() if read == "tolist" else (d.numpy() if read == "numpy" else np.asarray(d))
+            seen.append(float(v))
+            return loss
+        return f, m, opt, lambda: list(seen)
+
+    eager, compiled, step, caught = twin_runs(make)
+    refused_with(step, caught, "read a tensor's values into Python")
+    assert_identical(eager, compiled)
+
+
+def test_adam_reading_its_step_counter_is_not_a_value_read():
+    # Single-tensor Adam calls .item() on state["step"] inside optimizer.step(): recognized
+    # optimizer code, fed to the plan through its scalar sources.
+    def make():
+        m, opt = mlp("Adam")
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["refusals"] == 0 and step.stats()["plan_runs"] == N - 3
+
+
+def test_a_pure_step_is_not_refused_and_the_check_leaves_no_trace():
+    import sys
+    out, err = sys.stdout, sys.stderr
+    factory = logging.getLogRecordFactory()
+    methods = {k: torch.Tensor.__dict__.get(k) for k in ("tolist", "numpy", "__array__", "data_ptr")}
+
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["refusals"] == 0 and step.stats()["plan_runs"] == N - 3 and not caught
+    assert sys.stdout is out and sys.stderr is err and logging.getLogRecordFactory() is factory
+    assert {k: torch.Tensor.__dict__.get(k) for k in methods} == methods
+
+
+def test_a_hook_added_after_the_plan_was_built_makes_the_step_record_again():
+    res = []
+    for compiled in (False, True):
+        m, opt = mlp()
+        count = [0]
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, (x, y) in enumerate(batches(N, [8])):
+                if i == 6:
+                    m[0].register_forward_hook(lambda mod, inp, o: count.__setitem__(0, count[0] + 1))
+                step(x, y)
+        res.append((snapshot(m, opt), count[0]))
+    assert res[0][1] == res[1][1] == N - 6
+    assert_same(res[0][0], res[1][0])
+    assert step.stats()["guard_failures"] >= 1
+
+
+def test_a_step_raising_part_way_leaves_no_watch_behind():
+    import sys
+    out = sys.stdout
+    m, opt = mlp()
+    calls = [0]
+
+    def f(x, y):
+        calls[0] += 1
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if calls[0] == 2:
+            raise KeyError("boom")
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = crucible.compile(f)
+    x, y = batches(1, [8])[0]
+    step(x, y)
+    with pytest.raises(KeyError):
+        step(x, y)
+    assert sys.stdout is out and torch.Tensor.__dict__.get("tolist") is None
+    step(x, y)   # still usable
