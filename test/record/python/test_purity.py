@@ -456,3 +456,139 @@ def test_a_step_raising_part_way_leaves_no_watch_behind():
         step(x, y)
     assert sys.stdout is out and torch.Tensor.__dict__.get("tolist") is None
     step(x, y)   # still usable
+
+
+def test_grad_mode_autocast_and_default_dtype_are_part_of_the_signature():
+    m, opt = mlp()
+
+    def f(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y.long())
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = crucible.compile(f)
+    x, y = batches(1, [8])[0]
+    for _ in range(5):
+        step(x, y)
+    assert step.stats()["plan_runs"] == 2
+    with torch.no_grad(), pytest.raises(RuntimeError, match="does not require grad"):
+        step(x, y)             # as eager: nothing to differentiate, not a replay of the plan
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            step(x, y)         # a new signature, refused: a replay would drop the casts
+    assert any("autocast" in str(x.message) for x in w)
+    runs = step.stats()["plan_runs"]
+    step(x, y)
+    assert step.stats()["plan_runs"] == runs + 1   # the plan of the plain signature still runs
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        step(x, y)
+        assert step.stats()["plan_runs"] == runs + 1   # another signature: recorded, not replayed
+    finally:
+        torch.set_default_dtype(old)
+
+
+# -- after_step: read values once the plan has run, and stay compiled -------------------------
+def test_after_step_logs_every_call_and_the_step_stays_compiled():
+    def make():
+        m, opt = mlp("Adam")
+        log = []
+
+        def f(x, y):
+            opt.zero_grad()
+            out = m(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            crucible.after_step(lambda l, o: log.append((l.item(), o.sum().item())), loss, out)
+            return loss
+        return f, m, opt, lambda: list(log)
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert len(compiled[3]) == N
+    st = step.stats()
+    assert st["refusals"] == 0 and st["plan_runs"] == N - 3 and st["guard_failures"] == 0, (st, caught)
+
+
+LOG = []
+
+
+def _record(loss):
+    LOG.append(loss.item())
+
+
+def test_after_step_with_a_global_function_and_a_flag_it_sets_that_the_step_reads():
+    # The function passed to after_step sets a flag the step's own code reads: the Python
+    # guard sees it before the next run, and that call records again.
+    def make():
+        m, opt = mlp()
+        flags = {"halve": False}
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            if flags["halve"]:
+                loss = loss * 0.5
+            loss.backward()
+            opt.step()
+            crucible.after_step(_record, loss)
+            crucible.after_step(lambda l: flags.__setitem__("halve", len(LOG) % 8 >= 5), loss)
+            return loss
+        LOG.clear()
+        return f, m, opt, lambda: (list(LOG), dict(flags))
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["plan_runs"] >= 1 and step.stats()["guard_failures"] >= 1
+
+
+def test_after_step_closing_over_a_local_of_the_step_is_refused():
+    def make():
+        m, opt = mlp()
+        log = []
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            scale = y.shape[0]           # a local the function below closes over
+            crucible.after_step(lambda l: log.append(l.item() * scale), loss)
+            return loss
+        return f, m, opt, lambda: list(log)
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    refused_with(step, caught, "closes over 'scale', a local variable of the step")
+
+
+def test_after_step_outside_a_compiled_step_runs_at_once_and_checks_its_arguments():
+    seen = []
+    t = torch.ones(2)
+    crucible.after_step(lambda a: seen.append(a.sum().item()), t)
+    assert seen == [2.0]
+    with pytest.raises(crucible.CrucibleTypeError, match="argument 1 must be a tensor"):
+        crucible.after_step(print, 3.0)
+    with pytest.raises(TypeError, match="must be callable"):
+        crucible.after_step(None, t)
+
+
+def test_after_step_functions_do_not_run_when_the_step_raises():
+    m, opt = mlp()
+    ran = []
+
+    def f(x, y):
+        loss = F.cross_entropy(m(x), y)
+        crucible.after_step(lambda l: ran.append(1), loss)
+        raise ValueError("part-way")
+
+    step = crucible.compile(f)
+    x, y = batches(1, [8])[0]
+    with pytest.raises(ValueError, match="part-way"):
+        step(x, y)
+    assert ran == []

@@ -22,14 +22,14 @@ from .recorder import (clear, configure, disable, enable, export, export_graph, 
                         iteration, load_trace, mark_constants, mark_inputs, recording, stats,
                         storage_id, trace, track_modules, track_optimizer)
 from .recorder import _storage_cdata  # noqa: F401  (tests read storages' identities with it)
-from .compile import CompiledStep, compile
+from .compile import CompiledStep, after_step, compile
 
 __all__ = [
     "configure", "enable", "disable", "is_enabled", "recording", "track_modules", "track_optimizer",
     "mark_inputs", "mark_constants", "flush", "stats", "export", "load_trace", "trace",
     "clear", "storage_id", "iteration", "export_graph", "build_dir", "CrucibleError",
     "CrucibleTypeError", "CrucibleValueError", "CrucibleStateError",
-    "compile", "CompiledStep", "CrucibleWarning",
+    "compile", "CompiledStep", "after_step", "CrucibleWarning",
 ]
 
 # What a forked child cannot do, and what is valid but not now, raise these whichever binding

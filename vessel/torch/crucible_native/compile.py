@@ -1,6 +1,7 @@
 """crucible.compile: capture a training step, build an ExecutionPlan, replay it from C++."""
 from __future__ import annotations
 
+import threading
 import weakref
 
 from . import recorder as _recording
@@ -51,6 +52,74 @@ def _unflatten_out(spec, it):
         items = [_unflatten_out(s, it) for s in spec[1]]
         return items if kind == "l" else tuple(items)
     return {k: _unflatten_out(s, it) for k, s in zip(spec[1], spec[2])}
+
+
+_closures = threading.local()
+
+
+def _closure_stack() -> list:
+    """This thread's compiled calls in progress, innermost last: each a list of the
+    (function, tensors) that after_step registered during it."""
+    st = getattr(_closures, "stack", None)
+    if st is None:
+        st = _closures.stack = []
+    return st
+
+
+def after_step(fn, *tensors) -> None:
+    """Runs fn(*tensors) once the values of `tensors` are final: inside a compiled step, when
+    the call returns (after its plan has run, or after the eager call); elsewhere, at once.
+
+        def train_step(x, y):
+            ...
+            crucible.after_step(lambda l: losses.append(l.item()), loss)
+            return loss
+
+    Reading a value with .item() inside a compiled step makes it impure (a replay would not
+    give Python the value), and the step runs eagerly; after_step keeps the step pure: the
+    tensors become outputs of the plan, and fn runs in Python after each run. fn must not
+    close over the step's own local variables (each call would see those of the recorded
+    call): pass what it needs as tensors, or bind it through a global or an enclosing
+    scope. If the step raises, its after_step functions do not run."""
+    import torch
+    if not callable(fn):
+        raise CrucibleTypeError(f"after_step: fn must be callable, got {type(fn).__name__}")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise CrucibleTypeError(f"after_step: argument {i + 1} must be a tensor, got {type(t).__name__}; "
+                                    f"pass other values through fn's scope")
+    stack = _closure_stack()
+    if not stack:
+        fn(*tensors)
+        return
+    stack[-1].append((fn, tensors))
+
+
+def _closures_differ(before, now):
+    """Why the after_step functions of two calls cannot be taken for one another, or None.
+    A plan calls the ones of its last recorded call: each must be the same function, or one
+    made from the same code whose closure holds the same cells (no local of the call) and
+    whose defaults are the same objects."""
+    if len(before) != len(now):
+        return f"the step made {len(before)} after_step calls in one call and {len(now)} in another"
+    for i, (a, b) in enumerate(zip(before, now)):
+        if a is b:
+            continue
+        name = getattr(b, "__qualname__", type(b).__name__)
+        code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+        if code_a is None or code_a is not code_b:
+            return f"after_step call {i + 1} passed another function ({name}) than in the recorded call"
+        cells_a, cells_b = a.__closure__ or (), b.__closure__ or ()
+        for var, ca, cb in zip(code_b.co_freevars, cells_a, cells_b):
+            if ca is not cb:
+                return (f"the after_step function {name} closes over '{var}', a local variable of the step: "
+                        f"a plan run would give it the value of the recorded call. Pass it as a tensor "
+                        f"argument of after_step")
+        da, db = a.__defaults__ or (), b.__defaults__ or ()
+        if len(da) != len(db) or any(x is not y for x, y in zip(da, db)):
+            return (f"the after_step function {name} has default arguments bound to values of each call; "
+                    f"pass them as tensor arguments of after_step")
+    return None
 
 
 def _describe_key(key) -> str:
@@ -167,7 +236,8 @@ class _StateGuard:
 
 class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
-                 "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py")
+                 "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
+                 "form_closures")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -178,6 +248,8 @@ class _Entry:
         # sources' values for that call.
         self.cap_guard, self.cap_srcs = None, []
         self.py, self.cap_py = None, None   # PythonGuard: of the plan, and as the last captured call began
+        # after_step functions: the plan's (called after each run), the last capture's, each form's
+        self.closures, self.cap_closures, self.form_closures = [], [], []
         self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
         self.attempts = 0      # plan builds that failed: two recorded calls disagreed
@@ -239,6 +311,7 @@ class CompiledStep:
         self._finish = torch.ops.crucible.capture_finish
         self._note_grads = torch.ops.crucible.note_grads
         self._tensor = torch.Tensor
+        self._C = torch._C
         self._stats = {k: 0 for k in _COUNTERS}
         self._has_sources = bool(self._sources)
         _live_steps.add(self)
@@ -294,7 +367,7 @@ class CompiledStep:
     def _drop(self, e):
         for f in e.forms:
             _ext.form_release(f)
-        e.forms, e.srcs = [], []
+        e.forms, e.srcs, e.form_closures, e.closures = [], [], [], []
         if e.plan is not None:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
@@ -326,6 +399,11 @@ class CompiledStep:
         # Which parameters have a .grad as the call begins: backward stores a new gradient
         # into an empty .grad and accumulates into an existing one (other ops), so a loop that
         # clears gradients every few steps gets a plan for each case.
+        # Thread and process modes that change which ops run or what they make: grad mode,
+        # inference mode, autocast, the default dtype (a factory op without a dtype uses it).
+        C = self._C
+        key.append((C.is_grad_enabled(), C.is_inference_mode_enabled(), C._is_any_autocast_enabled(),
+                    C.get_default_dtype()))
         key.append(_ext.grads_none_mask(self._param_list))
         return tuple(key), tensors
 
@@ -360,6 +438,17 @@ class CompiledStep:
             key.append((type(a), a))   # by value: a different value is another plan
 
     def __call__(self, *args, **kwargs):
+        stack = _closure_stack()
+        stack.append([])
+        try:
+            result = self._call(args, kwargs)
+        finally:
+            closures = stack.pop()
+        for fn, tensors in closures:   # after_step: the call's values are final now
+            fn(*tensors)
+        return result
+
+    def _call(self, args, kwargs):
         st = self._stats
         st["calls"] += 1
         if _ext.is_enabled():
@@ -432,7 +521,16 @@ class CompiledStep:
                     for sched, times in e.scheds:   # as the step did, after its optimizers' step()
                         for _ in range(times):
                             sched.step()
-                return outs[0] if e.spec is _ONE_TENSOR else _unflatten_out(e.spec, iter(outs))
+                if e.spec is _ONE_TENSOR:
+                    return outs[0]
+                if e.spec[0] != "C":
+                    return _unflatten_out(e.spec, iter(outs))
+                it = iter(outs)
+                result = _unflatten_out(e.spec[1], it)
+                pending = _closure_stack()[-1]
+                for fn, n in zip(e.closures, e.spec[2]):
+                    pending.append((fn, tuple(next(it) for _ in range(n))))
+                return result
         if e.refused is not None:
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
@@ -447,11 +545,17 @@ class CompiledStep:
             return result
         if e.forms and spec != e.spec:
             _ext.form_release(form)
-            self._refuse(e, "the step returned a different structure in two calls")
+            self._refuse(e, "the step returned a different structure (or made other after_step calls) in two calls")
+            return result
+        why = _closures_differ(e.form_closures[-1], e.cap_closures) if e.forms else None
+        if why:
+            _ext.form_release(form)
+            self._refuse(e, why)
             return result
         e.spec = spec
         e.forms.append(form)
         e.srcs.append(e.cap_srcs)
+        e.form_closures.append(e.cap_closures)
         if len(e.forms) == 2:
             try:
                 e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
@@ -462,10 +566,12 @@ class CompiledStep:
                 else:   # maybe a one-off (state that changed between the two calls): try the next pair
                     _ext.form_release(e.forms.pop(0))
                     e.srcs.pop(0)
+                    e.form_closures.pop(0)
                 return result
             for f in e.forms:
                 _ext.form_release(f)
             e.forms, e.srcs = [], []
+            e.closures, e.form_closures = e.cap_closures, []
             if not self._arena:
                 _ext.plan_set_arena(e.plan, False)
             info = _ext.plan_info(e.plan)
@@ -541,7 +647,6 @@ class CompiledStep:
         except RuntimeError as err:   # another thread is capturing: this call is not captured
             self.last_refusal = str(err)
             return self._fn(*args, **kwargs), None, None
-        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids)
         try:
             _ext.capture_start(not _recording.is_enabled())
         except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded
@@ -584,6 +689,13 @@ class CompiledStep:
             _ext.capture_discard()
             self._refuse(e, str(err))
             return result, None, None
+        closures = _closure_stack()[-1]   # after_step calls of this call: their tensors are outputs too
+        e.cap_closures = [fn for fn, _ in closures]
+        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids, e.cap_closures)
+        if closures:
+            for _, ts in closures:
+                flat.extend(ts)
+            spec = ("C", spec, tuple(len(ts) for _, ts in closures))
         try:
             form = self._finish(tensors, flat)
         except RuntimeError as err:
@@ -606,7 +718,10 @@ class CompiledStep:
         if form is None:
             return result
         srcs = e.cap_srcs
-        if spec == e.spec:
+        why = _closures_differ(e.closures, e.cap_closures) if spec == e.spec else None
+        if why:
+            added, rebound = 0, 0
+        elif spec == e.spec:
             why, added, rebound = _ext.plan_update(e.plan, form, srcs)
         else:
             why, added, rebound = "the step returned a different structure", 0, 0
@@ -616,6 +731,7 @@ class CompiledStep:
             self._drop(e)
             return result
         e.lifted = lifted
+        e.closures = e.cap_closures
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         e.guard, e.py = e.cap_guard, e.cap_py
         e.attempts = 0
@@ -633,7 +749,8 @@ class CompiledStep:
         if form is None:
             return result
         srcs = e.cap_srcs
-        why = _ext.plan_check(e.plan, form, srcs) if spec == e.spec else "the step returned a different structure"
+        why = (_closures_differ(e.closures, e.cap_closures) or _ext.plan_check(e.plan, form, srcs)
+               if spec == e.spec else "the step returned a different structure (or made other after_step calls)")
         _ext.form_release(form)
         if why:
             self._count("divergences")

@@ -83,10 +83,11 @@ def _library_function(f) -> bool:
 _names_of_code = {}
 
 
-def _code_names(code):
+def _code_names(code, skip_codes=frozenset()):
     """Global names a code object and the code objects nested in it (lambdas, comprehensions,
-    inner functions) read or write, sorted."""
-    names = _names_of_code.get(code)
+    inner functions; not those in skip_codes) read or write, sorted."""
+    key = (code, skip_codes)
+    names = _names_of_code.get(key)
     if names is None:
         import dis
         out, todo = set(), [code]
@@ -94,11 +95,36 @@ def _code_names(code):
             c = todo.pop()
             # co_names also holds attribute names (opt.step): only the global accesses count
             out.update(ins.argval for ins in dis.get_instructions(c) if ins.opname in _GLOBAL_OPS)
-            todo.extend(x for x in c.co_consts if isinstance(x, types.CodeType))
-        names = _names_of_code[code] = tuple(sorted(out))
+            todo.extend(x for x in c.co_consts if isinstance(x, types.CodeType) and x not in skip_codes)
+        names = _names_of_code[key] = tuple(sorted(out))
     return names
 
 
+_used_of_code = {}
+
+
+def _used_freevars(code, skip_codes):
+    """The free variables of `code` that its own instructions, or code nested in it that is
+    not in skip_codes, read or write; None when nothing is skipped (all of them)."""
+    if not skip_codes:
+        return None
+    key = (code, skip_codes)
+    used = _used_of_code.get(key)
+    if used is None:
+        import dis
+        used, todo = set(), [code]
+        while todo:
+            c = todo.pop()
+            used.update(ins.argval for ins in dis.get_instructions(c) if ins.opname in _DEREF_OPS)
+            for x in c.co_consts:
+                if isinstance(x, types.CodeType) and x not in skip_codes:
+                    used.update(x.co_freevars)
+                    todo.append(x)
+        used = _used_of_code[key] = frozenset(used)
+    return used
+
+
+_DEREF_OPS = frozenset(("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLASSDEREF"))
 _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME",
                          "DELETE_NAME"))
 
@@ -135,12 +161,13 @@ class Fingerprint:
     entry is (fingerprint, parent index, label). Two fingerprints of the same unchanged state
     are equal entry by entry; the first entry that differs names the change."""
 
-    def __init__(self, roots, skip_ids=frozenset(), own_ids=frozenset()):
+    def __init__(self, roots, skip_ids=frozenset(), skip_codes=frozenset()):
         import torch
         self._torch = torch
         self._tensor = torch.Tensor
         self._module = torch.nn.Module
-        self._skip = skip_ids       # objects compared elsewhere (schedulers and what they own)
+        self._skip = skip_ids       # objects compared by identity only (schedulers and what they own, ...)
+        self._skip_codes = skip_codes   # nested code whose globals are not walked (after_step functions)
         self.fp, self.parent, self.label = [], [], []
         self.objects = []           # every object walked into (not opaque ones), in walk order
         self.overflow = False
@@ -229,14 +256,17 @@ class Fingerprint:
             if _library_function(o):
                 return None
             code = o.__code__
+            used = _used_freevars(code, self._skip_codes)
             for name, cell in zip(code.co_freevars, o.__closure__ or ()):
+                if used is not None and name not in used:   # only passed on to an after_step function
+                    continue
                 try:
                     v = cell.cell_contents
                 except ValueError:        # an empty cell
                     v = _EMPTY
                 push((v, i, f" closure variable '{name}'"))
             g = o.__globals__
-            for name in _code_names(code):
+            for name in _code_names(code, self._skip_codes):
                 if name in g:
                     v = g[name]
                     if not isinstance(v, (types.ModuleType, type)):
@@ -421,14 +451,20 @@ class PythonGuard:
     the first difference: a caller that flips a global flag or edits a config between calls
     gets a call recorded again instead of a replay of the old path. Modules, optimizers and
     schedulers are compared by identity here: their state is _StateGuard's, and recognized
-    schedulers change every call by design."""
+    schedulers change every call by design. Taken when a captured call has ended and found
+    pure, so the state is the one the call began with."""
 
-    def __init__(self, fn, extra, guarded, skip_ids):
+    def __init__(self, fn, extra, guarded, skip_ids, closures=()):
+        """closures: the step's after_step functions. What they reach is theirs to change
+        after each call (a log they append to): their code's globals are not walked, nor is
+        a function passed to after_step that the step names; the step's own code still
+        guards everything it reads itself."""
         self._fn, self._extra = fn, extra
-        self._skip = frozenset(skip_ids) | frozenset(id(o) for o in guarded)
+        self._skip = frozenset(skip_ids) | frozenset(id(o) for o in guarded) | frozenset(id(f) for f in closures)
+        self._skip_codes = frozenset(c for c in (getattr(f, "__code__", None) for f in closures) if c is not None)
         self._attrs = _module_containers(guarded)
         self._params = _parameters(guarded)   # walked for their hooks (a new one runs Python)
-        self.fp = Fingerprint(self._roots(), self._skip)
+        self.fp = Fingerprint(self._roots(), self._skip, self._skip_codes)
 
     def _roots(self):
         return step_roots(self._fn, self._extra, hooks=False) + [
@@ -436,7 +472,7 @@ class PythonGuard:
 
     def changed(self):
         """None while the state is as it was; else a sentence naming what changed."""
-        now = Fingerprint(self._roots(), self._skip)
+        now = Fingerprint(self._roots(), self._skip, self._skip_codes)
         a = self.fp
         if a.fp == now.fp and a.label == now.label and a.parent == now.parent:
             return None
