@@ -129,18 +129,26 @@ _GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_N
                          "DELETE_NAME"))
 
 
-class _Same:
-    """Marks a fingerprint compared by identity (tensors, opaque objects)."""
-    __slots__ = ("obj",)
+_PLAIN_OBJECT = {}  # type -> its instances are walked by __dict__ alone (Fingerprint._plain_object_type)
+_LABELS = {}        # (kind, name, module) -> the label string, made once
+_ID = object()     # first item of an identity entry: (_ID, id(obj))
+_SEEN = object()   # first item of a shared-object entry: (_SEEN, index of its first entry)
+_TYPES = None
 
-    def __init__(self, obj):
-        self.obj = obj
 
-    def __eq__(self, other):
-        return isinstance(other, _Same) and other.obj is self.obj
-
-    def __repr__(self):
-        return f"{type(self.obj).__name__} object at {id(self.obj):#x}"
+def _types():
+    """(torch.Tensor, torch.nn.Module, numpy.ndarray, numpy.random.Generator), looked up once
+    (() for NumPy's when it is not installed)."""
+    global _TYPES
+    if _TYPES is None:
+        import torch
+        try:
+            import numpy as np
+            nd, gen = np.ndarray, np.random.Generator
+        except ImportError:
+            nd = gen = ()
+        _TYPES = (torch.Tensor, torch.nn.Module, nd, gen)
+    return _TYPES
 
 
 def _equal(a, b) -> bool:
@@ -162,34 +170,26 @@ class Fingerprint:
     are equal entry by entry; the first entry that differs names the change."""
 
     def __init__(self, roots, skip_ids=frozenset(), skip_codes=frozenset()):
-        import torch
-        self._torch = torch
-        self._tensor = torch.Tensor
-        self._module = torch.nn.Module
+        t = _types()
+        self._tensor, self._module, self._ndarray, self._np_gen = t
         self._skip = skip_ids       # objects compared by identity only (schedulers and what they own, ...)
         self._skip_codes = skip_codes   # nested code whose globals are not walked (after_step functions)
         self.fp, self.parent, self.label = [], [], []
         self.objects = []           # every object walked into (not opaque ones), in walk order
+        self.alive = []             # what identity entries refer to, kept alive so ids stay unique
         self.overflow = False
         self._seen = {}
-        try:
-            import numpy as np
-            self._ndarray = np.ndarray
-            self._np_gen = np.random.Generator
-        except ImportError:
-            self._ndarray = self._np_gen = ()
-        for label, obj in roots:
-            self._visit(obj, -1, label)
-            if self.overflow:
-                break
+        self._walk([(obj, -1, label) for label, obj in reversed(roots)])
 
     # -- the walk ----------------------------------------------------------------------
-    def _visit(self, o, parent, label):
+    def _walk(self, stack):
         """Iterative depth-first walk (deep object graphs must not hit the recursion limit).
-        Children are walked last first; the order only has to be the same in two walks."""
+        Children are walked last first; the order only has to be the same in two walks.
+        An entry compared by identity is (_ID, id(obj)), compared in C without calling the
+        object's __eq__ (a tensor's is elementwise)."""
         fp, par, lab, seen, skip, objects = self.fp, self.parent, self.label, self._seen, self._skip, self.objects
+        alive = self.alive
         tensor, children, atomic = self._tensor, self._children, _ATOMIC_TYPES
-        stack = [(o, parent, label)]
         pop, push = stack.pop, stack.append
         while stack:
             o, parent, label = pop()
@@ -201,7 +201,7 @@ class Fingerprint:
                 continue
             oid = id(o)
             if oid in seen:                  # shared or cyclic: the path it was first seen by
-                fp.append(("seen", seen[oid]))
+                fp.append((_SEEN, seen[oid]))
                 continue
             i = len(fp)
             if i >= _MAX_NODES:
@@ -209,35 +209,64 @@ class Fingerprint:
                 fp.append(None)
                 return
             if oid in skip or isinstance(o, tensor):   # tensors change through ATen ops only
-                fp.append(_Same(o))
+                fp.append((_ID, oid))
+                alive.append(o)
                 if oid not in skip and o.requires_grad and o.is_leaf:   # a parameter's hooks run Python
-                    for k in ("_backward_hooks", "_post_accumulate_grad_hooks"):
-                        h = getattr(o, k, None)
-                        if h:
-                            push((h, i, "." + k))
+                    h = o._backward_hooks
+                    if h:
+                        push((h, i, "._backward_hooks"))
+                    h = getattr(o, "_post_accumulate_grad_hooks", None)
+                    if h:
+                        push((h, i, "._post_accumulate_grad_hooks"))
                 continue
             if isinstance(o, _ATOMIC):       # subclasses of int, str, ... (enums)
                 fp.append(o)
                 continue
             head = children(o, i, push)
             if head is None:                 # opaque: identity only
-                fp.append(_Same(o))
+                fp.append((_ID, oid))
+                alive.append(o)
                 continue
             fp.append(head)
             seen[oid] = i
             objects.append(o)
 
+    def _plain_object_type(self, t) -> bool:
+        """Instances of t are walked by their __dict__ alone: none of the kinds _children
+        treats apart, no __slots__, not an iterator."""
+        special = (dict, list, tuple, set, frozenset, self._module, types.FunctionType, types.MethodType,
+                   types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.GeneratorType,
+                   _partial) + tuple(x for x in (self._ndarray, self._np_gen) if x)
+        return (not issubclass(t, special) and not issubclass(t, _ATOMIC) and t.__dictoffset__ != 0
+                and not _slots(t) and not hasattr(t, "__next__")
+                and not t.__module__.startswith("crucible_native"))
+
     def _children(self, o, i, push):
         """The fingerprint of o itself, with its children pushed as (child, i, label); None for
         an opaque value (compared by identity)."""
         t = type(o)
+        plain = _PLAIN_OBJECT.get(t)
+        if plain is None:
+            plain = _PLAIN_OBJECT[t] = self._plain_object_type(t)
+        if plain:                            # an instance of a user class: its attributes
+            d = o.__dict__
+            for k, v in d.items():
+                push((v, i, "." + k))
+            return (t, len(d))
         if t is dict or t is _OrderedDict or isinstance(o, dict):
             if not o:
                 return (t, 0, ())
             keys = tuple(o)
             for k in keys:
                 push((o[k], i, _Key(k)))
-            return (t, len(keys), tuple(k if type(k) in _ATOMIC_TYPES else _Same(k) for k in keys))
+            ks = []
+            for k in keys:
+                if type(k) in _ATOMIC_TYPES:
+                    ks.append(k)
+                else:
+                    ks.append((_ID, id(k)))
+                    self.alive.append(k)
+            return (t, len(keys), tuple(ks))
         if t is list or t is tuple or isinstance(o, (list, tuple)):
             for j, v in enumerate(o):
                 push((v, i, j))
@@ -264,13 +293,19 @@ class Fingerprint:
                     v = cell.cell_contents
                 except ValueError:        # an empty cell
                     v = _EMPTY
-                push((v, i, f" closure variable '{name}'"))
+                lab = _LABELS.get(("c", name))
+                if lab is None:
+                    lab = _LABELS[("c", name)] = f" closure variable '{name}'"
+                push((v, i, lab))
             g = o.__globals__
             for name in _code_names(code, self._skip_codes):
                 if name in g:
                     v = g[name]
                     if not isinstance(v, (types.ModuleType, type)):
-                        push((v, i, f" global '{name}' of {o.__module__}"))
+                        lab = _LABELS.get(("g", name, o.__module__))
+                        if lab is None:
+                            lab = _LABELS[("g", name, o.__module__)] = f" global '{name}' of {o.__module__}"
+                        push((v, i, lab))
             defaults = o.__defaults__
             if defaults:
                 names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
@@ -331,6 +366,15 @@ class Fingerprint:
         return None
 
     # -- comparing -----------------------------------------------------------------------
+    def _show(self, entry) -> str:
+        """An entry of fp in words: an identity entry by its object's type and address."""
+        if isinstance(entry, tuple) and len(entry) == 2 and entry[0] is _ID:
+            o = next((x for x in self.alive if id(x) == entry[1]), None)
+            return f"{type(o).__name__} object at {entry[1]:#x}"
+        if isinstance(entry, tuple) and entry and isinstance(entry[0], type):
+            return f"a {entry[0].__name__}"
+        return _short(entry)
+
     def path(self, i) -> str:
         parts = []
         while i >= 0:
@@ -365,8 +409,8 @@ class Fingerprint:
             return f"{where} ({kind}) {verb} {x[1]} -> {y[1]} items"
         if isinstance(x, tuple) and isinstance(y, tuple) and x and y and x[0] is not y[0]:
             return f"{where} changed type {getattr(x[0], '__name__', x[0])} -> {getattr(y[0], '__name__', y[0])}"
-        if isinstance(x, (_Same, tuple)) or isinstance(y, (_Same, tuple)):
-            return f"{where} was rebound to another object ({_short_fp(x)} -> {_short_fp(y)})"
+        if isinstance(x, tuple) or isinstance(y, tuple):
+            return (f"{where} was rebound to another object ({self._show(x)} -> {after._show(y)})")
         return f"{where} changed {_short(x)} -> {_short(y)}"
 
 
@@ -376,12 +420,6 @@ class _Empty:
 
 
 _EMPTY = _Empty()
-
-
-def _short_fp(x) -> str:
-    if isinstance(x, tuple) and x and isinstance(x[0], type):
-        return f"a {x[0].__name__}"
-    return _short(x)
 
 
 def _slots(t):
