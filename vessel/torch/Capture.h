@@ -205,6 +205,10 @@ struct CapturedOp {
 };
 struct Capture {
   std::vector<CapturedOp> ops;
+  // The value of each tensor torch.tensor(data) (or any lift_fresh) made during the call, as
+  // it was lifted: data Python copied in below the dispatcher, which no op rebuilds. The op is
+  // captured as copy_(tensor, value) (Note [Lifted constants], Replay.cpp).
+  std::vector<at::Tensor> lifted;
   bool capture_only = true;  // true: the ops are not also written to the trace rings
 };
 

@@ -6,6 +6,7 @@
 #include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -163,6 +164,15 @@ double wrapped_value(const at::Tensor& t) {
 }  // namespace
 namespace detail {
 namespace {
+// The stream current on an accelerator tensor's device (TraceEntry::stream). Devices without a
+// guard implementation (meta) or without streams keep 0.
+[[gnu::noinline, gnu::cold]] void note_stream(OpBuilder& b, c10::Device device) {
+  if (device.type() == c10::DeviceType::Meta || !c10::impl::hasDeviceGuardImpl(device.type())) return;
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
+  const c10::Device on = device.has_index() ? device : impl->getDevice();
+  b.set_stream(static_cast<std::uint64_t>(impl->getStream(on).id()));
+}
+
 [[gnu::noinline, gnu::cold]] void set_dims_without_strides(OpBuilder& b, c10::IntArrayRef sizes) {
   std::vector<std::int64_t> zeros(sizes.size(), 0);  // non-strided layouts have no strides
   b.set_dims(sizes, zeros);
@@ -182,6 +192,8 @@ void add_tensor(ThreadState& ts, OpBuilder& b, const at::Tensor& t, std::uint16_
   m.dtype = static_cast<std::int8_t>(t.scalar_type());
   m.device_kind = static_cast<std::uint8_t>(device_kind_of(device.type()));
   m.device_index = device.index();
+  if (device.type() != c10::DeviceType::CPU && !b.has_stream()) [[unlikely]]
+    note_stream(b, device);
   m.layout = static_cast<std::uint8_t>(layout_from_ordinal(static_cast<std::int8_t>(layout)));
   std::uint8_t f = output ? record::tensor_flag::kOutput : 0;
   // Without autograd metadata a tensor neither requires grad nor is a (differentiable) view:
@@ -301,6 +313,25 @@ Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd, boo
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase) {
   ts.capture->ops.push_back(CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase});
+}
+
+// Note [Lifted constants]: torch.tensor(data) makes its tensor with aten::empty, copies the
+// data in from Python below the dispatcher, then calls aten::lift_fresh. A replay of empty and
+// lift_fresh would leave the tensor uninitialised (torch's foreach RMSprop counts its steps
+// with such a tensor). The capture keeps a copy of the value as lifted and records
+// copy_(tensor, copy) in place of lift_fresh, so a plan writes the value where the step had
+// it; the copy is an external that two recorded calls must agree on by value.
+void capture_lifted(ThreadState& ts, const at::Tensor& t, Phase phase) {
+  at::Tensor value;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+    at::AutoDispatchBelowADInplaceOrView below;
+    value = t.clone(at::MemoryFormat::Preserve);
+  }
+  ts.capture->lifted.push_back(value);
+  static const c10::OperatorHandle copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  std::vector<c10::IValue> args{c10::IValue(t), c10::IValue(value), c10::IValue(false)};
+  capture_op(ts, copy, std::move(args), std::vector<c10::IValue>{c10::IValue(t)}, phase);
 }
 
 void commit_op(ThreadState& ts, Frame& f, std::uint64_t schema_hash, std::uint16_t n_args,
@@ -451,8 +482,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
     record::Recorder::global().classify_external(done.b.cells()[0].meta.storage_id,
                                                  record::ExternalKind::Constant);
   }
-  if (ts.capture != nullptr)
-    capture_op(ts, op, std::move(done.cap_args), std::vector<c10::IValue>(rets.begin(), rets.end()), phase);
+  if (ts.capture != nullptr) {
+    if (si.lifts_constant && !rets.empty() && rets[0].isTensor() && rets[0].toTensor().defined()) [[unlikely]]
+      capture_lifted(ts, rets[0].toTensor(), phase);
+    else
+      capture_op(ts, op, std::move(done.cap_args), std::vector<c10::IValue>(rets.begin(), rets.end()), phase);
+  }
   commit_op(ts, done, si.hash, si.n_args, phase, flags);
 }
 

@@ -112,6 +112,7 @@ py::dict op_dict(const Trace& t, std::size_t i) {
   d["seq"] = e.seq;
   d["thread"] = e.thread;
   d["module"] = t.module_path(e.module_id);
+  d["stream"] = e.stream;
   d["mutable"] = (e.flags & op_flag::kMutable) != 0;
   d["grad_mode"] = (e.flags & op_flag::kGradMode) != 0;
   d["inference_mode"] = (e.flags & op_flag::kInferenceMode) != 0;

@@ -31,6 +31,7 @@
 #include "Dispatch.h"
 #include "ReplayArena.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "crucible/core/ContentHash.h"
 
 namespace crucible::vessel {
@@ -98,6 +99,7 @@ struct Form {
   std::vector<OpT> ops;
   std::vector<at::Tensor> exts;
   std::vector<Use> ext_use;
+  std::vector<std::uint8_t> ext_lifted;  // per external: 1 for a lifted constant (Note [Lifted constants])
   std::vector<ViewSpec> views;
   std::vector<Ref> outputs;
   std::vector<std::pair<std::uint32_t, Ref>> grads;  // external (a leaf) → its new .grad
@@ -327,7 +329,8 @@ class FormBuilder {
       const at::Tensor& x = f.exts[e];
       t += "ext" + std::to_string(e) + ":" + std::string(c10::toString(x.scalar_type())) + dims(x.sizes()) +
            dims(x.strides()) + "@" + std::to_string(x.storage_offset()) + x.device().str() +
-           (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") + ";";
+           (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") +
+           (f.ext_lifted[e] ? " lifted" : "") + ";";
     }
     for (std::size_t v = 0; v < f.views.size(); ++v) {
       const ViewSpec& s = f.views[v];
@@ -343,7 +346,13 @@ class FormBuilder {
     f.hash = hash_ops(f.ops, nullptr, {t});
   }
 
+ // The capture's lifted constants (Note [Lifted constants]): externals compared by value.
+  void set_lifted(const std::vector<at::Tensor>& lifted) {
+    for (const at::Tensor& t : lifted) lifted_.insert(t.unsafeGetTensorImpl());
+  }
+
  private:
+  absl::flat_hash_set<const c10::TensorImpl*> lifted_;
   absl::flat_hash_map<std::string, Ref> by_view_;
   struct Base {
     Ref ref;
@@ -443,6 +452,7 @@ class FormBuilder {
     const Ref r{Ref::Ext, static_cast<std::uint32_t>(f.exts.size())};
     f.exts.push_back(t);
     f.ext_use.push_back(Use{op, arg});
+    f.ext_lifted.push_back(lifted_.contains(t.unsafeGetTensorImpl()) ? 1 : 0);
     define(t, r);
     return r;
   }
@@ -615,6 +625,16 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     const at::Tensor& x = a_exts != nullptr ? (*a_exts)[e] : a.exts[e];
     const at::Tensor& y = b.exts[e];
     if (x.storage().unsafeGetStorageImpl() == y.storage().unsafeGetStorageImpl()) continue;
+    if (a.ext_lifted[e] != 0 && b.ext_lifted[e] != 0) {   // Note [Lifted constants]: by value
+      if (x.sizes() == y.sizes() && x.strides() == y.strides() && x.scalar_type() == y.scalar_type() &&
+          x.equal(y))
+        continue;
+      const Use u = b.ext_use[e];
+      return (u.op < b.ops.size() ? describe_op(b.ops[u.op], u.op) : std::string("an op")) +
+             " writes a tensor the step built from Python data (torch.tensor(...)) that held other "
+             "values in two calls: data that changes between calls, with no op to replay. Pass it to "
+             "the step as an argument." + std::string(eager);
+    }
     if (rebind != nullptr && !x.unsafeGetTensorImpl()->is_wrapped_number() &&
         !y.unsafeGetTensorImpl()->is_wrapped_number()) {
       rebind->push_back(static_cast<std::uint32_t>(e));
@@ -754,6 +774,7 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
   TORCH_CHECK(cap != nullptr, "crucible::capture_finish without a stopped capture on this thread");
   c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
   FormBuilder b;
+  b.set_lifted(cap->lifted);
   for (std::size_t j = 0; j < args.size(); ++j) b.add_arg(args[j], j);
   try {
     for (CapturedOp& op : cap->ops) b.add_op(op);
@@ -1068,7 +1089,15 @@ ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
   }
   // Python numbers the plan does not patch are constants of the plan: their values belong to
   // its content (a step given 0.5 and one given 0.25 are different plans).
+  // Lifted constants the same, by the hash of their bytes.
   for (std::size_t e = 0; e < f.exts.size(); ++e) {
+    if (f.ext_lifted[e] != 0) {
+      const at::Tensor c = f.exts[e].contiguous();
+      ContentHasher h;
+      h.update_bytes(c.data_ptr(), c.nbytes());
+      masked_exts += "ext" + std::to_string(e) + "=lifted:" + h.digest().hex() + ";";
+      continue;
+    }
     if (patched_ext[e] || !f.exts[e].unsafeGetTensorImpl()->is_wrapped_number()) continue;
     masked_exts += "ext" + std::to_string(e) + "=";
     const_text(f.exts[e].item(), masked_exts);
@@ -1101,7 +1130,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
         same = p->run_exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
-               f.exts[e].unsafeGetTensorImpl()->is_wrapped_number();
+               f.exts[e].unsafeGetTensorImpl()->is_wrapped_number() || f.ext_lifted[e] != 0;  // by value: in the key
       p->busy.store(false);
       if (same) {
         ++r.counters.plan_cache_hits;

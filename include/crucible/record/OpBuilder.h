@@ -30,6 +30,16 @@ class OpBuilder {
     n_scalars_ = 0;  // scalars_ keeps its size, like cells_
     n_tensors_ = n_inputs_ = 0;
     inputs_done_ = false;
+    has_stream_ = false;
+    stream_ = 0;
+  }
+
+  // The stream of the op's first accelerator tensor (TraceEntry::stream); later calls for
+  // the same op are ignored.
+  bool has_stream() const { return has_stream_; }
+  void set_stream(std::uint64_t id) {
+    has_stream_ = true;
+    stream_ = id;
   }
 
   // `m.ndim` is set from sizes; sizes and strides must have equal length.
@@ -108,6 +118,7 @@ class OpBuilder {
     e.n_scalars = static_cast<std::uint32_t>(n_scalars_);
     e.phase = phase;
     e.flags = flags;
+    e.stream = stream_;
     return e;
   }
 
@@ -126,6 +137,8 @@ class OpBuilder {
   std::size_t last_ = 0;  // head cell of the tensor begun last
   std::uint32_t n_tensors_ = 0, n_inputs_ = 0;
   bool inputs_done_ = false;
+  bool has_stream_ = false;
+  std::uint64_t stream_ = 0;
 };
 
 }  // namespace crucible::record

@@ -304,7 +304,8 @@ inline void Recorder::publish_entry(ThreadLog& log, const TraceEntry& entry, std
     slot.phase = entry.phase;
     slot.flags = flags;
     slot.reserved0 = 0;
-    slot.reserved[0] = slot.reserved[1] = 0;
+    slot.stream = entry.stream;
+    slot.reserved1 = 0;
   };
   const bool pushed = log.entries_.try_push_with(fill);  // the caller made room
   CRUCIBLE_ASSERT(pushed, "room for the entry");

@@ -40,7 +40,11 @@ struct alignas(64) TraceEntry {
   Phase phase = Phase::Forward;
   std::uint8_t flags = 0;
   std::uint32_t reserved0 = 0;
-  std::uint64_t reserved[2] = {};
+  // The StreamId (c10::Stream::id()) current on the device of the op's first tensor that is
+  // not on the CPU, as the op ran; 0 when every tensor is on the CPU (that device's
+  // TensorMeta says which device the stream is of; 0 is also CUDA's default stream).
+  std::uint64_t stream = 0;
+  std::uint64_t reserved1 = 0;
 };
 static_assert(sizeof(TraceEntry) == 64 && std::is_trivially_copyable_v<TraceEntry>);
 

@@ -66,3 +66,23 @@ def test_compile_refuses_a_cuda_step_and_gives_eager_results():
             assert "replays CPU steps only" in step.last_refusal
     for a, b in zip(*res):
         assert torch.equal(a, b)
+
+
+def test_each_cuda_op_records_the_stream_it_ran_on():
+    x = torch.randn(64, 64, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with crucible.recording():
+        (x @ x).relu_()
+        with torch.cuda.stream(side):
+            (x + 1).sum()
+        torch.cuda.synchronize()
+    crucible.flush()
+    ops = crucible.trace().ops()
+    default_id = torch.cuda.default_stream().stream_id
+    by_name = {}
+    for o in ops:
+        by_name.setdefault(o["name"], set()).add(o["stream"])
+    assert by_name["aten::mm"] == {default_id}, by_name
+    assert by_name["aten::sum"] == {side.stream_id}, by_name
+    assert side.stream_id != default_id

@@ -896,3 +896,71 @@ def test_a_step_off_the_cpu_is_refused_and_runs_eagerly():
     st = step.stats()
     assert st["plan_runs"] == 0 and st["refusals"] == 1 and st["eager_calls"] == 5
     assert "tensor on meta" in step.last_refusal
+
+
+@pytest.mark.parametrize("arena", [True, False])
+def test_tensors_made_from_python_data_inside_the_step_keep_their_values(arena):
+    # torch.tensor(data) copies the data in below the dispatcher (Note [Lifted constants]):
+    # the plan writes the recorded value, and a value that changes is refused.
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Linear(4, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        c1, c2 = torch.zeros(()), torch.zeros(())
+
+        def f(x):
+            opt.zero_grad()
+            loss = m(x).square().mean() * torch.tensor(0.5)
+            loss.backward()
+            opt.step()
+            torch._foreach_add_([c1], torch.tensor(1.0), alpha=1.0)
+            c2.add_(torch.tensor([1.0, 2.0]).sum())
+            return loss
+
+        step = crucible.compile(f, arena=arena) if compiled else f
+        res.append(([step(x) for _ in range(10)], c1.clone(), c2.clone(), snapshot(m, opt)))
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert res[1][1].item() == 10.0 and res[1][2].item() == 30.0
+    assert_same(res[0][3], res[1][3])
+    assert step.stats()["plan_runs"] == 7 and step.plans()[0]["constants"] == 3
+
+
+def test_a_tensor_made_from_python_data_that_changes_between_calls_is_refused():
+    m, opt, _ = mlp_with_args()
+    scale = [1.0]
+
+    def f(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y) * torch.tensor(scale[0])
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = crucible.compile(f)
+    with pytest.warns(crucible.CrucibleWarning, match=r"built from Python data \(torch.tensor\(...\)\) that held other values"):
+        for x, y in batches(6, [8]):
+            step(x, y)
+            scale[0] += 0.5   # between calls: the recorded calls disagree
+    assert step.stats()["plan_runs"] == 0
+
+
+@pytest.mark.parametrize("opt_name", ["RMSprop", "Adagrad", "Adadelta"])
+def test_foreach_optimizers_counting_steps_with_torch_tensor(opt_name):
+    # Their foreach step counts with _foreach_add_(steps, torch.tensor(1.0)): the state's step
+    # must advance as eager's does (or the step be refused).
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = getattr(torch.optim, opt_name)(m.parameters(), lr=0.01, foreach=True)
+        f = train_step(m, opt)
+        step = crucible.compile(f) if compiled else f
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", crucible.CrucibleWarning)
+            losses = [step(x, y) for x, y in batches(10, [8])]
+        res.append((losses, snapshot(m, opt)))
+    assert_twins(res)
+    assert all(float(s["step"]) == 10.0 for s in opt.state.values())

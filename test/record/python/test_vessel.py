@@ -422,6 +422,7 @@ def test_recorded_metadata_equals_the_real_tensors():
     ops = crucible.trace().ops()
     names = [o["name"] for o in ops]
     assert names == ["aten::slice.Tensor", "aten::slice.Tensor", "aten::_to_copy", "aten::mul.Tensor"], names
+    assert all(o["stream"] == 0 for o in ops)   # no accelerator tensor: no stream (test_cuda.py for one)
     for real, rec in ((y, ops[1]["outputs"][0]), (z, ops[2]["outputs"][0])):
         assert rec["shape"] == tuple(real.shape) and rec["stride"] == real.stride()
         assert rec["storage_offset"] == real.storage_offset()
