@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 import textwrap
 import traceback
 import warnings
@@ -184,6 +185,7 @@ class LoopSpec:
     exc_at: int = -1
     hook: bool = False             # a forward hook on the first child counts calls
     aug: str = ""                  # "random" | "numpy": a flip decided by Python's / NumPy's RNG
+    const: bool = False            # the loss scaled by a tensor made in the step (torch.tensor)
     method: bool = False           # the step is a method of a Trainer (else a closure)
 
     # -- what it is ------------------------------------------------------------------------
@@ -253,6 +255,8 @@ class LoopSpec:
 
         def forward(xv, yv, d):
             put(f"loss = {P}loss_fn({P}model({xv}), {yv})", d)
+            if self.const:
+                put("loss = loss * torch.tensor(0.5)", d)
             if self.branch == "buffer":
                 put("if penalize:", d)
                 put(f"loss = loss + 1e-3 * sum(p.pow(2).sum() for p in {P}params)", d + 1)
@@ -476,6 +480,9 @@ def spec(seed: int) -> LoopSpec:
     if rng.random() < 0.1:
         f["aug"] = rng.choice(["random", "numpy"])
     f["method"] = rng.random() < 0.3
+    # New choices are drawn after the existing ones, so that every seed keeps its loop (and
+    # lists of known-failing seeds stay valid).
+    f["const"] = rng.random() < 0.1
     return LoopSpec(**f)
 
 
@@ -662,6 +669,30 @@ class Result:
     def failed(self) -> bool:
         return self.outcome in ("mismatch", "crash")
 
+    @property
+    def kind(self) -> str:
+        """What differs first, without call numbers or names: "lr", "param", "side.hooks",
+        "opt1.state.step", "exception", or for a crash the exception's type."""
+        if self.crash:
+            return "crash " + self.crash.split(" raised ")[-1].split(":")[0]
+        if not self.diffs:
+            return ""
+        d = self.diffs[0]
+        head = d.split(": ")[1] if d.startswith("call ") else d.split(": ")[0]
+        return re.sub(r"\.\d+", "", head.split(" ")[0])
+
+    def refusal_kind(self) -> str:
+        """The first refusal or warning, without op numbers and values."""
+        if not self.why:
+            return ""
+        w = self.why[0]
+        m = re.search(r"op #\d+ (\S+) \((\w+)\) argument '(\w+)'.*a scalar that changes", w)
+        if m:
+            return f"a changing scalar with no known source: {m.group(1)} '{m.group(3)}' ({m.group(2)})"
+        if "different ops in two calls" in w or re.search(r"ran \d+ ops in one call and \d+ in the next", w):
+            return "the step ran different ops in two calls"
+        return re.sub(r"\d+", "N", w)[:100]
+
     def report(self, max_diffs: int = 6) -> str:
         st = self.stats or {}
         lines = [f"{self.outcome.upper()}: {self.spec.header()}",
@@ -719,7 +750,7 @@ def control(s: LoopSpec) -> list:
 _FEATURES = (("opt2", "opt2_kw"), ("sched", "sched_kw", "sched_inside"), ("clip", "clip_foreach"),
              ("accum",), ("accum_calls",), ("log",), ("counter",), ("branch", "branch_at"),
              ("eval_at", "train_at"), ("train_at",), ("small_every", "small"), ("exc", "exc_at"),
-             ("hook",), ("aug",), ("method",), ("zero_grad_to_none",), ("dropout",), ("act",))
+             ("hook",), ("aug",), ("const",), ("method",), ("zero_grad_to_none",), ("dropout",), ("act",))
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(LoopSpec)}
 
 
@@ -742,8 +773,14 @@ def _simpler(s: LoopSpec):
 
 def minimize(s: LoopSpec, still_fails=None, budget: int = 60) -> LoopSpec:
     """The simplest spec reached from s by greedy simplification that still fails (by default:
-    check() says mismatch or crash). At most `budget` checks."""
-    still_fails = still_fails or (lambda t: check(t).failed)
+    check() gives the same outcome, and the same kind of first difference, as for s). At most
+    `budget` checks."""
+    if still_fails is None:
+        first = check(s)
+
+        def still_fails(t):
+            r = check(t)
+            return r.failed and r.outcome == first.outcome and r.kind == first.kind
     changed = True
     while changed and budget > 0:
         changed = False
@@ -780,4 +817,6 @@ def cause(s: LoopSpec) -> str:
         parts.append(f"model={s.model}")
     if s.opt != "sgd" or s.opt_kw != _DEFAULT["opt_kw"]:
         parts.append(f"opt={s.opt}({', '.join(k for k, _ in s.opt_kw if k != 'lr')})")
+    if s.opt2:
+        parts[parts.index(f"opt2={s.opt2}")] = f"opt2={s.opt2}({', '.join(k for k, _ in s.opt2_kw if k != 'lr')})"
     return " + ".join(dict.fromkeys(parts)) or "plain loop"
