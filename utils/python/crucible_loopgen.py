@@ -6,9 +6,11 @@ A loop is a LoopSpec: a model, one or two optimizers, an LR scheduler stepped in
 or by the loop, and step-body features (clipping, gradient accumulation, logging loss.item(),
 a Python counter, a branch on a tensor value that flips at one call, train()/eval() between
 calls, a smaller last batch of every epoch, an exception part-way through one call, a counting
-forward hook, Python/NumPy random augmentation). spec(seed) draws one; plain(seed, **fields)
-is the plainest loop with the named fields set, for reproducers. The step is generated as
-Python source (LoopSpec.source()), so a loop's description is the code it runs.
+forward hook, Python/NumPy random augmentation, a tensor made with torch.tensor in the step).
+spec(seed) draws one; plain(seed, **fields) is the plainest loop with the named fields set,
+for reproducers; minimize(spec) reduces a failing loop to the simplest one that fails the same
+way. The step is generated as Python source (LoopSpec.source()), so a loop's description is
+the code it runs.
 
     import crucible_loopgen as lg
     r = lg.check(lg.spec(17))      # -> Result: outcome, first difference, compile stats
