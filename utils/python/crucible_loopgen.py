@@ -693,6 +693,9 @@ class Result:
             return f"a changing scalar with no known source: {m.group(1)} '{m.group(3)}' ({m.group(2)})"
         if "different ops in two calls" in w or re.search(r"ran \d+ ops in one call and \d+ in the next", w):
             return "the step ran different ops in two calls"
+        if "would skip: " in w:   # a Python side effect: what changed, without its values
+            what = re.split(r" changed | grew | \(its | \(it |; ", w.split("would skip: ", 1)[1])[0]
+            return "a replay would skip: " + re.sub(r"\d+", "N", what)[:80]
         return re.sub(r"\d+", "N", w)[:100]
 
     def report(self, max_diffs: int = 6) -> str:
