@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "utils", "python"))
 import crucible_loopgen as lg  # noqa: E402
 
-SEEDS = range(100)   # this file: 6 to 9 s on a shared 2-core VM (loops of 10 to 100 ms)
+SEEDS = range(100)   # this file: 7 s on an idle 2-core VM, 30 to 72 s at load average 4
 
 # Causes of today's failures (each has a regression test in CAUSES below).
 SCHED = ("an LR scheduler stepped inside the step does not run in plan runs: the learning rate "
