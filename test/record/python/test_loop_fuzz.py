@@ -6,10 +6,10 @@ states) and on an exception eager did not raise; the failure prints the loop, it
 step source and the first differences. Openly refused loops must still match.
 
 KNOWN_FAILING lists the seeds that fail on today's crucible.compile, each with its cause (the
-minimizer's reduction: bench/loop_fuzz.py prints it). They are strict xfails: a fix that makes
+minimizer's reduction: bench/python/loop_fuzz.py prints it). They are strict xfails: a fix that makes
 one pass fails this test until its seed is taken off the list, so the list only shrinks as
 causes are fixed. A seed that fails and is not listed is a new silent wrong result.
-`bench/loop_fuzz.py --count 100` prints today's failing seeds of this range by cause.
+`bench/python/loop_fuzz.py --count 100` prints today's failing seeds of this range by cause.
 
 Each cause also has a regression test of its own on the simplest loop that shows it (CAUSES).
 
@@ -47,45 +47,7 @@ RAISE_FLAG = ("an exception the step's Python raises (a flag the loop sets) is l
               "the flag stays set, and a later recorded call raises where eager did not")
 RAISE_NAN = "a raise on torch.isnan(loss) is lost in plan runs: the NaN reaches the parameters"
 
-KNOWN_FAILING = {   # seed: cause (the minimizer's reduction in the comment)
-    1: SCHED,            # sched=step(inside) + small_every=4 -> lr
-    7: FOREACH_STEP,     # opt=rmsprop(foreach) -> opt1.state.step
-    13: COUNTER,         # counter=nonlocal -> counter
-    14: SCHED_PLATEAU,   # sched=plateau(inside) -> lr
-    15: SCHED_PLATEAU,   # sched=plateau(inside) -> lr
-    16: SCHED_PLATEAU,   # sched=plateau(inside) -> lr
-    20: TENSOR_CONST,    # const -> loss
-    22: HOOK,            # hook -> side.hooks
-    31: SCHED_PLATEAU,   # sched=plateau(inside) -> lr
-    39: LOG,             # log -> side.log
-    40: SCHED_PLATEAU,   # sched=plateau(inside) + opt=adagrad() -> lr
-    43: HOOK,            # hook -> side.hooks
-    45: TENSOR_CONST,    # const -> loss
-    46: ACCUM_COUNTER,   # accum_calls=2 -> param
-    47: FOREACH_STEP,    # opt=rmsprop(foreach) -> opt1.state.step
-    48: RAISE_FLAG,      # small_every=4 + exc=flag -> crash Preempted
-    52: FOREACH_STEP,    # opt=rmsprop(foreach) -> opt1.state.step
-    53: BRANCH,          # branch=buffer -> loss
-    59: COUNTER,         # counter=attr -> counter
-    61: FOREACH_STEP,    # opt=adagrad(foreach) -> opt1.state.step
-    62: SCHED,           # sched=step(inside) + small_every=3 -> param
-    64: BRANCH,          # branch=buffer -> loss
-    67: SCHED,           # sched=step(inside) -> lr
-    68: BRANCH,          # branch=buffer -> loss
-    70: RNG,             # aug=numpy + opt=adadelta(weight_decay) -> param
-    71: SCHED,           # sched=step(inside) -> param
-    73: FOREACH_STEP,    # opt=adagrad(foreach) -> opt1.state.step
-    74: SCHED,           # sched=step(inside) -> param
-    75: RNG,             # aug=numpy + opt=rmsprop() -> loss
-    77: ACCUM_COUNTER,   # accum_calls=2 -> param
-    78: SCHED_PLATEAU,   # sched=plateau(inside) + dropout=0.2 + act=tanh -> lr
-    79: BRANCH,          # branch=buffer -> loss
-    83: RNG,             # aug=numpy + model=lstm -> param
-    85: COUNTER,         # counter=attr -> counter
-    88: HOOK,            # hook -> side.hooks
-    89: SCHED,           # sched=step(inside) -> param
-    97: FOREACH_STEP,    # opt2=adadelta(foreach, weight_decay) -> opt2.state.step
-}
+KNOWN_FAILING = {}   # seed: cause (the minimizer's reduction in a comment); empty: every seed passes
 
 
 def _xfail(cases, known):
@@ -136,7 +98,7 @@ CAUSES = {   # name: (loop, cause when it fails today)
     "adadelta-foreach": (P(0, opt="adadelta", opt_kw=(("foreach", True), ("lr", 1.0))), FOREACH_STEP),
 }
 # Causes that fail on today's crucible.compile (all of them): take a name off when it passes.
-CAUSES_FAILING = set(CAUSES)
+CAUSES_FAILING = set()   # causes whose regression test still fails
 
 
 @pytest.mark.parametrize("name", _xfail(sorted(CAUSES), {n: CAUSES[n][1] for n in CAUSES_FAILING}))

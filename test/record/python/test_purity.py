@@ -592,3 +592,52 @@ def test_after_step_functions_do_not_run_when_the_step_raises():
     with pytest.raises(ValueError, match="part-way"):
         step(x, y)
     assert ran == []
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "RMSprop", "Adadelta"])
+def test_foreach_optimizers_learn_a_changing_learning_rate(opt_name):
+    def make():
+        kw = {"foreach": True}
+        if opt_name == "SGD":
+            kw["momentum"] = 0.9
+        m, opt = mlp(opt_name, **kw)
+        sched = SCHEDULERS["StepLR"](opt)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+        return f, m, opt, lambda: sched.last_epoch
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert st["replans"] == 0 and st["hyper_learned"] == 1 and st["plan_runs"] >= N - 5, (st, caught)
+
+
+def test_a_plan_dropped_again_and_again_is_refused_with_the_reason():
+    # foreach Adagrad passes a list of per-parameter learning rates: no source feeds it, so
+    # each new learning rate (every second call here) drops the plan. Said once; after three
+    # drops with no plan run in between the signature runs eagerly.
+    def make():
+        m, opt = mlp("Adagrad", foreach=True)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+        return f, m, opt, lambda: sched.last_epoch
+
+    eager, compiled, step, caught = twin_runs(make, n=24)
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert any("recorded again" in c for c in caught), caught
+    assert st["replans"] >= 1 and step.last_replan
+    assert st["refusals"] == 1 and "dropped 3 times" in step.last_refusal, (st, step.last_refusal)

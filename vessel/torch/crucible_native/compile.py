@@ -18,6 +18,7 @@ _PLAIN = (bool, int, float, str, type(None), tuple)
 _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
 _MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
+_MAX_IDLE_REPLANS = 3  # plans of one signature dropped with no plan run between them before it runs eagerly
 
 
 class _Unsupported(Exception):
@@ -237,7 +238,7 @@ class _StateGuard:
 class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
-                 "form_closures")
+                 "form_closures", "replans_idle")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -250,6 +251,7 @@ class _Entry:
         self.py, self.cap_py = None, None   # PythonGuard: of the plan, and as the last captured call began
         # after_step functions: the plan's (called after each run), the last capture's, each form's
         self.closures, self.cap_closures, self.form_closures = [], [], []
+        self.replans_idle = 0   # plans dropped by _update since this signature's last plan run
         self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
         self.attempts = 0      # plan builds that failed: two recorded calls disagreed
@@ -324,6 +326,8 @@ class CompiledStep:
         self.last_refusal = None    # why the last refused signature runs eagerly
         self.last_divergence = None
         self.last_guard_failure = None   # what Python state changed, when it was that
+        self.last_replan = None          # why the last plan was dropped and recorded again
+        self._replan_warned = False
         self.__wrapped__ = fn
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -517,6 +521,7 @@ class CompiledStep:
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
+                e.replans_idle = 0
                 if e.scheds:
                     for sched, times in e.scheds:   # as the step did, after its optimizers' step()
                         for _ in range(times):
@@ -727,8 +732,19 @@ class CompiledStep:
             why, added, rebound = "the step returned a different structure", 0, 0
         _ext.form_release(form)
         if why:
+            import warnings
             self._count("replans")
+            self.last_replan = why
+            e.replans_idle += 1
+            idle = e.replans_idle
             self._drop(e)
+            if idle >= _MAX_IDLE_REPLANS:
+                self._refuse(e, f"its plan was dropped {idle} times without running in between (the step's "
+                                f"state changes faster than a plan can be recorded); the last time: {why}")
+            elif not self._replan_warned:
+                self._replan_warned = True
+                warnings.warn(f"crucible.compile: the plan no longer matches the step and is recorded again "
+                              f"(this call and the next two run eagerly): {why}", CrucibleWarning, stacklevel=3)
             return result
         e.lifted = lifted
         e.closures = e.cap_closures

@@ -7,7 +7,9 @@ class ScalarSources:
     """Python's replica of the scalar arithmetic of recognized optimizers (single-tensor SGD,
     Adam, AdamW, Adadelta, RMSprop and Adagrad of PyTorch 2.x; SGD, Adam and AdamW of 1.13):
     the Python floats they compute from the group's hyperparameters and the step counter
-    (state["step"]) and pass to ops. Each value is named by the op and argument it feeds:
+    (state["step"]) and pass to ops; and the foreach SGD, Adadelta and RMSprop, which pass the
+    same -lr to aten::_foreach_add_.List's alpha (aten::_foreach_addcdiv_.Scalar's value for
+    RMSprop without momentum). Each value is named by the op and argument it feeds:
       SGD        param.add_(d_p, alpha=-lr)                       aten::add_.Tensor / alpha
       Adadelta   param.add_(delta, alpha=-lr)                     aten::add_.Tensor / alpha
       RMSprop    param.add_(buf, alpha=-lr) (momentum), else
@@ -19,9 +21,9 @@ class ScalarSources:
       AdamW      param.mul_(1 - lr * weight_decay)                 aten::mul_.Tensor / other
     A plan matches them bit for bit against recorded calls: a scalar that differs between two
     calls and equals a source's values becomes a patch point, and each run gets the sources'
-    values for the coming step. Groups with foreach, fused, capturable or differentiable
-    updates compute differently and are not replicated (their changing scalars stay
-    unexplained, and the step runs eagerly)."""
+    values for the coming step. Groups with fused, capturable or differentiable updates, and
+    foreach Adam, AdamW and Adagrad (lists of per-parameter scalars), are not replicated (their
+    changing scalars stay unexplained, and the step runs eagerly)."""
 
     def __init__(self, objs):
         import torch
@@ -48,14 +50,19 @@ class ScalarSources:
             for gi, g in enumerate(opt.param_groups):
                 if hyper is not None and oi < len(hyper) and gi < len(hyper[oi]):
                     g = dict(hyper[oi][gi], params=g["params"])
-                if g.get("foreach") or g.get("fused") or g.get("capturable") or g.get("differentiable"):
+                if g.get("fused") or g.get("capturable") or g.get("differentiable"):
                     continue
+                foreach = bool(g.get("foreach"))
+                if foreach and kind not in ("sgd", "adadelta", "rmsprop"):
+                    continue   # Adam(W) and Adagrad pass lists of per-parameter scalars
                 lr = g["lr"]
+                add = "aten::_foreach_add_.List" if foreach else "aten::add_.Tensor"
                 if kind in ("sgd", "adadelta") or (kind == "rmsprop" and g.get("momentum", 0) > 0):
-                    out.extend(("aten::add_.Tensor", "alpha", -lr, p.data_ptr()) for p in g["params"])
+                    out.extend((add, "alpha", -lr, p.data_ptr()) for p in g["params"])
                     continue
                 if kind == "rmsprop":
-                    out.extend(("aten::addcdiv_", "value", -lr, p.data_ptr()) for p in g["params"])
+                    addcdiv = "aten::_foreach_addcdiv_.Scalar" if foreach else "aten::addcdiv_"
+                    out.extend((addcdiv, "value", -lr, p.data_ptr()) for p in g["params"])
                     continue
                 if kind == "adagrad":
                     for p in g["params"]:

@@ -7,7 +7,7 @@ and the simplest loop the minimizer reduced it to; failures are grouped by that 
 Loops run in a worker process; a worker that dies (an abort, a segfault) costs one loop,
 recorded as a crash, and a new worker continues with the next seed.
 
-    CRUCIBLE_BUILD_DIR=build-release .venv/bin/python bench/loop_fuzz.py [--count 300] [--seed 0]
+    CRUCIBLE_BUILD_DIR=build-release .venv/bin/python bench/python/loop_fuzz.py [--count 300] [--seed 0]
         [--no-minimize] [--verify-every N] [--json out.json]
 """
 import argparse
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(ROOT, "vessel", "torch"), os.path.join(ROOT, "utils", "python")]
 
 OUTCOMES = ("compiled", "refused", "eager-unexplained", "mismatch", "crash")
