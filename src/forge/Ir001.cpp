@@ -9,6 +9,7 @@
 
 #include "IrEdit.h"
 #include "crucible/core/Contract.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/core/ShapeText.h"
 
@@ -78,7 +79,7 @@ void compute_costs(Ir001& ir) {
       out_bytes = sat_add(out_bytes, ir.values[v].is_view ? 0 : ir.values[v].nbytes);
       out_elems = std::max(out_elems, value_numel(ir, v));
     }
-    const std::string_view base = detail::base_name(n.op);
+    const std::string_view base = op_base_name(n.op);
     std::int64_t flops = 0;
     switch (n.kind) {
       case CKernel::Gemm: {
@@ -209,7 +210,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     if (options.strict_op_table && cls.kind == CKernel::Opaque && cls.reason == kNotInOpTable) {
       return unsupported("build_ir001: op '" + n.op + "' (trace op " + std::to_string(op) +
                              ") is not in Forge's op table",
-                         "add it to src/forge/OpTable.cpp with its kernel kind");
+                         "add it to src/core/OpTable.cpp with its kernel kind");
     }
     n.kind = cls.kind;
     n.opaque_reason = cls.reason;

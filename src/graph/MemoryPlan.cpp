@@ -7,7 +7,10 @@
 #include <queue>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "crucible/core/Contract.h"
+#include "crucible/core/ContentHash.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/graph/FirstFit.h"
 
 namespace crucible::graph {
@@ -19,25 +22,27 @@ std::string mib(std::uint64_t b) {
 }
 
 // Note [Elementwise outputs in their input's block] (MemoryPlan.h): the ops whose output may
-// take over a dying input's block. Each output element is a function of the inputs' elements
-// at the same position; an input broadcast to the output's shape is never the one taken over
-// (its sizes differ from the output's). Functional ops only: an in-place op's output already is
-// its input's storage.
-bool is_elementwise(std::uint64_t schema_hash) {
-  static const std::vector<std::uint64_t> hashes = [] {
-    const char* const names[] = {
-        "aten::relu", "aten::neg", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt",
-        "aten::sigmoid", "aten::tanh", "aten::sin", "aten::cos", "aten::abs", "aten::silu",
-        "aten::gelu", "aten::erf", "aten::reciprocal", "aten::clone", "aten::add.Tensor",
-        "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
-        "aten::mul.Scalar", "aten::maximum", "aten::minimum", "aten::threshold_backward",
-        "aten::sigmoid_backward", "aten::tanh_backward", "aten::gelu_backward", "aten::silu_backward"};
-    std::vector<std::uint64_t> v;
-    for (const char* n : names) v.push_back(hash64(n));
-    std::sort(v.begin(), v.end());
-    return v;
-  }();
-  return std::binary_search(hashes.begin(), hashes.end(), schema_hash);
+// take over a dying input's block are those the op table calls elementwise and functional
+// (is_elementwise_functional): each output element is a function of the inputs' elements at the
+// same position; an input broadcast to the output's shape is never the one taken over (its sizes
+// differ from the output's). An in-place op's output already is its input's storage.
+//
+// The answer for a schema hash is the same in every trace (the hash is hash64 of the name), so
+// each thread keeps the answers it has worked out: a plan asks once per node with one output
+// (resnet18's step: 500), and a lookup here is a hash probe instead of a name lookup and a
+// binary search of the op table. A name that does not hash to its key (a corrupt trace) gets
+// no and is not kept; past kMaxKnown schemas (a loaded trace names as many as it likes) the
+// answers are forgotten and worked out again.
+bool is_elementwise(const record::Trace& t, std::uint64_t schema_hash) {
+  constexpr std::size_t kMaxKnown = 4096;
+  thread_local absl::flat_hash_map<std::uint64_t, bool> known;
+  if (auto it = known.find(schema_hash); it != known.end()) return it->second;
+  auto name = t.schema_names.find(schema_hash);
+  if (name == t.schema_names.end() || hash64(name->second) != schema_hash) return false;
+  const bool yes = is_elementwise_functional(name->second);
+  if (known.size() >= kMaxKnown) known.clear();
+  known.emplace(schema_hash, yes);
+  return yes;
 }
 
 // Whether two tensors of a trace lie on their storages alike: the same dtype, sizes, strides,
@@ -169,7 +174,7 @@ std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, const s
     const std::size_t nin = t.ops[op].n_inputs, nout = t.ops[op].n_tensors - nin;
     const std::uint32_t* here = number;
     number += nin + nout;
-    if (nout != 1 || !is_elementwise(t.ops[op].schema_hash)) continue;
+    if (nout != 1 || !is_elementwise(t, t.ops[op].schema_hash)) continue;
     const std::uint32_t so = here[nin];
     if (so == 0 || block_of[so] >= kPersistentBlock || blocks[block_of[so]].first != node) continue;
     const std::size_t t0 = t.op_tensor_begin[op];

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "crucible/core/Status.h"
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/forge/ExprPool.h"
 #include "crucible/record/Trace.h"
 

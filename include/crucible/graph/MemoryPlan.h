@@ -19,9 +19,9 @@
 // that lists what is live at the peak — before anything runs.
 //
 // Note [Elementwise outputs in their input's block]: an elementwise op (relu,
-// threshold_backward, add, mul, ...: kElementwiseOps in MemoryPlan.cpp) whose output has the
-// same dtype, sizes, strides and offset as an input that no later node touches writes its output
-// into that input's block: each element is read before the same element is written, which is how
+// threshold_backward, add, mul, clone, ...: is_elementwise_functional in core/OpTable.h) whose
+// output has the same dtype, sizes, strides and offset as an input that no later node touches
+// writes its output into that input's block: each element is read before the same element is written, which is how
 // such a kernel runs in place. The output keeps its own Block (Block::shares names the input's)
 // at the same offset, and the two are one buffer from the input's first use to the output's last;
 // the lower bound counts that buffer once. A runtime following the plan runs such an op in place;
