@@ -11,6 +11,7 @@
 #include "crucible/core/Contract.h"
 #include "crucible/core/ContentHash.h"
 #include "crucible/core/OpTable.h"
+#include "crucible/graph/ArenaPlacement.h"
 #include "crucible/graph/FirstFit.h"
 
 namespace crucible::graph {
@@ -77,85 +78,6 @@ std::vector<Block> buffers_of(const std::vector<Block>& blocks, std::vector<std:
   return out;
 }
 
-// The blocks in order of first use (then block order), each handed to start(block index); before
-// it, every block started earlier whose last use comes before its first use is handed to
-// end(block index), earliest last use first. start returns false to stop the sweep. The shared
-// skeleton of time-order placement and check_plan: O(B log B).
-template <class Start, class End>
-void sweep_first_uses(const std::vector<Block>& blocks, Start start, End end) {
-  std::vector<std::uint32_t> order(blocks.size());
-  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks[a].first < blocks[b].first; });
-  using Ending = std::pair<std::uint32_t, std::uint32_t>;  // (last, block)
-  std::priority_queue<Ending, std::vector<Ending>, std::greater<>> ending;
-  for (std::uint32_t bi : order) {
-    while (!ending.empty() && ending.top().first < blocks[bi].first) {
-      end(ending.top().second);
-      ending.pop();
-    }
-    if (!start(bi)) return;
-    ending.emplace(blocks[bi].last, bi);
-  }
-}
-
-// Time-order placement (MemoryPlan.h): blocks in order of first use (then block order), each
-// at the smallest free chunk it fits (the lowest such on ties), else at the top of the arena
-// (taking in a free chunk that ends there), its chunk freed after its last use and merged with
-// free neighbours. O(B log B) whatever the lifetimes. Sizes are multiples of the alignment, so
-// every offset is aligned. Returns the arena's size.
-std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
-  std::map<std::uint64_t, std::uint64_t> free_at;             // offset -> bytes
-  std::set<std::pair<std::uint64_t, std::uint64_t>> by_size;  // (bytes, offset)
-  std::uint64_t top = 0;
-  auto release = [&](std::uint32_t bi) {
-    std::uint64_t off = blocks[bi].offset, bytes = blocks[bi].bytes;
-    auto next = free_at.find(off + bytes);
-    if (next != free_at.end()) {
-      by_size.erase({next->second, next->first});
-      bytes += next->second;
-      free_at.erase(next);
-    }
-    auto at = free_at.lower_bound(off);
-    if (at != free_at.begin()) {
-      auto prev = std::prev(at);
-      if (prev->first + prev->second == off) {
-        by_size.erase({prev->second, prev->first});
-        off = prev->first;
-        bytes += prev->second;
-        free_at.erase(prev);
-      }
-    }
-    free_at.emplace(off, bytes);
-    by_size.emplace(bytes, off);
-  };
-  auto place = [&](std::uint32_t bi) {
-    Block& b = blocks[bi];
-    auto fit = by_size.lower_bound({b.bytes, 0});
-    if (fit != by_size.end()) {
-      const auto [bytes, off] = *fit;
-      by_size.erase(fit);
-      free_at.erase(off);
-      if (bytes > b.bytes) {
-        free_at.emplace(off + b.bytes, bytes - b.bytes);
-        by_size.emplace(bytes - b.bytes, off + b.bytes);
-      }
-      b.offset = off;
-    } else if (!free_at.empty() && free_at.rbegin()->first + free_at.rbegin()->second == top) {
-      const auto [off, bytes] = *free_at.rbegin();  // too small, but the arena can grow past it
-      by_size.erase({bytes, off});
-      free_at.erase(off);
-      b.offset = off;
-      top = off + b.bytes;
-    } else {
-      b.offset = top;
-      top += b.bytes;  // under 2^62 in all: plan_memory checked the total
-    }
-    return true;
-  };
-  sweep_first_uses(blocks, place, release);
-  return top;
-}
 // Note [Elementwise outputs in their input's block]: which blocks take over a dying input's
 // block, given every block's lifetime and size (block_of: a storage number's block, or a value
 // >= kPersistentBlock for a storage outside the arena). Sets shares[i] (what Block::shares of
@@ -302,37 +224,14 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
       plan.peak_node = i;
     }
   }
-  // Greedy by size.
-  std::vector<std::size_t> order(bufs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const Block &x = bufs[a], &y = bufs[b];
-    if (x.bytes != y.bytes) return x.bytes > y.bytes;
-    if (x.first != y.first) return x.first < y.first;
-    return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
-  });
-  // Placed blocks in increasing offset order; each block goes at its first fit among them
-  // (FirstFit.h): the same first fit as sorting the lifetime-overlapping blocks' intervals,
-  // without building or sorting them per block.
-  PlacedBlocks placed;
-  placed.reserve(bufs.size());
-  std::uint64_t visits = 0;  // placed blocks looked at or moved, against opt.first_fit_visits
-  for (std::size_t bi : order) {
-    Block& b = bufs[bi];
-    const Fit fit = first_fit(placed, b.bytes, b.first, b.last);
-    const auto seen_end = placed.offset.begin() + static_cast<long>(fit.seen);
-    const std::size_t at = static_cast<std::size_t>(
-        std::upper_bound(placed.offset.begin(), seen_end, fit.offset) - placed.offset.begin());
-    // The insertion moves every placed block after it: as costly per block as a visit.
-    visits += fit.seen + (placed.size() - at);
-    if (visits > opt.first_fit_visits) [[unlikely]] {
-      plan.first_fit = false;
-      plan.arena_bytes = place_in_time_order(bufs);
-      break;
-    }
-    b.offset = fit.offset;
-    plan.arena_bytes = std::max(plan.arena_bytes, fit.offset + b.bytes);
-    placed.insert(at, fit.offset, fit.offset + b.bytes, b.first, b.last);
+  // Greedy by size, or time order past opt.first_fit_visits (ArenaPlacement.h).
+  {
+    std::vector<Lifetime> lifetimes(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) lifetimes[i] = {bufs[i].bytes, bufs[i].first, bufs[i].last};
+    const ArenaPlacement placed = place_in_arena(lifetimes, opt.first_fit_visits);
+    for (std::size_t i = 0; i < bufs.size(); ++i) bufs[i].offset = placed.offsets[i];
+    plan.arena_bytes = placed.arena_bytes;
+    plan.first_fit = placed.first_fit;
   }
   if (plan.shared_blocks != 0)
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) plan.blocks[i].offset = bufs[buffer_of[i]].offset;
@@ -435,24 +334,15 @@ Status check_plan(const MemoryPlan& p) {
     if (a.bytes > p.arena_bytes - a.offset)
       return invalid_input("the buffer of storage " + std::to_string(a.storage_id) + " ends past the arena",
                            "this is a planner bug: report it with the trace");
-  std::set<std::pair<std::uint64_t, std::uint32_t>> live;  // (offset, block)
-  auto overlap = [&](std::uint32_t i, std::uint32_t j) {
-    return bl[i].offset < bl[j].offset + bl[j].bytes && bl[j].offset < bl[i].offset + bl[i].bytes;
-  };
-  std::uint32_t first = 0, second = 0;  // the first overlapping pair found, if any
-  bool found = false;
-  sweep_first_uses(
-      bl,
-      [&](std::uint32_t bi) {
-        const auto at = live.emplace(bl[bi].offset, bi).first;
-        if (at != live.begin() && overlap(std::prev(at)->second, bi)) first = std::prev(at)->second;
-        else if (std::next(at) != live.end() && overlap(std::next(at)->second, bi)) first = std::next(at)->second;
-        else return true;
-        second = bi;
-        found = true;
-        return false;
-      },
-      [&](std::uint32_t bi) { live.erase({bl[bi].offset, bi}); });
+  std::vector<Lifetime> lifetimes(bl.size());
+  std::vector<std::uint64_t> offsets(bl.size());
+  for (std::size_t i = 0; i < bl.size(); ++i) {
+    lifetimes[i] = {bl[i].bytes, bl[i].first, bl[i].last};
+    offsets[i] = bl[i].offset;
+  }
+  const auto pair = overlapping_pair(lifetimes, offsets);
+  const bool found = pair.has_value();
+  const std::uint32_t first = found ? pair->first : 0, second = found ? pair->second : 0;
   if (found) {
     // A buffer is named by every storage in it: its first block's, and those of the blocks that
     // take it over (the block at fault may be any of them).

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "crucible/core/Status.h"
+#include "crucible/graph/ArenaPlacement.h"
 #include "crucible/graph/TraceGraph.h"
 
 namespace crucible::graph {
@@ -42,9 +43,8 @@ struct PlanOptions {
   std::uint64_t alignment = 64;  // bytes, power of two
   std::uint64_t budget = 0;      // device bytes for persistent state + arena; 0 = no check
   // Greedy-by-size placement gives way to time-order placement past this many visits of placed
-  // blocks, each looked at or moved by an insertion (1-2 ns each; resnet18's step makes 29k, a
-  // 12-layer transformer's 0.6M): about 0.2 s.
-  std::uint64_t first_fit_visits = std::uint64_t{1} << 27;
+  // blocks (ArenaPlacement.h).
+  std::uint64_t first_fit_visits = kDefaultFirstFitVisits;
   // Note [Elementwise outputs in their input's block].
   bool share_elementwise = true;
 };
