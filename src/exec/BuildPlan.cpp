@@ -21,15 +21,15 @@ using forge::Value;
 
 // What the plan needs to know of one storage before it becomes a slot.
 struct StorageUse {
-  bool external = false;     // some value of it comes from outside (producer kNoNode)
-  bool wrapped = false;      // ... and that value is a Python number
-  bool escapes = false;      // some value of it is read after the step
+  bool external = false;  // some value of it comes from outside (producer kNoNode)
+  bool wrapped = false;   // ... and that value is a Python number
+  bool escapes = false;   // some value of it is read after the step
   bool first_is_write = false;
-  bool written = false;      // some call writes it
+  bool written = false;                   // some call writes it
   std::uint32_t first = kNone, last = 0;  // calls
   std::uint64_t bytes = 0;
   std::uint64_t storage = 0;
-  std::uint32_t wrapped_value = kNone;    // the value, when wrapped
+  std::uint32_t wrapped_value = kNone;  // the value, when wrapped
 };
 
 std::string value_text(const Ir001& ir, std::uint32_t v) {
@@ -44,24 +44,30 @@ std::string value_text(const Ir001& ir, std::uint32_t v) {
 Result<std::uint64_t> value_extent(const Ir001& ir, std::uint32_t v) {
   const Value& val = ir.values[v];
   auto es = element_size(val.dtype);
-  if (!es.ok()) return invalid_input(value_text(ir, v) + " has dtype " + std::to_string(val.dtype) + ", of no known size",
-                                     "plan only steps whose tensors have fixed-size dtypes");
+  if (!es.ok())
+    return invalid_input(
+        value_text(ir, v) + " has dtype " + std::to_string(val.dtype) + ", of no known size",
+        "plan only steps whose tensors have fixed-size dtypes");
   if (val.strides.size() != val.shape.size())
-    return invalid_input(value_text(ir, v) + " has " + std::to_string(val.shape.size()) + " dims and " +
-                             std::to_string(val.strides.size()) + " strides",
+    return invalid_input(value_text(ir, v) + " has " + std::to_string(val.shape.size()) +
+                             " dims and " + std::to_string(val.strides.size()) + " strides",
                          "build the IR with build_ir001 (a hand-built IR sets Value::strides)");
   std::int64_t high = val.storage_offset;
-  if (high < 0) return invalid_input(value_text(ir, v) + " starts at a negative offset", "record the step again");
+  if (high < 0)
+    return invalid_input(value_text(ir, v) + " starts at a negative offset",
+                         "record the step again");
   for (std::size_t d = 0; d < val.shape.size(); ++d) {
     const forge::Expr* e = val.shape[d];
     if (e->kind != forge::Expr::Kind::Const)
       return invalid_input(value_text(ir, v) + " has a symbolic dim", "instantiate the IR first");
     if (e->value == 0) return std::uint64_t{0};
-    if (val.strides[d] < 0) return invalid_input(value_text(ir, v) + " has a negative stride", "record the step again");
+    if (val.strides[d] < 0)
+      return invalid_input(value_text(ir, v) + " has a negative stride", "record the step again");
     std::int64_t reach = 0;
-    if (__builtin_mul_overflow(e->value - 1, val.strides[d], &reach) || __builtin_add_overflow(high, reach, &high) ||
-        high >= std::int64_t{1} << 58)
-      return invalid_input(value_text(ir, v) + " reaches past 2^58 elements", "record the step again");
+    if (__builtin_mul_overflow(e->value - 1, val.strides[d], &reach) ||
+        __builtin_add_overflow(high, reach, &high) || high >= std::int64_t{1} << 58)
+      return invalid_input(value_text(ir, v) + " reaches past 2^58 elements",
+                           "record the step again");
   }
   return (static_cast<std::uint64_t>(high) + 1) * *es;
 }
@@ -84,24 +90,29 @@ std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & 
 
 Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const PlanOptions& opt) {
   if (ir.symbolic)
-    return invalid_input("build_plan: the IR is symbolic", "instantiate it, from a recording at the batch to run");
+    return invalid_input("build_plan: the IR is symbolic",
+                         "instantiate it, from a recording at the batch to run");
   if (!ir.recorded_geometry)
-    return invalid_input("build_plan: the IR's strides, offsets and storage sizes are one recording's, its shapes "
-                         "another batch's (symbolize_batch, instantiate)",
-                         "build the plan from a recording at the batch to run");
-  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 || opt.alignment > (std::uint64_t{1} << 30))
-    return invalid_input("build_plan: alignment " + std::to_string(opt.alignment) + " is not a power of two up to 2^30",
+    return invalid_input(
+        "build_plan: the IR's strides, offsets and storage sizes are one recording's, its shapes "
+        "another batch's (symbolize_batch, instantiate)",
+        "build the plan from a recording at the batch to run");
+  if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 ||
+      opt.alignment > (std::uint64_t{1} << 30))
+    return invalid_input("build_plan: alignment " + std::to_string(opt.alignment) +
+                             " is not a power of two up to 2^30",
                          "use 16, 64, 256, ...");
   if (ir2.kernels.size() != ir2.groups.size())
-    return invalid_input("build_plan: IR002 has " + std::to_string(ir2.kernels.size()) + " kernels for " +
-                             std::to_string(ir2.groups.size()) + " groups",
+    return invalid_input("build_plan: IR002 has " + std::to_string(ir2.kernels.size()) +
+                             " kernels for " + std::to_string(ir2.groups.size()) + " groups",
                          "pass the IR002 that lower() made");
   const std::size_t nv = ir.values.size();
   std::vector<bool> escapes(nv, false);
   if (opt.escaping) {
     for (std::uint32_t v : *opt.escaping) {
-      if (v >= nv) return invalid_input("build_plan: escaping value " + std::to_string(v) + " is out of range",
-                                        "name values of this IR");
+      if (v >= nv)
+        return invalid_input("build_plan: escaping value " + std::to_string(v) + " is out of range",
+                             "name values of this IR");
       escapes[v] = true;
     }
   } else {
@@ -116,12 +127,13 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   std::map<std::string, std::uint32_t, std::less<>> op_ids;
   for (const forge::KernelNode& k : ir2.kernels) {
     if (k.group >= ir2.groups.size())
-      return invalid_input("build_plan: a kernel names group " + std::to_string(k.group), "pass the IR002 that lower() made");
+      return invalid_input("build_plan: a kernel names group " + std::to_string(k.group),
+                           "pass the IR002 that lower() made");
     Kernel kn{k.group, k.kernel, k.recipe, static_cast<std::uint32_t>(p.calls.size()), 0};
     for (std::uint32_t n : ir2.groups[k.group].nodes) {
       if (n >= ir.nodes.size() || placed[n])
-        return invalid_input("build_plan: node " + std::to_string(n) + " of group " + std::to_string(k.group) +
-                                 " is out of range or in two groups",
+        return invalid_input("build_plan: node " + std::to_string(n) + " of group " +
+                                 std::to_string(k.group) + " is out of range or in two groups",
                              "pass the IR001 the IR002 was lowered from");
       placed[n] = true;
       const Node& node = ir.nodes[n];
@@ -149,14 +161,17 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   }
   for (std::size_t n = 0; n < ir.nodes.size(); ++n)
     if (!placed[n])
-      return invalid_input("build_plan: node " + std::to_string(n) + " " + ir.nodes[n].op + " is in no kernel",
-                           "pass the IR001 the IR002 was lowered from");
+      return invalid_input(
+          "build_plan: node " + std::to_string(n) + " " + ir.nodes[n].op + " is in no kernel",
+          "pass the IR001 the IR002 was lowered from");
   p.op_names.resize(op_ids.size());
   for (const auto& [name, id] : op_ids) p.op_names[id] = name;
 
   // Storages: who touches them, and when. Keys: the storage id, or ~value for a value with none.
   std::map<std::uint64_t, StorageUse> uses;
-  auto key_of = [&](std::uint32_t v) { return ir.values[v].storage != 0 ? ir.values[v].storage : ~std::uint64_t{v}; };
+  auto key_of = [&](std::uint32_t v) {
+    return ir.values[v].storage != 0 ? ir.values[v].storage : ~std::uint64_t{v};
+  };
   auto note_value = [&](std::uint32_t v) -> Status {
     const Value& val = ir.values[v];
     StorageUse& u = uses[key_of(v)];
@@ -193,8 +208,8 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   std::vector<std::uint32_t> result_values;
   for (std::uint32_t v = 0; v < nv; ++v) {
     const Value& val = ir.values[v];
-    const bool state_write = val.live_out && val.producer != forge::kNoNode && uses.contains(key_of(v)) &&
-                             uses[key_of(v)].external;
+    const bool state_write = val.live_out && val.producer != forge::kNoNode &&
+                             uses.contains(key_of(v)) && uses[key_of(v)].external;
     if (!escapes[v] && !state_write) continue;
     if (Status st = note_value(v); !st.ok()) return st;
     result_values.push_back(v);
@@ -222,8 +237,9 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
       s.binding = static_cast<std::uint32_t>(p.inputs.size());
       p.inputs.push_back(static_cast<std::uint32_t>(p.slots.size()));
     } else if (!u.first_is_write) {
-      return invalid_input("build_plan: call " + std::to_string(u.first) + " (" + ir.nodes[p.calls[u.first].node].op +
-                               ") reads storage " + std::to_string(u.storage) + " before any call writes it",
+      return invalid_input("build_plan: call " + std::to_string(u.first) + " (" +
+                               ir.nodes[p.calls[u.first].node].op + ") reads storage " +
+                               std::to_string(u.storage) + " before any call writes it",
                            "the IR is inconsistent: verify() it before planning");
     } else if (u.escapes) {
       s.kind = SlotKind::Output;
@@ -233,7 +249,8 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
     if (s.kind == SlotKind::Arena || s.kind == SlotKind::Constant) {
       s.bytes = align_up(std::max<std::uint64_t>(s.bytes, 1), opt.alignment);
       if (s.bytes > graph::kMaxPlacedBytes - arena_total)
-        return invalid_input("build_plan: the step's tensors add up to more than 2^62 bytes", "record the step again");
+        return invalid_input("build_plan: the step's tensors add up to more than 2^62 bytes",
+                             "record the step again");
       arena_total += s.bytes;
       lifetimes.push_back({s.bytes, s.first, s.last});
       arena_slots.push_back(static_cast<std::uint32_t>(p.slots.size()));
@@ -242,7 +259,8 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
     p.slots.push_back(s);
   }
   const graph::ArenaPlacement placement = graph::place_in_arena(lifetimes);
-  for (std::size_t i = 0; i < arena_slots.size(); ++i) p.slots[arena_slots[i]].offset = placement.offsets[i];
+  for (std::size_t i = 0; i < arena_slots.size(); ++i)
+    p.slots[arena_slots[i]].offset = placement.offsets[i];
   p.arena_bytes = placement.arena_bytes;
 
   // Tensors, made on first use.
@@ -269,15 +287,17 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
     c.in_begin = static_cast<std::uint32_t>(p.args.size());
     c.in_count = static_cast<std::uint32_t>(node.inputs.size());
     for (std::size_t k = 0; k < node.inputs.size(); ++k) {
-      const forge::ArgPosition at = node.input_args.empty() ? forge::ArgPosition{static_cast<std::uint32_t>(k), 0}
-                                                            : node.input_args[k];
+      const forge::ArgPosition at = node.input_args.empty()
+                                        ? forge::ArgPosition{static_cast<std::uint32_t>(k), 0}
+                                        : node.input_args[k];
       p.args.push_back(Arg{tensor(node.inputs[k]), at.arg, at.list});
     }
     c.out_begin = static_cast<std::uint32_t>(p.args.size());
     c.out_count = static_cast<std::uint32_t>(node.outputs.size());
     for (std::size_t k = 0; k < node.outputs.size(); ++k) {
-      const forge::ArgPosition at = node.output_args.empty() ? forge::ArgPosition{static_cast<std::uint32_t>(k), 0}
-                                                             : node.output_args[k];
+      const forge::ArgPosition at = node.output_args.empty()
+                                        ? forge::ArgPosition{static_cast<std::uint32_t>(k), 0}
+                                        : node.output_args[k];
       p.args.push_back(Arg{tensor(node.outputs[k]), at.arg, at.list});
     }
     c.scalar_begin = static_cast<std::uint32_t>(p.scalars.size());
@@ -290,16 +310,19 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   for (const PlanOptions::ScalarPatch& sp : opt.scalar_patches) {
     const std::uint32_t c = sp.node < call_of.size() ? call_of[sp.node] : kNone;
     if (c == kNone || sp.scalar >= p.calls[c].scalar_count)
-      return invalid_input("build_plan: scalar patch '" + sp.name + "' names scalar " + std::to_string(sp.scalar) +
-                               " of node " + std::to_string(sp.node) + ", which has no call or no such scalar",
+      return invalid_input("build_plan: scalar patch '" + sp.name + "' names scalar " +
+                               std::to_string(sp.scalar) + " of node " + std::to_string(sp.node) +
+                               ", which has no call or no such scalar",
                            "name a node that runs and the position of the scalar in its scalars");
-    p.patches.push_back(PatchPoint{PatchKind::Scalar, p.calls[c].scalar_begin + sp.scalar, sp.name});
+    p.patches.push_back(
+        PatchPoint{PatchKind::Scalar, p.calls[c].scalar_begin + sp.scalar, sp.name});
   }
   for (const PlanOptions::ConstantPatch& cp : opt.constant_patches) {
     const bool known = cp.value < nv && tensor_of[cp.value] != kNone;
     const std::uint32_t s = known ? p.tensors[tensor_of[cp.value]].slot : kNone;
     if (s == kNone || p.slots[s].kind != SlotKind::Constant)
-      return invalid_input("build_plan: constant patch '" + cp.name + "' names value " + std::to_string(cp.value) +
+      return invalid_input("build_plan: constant patch '" + cp.name + "' names value " +
+                               std::to_string(cp.value) +
                                ", which is not a Python number a call reads",
                            "name a wrapped-number input of a call");
     p.patches.push_back(PatchPoint{PatchKind::Constant, s, cp.name});
@@ -310,8 +333,9 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   return p;
 }
 
-Result<SteppedPlan> plan_step(const record::Trace& t, std::span<const std::size_t> ops, forge::ExprPool& pool,
-                              const forge::RuleSet& rules, const forge::Policy& policy, const PlanOptions& options,
+Result<SteppedPlan> plan_step(const record::Trace& t, std::span<const std::size_t> ops,
+                              forge::ExprPool& pool, const forge::RuleSet& rules,
+                              const forge::Policy& policy, const PlanOptions& options,
                               double budget_micros) {
   auto ir = forge::build_ir001(t, ops, pool);
   if (!ir.ok()) return ir.status();

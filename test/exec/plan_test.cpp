@@ -62,8 +62,8 @@ Planned plan_of(Step& st, const PlanOptions& opt = {}) {
 }
 
 // The same step in plain loops: returns s; updates v in place.
-double reference_step(const std::vector<float>& x, const std::vector<float>& w, std::vector<float>& v, double half,
-                      double alpha) {
+double reference_step(const std::vector<float>& x, const std::vector<float>& w,
+                      std::vector<float>& v, double half, double alpha) {
   double s = 0;
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 5; ++j) {
@@ -161,9 +161,10 @@ TEST(BuildPlan, RefusesWhatItCannotPlan) {
 
 class RunStep : public ::testing::Test {
  protected:
-  std::vector<float> x{0.5f, -1.0f, 2.0f, 1.5f, 0.25f, -0.75f, -2.0f, 1.0f, 0.5f, 3.0f, -0.5f, 0.125f};
-  std::vector<float> w{1.0f, 0.5f, -0.25f, -1.0f, 2.0f, 0.75f, 0.5f, 0.5f, 0.5f,
-                       -0.125f, 1.5f, -2.0f, 0.25f, -0.5f, 1.0f};
+  std::vector<float> x{0.5f,  -1.0f, 2.0f, 1.5f, 0.25f, -0.75f,
+                       -2.0f, 1.0f,  0.5f, 3.0f, -0.5f, 0.125f};
+  std::vector<float> w{1.0f, 0.5f,    -0.25f, -1.0f, 2.0f,  0.75f, 0.5f, 0.5f,
+                       0.5f, -0.125f, 1.5f,   -2.0f, 0.25f, -0.5f, 1.0f};
   std::vector<float> v = std::vector<float>(20, 1.0f);
   float s_out = 0;
 
@@ -172,7 +173,9 @@ class RunStep : public ::testing::Test {
     std::vector<void*> in;
     for (std::uint32_t s : plan.inputs) {
       const std::uint64_t id = plan.slots[s].storage;
-      in.push_back(id == 1 ? static_cast<void*>(x.data()) : id == 2 ? static_cast<void*>(w.data()) : v.data());
+      in.push_back(id == 1   ? static_cast<void*>(x.data())
+                   : id == 2 ? static_cast<void*>(w.data())
+                             : v.data());
     }
     return in;
   }
@@ -192,7 +195,8 @@ TEST_F(RunStep, NullBackendMatchesTheReference) {
     ASSERT_TRUE((*runner)->run(RunArgs{in, out, {}}).ok());
     const double want_s = reference_step(x, w, want_v, 0.5, -0.1);
     EXPECT_FLOAT_EQ(s_out, static_cast<float>(want_s)) << "step " << step;
-    for (int i = 0; i < 20; ++i) EXPECT_FLOAT_EQ(v[i], want_v[i]) << "step " << step << " v[" << i << "]";
+    for (int i = 0; i < 20; ++i)
+      EXPECT_FLOAT_EQ(v[i], want_v[i]) << "step " << step << " v[" << i << "]";
   }
   EXPECT_EQ(ref.calls, 3 * static_cast<int>(p.plan.calls.size()));
 }
@@ -214,7 +218,8 @@ TEST_F(RunStep, PatchPointsChangeScalarsAndNumbersPerRun) {
   ASSERT_TRUE((*runner)->run(RunArgs{in, out, {}}).ok());
   EXPECT_FLOAT_EQ(s_out, static_cast<float>(reference_step(x, w, want_v, 0.5, -0.1)));
   // New values.
-  const std::uint64_t patches[] = {std::bit_cast<std::uint64_t>(-0.01), std::bit_cast<std::uint64_t>(2.0)};
+  const std::uint64_t patches[] = {std::bit_cast<std::uint64_t>(-0.01),
+                                   std::bit_cast<std::uint64_t>(2.0)};
   ASSERT_TRUE((*runner)->run(RunArgs{in, out, patches}).ok());
   EXPECT_FLOAT_EQ(s_out, static_cast<float>(reference_step(x, w, want_v, 2.0, -0.01)));
   for (int i = 0; i < 20; ++i) EXPECT_FLOAT_EQ(v[i], want_v[i]) << i;
@@ -275,12 +280,18 @@ struct CountingBackend {
     Backend b;
     b.name = "counting";
     b.self = this;
-    b.prepare = [](void* s, const ExecutionPlan&) { ++static_cast<CountingBackend*>(s)->prepared; return ok_status(); };
+    b.prepare = [](void* s, const ExecutionPlan&) {
+      ++static_cast<CountingBackend*>(s)->prepared;
+      return ok_status();
+    };
     b.run_kernel = [](void* s, const KernelLaunch& l) {
       ++static_cast<CountingBackend*>(s)->kernels;
       return default_run_kernel(s, l);
     };
-    b.synchronize = [](void* s) { ++static_cast<CountingBackend*>(s)->syncs; return ok_status(); };
+    b.synchronize = [](void* s) {
+      ++static_cast<CountingBackend*>(s)->syncs;
+      return ok_status();
+    };
     b.alloc_arena = [](void* s, std::uint64_t bytes, std::uint64_t a) {
       ++static_cast<CountingBackend*>(s)->allocs;
       return default_alloc_arena(s, bytes, a);
@@ -317,7 +328,8 @@ TEST_F(RunStep, BackendSlotsAreCalledAndDefaultsFillTheRest) {
   bare.name = "bare";
   auto full = with_defaults(bare);
   ASSERT_TRUE(full.ok());
-  EXPECT_TRUE(full->prepare && full->alloc_arena && full->free_arena && full->run_kernel && full->synchronize);
+  EXPECT_TRUE(full->prepare && full->alloc_arena && full->free_arena && full->run_kernel &&
+              full->synchronize);
   EXPECT_FALSE(Runner::make(p.plan, bare, Provider{}).ok());
 }
 

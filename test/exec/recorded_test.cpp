@@ -48,8 +48,9 @@ struct OwnershipProvider {
       const auto [lo, hi] = range(t);
       for (std::uint64_t b = s.offset + lo; b < s.offset + hi; ++b)
         if (owner[b] != plan->tensors[t.tensor].slot + 1)
-          return bad_state("call " + std::to_string(c.call) + " (" + std::string(c.op) + ") reads arena byte " +
-                               std::to_string(b) + " last written through slot " + std::to_string(owner[b]) + " - 1",
+          return bad_state("call " + std::to_string(c.call) + " (" + std::string(c.op) +
+                               ") reads arena byte " + std::to_string(b) +
+                               " last written through slot " + std::to_string(owner[b]) + " - 1",
                            "the plan overlaps live slots");
     }
     for (const TensorArg& t : c.outputs) {
@@ -66,8 +67,10 @@ struct OwnershipProvider {
 TEST(RecordedModels, PlansVerifyAndRunOnTheNullBackend) {
   const fs::path dir = CRUCIBLE_FORGE_TRACES;
   if (!fs::exists(dir / "index.json"))
-    GTEST_SKIP() << dir << " has no index.json: the forge fixture (test/forge/make_traces.py, needs torch and "
-                 << "the Vessel) records the test models";
+    GTEST_SKIP()
+        << dir
+        << " has no index.json: the forge fixture (test/forge/make_traces.py, needs torch and "
+        << "the Vessel) records the test models";
   auto rules = forge::load_rules_dir(CRUCIBLE_RULES_DIR, "cpu-avx2");
   ASSERT_TRUE(rules.ok()) << rules.status();
   int planned = 0;
@@ -99,21 +102,25 @@ TEST(RecordedModels, PlansVerifyAndRunOnTheNullBackend) {
     OwnershipProvider own;
     own.plan = &p;
     own.owner.assign(p.arena_bytes, 0);
-    auto runner = Runner::make(p, null_backend(), Provider{&own, [](void* s, const LibraryCall& c) {
-                                                             return static_cast<OwnershipProvider*>(s)->call(c);
-                                                           }});
+    auto runner = Runner::make(p, null_backend(),
+                               Provider{&own, [](void* s, const LibraryCall& c) {
+                                          return static_cast<OwnershipProvider*>(s)->call(c);
+                                        }});
     ASSERT_TRUE(runner.ok()) << model << ": " << runner.status();
     std::vector<std::vector<std::byte>> memory;
     std::vector<void*> in, out;
     for (std::uint32_t s : p.inputs) in.push_back(memory.emplace_back(p.slots[s].bytes + 1).data());
-    for (std::uint32_t s : p.outputs) out.push_back(memory.emplace_back(p.slots[s].bytes + 1).data());
+    for (std::uint32_t s : p.outputs)
+      out.push_back(memory.emplace_back(p.slots[s].bytes + 1).data());
     const Status st = (*runner)->run(RunArgs{in, out, {}});
     EXPECT_TRUE(st.ok()) << model << ": " << st;
     EXPECT_EQ(own.calls, static_cast<int>(p.calls.size())) << model;
-    std::printf("%-16s %4zu nodes %4zu kernels %4zu calls %3u views  %3zu in %3zu out  arena %9llu B of %9llu\n", model,
-                sp->ir.nodes.size(), p.kernels.size(), p.calls.size(), p.elided_views, p.inputs.size(),
-                p.outputs.size(), static_cast<unsigned long long>(p.arena_bytes),
-                static_cast<unsigned long long>(arena_sum));
+    std::printf(
+        "%-16s %4zu nodes %4zu kernels %4zu calls %3u views  %3zu in %3zu out  arena %9llu B of "
+        "%9llu\n",
+        model, sp->ir.nodes.size(), p.kernels.size(), p.calls.size(), p.elided_views,
+        p.inputs.size(), p.outputs.size(), static_cast<unsigned long long>(p.arena_bytes),
+        static_cast<unsigned long long>(arena_sum));
   }
   EXPECT_EQ(planned, 4);
 }

@@ -27,7 +27,10 @@ inline std::vector<std::int64_t> contiguous(const std::vector<std::int64_t>& sha
 
 class StepBuilder {
  public:
-  StepBuilder() { ir.pool = &pool; ir.module_paths = {""}; }
+  StepBuilder() {
+    ir.pool = &pool;
+    ir.module_paths = {""};
+  }
   StepBuilder(const StepBuilder&) = delete;
   StepBuilder& operator=(const StepBuilder&) = delete;
 
@@ -48,9 +51,11 @@ class StepBuilder {
     return add(std::move(v));
   }
   // A node of `op` reading `ins`, writing a fresh contiguous float32 tensor of `shape`.
-  std::uint32_t op(const std::string& name, std::vector<std::uint32_t> ins, std::vector<std::int64_t> shape,
+  std::uint32_t op(const std::string& name, std::vector<std::uint32_t> ins,
+                   std::vector<std::int64_t> shape,
                    std::vector<record::ScalarRecord> scalars = {}) {
-    return node(name, std::move(ins), make(shape, contiguous(shape), next_storage_++, 0), std::move(scalars));
+    return node(name, std::move(ins), make(shape, contiguous(shape), next_storage_++, 0),
+                std::move(scalars));
   }
   // A view of `base` (same storage and version) with other sizes and strides.
   std::uint32_t view(const std::string& name, std::uint32_t base, std::vector<std::int64_t> shape,
@@ -62,7 +67,8 @@ class StepBuilder {
     return node(name, {base}, std::move(v), {});
   }
   // An in-place op: writes `target`'s storage at the next version.
-  std::uint32_t in_place(const std::string& name, std::uint32_t target, std::vector<std::uint32_t> others,
+  std::uint32_t in_place(const std::string& name, std::uint32_t target,
+                         std::vector<std::uint32_t> others,
                          std::vector<record::ScalarRecord> scalars = {}) {
     const forge::Value& t = ir.values[target];
     forge::Value v = make(shape_of(target), t.strides, t.storage, t.version + 1);
@@ -94,8 +100,8 @@ class StepBuilder {
   }
 
  private:
-  forge::Value make(const std::vector<std::int64_t>& shape, std::vector<std::int64_t> strides, std::uint64_t storage,
-                    std::uint32_t version, std::int8_t dtype = 6) {
+  forge::Value make(const std::vector<std::int64_t>& shape, std::vector<std::int64_t> strides,
+                    std::uint64_t storage, std::uint32_t version, std::int8_t dtype = 6) {
     forge::Value v;
     std::int64_t numel = 1;
     for (std::int64_t d : shape) v.shape.push_back(pool.constant(d)), numel *= d;
@@ -141,7 +147,8 @@ inline record::ScalarRecord double_arg(std::uint16_t arg, double x) {
 inline forge::RuleSet test_rules() {
   const std::string text =
       "[class]\nname = \"t\"\n"
-      "[[rule]]\nid = \"gemm_act\"\npattern = [\"GEMM\", \"POINTWISE_UNARY\"]\nkernel = \"gemm_epilogue\"\n"
+      "[[rule]]\nid = \"gemm_act\"\npattern = [\"GEMM\", \"POINTWISE_UNARY\"]\nkernel = "
+      "\"gemm_epilogue\"\n"
       "recipe = \"f32_ordered\"\npriority = 200\n"
       "[[rule]]\nid = \"fallback\"\npattern = [\"*\"]\nkernel = \"opaque\"\npriority = 0\n";
   auto r = forge::parse_rules("t", [&](std::string_view) -> Result<std::string> { return text; });
@@ -172,9 +179,13 @@ struct ReferenceProvider {
     if (t.dtype == 7) return static_cast<const double*>(t.data)[t.sizes.empty() ? 0 : at(t, i)];
     return static_cast<const float*>(t.data)[at(t, i)];
   }
-  static void set(const TensorArg& t, std::int64_t i, double x) { static_cast<float*>(t.data)[at(t, i)] = static_cast<float>(x); }
+  static void set(const TensorArg& t, std::int64_t i, double x) {
+    static_cast<float*>(t.data)[at(t, i)] = static_cast<float>(x);
+  }
   // The second operand broadcasts when it is 0-d.
-  static double second(const TensorArg& t, std::int64_t i) { return t.sizes.empty() ? get(t, 0) : get(t, i); }
+  static double second(const TensorArg& t, std::int64_t i) {
+    return t.sizes.empty() ? get(t, 0) : get(t, i);
+  }
   static double alpha(const LibraryCall& c) {
     for (const record::ScalarRecord& r : c.scalars)
       if (r.kind == record::ScalarKind::Double) return std::bit_cast<double>(r.bits);
@@ -188,9 +199,11 @@ struct ReferenceProvider {
       const TensorArg &a = c.inputs[0], &b = c.inputs[1], &o = c.outputs[0];
       const double al = alpha(c);
       for (std::int64_t i = 0; i < numel(o); ++i)
-        set(o, i, op == "aten::mul.Tensor" ? get(a, i) * second(b, i) : get(a, i) + al * second(b, i));
+        set(o, i,
+            op == "aten::mul.Tensor" ? get(a, i) * second(b, i) : get(a, i) + al * second(b, i));
     } else if (op == "aten::relu") {
-      for (std::int64_t i = 0; i < numel(c.outputs[0]); ++i) set(c.outputs[0], i, std::max(0.0, get(c.inputs[0], i)));
+      for (std::int64_t i = 0; i < numel(c.outputs[0]); ++i)
+        set(c.outputs[0], i, std::max(0.0, get(c.inputs[0], i)));
     } else if (op == "aten::mm") {
       const TensorArg &a = c.inputs[0], &b = c.inputs[1], &o = c.outputs[0];
       const std::int64_t m = a.sizes[0], k = a.sizes[1], n = b.sizes[1];
@@ -205,12 +218,15 @@ struct ReferenceProvider {
       for (std::int64_t i = 0; i < numel(c.inputs[0]); ++i) s += get(c.inputs[0], i);
       set(c.outputs[0], 0, s);
     } else {
-      return unsupported("the reference provider has no " + std::string(op), "use add, mul, relu, mm, sum");
+      return unsupported("the reference provider has no " + std::string(op),
+                         "use add, mul, relu, mm, sum");
     }
     return ok_status();
   }
   Provider provider() {
-    return Provider{this, [](void* self, const LibraryCall& c) { return static_cast<ReferenceProvider*>(self)->call(c); }};
+    return Provider{this, [](void* self, const LibraryCall& c) {
+                      return static_cast<ReferenceProvider*>(self)->call(c);
+                    }};
   }
 };
 

@@ -65,11 +65,14 @@ TEST(VerifyPlan, RefusesCorruptPlansSayingWhatBroke) {
          p.slots[m].offset = p.slots[r].offset;
        },
        "overlap in the arena"},
-      {"a misaligned offset", [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Arena)].offset += 8; },
+      {"a misaligned offset",
+       [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Arena)].offset += 8; },
        "not aligned"},
       {"a slot past the arena's end",
-       [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Arena)].offset = p.arena_bytes; }, "ends past the arena"},
-      {"an alignment that is not a power of two", [](ExecutionPlan& p) { p.alignment = 48; }, "not a power of two"},
+       [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Arena)].offset = p.arena_bytes; },
+       "ends past the arena"},
+      {"an alignment that is not a power of two", [](ExecutionPlan& p) { p.alignment = 48; },
+       "not a power of two"},
       {"a read before the producing call",
        [](ExecutionPlan& p) {
          // The first call reads the slot the last call writes, which is made to live from 0.
@@ -92,23 +95,30 @@ TEST(VerifyPlan, RefusesCorruptPlansSayingWhatBroke) {
          p.dims[t.dims] *= 100;  // sizes first
        },
        "reaches byte"},
-      {"a tensor of no known dtype", [](ExecutionPlan& p) { p.tensors[0].dtype = 100; }, "of no known size"},
-      {"kernels that skip a call", [](ExecutionPlan& p) { p.kernels.back().call_count += 1; }, "kernels run"},
-      {"an input bound twice",
-       [](ExecutionPlan& p) { p.inputs.push_back(p.inputs[0]); }, "input binding 2"},
+      {"a tensor of no known dtype", [](ExecutionPlan& p) { p.tensors[0].dtype = 100; },
+       "of no known size"},
+      {"kernels that skip a call", [](ExecutionPlan& p) { p.kernels.back().call_count += 1; },
+       "kernels run"},
+      {"an input bound twice", [](ExecutionPlan& p) { p.inputs.push_back(p.inputs[0]); },
+       "input binding 2"},
       {"an output slot without its binding",
-       [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Output)].binding = 7; }, "does not name it"},
+       [](ExecutionPlan& p) { p.slots[slot_of_kind(p, SlotKind::Output)].binding = 7; },
+       "does not name it"},
       {"a call writing a constant",
        [](ExecutionPlan& p) {
          const std::uint32_t c = slot_of_kind(p, SlotKind::Constant);
          for (TensorRef& t : p.tensors)
-           if (t.slot == c) p.args[p.calls[0].out_begin].tensor = static_cast<std::uint32_t>(&t - p.tensors.data());
+           if (t.slot == c)
+             p.args[p.calls[0].out_begin].tensor =
+                 static_cast<std::uint32_t>(&t - p.tensors.data());
        },
        "constant"},
       {"a patch naming nothing",
-       [](ExecutionPlan& p) { p.patches.push_back(PatchPoint{PatchKind::Scalar, 1000, "lr"}); }, "('lr')"},
+       [](ExecutionPlan& p) { p.patches.push_back(PatchPoint{PatchKind::Scalar, 1000, "lr"}); },
+       "('lr')"},
       {"a call naming no op", [](ExecutionPlan& p) { p.calls[1].op = 99; }, "names no op"},
-      {"an argument range out of bounds", [](ExecutionPlan& p) { p.calls.back().out_count = 50; }, "out of bounds"},
+      {"an argument range out of bounds", [](ExecutionPlan& p) { p.calls.back().out_count = 50; },
+       "out of bounds"},
   };
   for (const Corruption& c : cases) {
     ExecutionPlan p = small_plan();

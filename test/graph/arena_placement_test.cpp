@@ -1,18 +1,19 @@
 // arena_placement_test — the one lifetime planner: no two blocks live at one step overlap (brute
 // force over all pairs), greedy by size and time order alike; known answers on small cases; and
 // overlapping_pair finds a planted overlap.
-#include "crucible/graph/ArenaPlacement.h"
-
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
+#include "crucible/graph/ArenaPlacement.h"
+
 namespace crucible::graph {
 namespace {
 
 // The pair (i, j) of blocks live together and overlapping, or (-1, -1); by brute force.
-std::pair<int, int> brute_overlap(const std::vector<Lifetime>& b, const std::vector<std::uint64_t>& off) {
+std::pair<int, int> brute_overlap(const std::vector<Lifetime>& b,
+                                  const std::vector<std::uint64_t>& off) {
   for (std::size_t i = 0; i < b.size(); ++i)
     for (std::size_t j = i + 1; j < b.size(); ++j) {
       const bool together = b[i].first <= b[j].last && b[j].first <= b[i].last;

@@ -30,8 +30,8 @@ inline constexpr std::uint8_t kMayReturnInput = 4;
 // overload is looked up first, then the base name).
 struct OpClass {
   CKernel kind = CKernel::Opaque;
-  std::string_view reason;   // non-empty exactly when kind == Opaque
-  std::uint8_t traits = 0;   // op_trait bits
+  std::string_view reason;  // non-empty exactly when kind == Opaque
+  std::uint8_t traits = 0;  // op_trait bits
 };
 OpClass classify_op(std::string_view qualified_name) noexcept;
 // The reason classify_op gives an op the table does not have.

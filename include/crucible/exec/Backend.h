@@ -23,22 +23,22 @@ namespace crucible::exec {
 
 // One tensor of a call, resolved for this run.
 struct TensorArg {
-  void* data = nullptr;                 // element 0 (slot base + offset)
-  std::int8_t dtype = -1;               // c10 ordinal
-  bool wrapped_number = false;          // a Python number as a 0-d tensor
+  void* data = nullptr;         // element 0 (slot base + offset)
+  std::int8_t dtype = -1;       // c10 ordinal
+  bool wrapped_number = false;  // a Python number as a 0-d tensor
   std::span<const std::int64_t> sizes;
   std::span<const std::int64_t> strides;  // in elements
-  std::uint32_t arg_index = 0;          // schema argument / return position
-  std::uint32_t list_index = 0;         // index inside a tensor list
-  std::uint32_t tensor = kNone;         // the plan's tensor
+  std::uint32_t arg_index = 0;            // schema argument / return position
+  std::uint32_t list_index = 0;           // index inside a tensor list
+  std::uint32_t tensor = kNone;           // the plan's tensor
 };
 
 // One library call: the op, its tensors (outputs already placed: the provider writes into
 // them, it allocates nothing) and its scalar arguments for this run (patches applied).
 struct LibraryCall {
   const ExecutionPlan* plan = nullptr;
-  std::uint32_t call = 0;               // index in plan->calls
-  std::string_view op;                  // "aten::addmm"
+  std::uint32_t call = 0;  // index in plan->calls
+  std::string_view op;     // "aten::addmm"
   std::uint64_t schema_hash = 0;
   CKernel kind = CKernel::Opaque;
   bool grad_mode = false;
@@ -57,16 +57,16 @@ struct Provider {
 // call through the provider.
 struct KernelLaunch {
   const ExecutionPlan* plan = nullptr;
-  std::uint32_t kernel = 0;                 // index in plan->kernels
-  std::span<void* const> tensor_data;       // element 0 of every plan tensor, this run
+  std::uint32_t kernel = 0;                       // index in plan->kernels
+  std::span<void* const> tensor_data;             // element 0 of every plan tensor, this run
   std::span<const record::ScalarRecord> scalars;  // every scalar of the plan, this run
   void* runner = nullptr;
   Status (*library_call)(void* runner, std::uint32_t call) = nullptr;
 };
 
 struct Backend {
-  std::string_view name;   // required: "null", "cpu", ...
-  void* self = nullptr;    // the backend's own state, passed to every slot
+  std::string_view name;  // required: "null", "cpu", ...
+  void* self = nullptr;   // the backend's own state, passed to every slot
   // Optional; default: nothing to prepare. Called once per Runner before any run: compile the
   // kernels the backend generates, refuse a plan it cannot run.
   Status (*prepare)(void* self, const ExecutionPlan& plan) = nullptr;

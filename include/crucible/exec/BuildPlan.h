@@ -58,7 +58,7 @@ Result<ExecutionPlan> build_plan(const forge::Ir001& ir, const forge::Ir002& ir2
 // The recorded iteration `ops` of `t` through Forge's front end (each phase within
 // budget_micros, as run_front_end) and build_plan.
 struct SteppedPlan {
-  forge::Ir001 ir;     // after the passes
+  forge::Ir001 ir;  // after the passes
   forge::Ir002 ir2;
   ExecutionPlan plan;
 };

@@ -44,13 +44,13 @@ const char* slot_kind_name(SlotKind k) noexcept;
 
 struct Slot {
   SlotKind kind = SlotKind::Arena;
-  std::int8_t dtype = -1;            // Constant: the value's dtype (c10 ordinal)
-  std::uint32_t first = 0, last = 0; // calls, inclusive
-  std::uint32_t binding = kNone;     // Input: index in inputs; Output: index in outputs
-  std::uint64_t bytes = 0;           // Arena, Constant: aligned size; Input, Output: storage size
-  std::uint64_t offset = 0;          // Arena, Constant: offset in the arena
-  std::uint64_t storage = 0;         // the recorded storage id (for messages)
-  double value = 0;                  // Constant: the recorded value
+  std::int8_t dtype = -1;             // Constant: the value's dtype (c10 ordinal)
+  std::uint32_t first = 0, last = 0;  // calls, inclusive
+  std::uint32_t binding = kNone;      // Input: index in inputs; Output: index in outputs
+  std::uint64_t bytes = 0;            // Arena, Constant: aligned size; Input, Output: storage size
+  std::uint64_t offset = 0;           // Arena, Constant: offset in the arena
+  std::uint64_t storage = 0;          // the recorded storage id (for messages)
+  double value = 0;                   // Constant: the recorded value
 };
 
 // TensorRef::flags
@@ -61,31 +61,31 @@ struct TensorRef {
   std::int8_t dtype = -1;
   std::uint8_t flags = 0;
   std::uint16_t ndim = 0;
-  std::uint32_t dims = 0;            // sizes at dims[dims, dims + ndim), strides after them
-  std::uint32_t value = kNone;       // the IR001 value (for messages)
-  std::int64_t offset = 0;           // elements from the slot's start
+  std::uint32_t dims = 0;       // sizes at dims[dims, dims + ndim), strides after them
+  std::uint32_t value = kNone;  // the IR001 value (for messages)
+  std::int64_t offset = 0;      // elements from the slot's start
 };
 
 struct Arg {
   std::uint32_t tensor = kNone;
-  std::uint32_t arg_index = 0;       // schema argument (inputs) or return (outputs) position
-  std::uint32_t list_index = 0;      // index inside a tensor list
+  std::uint32_t arg_index = 0;   // schema argument (inputs) or return (outputs) position
+  std::uint32_t list_index = 0;  // index inside a tensor list
 };
 
 struct Call {
-  std::uint32_t node = 0;            // IR001 node
-  std::uint32_t op = 0;              // index in op_names
+  std::uint32_t node = 0;  // IR001 node
+  std::uint32_t op = 0;    // index in op_names
   std::uint64_t schema_hash = 0;
   CKernel kind = CKernel::Opaque;
   record::Phase phase = record::Phase::Forward;
-  bool grad_mode = false;            // autograd's grad mode when it was recorded
+  bool grad_mode = false;                      // autograd's grad mode when it was recorded
   std::uint32_t in_begin = 0, in_count = 0;    // in args
   std::uint32_t out_begin = 0, out_count = 0;  // in args, after the inputs
   std::uint32_t scalar_begin = 0, scalar_count = 0;
 };
 
 struct Kernel {
-  std::uint32_t group = 0;           // IR002 group
+  std::uint32_t group = 0;  // IR002 group
   forge::KernelTemplate kernel = forge::KernelTemplate::Opaque;
   const forge::NumericalRecipe* recipe = nullptr;
   std::uint32_t call_begin = 0, call_count = 0;
@@ -94,12 +94,12 @@ struct Kernel {
 enum class PatchKind : std::uint8_t { Scalar = 0, Constant = 1 };
 struct PatchPoint {
   PatchKind kind = PatchKind::Scalar;
-  std::uint32_t index = 0;           // Scalar: in scalars (its bits are replaced); Constant: a slot
+  std::uint32_t index = 0;  // Scalar: in scalars (its bits are replaced); Constant: a slot
   std::string name;
 };
 
 struct ExecutionPlan {
-  std::uint64_t alignment = 64;      // of every Arena and Constant offset; a power of two
+  std::uint64_t alignment = 64;  // of every Arena and Constant offset; a power of two
   std::uint64_t arena_bytes = 0;
   std::vector<Kernel> kernels;
   std::vector<Call> calls;
@@ -113,7 +113,7 @@ struct ExecutionPlan {
   std::vector<std::uint32_t> outputs;  // the Output slot of each output binding
   std::vector<std::uint32_t> results;  // tensors of the values live after the step
   std::vector<PatchPoint> patches;
-  std::uint32_t elided_views = 0;      // VIEW nodes that became tensors, not calls
+  std::uint32_t elided_views = 0;  // VIEW nodes that became tensors, not calls
 
   // Accessors for a plan verify_plan accepted (its ranges are in bounds).
   std::span<const std::int64_t> sizes(const TensorRef& t) const {

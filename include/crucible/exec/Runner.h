@@ -22,8 +22,8 @@
 namespace crucible::exec {
 
 struct RunArgs {
-  std::span<void* const> inputs;     // base of each input binding's storage (plan.inputs order)
-  std::span<void* const> outputs;    // memory of each output binding, at least its slot's bytes
+  std::span<void* const> inputs;   // base of each input binding's storage (plan.inputs order)
+  std::span<void* const> outputs;  // memory of each output binding, at least its slot's bytes
   // One per patch point (plan.patches order), or empty to run the recorded values: a Scalar
   // patch's new ScalarRecord::bits; a Constant patch's value as IEEE-754 double bits.
   std::span<const std::uint64_t> patches;
@@ -55,10 +55,10 @@ class Runner {
   Backend backend_;
   Provider provider_;
   void* arena_ = nullptr;
-  std::vector<void*> slot_base_;                 // this run's base of every slot
-  std::vector<void*> tensor_data_;               // this run's element 0 of every tensor
-  std::vector<record::ScalarRecord> scalars_;    // this run's scalars
-  std::vector<TensorArg> call_args_;             // scratch: the tensors of one call
+  std::vector<void*> slot_base_;               // this run's base of every slot
+  std::vector<void*> tensor_data_;             // this run's element 0 of every tensor
+  std::vector<record::ScalarRecord> scalars_;  // this run's scalars
+  std::vector<TensorArg> call_args_;           // scratch: the tensors of one call
 };
 
 }  // namespace crucible::exec
