@@ -5,7 +5,7 @@
 # The stage order is fixed here. A stage may name only stages before it in DEPENDS;
 # anything else is a configure error, so the data-flow layering cannot rot silently.
 # (test/core/layering_test also checks #include lines against the same order.)
-set(CRUCIBLE_STAGE_ORDER core ptload record graph pipeline forge mimic runtime)
+set(CRUCIBLE_STAGE_ORDER core ptload record graph pipeline forge exec mimic runtime)
 
 function(crucible_stage stage)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS;LIBS" ${ARGN})

@@ -9,6 +9,7 @@
 
 #include "IrEdit.h"
 #include "crucible/core/Contract.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/core/ShapeText.h"
 
@@ -78,7 +79,7 @@ void compute_costs(Ir001& ir) {
       out_bytes = sat_add(out_bytes, ir.values[v].is_view ? 0 : ir.values[v].nbytes);
       out_elems = std::max(out_elems, value_numel(ir, v));
     }
-    const std::string_view base = detail::base_name(n.op);
+    const std::string_view base = op_base_name(n.op);
     std::int64_t flops = 0;
     switch (n.kind) {
       case CKernel::Gemm: {
@@ -137,6 +138,7 @@ Ir001 compact(const Ir001& ir, const std::vector<bool>& keep) {
   out.module_paths = ir.module_paths;
   out.batch_size = ir.batch_size;
   out.symbolic = ir.symbolic;
+  out.recorded_geometry = ir.recorded_geometry;
   std::vector<std::uint32_t> node_map(ir.nodes.size(), kNoNode);
   for (std::size_t i = 0; i < ir.nodes.size(); ++i) {
     if (keep[i]) node_map[i] = static_cast<std::uint32_t>(out.nodes.size()), out.nodes.push_back(ir.nodes[i]);
@@ -186,6 +188,12 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     v.version = m.version;
     v.is_view = (m.flags & record::tensor_flag::kIsView) != 0;
     v.nbytes = op_bytes[ti - op_base];
+    const auto st = t.strides(ti);
+    v.strides.assign(st.begin(), st.end());
+    v.storage_offset = m.storage_offset;
+    v.storage_nbytes = m.storage_nbytes;
+    v.wrapped_number = (m.flags & record::tensor_flag::kWrappedNumber) != 0;
+    v.wrapped_value = m.wrapped_value;
     return v;
   };
   auto key_of = [&](const record::TensorMeta& m) {
@@ -209,13 +217,14 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     if (options.strict_op_table && cls.kind == CKernel::Opaque && cls.reason == kNotInOpTable) {
       return unsupported("build_ir001: op '" + n.op + "' (trace op " + std::to_string(op) +
                              ") is not in Forge's op table",
-                         "add it to src/forge/OpTable.cpp with its kernel kind");
+                         "add it to src/core/OpTable.cpp with its kernel kind");
     }
     n.kind = cls.kind;
     n.opaque_reason = cls.reason;
     n.phase = e.phase;
     n.module_id = e.module_id;
     n.mutates = (e.flags & record::op_flag::kMutable) != 0;
+    n.grad_mode = (e.flags & record::op_flag::kGradMode) != 0;
     n.trace_op = op;
     const auto sc = t.scalars_of(op);
     n.scalars.assign(sc.begin(), sc.end());
@@ -231,6 +240,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     }
     const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
     for (const record::TensorMeta& m : t.inputs(op)) {
+      n.input_args.push_back(ArgPosition{m.arg_index, m.list_index});
       if (m.storage_id != 0) {
         auto it = current.find(key_of(m));
         if (it != current.end()) {
@@ -249,6 +259,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     }
     std::uint32_t k = 0;
     for (const record::TensorMeta& m : t.outputs(op)) {
+      n.output_args.push_back(ArgPosition{m.arg_index, m.list_index});
       Value v = make_value(m);
       v.producer = id;
       v.producer_output = k++;
@@ -322,6 +333,7 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
   }
   Ir001 out = a;
   out.symbolic = true;
+  out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
   const Expr* sym = pool.symbol(symbol);
   // Scalar arguments: equal, or an int proportional to the batch (a view's size, a split).
   for (std::size_t i = 0; i < a.nodes.size(); ++i) {

@@ -8,14 +8,6 @@
 
 namespace crucible::forge::detail {
 
-// "add_" from "aten::add_.Tensor": the op name without namespace and overload.
-inline std::string_view base_name(std::string_view op) {
-  const auto colons = op.find("::");
-  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
-  const auto dot = op.find('.');
-  return dot == std::string_view::npos ? op : op.substr(0, dot);
-}
-
 // Sets every node's flops/bytes from its kind and shapes (Note [Cost model] in Report.h). The IR
 // must be concrete: a symbolic IR keeps the costs of the recording it came from.
 void compute_costs(Ir001& ir);

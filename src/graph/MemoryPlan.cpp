@@ -7,7 +7,11 @@
 #include <queue>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "crucible/core/Contract.h"
+#include "crucible/core/ContentHash.h"
+#include "crucible/core/OpTable.h"
+#include "crucible/graph/ArenaPlacement.h"
 #include "crucible/graph/FirstFit.h"
 
 namespace crucible::graph {
@@ -19,25 +23,27 @@ std::string mib(std::uint64_t b) {
 }
 
 // Note [Elementwise outputs in their input's block] (MemoryPlan.h): the ops whose output may
-// take over a dying input's block. Each output element is a function of the inputs' elements
-// at the same position; an input broadcast to the output's shape is never the one taken over
-// (its sizes differ from the output's). Functional ops only: an in-place op's output already is
-// its input's storage.
-bool is_elementwise(std::uint64_t schema_hash) {
-  static const std::vector<std::uint64_t> hashes = [] {
-    const char* const names[] = {
-        "aten::relu", "aten::neg", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt",
-        "aten::sigmoid", "aten::tanh", "aten::sin", "aten::cos", "aten::abs", "aten::silu",
-        "aten::gelu", "aten::erf", "aten::reciprocal", "aten::clone", "aten::add.Tensor",
-        "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
-        "aten::mul.Scalar", "aten::maximum", "aten::minimum", "aten::threshold_backward",
-        "aten::sigmoid_backward", "aten::tanh_backward", "aten::gelu_backward", "aten::silu_backward"};
-    std::vector<std::uint64_t> v;
-    for (const char* n : names) v.push_back(hash64(n));
-    std::sort(v.begin(), v.end());
-    return v;
-  }();
-  return std::binary_search(hashes.begin(), hashes.end(), schema_hash);
+// take over a dying input's block are those the op table calls elementwise and functional
+// (is_elementwise_functional): each output element is a function of the inputs' elements at the
+// same position; an input broadcast to the output's shape is never the one taken over (its sizes
+// differ from the output's). An in-place op's output already is its input's storage.
+//
+// The answer for a schema hash is the same in every trace (the hash is hash64 of the name), so
+// each thread keeps the answers it has worked out: a plan asks once per node with one output
+// (resnet18's step: 500), and a lookup here is a hash probe instead of a name lookup and a
+// binary search of the op table. A name that does not hash to its key (a corrupt trace) gets
+// no and is not kept; past kMaxKnown schemas (a loaded trace names as many as it likes) the
+// answers are forgotten and worked out again.
+bool is_elementwise(const record::Trace& t, std::uint64_t schema_hash) {
+  constexpr std::size_t kMaxKnown = 4096;
+  thread_local absl::flat_hash_map<std::uint64_t, bool> known;
+  if (auto it = known.find(schema_hash); it != known.end()) return it->second;
+  auto name = t.schema_names.find(schema_hash);
+  if (name == t.schema_names.end() || hash64(name->second) != schema_hash) return false;
+  const bool yes = is_elementwise_functional(name->second);
+  if (known.size() >= kMaxKnown) known.clear();
+  known.emplace(schema_hash, yes);
+  return yes;
 }
 
 // Whether two tensors of a trace lie on their storages alike: the same dtype, sizes, strides,
@@ -72,85 +78,6 @@ std::vector<Block> buffers_of(const std::vector<Block>& blocks, std::vector<std:
   return out;
 }
 
-// The blocks in order of first use (then block order), each handed to start(block index); before
-// it, every block started earlier whose last use comes before its first use is handed to
-// end(block index), earliest last use first. start returns false to stop the sweep. The shared
-// skeleton of time-order placement and check_plan: O(B log B).
-template <class Start, class End>
-void sweep_first_uses(const std::vector<Block>& blocks, Start start, End end) {
-  std::vector<std::uint32_t> order(blocks.size());
-  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks[a].first < blocks[b].first; });
-  using Ending = std::pair<std::uint32_t, std::uint32_t>;  // (last, block)
-  std::priority_queue<Ending, std::vector<Ending>, std::greater<>> ending;
-  for (std::uint32_t bi : order) {
-    while (!ending.empty() && ending.top().first < blocks[bi].first) {
-      end(ending.top().second);
-      ending.pop();
-    }
-    if (!start(bi)) return;
-    ending.emplace(blocks[bi].last, bi);
-  }
-}
-
-// Time-order placement (MemoryPlan.h): blocks in order of first use (then block order), each
-// at the smallest free chunk it fits (the lowest such on ties), else at the top of the arena
-// (taking in a free chunk that ends there), its chunk freed after its last use and merged with
-// free neighbours. O(B log B) whatever the lifetimes. Sizes are multiples of the alignment, so
-// every offset is aligned. Returns the arena's size.
-std::uint64_t place_in_time_order(std::vector<Block>& blocks) {
-  std::map<std::uint64_t, std::uint64_t> free_at;             // offset -> bytes
-  std::set<std::pair<std::uint64_t, std::uint64_t>> by_size;  // (bytes, offset)
-  std::uint64_t top = 0;
-  auto release = [&](std::uint32_t bi) {
-    std::uint64_t off = blocks[bi].offset, bytes = blocks[bi].bytes;
-    auto next = free_at.find(off + bytes);
-    if (next != free_at.end()) {
-      by_size.erase({next->second, next->first});
-      bytes += next->second;
-      free_at.erase(next);
-    }
-    auto at = free_at.lower_bound(off);
-    if (at != free_at.begin()) {
-      auto prev = std::prev(at);
-      if (prev->first + prev->second == off) {
-        by_size.erase({prev->second, prev->first});
-        off = prev->first;
-        bytes += prev->second;
-        free_at.erase(prev);
-      }
-    }
-    free_at.emplace(off, bytes);
-    by_size.emplace(bytes, off);
-  };
-  auto place = [&](std::uint32_t bi) {
-    Block& b = blocks[bi];
-    auto fit = by_size.lower_bound({b.bytes, 0});
-    if (fit != by_size.end()) {
-      const auto [bytes, off] = *fit;
-      by_size.erase(fit);
-      free_at.erase(off);
-      if (bytes > b.bytes) {
-        free_at.emplace(off + b.bytes, bytes - b.bytes);
-        by_size.emplace(bytes - b.bytes, off + b.bytes);
-      }
-      b.offset = off;
-    } else if (!free_at.empty() && free_at.rbegin()->first + free_at.rbegin()->second == top) {
-      const auto [off, bytes] = *free_at.rbegin();  // too small, but the arena can grow past it
-      by_size.erase({bytes, off});
-      free_at.erase(off);
-      b.offset = off;
-      top = off + b.bytes;
-    } else {
-      b.offset = top;
-      top += b.bytes;  // under 2^62 in all: plan_memory checked the total
-    }
-    return true;
-  };
-  sweep_first_uses(blocks, place, release);
-  return top;
-}
 // Note [Elementwise outputs in their input's block]: which blocks take over a dying input's
 // block, given every block's lifetime and size (block_of: a storage number's block, or a value
 // >= kPersistentBlock for a storage outside the arena). Sets shares[i] (what Block::shares of
@@ -169,7 +96,7 @@ std::uint32_t assign_shares(const record::Trace& t, const TraceGraph& g, const s
     const std::size_t nin = t.ops[op].n_inputs, nout = t.ops[op].n_tensors - nin;
     const std::uint32_t* here = number;
     number += nin + nout;
-    if (nout != 1 || !is_elementwise(t.ops[op].schema_hash)) continue;
+    if (nout != 1 || !is_elementwise(t, t.ops[op].schema_hash)) continue;
     const std::uint32_t so = here[nin];
     if (so == 0 || block_of[so] >= kPersistentBlock || blocks[block_of[so]].first != node) continue;
     const std::size_t t0 = t.op_tensor_begin[op];
@@ -297,37 +224,14 @@ Result<MemoryPlan> plan_memory(const record::Trace& t, const TraceGraph& g, cons
       plan.peak_node = i;
     }
   }
-  // Greedy by size.
-  std::vector<std::size_t> order(bufs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const Block &x = bufs[a], &y = bufs[b];
-    if (x.bytes != y.bytes) return x.bytes > y.bytes;
-    if (x.first != y.first) return x.first < y.first;
-    return a < b;  // block order = first-touch order: the plan never depends on raw storage ids
-  });
-  // Placed blocks in increasing offset order; each block goes at its first fit among them
-  // (FirstFit.h): the same first fit as sorting the lifetime-overlapping blocks' intervals,
-  // without building or sorting them per block.
-  PlacedBlocks placed;
-  placed.reserve(bufs.size());
-  std::uint64_t visits = 0;  // placed blocks looked at or moved, against opt.first_fit_visits
-  for (std::size_t bi : order) {
-    Block& b = bufs[bi];
-    const Fit fit = first_fit(placed, b.bytes, b.first, b.last);
-    const auto seen_end = placed.offset.begin() + static_cast<long>(fit.seen);
-    const std::size_t at = static_cast<std::size_t>(
-        std::upper_bound(placed.offset.begin(), seen_end, fit.offset) - placed.offset.begin());
-    // The insertion moves every placed block after it: as costly per block as a visit.
-    visits += fit.seen + (placed.size() - at);
-    if (visits > opt.first_fit_visits) [[unlikely]] {
-      plan.first_fit = false;
-      plan.arena_bytes = place_in_time_order(bufs);
-      break;
-    }
-    b.offset = fit.offset;
-    plan.arena_bytes = std::max(plan.arena_bytes, fit.offset + b.bytes);
-    placed.insert(at, fit.offset, fit.offset + b.bytes, b.first, b.last);
+  // Greedy by size, or time order past opt.first_fit_visits (ArenaPlacement.h).
+  {
+    std::vector<Lifetime> lifetimes(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) lifetimes[i] = {bufs[i].bytes, bufs[i].first, bufs[i].last};
+    const ArenaPlacement placed = place_in_arena(lifetimes, opt.first_fit_visits);
+    for (std::size_t i = 0; i < bufs.size(); ++i) bufs[i].offset = placed.offsets[i];
+    plan.arena_bytes = placed.arena_bytes;
+    plan.first_fit = placed.first_fit;
   }
   if (plan.shared_blocks != 0)
     for (std::size_t i = 0; i < plan.blocks.size(); ++i) plan.blocks[i].offset = bufs[buffer_of[i]].offset;
@@ -430,24 +334,15 @@ Status check_plan(const MemoryPlan& p) {
     if (a.bytes > p.arena_bytes - a.offset)
       return invalid_input("the buffer of storage " + std::to_string(a.storage_id) + " ends past the arena",
                            "this is a planner bug: report it with the trace");
-  std::set<std::pair<std::uint64_t, std::uint32_t>> live;  // (offset, block)
-  auto overlap = [&](std::uint32_t i, std::uint32_t j) {
-    return bl[i].offset < bl[j].offset + bl[j].bytes && bl[j].offset < bl[i].offset + bl[i].bytes;
-  };
-  std::uint32_t first = 0, second = 0;  // the first overlapping pair found, if any
-  bool found = false;
-  sweep_first_uses(
-      bl,
-      [&](std::uint32_t bi) {
-        const auto at = live.emplace(bl[bi].offset, bi).first;
-        if (at != live.begin() && overlap(std::prev(at)->second, bi)) first = std::prev(at)->second;
-        else if (std::next(at) != live.end() && overlap(std::next(at)->second, bi)) first = std::next(at)->second;
-        else return true;
-        second = bi;
-        found = true;
-        return false;
-      },
-      [&](std::uint32_t bi) { live.erase({bl[bi].offset, bi}); });
+  std::vector<Lifetime> lifetimes(bl.size());
+  std::vector<std::uint64_t> offsets(bl.size());
+  for (std::size_t i = 0; i < bl.size(); ++i) {
+    lifetimes[i] = {bl[i].bytes, bl[i].first, bl[i].last};
+    offsets[i] = bl[i].offset;
+  }
+  const auto pair = overlapping_pair(lifetimes, offsets);
+  const bool found = pair.has_value();
+  const std::uint32_t first = found ? pair->first : 0, second = found ? pair->second : 0;
   if (found) {
     // A buffer is named by every storage in it: its first block's, and those of the blocks that
     // take it over (the block at fault may be any of them).

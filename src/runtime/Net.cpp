@@ -14,6 +14,7 @@
 
 #include "crucible/core/Contract.h"
 #include "crucible/core/ShapeText.h"
+#include "crucible/graph/ArenaPlacement.h"
 
 namespace crucible::runtime {
 namespace {
@@ -643,29 +644,23 @@ Result<CompiledNet> Net::compile(const CompileOptions& opt) const {
     }
   }
 
-  // Greedy placement: biggest first, each at the lowest offset free over its lifetime.
-  std::vector<std::size_t> by_size(blocks.size());
-  std::iota(by_size.begin(), by_size.end(), std::size_t{0});
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [&](std::size_t a, std::size_t b) { return blocks[a].bytes > blocks[b].bytes; });
-  std::vector<std::size_t> placed;
-  for (std::size_t bi : by_size) {
-    Block& b = blocks[bi];
-    std::vector<std::pair<std::size_t, std::size_t>> busy;  // [offset, offset+bytes) overlapping in time
-    for (std::size_t pj : placed) {
-      const Block& o = blocks[pj];
-      if (o.begin <= b.end && b.begin <= o.end) busy.emplace_back(o.offset, o.offset + o.bytes);
+  // Placement by the graph stage's planner (ArenaPlacement.h): biggest first, each at the
+  // lowest offset free over its lifetime. An empty block (a workspace of no floats) is never
+  // read or written: it stays at offset 0, unplaced.
+  {
+    std::vector<graph::Lifetime> lifetimes;
+    std::vector<std::size_t> placed_block;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      C.unshared_bytes += blocks[i].bytes;
+      if (blocks[i].bytes == 0) continue;
+      lifetimes.push_back({blocks[i].bytes, static_cast<std::uint32_t>(blocks[i].begin),
+                           static_cast<std::uint32_t>(blocks[i].end)});
+      placed_block.push_back(i);
     }
-    std::sort(busy.begin(), busy.end());
-    std::size_t at = 0;
-    for (const auto& [lo, hi] : busy) {
-      if (at + b.bytes <= lo) break;
-      at = std::max(at, hi);
-    }
-    b.offset = at;
-    placed.push_back(bi);
-    C.arena_bytes = std::max(C.arena_bytes, at + b.bytes);
-    C.unshared_bytes += b.bytes;
+    const graph::ArenaPlacement placed = graph::place_in_arena(lifetimes);
+    for (std::size_t k = 0; k < placed_block.size(); ++k)
+      blocks[placed_block[k]].offset = static_cast<std::size_t>(placed.offsets[k]);
+    C.arena_bytes = static_cast<std::size_t>(placed.arena_bytes);
   }
   for (std::size_t pos = 1; pos <= order.size() + 1; ++pos) {
     std::size_t live = 0;

@@ -1,6 +1,6 @@
 // ckernel_test.cpp — the kernel taxonomy: frozen ordinals, the op table's invariants, lookup by
 // overload then base name, and coverage of every op the four test models record.
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/OpTable.h"
 
 #include <gtest/gtest.h>
 
@@ -130,6 +130,31 @@ TEST(ClassifyOp, OptimizerArithmeticIsClassifiedByWhatItComputes) {
   const OpClass item = classify_op("aten::_local_scalar_dense");
   EXPECT_EQ(item.kind, CKernel::Opaque);
   EXPECT_NE(item.reason.find("synchronization"), std::string_view::npos) << item.reason;
+}
+
+TEST(OpTraits, AnswerWhatTheGraphAndCanonicalizeAsk) {
+  // The memory plan's shares: elementwise kinds and copies, never in place, never a reduction.
+  for (const char* yes : {"aten::add.Tensor", "aten::relu", "aten::threshold_backward",
+                          "aten::clone", "aten::max.other", "aten::where.self", "aten::__and__.Tensor"})
+    EXPECT_TRUE(is_elementwise_functional(yes)) << yes;
+  for (const char* no : {"aten::add_.Tensor", "aten::relu_", "aten::__iand__.Tensor", "aten::mm",
+                         "aten::max.dim", "aten::cat", "aten::view", "aten::frobnicate", ""})
+    EXPECT_FALSE(is_elementwise_functional(no)) << no;
+  EXPECT_EQ(op_base_name("aten::add_.Tensor"), "add_");
+  EXPECT_EQ(op_base_name("relu"), "relu");
+  EXPECT_TRUE(is_in_place_op("aten::_foreach_add_.List"));
+  EXPECT_FALSE(is_in_place_op("aten::__and__.Tensor"));
+  // canonicalize's questions.
+  auto has = [](const char* op, std::uint8_t trait) { return (classify_op(op).traits & trait) != 0; };
+  EXPECT_TRUE(has("aten::view", op_trait::kShapePreservingView));
+  EXPECT_TRUE(has("aten::expand", op_trait::kShapePreservingView));
+  EXPECT_FALSE(has("aten::as_strided", op_trait::kShapePreservingView));
+  EXPECT_FALSE(has("aten::permute", op_trait::kShapePreservingView));
+  EXPECT_TRUE(has("aten::to.dtype_layout", op_trait::kMayReturnInput));
+  EXPECT_TRUE(has("aten::to.device", op_trait::kMayReturnInput));
+  EXPECT_TRUE(has("aten::contiguous", op_trait::kMayReturnInput | op_trait::kCopy));
+  EXPECT_FALSE(has("aten::clone", op_trait::kMayReturnInput));
+  EXPECT_EQ(classify_op("aten::frobnicate").traits, 0);
 }
 
 // ---- coverage of the recorded test models ------------------------------------------------

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "crucible/core/Status.h"
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/forge/ExprPool.h"
 #include "crucible/record/Trace.h"
 
@@ -38,6 +38,21 @@ struct Value {
   bool is_view = false;
   bool live_out = false;              // observable after the iteration (see Note [Live-out])
   std::int64_t nbytes = 0;            // at the recorded batch size
+  // As recorded (Ir001::recorded_geometry says whether they still hold): what an execution plan
+  // needs to place the tensor in its storage's memory.
+  std::vector<std::int64_t> strides;  // in elements, one per dim
+  std::int64_t storage_offset = 0;    // in elements
+  std::uint64_t storage_nbytes = 0;   // the storage's size
+  bool wrapped_number = false;        // a Python number made a 0-d tensor
+  double wrapped_value = 0;           // its value when wrapped_number
+};
+
+// Where a tensor sits among its op's schema arguments (inputs) or returns (outputs): the
+// position, and the index inside a tensor list. What a library call needs to rebuild the op's
+// arguments.
+struct ArgPosition {
+  std::uint32_t arg = 0;
+  std::uint32_t list = 0;
 };
 
 struct Node {
@@ -49,11 +64,14 @@ struct Node {
   std::uint32_t module_id = 0;
   std::vector<std::uint32_t> inputs;   // value ids, schema order
   std::vector<std::uint32_t> outputs;  // value ids
+  std::vector<ArgPosition> input_args;   // parallel to inputs (empty in hand-built IR)
+  std::vector<ArgPosition> output_args;  // parallel to outputs (empty in hand-built IR)
   std::vector<record::ScalarRecord> scalars;
   // Per scalar (empty, or scalars.size() entries): the symbolic value of an int argument that
   // scales with the batch (a view's size, a split length), set by symbolize_batch; else nullptr.
   std::vector<const Expr*> scalar_exprs;
   bool mutates = false;               // writes one of its inputs (in-place / out= / optimizer)
+  bool grad_mode = false;             // autograd's grad mode was on when it ran
   bool in_place = false;              // canonicalize: "add_" style, writes inputs[0]
   std::uint32_t alias_of = UINT32_MAX;  // canonicalize: View output aliases this input value
   std::size_t trace_op = 0;           // index in the trace
@@ -73,6 +91,10 @@ struct Ir001 {
   std::vector<std::string> module_paths;  // module_id -> path (from the trace)
   std::int64_t batch_size = 0;            // the recorded batch (0 if unknown)
   bool symbolic = false;                  // shapes mention the batch symbol
+  // Whether every value's strides, offset and storage size are those of its shape (built from
+  // one recording). symbolize_batch keeps the first recording's and clears this; instantiate
+  // does not set it again.
+  bool recorded_geometry = true;
 };
 
 struct BuildOptions {

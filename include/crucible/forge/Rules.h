@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "crucible/core/Status.h"
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/forge/Ir002.h"
 #include "crucible/forge/NumericalRecipe.h"
 

@@ -19,9 +19,9 @@
 // that lists what is live at the peak — before anything runs.
 //
 // Note [Elementwise outputs in their input's block]: an elementwise op (relu,
-// threshold_backward, add, mul, ...: kElementwiseOps in MemoryPlan.cpp) whose output has the
-// same dtype, sizes, strides and offset as an input that no later node touches writes its output
-// into that input's block: each element is read before the same element is written, which is how
+// threshold_backward, add, mul, clone, ...: is_elementwise_functional in core/OpTable.h) whose
+// output has the same dtype, sizes, strides and offset as an input that no later node touches
+// writes its output into that input's block: each element is read before the same element is written, which is how
 // such a kernel runs in place. The output keeps its own Block (Block::shares names the input's)
 // at the same offset, and the two are one buffer from the input's first use to the output's last;
 // the lower bound counts that buffer once. A runtime following the plan runs such an op in place;
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "crucible/core/Status.h"
+#include "crucible/graph/ArenaPlacement.h"
 #include "crucible/graph/TraceGraph.h"
 
 namespace crucible::graph {
@@ -42,9 +43,8 @@ struct PlanOptions {
   std::uint64_t alignment = 64;  // bytes, power of two
   std::uint64_t budget = 0;      // device bytes for persistent state + arena; 0 = no check
   // Greedy-by-size placement gives way to time-order placement past this many visits of placed
-  // blocks, each looked at or moved by an insertion (1-2 ns each; resnet18's step makes 29k, a
-  // 12-layer transformer's 0.6M): about 0.2 s.
-  std::uint64_t first_fit_visits = std::uint64_t{1} << 27;
+  // blocks (ArenaPlacement.h).
+  std::uint64_t first_fit_visits = kDefaultFirstFitVisits;
   // Note [Elementwise outputs in their input's block].
   bool share_elementwise = true;
 };

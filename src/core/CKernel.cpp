@@ -1,12 +1,12 @@
 // CKernel.cpp — the kernel-kind table: one row per CKernel, in ordinal order (frozen ordinals).
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/CKernel.h"
 
 #include <cstddef>
 #include <iterator>
 
 #include "crucible/core/Contract.h"
 
-namespace crucible::forge {
+namespace crucible {
 namespace {
 
 // Names are what plan texts and rules files spell ("POINTWISE_UNARY"); they are frozen with the
@@ -56,4 +56,4 @@ const CKernelInfo& ckernel_info(CKernel k) noexcept {
                                                     : static_cast<std::size_t>(CKernel::Opaque)];
 }
 
-}  // namespace crucible::forge
+}  // namespace crucible

@@ -1,4 +1,4 @@
-// OpTable.cpp — which CKernel each ATen op is: the op table and classify_op().
+// OpTable.cpp — which CKernel each ATen op is, and its traits: the op table and classify_op().
 //
 // Note [Op table]: rows are written grouped by kind (easy to review) and sorted by name at
 // compile time into kOpTable, which classify_op() binary-searches: no dynamic initialisation, no
@@ -16,15 +16,18 @@
 #include <array>
 #include <iterator>
 
-#include "crucible/forge/CKernel.h"
+#include "crucible/core/OpTable.h"
 
-namespace crucible::forge {
+namespace crucible {
 namespace {
 
-constexpr OpTableEntry k(std::string_view name, CKernel kind) { return {name, kind, {}}; }
-constexpr OpTableEntry opaque(std::string_view name, std::string_view reason) {
-  return {name, CKernel::Opaque, reason};
+constexpr OpTableEntry k(std::string_view name, CKernel kind, std::uint8_t traits = 0) {
+  return {name, kind, {}, traits};
 }
+constexpr OpTableEntry opaque(std::string_view name, std::string_view reason) {
+  return {name, CKernel::Opaque, reason, 0};
+}
+using namespace op_trait;
 
 constexpr std::string_view kDataDependentShape =
     "output shape depends on the tensor's values, known only after the kernel ran on the device";
@@ -156,11 +159,11 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::tanh_", CKernel::PointwiseUnary),
     k("aten::threshold", CKernel::PointwiseUnary),
     k("aten::threshold_", CKernel::PointwiseUnary),
-    k("aten::to", CKernel::PointwiseUnary),  // dtype/layout casts; "aten::to.device" below
+    k("aten::to", CKernel::PointwiseUnary, kMayReturnInput),  // dtype/layout casts; "aten::to.device" below
     k("aten::tril", CKernel::PointwiseUnary),
     k("aten::triu", CKernel::PointwiseUnary),
     k("aten::trunc", CKernel::PointwiseUnary),
-    k("aten::type_as", CKernel::PointwiseUnary),
+    k("aten::type_as", CKernel::PointwiseUnary, kMayReturnInput),
 
     // POINTWISE_BINARY: two or more same-shape (broadcast) operands, one output element each;
     // a scalar operand (add.Scalar, div.Scalar) still makes it the binary op it is. Activation
@@ -316,18 +319,18 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::take", CKernel::Embedding),
 
     // VIEW: the output aliases the input's storage (new sizes/strides/offset, no bytes moved).
-    k("aten::_reshape_alias", CKernel::View),
-    k("aten::_unsafe_view", CKernel::View),
-    k("aten::alias", CKernel::View),
+    k("aten::_reshape_alias", CKernel::View, kShapePreservingView),
+    k("aten::_unsafe_view", CKernel::View, kShapePreservingView),
+    k("aten::alias", CKernel::View, kShapePreservingView | kMayReturnInput),
     k("aten::as_strided", CKernel::View),
     k("aten::broadcast_tensors", CKernel::View),
     k("aten::chunk", CKernel::View),
-    k("aten::detach", CKernel::View),
+    k("aten::detach", CKernel::View, kMayReturnInput),
     k("aten::detach_", CKernel::View),
     k("aten::diagonal", CKernel::View),
-    k("aten::expand", CKernel::View),
+    k("aten::expand", CKernel::View, kShapePreservingView),
     k("aten::expand_as", CKernel::View),
-    k("aten::lift_fresh", CKernel::View),  // torch.tensor(...): returns its argument
+    k("aten::lift_fresh", CKernel::View, kMayReturnInput),  // torch.tensor(...): returns its argument
     k("aten::movedim", CKernel::View),
     k("aten::narrow", CKernel::View),
     k("aten::permute", CKernel::View),
@@ -347,14 +350,14 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::unfold", CKernel::View),
     k("aten::unsqueeze", CKernel::View),
     k("aten::unsqueeze_", CKernel::View),
-    k("aten::view", CKernel::View),
+    k("aten::view", CKernel::View, kShapePreservingView),
     k("aten::view_as", CKernel::View),
 
     // DATA_MOVEMENT: bytes copied into a new layout or place, values unchanged.
     k("aten::cat", CKernel::DataMovement),
-    k("aten::clone", CKernel::DataMovement),
+    k("aten::clone", CKernel::DataMovement, kCopy),
     k("aten::constant_pad_nd", CKernel::DataMovement),
-    k("aten::contiguous", CKernel::DataMovement),
+    k("aten::contiguous", CKernel::DataMovement, kCopy | kMayReturnInput),
     k("aten::copy", CKernel::DataMovement),
     k("aten::copy_", CKernel::DataMovement),
     k("aten::select_backward", CKernel::DataMovement),   // zeros, the gradient copied into one index
@@ -370,7 +373,7 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::replication_pad2d", CKernel::DataMovement),
     k("aten::roll", CKernel::DataMovement),
     k("aten::stack", CKernel::DataMovement),
-    k("aten::to.device", CKernel::DataMovement),
+    k("aten::to.device", CKernel::DataMovement, kMayReturnInput),
     k("aten::transpose_copy", CKernel::DataMovement),
     k("aten::view_copy", CKernel::DataMovement),
 
@@ -618,8 +621,27 @@ OpClass classify_op(std::string_view qualified_name) noexcept {
     const std::size_t dot = qualified_name.find('.', ns == std::string_view::npos ? 0 : ns + 2);
     if (dot != std::string_view::npos) e = find(qualified_name.substr(0, dot));
   }
-  if (e == nullptr) return {CKernel::Opaque, kNotInTable};
-  return {e->kind, e->reason};
+  if (e == nullptr) return {CKernel::Opaque, kNotInTable, 0};
+  return {e->kind, e->reason, e->traits};
 }
 
-}  // namespace crucible::forge
+std::string_view op_base_name(std::string_view op) noexcept {
+  const auto colons = op.find("::");
+  if (colons != std::string_view::npos) op.remove_prefix(colons + 2);
+  const auto dot = op.find('.');
+  return dot == std::string_view::npos ? op : op.substr(0, dot);
+}
+
+bool is_in_place_op(std::string_view qualified_name) noexcept {
+  const std::string_view base = op_base_name(qualified_name);
+  const bool dunder = base.size() > 4 && base.starts_with("__") && base.ends_with("__");
+  return dunder ? base.starts_with("__i") : (!base.empty() && base.back() == '_');
+}
+
+bool is_elementwise_functional(std::string_view qualified_name) noexcept {
+  const OpClass c = classify_op(qualified_name);
+  if (!ckernel_info(c.kind).elementwise && (c.traits & kCopy) == 0) return false;
+  return !is_in_place_op(qualified_name);
+}
+
+}  // namespace crucible

@@ -1,17 +1,16 @@
-// CKernel.h — the kernel taxonomy every recorded ATen op is classified into (IR001's op kinds).
+// CKernel.h — the kernel taxonomy every recorded ATen op is classified into (the op kinds that
+// the graph, Forge and the execution plan share).
 //
 // The ordinals are frozen: they are written into plan texts and digests, so a new kind is appended
 // before kCount, never inserted. The table (kCKernelTable in CKernel.cpp) is data with a
-// static_assert'ed size; op names map to kinds through a second table (OpTable.cpp) whose every
-// OPAQUE entry carries the reason it is opaque. An op missing from that table is classified
-// OPAQUE with the reason "not in the op table" — reported, never guessed.
+// static_assert'ed size; op names map to kinds through the op table (OpTable.h).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string_view>
 
-namespace crucible::forge {
+namespace crucible {
 
 enum class CKernel : std::uint8_t {
   Gemm = 0,             // mm, addmm, bmm, matmul pieces, linear's backward mms
@@ -43,22 +42,4 @@ struct CKernelInfo {
 std::span<const CKernelInfo> ckernel_table() noexcept;
 const CKernelInfo& ckernel_info(CKernel k) noexcept;
 
-// Classification of one ATen op by its qualified name ("aten::addmm" or "aten::add.Tensor": the
-// overload is looked up first, then the base name).
-struct OpClass {
-  CKernel kind = CKernel::Opaque;
-  std::string_view reason;  // non-empty exactly when kind == Opaque
-};
-OpClass classify_op(std::string_view qualified_name) noexcept;
-// The reason classify_op gives an op the table does not have.
-inline constexpr std::string_view kNotInOpTable = "not in the op table";
-
-// Every entry of the op table, for tests and reports.
-struct OpTableEntry {
-  std::string_view name;
-  CKernel kind;
-  std::string_view reason;  // OPAQUE only
-};
-std::span<const OpTableEntry> op_table() noexcept;
-
-}  // namespace crucible::forge
+}  // namespace crucible

@@ -1,0 +1,139 @@
+// ExecutionPlan.h — the plan format: what runs, in which order, on which memory, for one
+// recorded step. Built from Forge's IR002 (BuildPlan.h), checked by verify_plan
+// (VerifyPlan.h), run by a Runner on a backend (Runner.h, Backend.h).
+//
+// Note [Plan layout]: flat tables indexed by 32-bit ids, no pointers between them, so a plan
+// can be copied, compared and checked table by table.
+//
+//   kernels   one per IR002 kernel, in execution order; each runs a range of calls
+//   calls     one per IR001 node that does work, in execution order; a VIEW node whose
+//             outputs alias its input's storage does no work and has no call: its outputs are
+//             tensors (views) like any other
+//   args      the tensors of each call, inputs then outputs, with their schema positions
+//   tensors   a slot, an element offset in it, sizes and strides (in `dims`), a dtype
+//   slots     memory: one per storage the step touches —
+//               Arena     produced and dead inside the step: an offset in the arena
+//               Input     from outside (parameters, gradients, optimizer state, batch inputs):
+//                         an input patch point, its memory bound by the caller each run
+//               Output    produced inside the step and read after it (escaping): memory bound
+//                         by the caller each run
+//               Constant  a Python number as a 0-d tensor: written into the arena at its
+//                         offset before each run (a patch point may change the value)
+//   scalars   every call's non-tensor arguments (record::ScalarRecord), in call order
+//   patches   scalars and constants the caller sets each run (a learning rate)
+//
+// A slot's lifetime is [first, last], the first and last call that touch it; an Arena slot's
+// first call writes it (produces it). Two Arena or Constant slots live at one call never overlap.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "crucible/core/CKernel.h"
+#include "crucible/forge/Ir002.h"
+#include "crucible/record/TraceRecord.h"
+
+namespace crucible::exec {
+
+inline constexpr std::uint32_t kNone = UINT32_MAX;
+
+enum class SlotKind : std::uint8_t { Arena = 0, Input = 1, Output = 2, Constant = 3 };
+const char* slot_kind_name(SlotKind k) noexcept;
+
+struct Slot {
+  SlotKind kind = SlotKind::Arena;
+  std::int8_t dtype = -1;             // Constant: the value's dtype (c10 ordinal)
+  std::uint32_t first = 0, last = 0;  // calls, inclusive
+  std::uint32_t binding = kNone;      // Input: index in inputs; Output: index in outputs
+  std::uint64_t bytes = 0;            // Arena, Constant: aligned size; Input, Output: storage size
+  std::uint64_t offset = 0;           // Arena, Constant: offset in the arena
+  std::uint64_t storage = 0;          // the recorded storage id (for messages)
+  double value = 0;                   // Constant: the recorded value
+};
+
+// TensorRef::flags
+inline constexpr std::uint8_t kWrappedNumber = 1;  // a Python number: type promotion treats it so
+
+struct TensorRef {
+  std::uint32_t slot = kNone;
+  std::int8_t dtype = -1;
+  std::uint8_t flags = 0;
+  std::uint16_t ndim = 0;
+  std::uint32_t dims = 0;       // sizes at dims[dims, dims + ndim), strides after them
+  std::uint32_t value = kNone;  // the IR001 value (for messages)
+  std::int64_t offset = 0;      // elements from the slot's start
+};
+
+struct Arg {
+  std::uint32_t tensor = kNone;
+  std::uint32_t arg_index = 0;   // schema argument (inputs) or return (outputs) position
+  std::uint32_t list_index = 0;  // index inside a tensor list
+};
+
+struct Call {
+  std::uint32_t node = 0;  // IR001 node
+  std::uint32_t op = 0;    // index in op_names
+  std::uint64_t schema_hash = 0;
+  CKernel kind = CKernel::Opaque;
+  record::Phase phase = record::Phase::Forward;
+  bool grad_mode = false;                      // autograd's grad mode when it was recorded
+  std::uint32_t in_begin = 0, in_count = 0;    // in args
+  std::uint32_t out_begin = 0, out_count = 0;  // in args, after the inputs
+  std::uint32_t scalar_begin = 0, scalar_count = 0;
+};
+
+struct Kernel {
+  std::uint32_t group = 0;  // IR002 group
+  forge::KernelTemplate kernel = forge::KernelTemplate::Opaque;
+  const forge::NumericalRecipe* recipe = nullptr;
+  std::uint32_t call_begin = 0, call_count = 0;
+};
+
+enum class PatchKind : std::uint8_t { Scalar = 0, Constant = 1 };
+struct PatchPoint {
+  PatchKind kind = PatchKind::Scalar;
+  std::uint32_t index = 0;  // Scalar: in scalars (its bits are replaced); Constant: a slot
+  std::string name;
+};
+
+struct ExecutionPlan {
+  std::uint64_t alignment = 64;  // of every Arena and Constant offset; a power of two
+  std::uint64_t arena_bytes = 0;
+  std::vector<Kernel> kernels;
+  std::vector<Call> calls;
+  std::vector<Arg> args;
+  std::vector<TensorRef> tensors;
+  std::vector<std::int64_t> dims;
+  std::vector<Slot> slots;
+  std::vector<record::ScalarRecord> scalars;
+  std::vector<std::string> op_names;
+  std::vector<std::uint32_t> inputs;   // the Input slot of each input binding
+  std::vector<std::uint32_t> outputs;  // the Output slot of each output binding
+  std::vector<std::uint32_t> results;  // tensors of the values live after the step
+  std::vector<PatchPoint> patches;
+  std::uint32_t elided_views = 0;  // VIEW nodes that became tensors, not calls
+
+  // Accessors for a plan verify_plan accepted (its ranges are in bounds).
+  std::span<const std::int64_t> sizes(const TensorRef& t) const {
+    return std::span<const std::int64_t>(dims).subspan(t.dims, t.ndim);
+  }
+  std::span<const std::int64_t> strides(const TensorRef& t) const {
+    return std::span<const std::int64_t>(dims).subspan(t.dims + t.ndim, t.ndim);
+  }
+  std::span<const Arg> inputs_of(const Call& c) const {
+    return std::span<const Arg>(args).subspan(c.in_begin, c.in_count);
+  }
+  std::span<const Arg> outputs_of(const Call& c) const {
+    return std::span<const Arg>(args).subspan(c.out_begin, c.out_count);
+  }
+  std::span<const record::ScalarRecord> scalars_of(const Call& c) const {
+    return std::span<const record::ScalarRecord>(scalars).subspan(c.scalar_begin, c.scalar_count);
+  }
+};
+
+// One line per kernel, call and slot: what a plan holds, for messages and debugging.
+std::string describe(const ExecutionPlan& plan);
+
+}  // namespace crucible::exec

@@ -1,0 +1,64 @@
+// Runner.h — runs a verified execution plan on a backend, once per step, allocating nothing.
+//
+// Runner::make verifies the plan, fills the backend's default slots, lets it prepare, and
+// allocates the arena once. Each run binds the step's memory from outside (one base pointer per
+// Input and per Output binding), writes the Constant slots (patched or recorded), applies the
+// scalar patches to its copy of the scalars, and runs the kernels in order.
+//
+// Threads: a Runner is not shared between threads while it runs: run() uses its own tensor and
+// scalar tables. Two Runners of one plan may run at once on different threads (each has its
+// own arena), as far as their backend and provider allow.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/exec/Backend.h"
+#include "crucible/exec/ExecutionPlan.h"
+
+namespace crucible::exec {
+
+struct RunArgs {
+  std::span<void* const> inputs;   // base of each input binding's storage (plan.inputs order)
+  std::span<void* const> outputs;  // memory of each output binding, at least its slot's bytes
+  // One per patch point (plan.patches order), or empty to run the recorded values: a Scalar
+  // patch's new ScalarRecord::bits; a Constant patch's value as IEEE-754 double bits.
+  std::span<const std::uint64_t> patches;
+};
+
+class Runner {
+ public:
+  // The plan must outlive the Runner. Errors: a plan verify_plan refuses, a backend without a
+  // required slot, a provider without its call, the backend's prepare, an arena that cannot be
+  // had.
+  static Result<std::unique_ptr<Runner>> make(const ExecutionPlan& plan, Backend backend,
+                                              Provider provider);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // One step. Errors: bindings or patches of the wrong count or null, a provider or backend
+  // error (named with the kernel and call). A run that fails part way leaves what it wrote.
+  Status run(const RunArgs& args);
+
+  std::uint64_t arena_bytes() const { return plan_.arena_bytes; }
+  std::string_view backend_name() const { return backend_.name; }
+
+ private:
+  Runner(const ExecutionPlan& plan, Backend backend, Provider provider);
+  static Status library_call(void* self, std::uint32_t call);
+
+  const ExecutionPlan& plan_;
+  Backend backend_;
+  Provider provider_;
+  void* arena_ = nullptr;
+  std::vector<void*> slot_base_;               // this run's base of every slot
+  std::vector<void*> tensor_data_;             // this run's element 0 of every tensor
+  std::vector<record::ScalarRecord> scalars_;  // this run's scalars
+  std::vector<TensorArg> call_args_;           // scratch: the tensors of one call
+};
+
+}  // namespace crucible::exec

@@ -1,0 +1,60 @@
+// ExecutionPlan.cpp — slot kind names and the plan's one-line-per-entry description.
+#include "crucible/exec/ExecutionPlan.h"
+
+namespace crucible::exec {
+
+const char* slot_kind_name(SlotKind k) noexcept {
+  switch (k) {
+    case SlotKind::Arena:
+      return "arena";
+    case SlotKind::Input:
+      return "input";
+    case SlotKind::Output:
+      return "output";
+    case SlotKind::Constant:
+      return "constant";
+  }
+  return "unknown";
+}
+
+std::string describe(const ExecutionPlan& p) {
+  std::string out = "execution plan: " + std::to_string(p.kernels.size()) + " kernels, " +
+                    std::to_string(p.calls.size()) + " calls (" + std::to_string(p.elided_views) +
+                    " views elided), " + std::to_string(p.slots.size()) + " slots, arena " +
+                    std::to_string(p.arena_bytes) + " B aligned to " + std::to_string(p.alignment) +
+                    "\n";
+  for (std::size_t k = 0; k < p.kernels.size(); ++k) {
+    const Kernel& kn = p.kernels[k];
+    out += "kernel " + std::to_string(k) + " group " + std::to_string(kn.group) + " " +
+           std::string(forge::kernel_template_name(kn.kernel)) + "\n";
+    for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count && c < p.calls.size();
+         ++c) {
+      const Call& call = p.calls[c];
+      out += "  call " + std::to_string(c) + " " +
+             (call.op < p.op_names.size() ? p.op_names[call.op] : "?") + " (";
+      for (std::uint32_t a = call.in_begin;
+           a < call.out_begin + call.out_count && a < p.args.size(); ++a) {
+        if (a == call.out_begin)
+          out += ") -> (";
+        else if (a != call.in_begin)
+          out += ", ";
+        out += "t" + std::to_string(p.args[a].tensor);
+      }
+      out += ")\n";
+    }
+  }
+  for (std::size_t s = 0; s < p.slots.size(); ++s) {
+    const Slot& sl = p.slots[s];
+    out += "slot " + std::to_string(s) + " " + slot_kind_name(sl.kind) + " storage " +
+           std::to_string(sl.storage) + " bytes " + std::to_string(sl.bytes) + " calls [" +
+           std::to_string(sl.first) + ", " + std::to_string(sl.last) + "]";
+    if (sl.kind == SlotKind::Arena || sl.kind == SlotKind::Constant)
+      out += " offset " + std::to_string(sl.offset);
+    if (sl.kind == SlotKind::Input || sl.kind == SlotKind::Output)
+      out += " binding " + std::to_string(sl.binding);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace crucible::exec

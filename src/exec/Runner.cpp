@@ -1,0 +1,208 @@
+// Runner.cpp — binds a run's memory, writes constants and patches, runs the kernels in order.
+#include "crucible/exec/Runner.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "crucible/core/Contract.h"
+#include "crucible/core/ScalarType.h"
+#include "crucible/exec/VerifyPlan.h"
+
+namespace crucible::exec {
+namespace {
+
+// Writes a Python number into a 0-d tensor of `dtype`, as c10 converts a double (at == nullptr:
+// only says whether it can). Only the dtypes a Python number takes (bool, int, float) and their
+// narrower kin.
+bool write_number(void* at, std::int8_t dtype, double v) {
+  auto put = [&](auto x) {
+    if (at != nullptr) std::memcpy(at, &x, sizeof x);
+    return true;
+  };
+  // An integer out of its type's range (or NaN) is refused, not converted (undefined in C++).
+  auto integer = [&](auto zero) {
+    using T = decltype(zero);
+    using L = std::numeric_limits<T>;
+    constexpr double lo = std::is_signed_v<T> ? static_cast<double>(L::min()) : 0.0;
+    constexpr double hi = std::is_signed_v<T> ? -lo : 2.0 * static_cast<double>(L::max() / 2 + 1);
+    const bool fits = v >= lo && v < hi;  // false for NaN
+    return (fits || at == nullptr) && put(fits ? static_cast<T>(v) : T{0});
+  };
+  switch (dtype) {
+    case dtype::kUInt8:
+      return integer(std::uint8_t{0});
+    case dtype::kInt8:
+      return integer(std::int8_t{0});
+    case dtype::kInt16:
+      return integer(std::int16_t{0});
+    case dtype::kInt32:
+      return integer(std::int32_t{0});
+    case dtype::kInt64:
+      return integer(std::int64_t{0});
+    case dtype::kFloat32:
+      return put(static_cast<float>(v));
+    case dtype::kFloat64:
+      return put(v);
+    case dtype::kBool:
+      return put(static_cast<std::uint8_t>(v != 0));
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Runner::Runner(const ExecutionPlan& plan, Backend backend, Provider provider)
+    : plan_(plan), backend_(backend), provider_(provider) {}
+
+Runner::~Runner() {
+  if (arena_ != nullptr) backend_.free_arena(backend_.self, arena_);
+}
+
+Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend backend,
+                                             Provider provider) {
+  if (Status st = verify_plan(plan); !st.ok()) return st;
+  auto full = with_defaults(backend);
+  if (!full.ok()) return full.status();
+  if (provider.call == nullptr)
+    return invalid_input("a provider without its call",
+                         "set Provider::call: who performs a library call");
+  for (const Slot& s : plan.slots)
+    if (s.kind == SlotKind::Constant && !write_number(nullptr, s.dtype, 0))
+      return unsupported("the plan holds a Python number of dtype " + std::to_string(s.dtype) +
+                             " (storage " + std::to_string(s.storage) + ")",
+                         "numbers of bool, integer, float32 and float64 dtypes only");
+  std::unique_ptr<Runner> r(new Runner(plan, *full, provider));
+  if (Status st = r->backend_.prepare(r->backend_.self, plan); !st.ok()) return st;
+  r->arena_ = r->backend_.alloc_arena(r->backend_.self, plan.arena_bytes, plan.alignment);
+  if (r->arena_ == nullptr)
+    return exhausted("backend '" + std::string(r->backend_.name) + "' could not allocate the " +
+                         std::to_string(plan.arena_bytes) + "-byte arena",
+                     "free memory, or plan a smaller batch");
+  r->slot_base_.assign(plan.slots.size(), nullptr);
+  r->tensor_data_.assign(plan.tensors.size(), nullptr);
+  r->scalars_ = plan.scalars;
+  std::size_t widest = 0;
+  for (const Call& c : plan.calls) widest = std::max<std::size_t>(widest, c.in_count + c.out_count);
+  r->call_args_.resize(widest);
+  return r;
+}
+
+Status Runner::run(const RunArgs& args) {
+  const ExecutionPlan& p = plan_;
+  if (args.inputs.size() != p.inputs.size() || args.outputs.size() != p.outputs.size())
+    return invalid_input("run: " + std::to_string(args.inputs.size()) + " inputs and " +
+                             std::to_string(args.outputs.size()) + " outputs bound, the plan has " +
+                             std::to_string(p.inputs.size()) + " and " +
+                             std::to_string(p.outputs.size()),
+                         "bind one pointer per plan input and output");
+  if (!args.patches.empty() && args.patches.size() != p.patches.size())
+    return invalid_input("run: " + std::to_string(args.patches.size()) + " patch values for " +
+                             std::to_string(p.patches.size()) + " patch points",
+                         "give one value per patch point, or none to run the recorded values");
+  auto* arena = static_cast<std::byte*>(arena_);
+  for (std::size_t s = 0; s < p.slots.size(); ++s) {
+    const Slot& sl = p.slots[s];
+    void* base = nullptr;
+    switch (sl.kind) {
+      case SlotKind::Arena:
+      case SlotKind::Constant:
+        base = arena + sl.offset;
+        break;
+      case SlotKind::Input:
+        base = args.inputs[sl.binding];
+        break;
+      case SlotKind::Output:
+        base = args.outputs[sl.binding];
+        break;
+    }
+    if (base == nullptr)
+      return invalid_input("run: " + std::string(slot_kind_name(sl.kind)) + " binding " +
+                               std::to_string(sl.binding) + " (storage " +
+                               std::to_string(sl.storage) + ") is null",
+                           "bind the memory of every input and output");
+    slot_base_[s] = base;
+  }
+  for (std::size_t t = 0; t < p.tensors.size(); ++t) {
+    const TensorRef& tr = p.tensors[t];
+    const std::int64_t bytes =
+        tr.offset * static_cast<std::int64_t>(*element_size(tr.dtype));  // verified
+    tensor_data_[t] = static_cast<std::byte*>(slot_base_[tr.slot]) + bytes;
+  }
+  std::copy(p.scalars.begin(), p.scalars.end(), scalars_.begin());
+  for (std::size_t s = 0; s < p.slots.size(); ++s)
+    if (p.slots[s].kind == SlotKind::Constant &&
+        !write_number(slot_base_[s], p.slots[s].dtype, p.slots[s].value))
+      return invalid_input("run: the number " + std::to_string(p.slots[s].value) +
+                               " does not fit dtype " + std::to_string(p.slots[s].dtype),
+                           "the plan is corrupt: build it again");
+  for (std::size_t i = 0; i < args.patches.size(); ++i) {
+    const PatchPoint& pp = p.patches[i];
+    if (pp.kind == PatchKind::Scalar) {
+      scalars_[pp.index].bits = args.patches[i];
+    } else if (const double v = std::bit_cast<double>(args.patches[i]);
+               !write_number(slot_base_[pp.index], p.slots[pp.index].dtype, v)) {
+      return invalid_input("run: patch '" + pp.name + "' gives " + std::to_string(v) +
+                               ", which does not fit dtype " +
+                               std::to_string(p.slots[pp.index].dtype),
+                           "give a value of the number's type");
+    }
+  }
+  for (std::uint32_t k = 0; k < p.kernels.size(); ++k) {
+    KernelLaunch launch;
+    launch.plan = &p;
+    launch.kernel = k;
+    launch.tensor_data = tensor_data_;
+    launch.scalars = scalars_;
+    launch.runner = this;
+    launch.library_call = &Runner::library_call;
+    if (Status st = backend_.run_kernel(backend_.self, launch); !st.ok())
+      return Status(st.code(), "backend '" + std::string(backend_.name) + "', kernel " +
+                                   std::to_string(k) + " (group " +
+                                   std::to_string(p.kernels[k].group) +
+                                   "): " + std::string(st.message()));
+  }
+  return backend_.synchronize(backend_.self);
+}
+
+Status Runner::library_call(void* self, std::uint32_t c) {
+  auto* r = static_cast<Runner*>(self);
+  TensorArg* args = r->call_args_.data();
+  const ExecutionPlan& p = r->plan_;
+  CRUCIBLE_PRE(c < p.calls.size(), "a call of the plan");
+  const Call& call = p.calls[c];
+  const std::uint32_t n = call.in_count + call.out_count;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const Arg& a = p.args[call.in_begin + i];
+    const TensorRef& t = p.tensors[a.tensor];
+    args[i] = TensorArg{r->tensor_data_[a.tensor],
+                        t.dtype,
+                        (t.flags & kWrappedNumber) != 0,
+                        p.sizes(t),
+                        p.strides(t),
+                        a.arg_index,
+                        a.list_index,
+                        a.tensor};
+  }
+  LibraryCall lc;
+  lc.plan = &p;
+  lc.call = c;
+  lc.op = p.op_names[call.op];
+  lc.schema_hash = call.schema_hash;
+  lc.kind = call.kind;
+  lc.grad_mode = call.grad_mode;
+  lc.inputs = std::span<const TensorArg>(args, call.in_count);
+  lc.outputs = std::span<const TensorArg>(args + call.in_count, call.out_count);
+  lc.scalars = std::span<const record::ScalarRecord>(r->scalars_)
+                   .subspan(call.scalar_begin, call.scalar_count);
+  if (Status st = r->provider_.call(r->provider_.self, lc); !st.ok())
+    return Status(st.code(), "call " + std::to_string(c) + " (" + std::string(lc.op) + ", node " +
+                                 std::to_string(call.node) + "): " + std::string(st.message()));
+  return ok_status();
+}
+
+}  // namespace crucible::exec
