@@ -111,7 +111,7 @@ set(CRUCIBLE_TORCH_CXX11_ABI "")
 if(CRUCIBLE_PYTHON)
   execute_process(
     COMMAND ${CRUCIBLE_PYTHON} -c
-      "import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.version.cuda or '')"
+      "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.version.cuda or '')"
     RESULT_VARIABLE _torch_rc OUTPUT_VARIABLE _torch_out ERROR_VARIABLE _torch_err
     OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(_torch_rc EQUAL 0)
@@ -138,17 +138,38 @@ if(CRUCIBLE_PYTHON)
                           "std::string ABI (_GLIBCXX_USE_CXX11_ABI=0), which Debian's C++ libraries cannot "
                           "link beside. Use a torch built with the C++11 ABI (every pip wheel from 2.7 on).")
     endif()
-    list(PREPEND CMAKE_PREFIX_PATH ${_torch_prefix})
     message(STATUS "PyTorch ${CRUCIBLE_TORCH_VERSION} (CUDA: ${CRUCIBLE_TORCH_CUDA}) from ${CRUCIBLE_PYTHON}")
   else()
     message(WARNING "${CRUCIBLE_PYTHON} cannot import torch (${_torch_err}): the PyTorch Vessel is not built. "
                     "Run utils/bin/setup, or point CRUCIBLE_PYTHON at an interpreter with torch 2.4 or newer.")
   endif()
 endif()
+# Crucible's own code uses c10 and ATen's CPU API only, so it links libtorch, libtorch_cpu and
+# libc10 straight from the package (as torch.utils.cpp_extension does for a CPU extension), not
+# through TorchConfig.cmake: for a CUDA build of torch that file demands a CUDA toolkit of the
+# version torch was built with (a cu126 wheel beside CUDA 13 fails on nvrtc and nvToolsExt),
+# which a user with a pip wheel and no toolkit does not have. libtorch_cuda is loaded by
+# `import torch` and found through libtorch's own run path.
 if(CRUCIBLE_TORCH_VERSION)
-  find_package(Torch CONFIG QUIET)
-  if(NOT Torch_FOUND)
-    message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} imports from ${CRUCIBLE_PYTHON}, but CMake cannot "
-                        "load its TorchConfig.cmake under ${_torch_prefix}")
+  set(_torch_lib "${_torch_prefix}/lib")
+  set(TORCH_INCLUDE_DIRS "${_torch_prefix}/include" "${_torch_prefix}/include/torch/csrc/api/include")
+  set(_torch_libs "")
+  foreach(_l torch torch_cpu c10)
+    if(NOT EXISTS "${_torch_lib}/lib${_l}.so")
+      message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} imports from ${CRUCIBLE_PYTHON}, but "
+                          "${_torch_lib}/lib${_l}.so is missing: reinstall torch")
+    endif()
+    list(APPEND _torch_libs "${_torch_lib}/lib${_l}.so")
+  endforeach()
+  if(NOT EXISTS "${_torch_prefix}/include/ATen/ATen.h")
+    message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} imports from ${CRUCIBLE_PYTHON}, but its C++ headers "
+                        "(${_torch_prefix}/include) are missing: reinstall torch")
   endif()
+  add_library(Crucible::torch INTERFACE IMPORTED GLOBAL)
+  set_target_properties(Crucible::torch PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}"
+    INTERFACE_LINK_LIBRARIES "${_torch_libs}"
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1")
+  set(TORCH_LIBRARIES Crucible::torch)
+  set(Torch_FOUND TRUE)
 endif()

@@ -1,6 +1,7 @@
 // Dispatch.cpp — the boxed recording fallback: capture, redispatch, commit.
 #include "Dispatch.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/AutogradState.h>
