@@ -244,8 +244,21 @@ class StateGuard {
  public:
   enum Mode : int { kIdentity = 0, kEqual = 1, kIgnore = 2 };
   // keys: (dict, str key, value, mode); dicts: (dict, [(key, value, mode)]) compared entry by
-  // entry in order; lists: (list, [items]) by identity.
-  StateGuard(py::list keys, py::list dicts, py::list lists) {
+  // entry in order; lists: (list, [items]) by identity; attrs: (object, str name, value, mode);
+  // cells: (closure cell, value, mode). crucible_native.purity.PythonGuard builds one from a
+  // fingerprint of what a step's code reaches.
+  StateGuard(py::list keys, py::list dicts, py::list lists, py::list attrs, py::list cells) {
+    for (py::handle h : attrs) {
+      auto t = h.cast<py::tuple>();
+      attrs_.push_back(Attr{py::reinterpret_borrow<py::object>(t[0]), t[1].cast<py::str>(),
+                            py::reinterpret_borrow<py::object>(t[2]), t[3].cast<int>()});
+    }
+    for (py::handle h : cells) {
+      auto t = h.cast<py::tuple>();
+      if (!PyCell_Check(t[0].ptr())) throw py::type_error("StateGuard: a cells entry is not a closure cell");
+      cells_.push_back(Cell{py::reinterpret_borrow<py::object>(t[0]), py::reinterpret_borrow<py::object>(t[1]),
+                            t[2].cast<int>()});
+    }
     for (py::handle h : keys) {
       auto t = h.cast<py::tuple>();
       keys_.push_back(Key{t[0].cast<py::dict>(), t[1].cast<py::str>(), py::reinterpret_borrow<py::object>(t[2]), t[3].cast<int>()});
@@ -291,6 +304,21 @@ class StateGuard {
       for (std::size_t i = 0; i < l.items.size(); ++i)
         if (PyList_GET_ITEM(l.list.ptr(), static_cast<Py_ssize_t>(i)) != l.items[i].ptr()) return false;
     }
+    for (const Cell& c : cells_) {
+      PyObject* x = PyCell_GET(c.cell.ptr());  // borrowed; null for an empty cell
+      if (x == nullptr ? c.value.ptr() != Py_None || c.mode != kIdentity : !same(x, c.value.ptr(), c.mode))
+        return false;
+    }
+    for (const Attr& a : attrs_) {
+      PyObject* x = PyObject_GetAttr(a.obj.ptr(), a.name.ptr());  // new reference
+      if (x == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      const bool s = same(x, a.value.ptr(), a.mode);
+      Py_DECREF(x);
+      if (!s) return false;
+    }
     return true;
   }
 
@@ -320,9 +348,21 @@ class StateGuard {
     py::list list;
     std::vector<py::object> items;
   };
+  struct Attr {
+    py::object obj;
+    py::str name;
+    py::object value;
+    int mode;
+  };
+  struct Cell {
+    py::object cell, value;  // value None with kIdentity: the cell was empty
+    int mode;
+  };
   std::vector<Key> keys_;
   std::vector<Dict> dicts_;
   std::vector<List> lists_;
+  std::vector<Attr> attrs_;
+  std::vector<Cell> cells_;
 };
 
 // The background pipeline's plan options (crucible.configure(memory_budget=, plan_alignment=)),
@@ -638,7 +678,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return py::tuple(py::cast(words));
   });
   py::class_<StateGuard>(m, "StateGuard")
-      .def(py::init<py::list, py::list, py::list>())
+      .def(py::init<py::list, py::list, py::list, py::list, py::list>(), py::arg("keys"), py::arg("dicts"),
+           py::arg("lists"), py::arg("attrs") = py::list(), py::arg("cells") = py::list())
       .def("ok", &StateGuard::ok);
   // crucible.compile (Replay.h). Tensors travel through the crucible:: custom ops instead.
   m.def("capture_start", [](bool capture_only) {

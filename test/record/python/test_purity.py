@@ -641,3 +641,68 @@ def test_a_plan_dropped_again_and_again_is_refused_with_the_reason():
     assert any("recorded again" in c for c in caught), caught
     assert st["replans"] >= 1 and step.last_replan
     assert st["refusals"] == 1 and "dropped 3 times" in step.last_refusal, (st, step.last_refusal)
+
+
+G_FLAG = 0
+
+
+def test_python_guard_sees_each_kind_of_change_in_cpp_and_names_it():
+    from crucible_native.purity import PythonGuard
+    m, opt = mlp()
+    m.cfg = {"t": 1.0}                     # a container attribute of a module
+    trainer = type("Trainer", (), {})()
+    trainer.scale, trainer.history = 2.0, [1]
+    cell_value = [0]
+
+    def f(x):
+        return m(x) * trainer.scale * cell_value[0] + G_FLAG + m.cfg["t"]
+
+    g = PythonGuard(f, (), [m, opt], frozenset())
+    assert g._native is not None and g.changed() is None
+    changes = [
+        (lambda: trainer.__setattr__("scale", 3.0), "'trainer'.scale changed 2.0 -> 3.0"),
+        (lambda: trainer.history.append(2), "history (list) grew 1 -> 2 items"),
+        (lambda: cell_value.__setitem__(0, 5), "'cell_value'[0] changed 0 -> 5"),
+        (lambda: globals().__setitem__("G_FLAG", 1), "global 'G_FLAG'"),
+        (lambda: m.cfg.__setitem__("t", 2.0), "Sequential.cfg['t'] changed 1.0 -> 2.0"),
+        (lambda: m[0].weight.register_hook(lambda grad: grad), "_backward_hooks"),
+    ]
+    global G_FLAG
+    try:
+        for change, words in changes:
+            g = PythonGuard(f, (), [m, opt], frozenset())
+            assert g.changed() is None
+            change()
+            why = g.changed()
+            assert why is not None and words in why, (words, why)
+    finally:
+        G_FLAG = 0
+
+
+def test_python_guard_without_native_checks_still_sees_changes():
+    from crucible_native.purity import PythonGuard
+    seen = set()
+
+    def f(x):
+        return x * len(seen)
+
+    g = PythonGuard(f, (), [], frozenset())
+    assert g._native is None            # a set: walked in Python on every check
+    assert g.changed() is None
+    seen.add(1)
+    assert "changed" in g.changed() or "grew" in g.changed()
+
+
+def test_python_guard_accepts_an_equal_value_in_a_new_object():
+    from crucible_native.purity import PythonGuard
+    state = {"lr": [0.5]}
+
+    def f(x):
+        return x * state["lr"][0]
+
+    g = PythonGuard(f, (), [], frozenset())
+    state["lr"] = [0.5]                 # another list, same contents: the C++ check fails,
+    assert g.changed() is None          # the walk finds it equal and compiles the checks anew
+    assert g._native is not None and g._native.ok()
+    state["lr"][0] = 0.25
+    assert "changed 0.5 -> 0.25" in g.changed()

@@ -177,6 +177,7 @@ class Fingerprint:
         self.fp, self.parent, self.label = [], [], []
         self.objects = []           # every object walked into (not opaque ones), in walk order
         self.alive = []             # what identity entries refer to, kept alive so ids stay unique
+        self.leaf_tensors = []      # tensors that require grad and are leaves: their hooks are walked
         self.overflow = False
         self._seen = {}
         self._walk([(obj, -1, label) for label, obj in reversed(roots)])
@@ -212,6 +213,7 @@ class Fingerprint:
                 fp.append((_ID, oid))
                 alive.append(o)
                 if oid not in skip and o.requires_grad and o.is_leaf:   # a parameter's hooks run Python
+                    self.leaf_tensors.append(o)
                     h = o._backward_hooks
                     if h:
                         push((h, i, "._backward_hooks"))
@@ -409,6 +411,9 @@ class Fingerprint:
             return f"{where} ({kind}) {verb} {x[1]} -> {y[1]} items"
         if isinstance(x, tuple) and isinstance(y, tuple) and x and y and x[0] is not y[0]:
             return f"{where} changed type {getattr(x[0], '__name__', x[0])} -> {getattr(y[0], '__name__', y[0])}"
+        if isinstance(x, tuple) and isinstance(y, tuple) and x and y and x[0] is y[0] and isinstance(x[0], type):
+            rest = lambda e: _short(e[1] if len(e) == 2 else e[1:])   # noqa: E731
+            return f"{where} ({x[0].__name__}) changed {rest(x)} -> {rest(y)}"
         if isinstance(x, tuple) or isinstance(y, tuple):
             return (f"{where} was rebound to another object ({self._show(x)} -> {after._show(y)})")
         return f"{where} changed {_short(x)} -> {_short(y)}"
@@ -503,18 +508,80 @@ class PythonGuard:
         self._attrs = _module_containers(guarded)
         self._params = _parameters(guarded)   # walked for their hooks (a new one runs Python)
         self.fp = Fingerprint(self._roots(), self._skip, self._skip_codes)
+        self._native = self._native_guard(self.fp)
 
     def _roots(self):
         return step_roots(self._fn, self._extra, hooks=False) + [
             (label, d.get(k)) for label, d, k in self._attrs] + self._params
 
     def changed(self):
-        """None while the state is as it was; else a sentence naming what changed."""
+        """None while the state is as it was; else a sentence naming what changed. The check
+        runs in C++ (the fingerprint compiled into StateGuard checks: each walked dict and
+        __dict__ entry, list item, closure cell, global and parameter hook); only when it
+        fails is the state walked again in Python, to name the change, or to find it equal
+        by value (a float replaced by an equal one) and compile the checks anew."""
+        native = self._native
+        if native is not None and native.ok():
+            return None
         now = Fingerprint(self._roots(), self._skip, self._skip_codes)
         a = self.fp
         if a.fp == now.fp and a.label == now.label and a.parent == now.parent:
+            if native is not None:
+                self.fp, self._native = now, self._native_guard(now)
             return None
         return a.first_difference(now) or "the step's Python state changed"
+
+    def _native_guard(self, fp):
+        """fp as C++ StateGuard checks, or None when it walked something those cannot express
+        (a set, a generator or iterator, a NumPy array or generator, an object with __slots__):
+        then changed() walks in Python every time. Identity is checked for objects, equality
+        for numbers and strings; a container's length through its snapshot."""
+        from ._native import ext
+        I, E = 0, 1
+
+        def mode(v):
+            return E if type(v) in _ATOMIC_TYPES else I
+        keys, dicts, lists, attrs, cells = [], [], [], [], []
+        module = fp._module
+        for o in fp.objects:
+            t = type(o)
+            if isinstance(o, dict):
+                dicts.append((o, [(k, v, mode(v)) for k, v in o.items()]))
+            elif isinstance(o, list):
+                lists.append((o, list(o)))
+            elif isinstance(o, (tuple, frozenset)) or t is types.MethodType or t is _partial:
+                continue   # immutable: its parent checks its identity, its children are walked
+            elif t is types.FunctionType:
+                code = o.__code__
+                used = _used_freevars(code, self._skip_codes)
+                for name, cell in zip(code.co_freevars, o.__closure__ or ()):
+                    if used is not None and name not in used:
+                        continue
+                    try:
+                        v = cell.cell_contents
+                        cells.append((cell, v, mode(v)))
+                    except ValueError:
+                        cells.append((cell, None, I))
+                g = o.__globals__
+                for name in _code_names(code, self._skip_codes):
+                    v = g.get(name, _ABSENT)
+                    if v is not _ABSENT and not isinstance(v, (types.ModuleType, type)):
+                        keys.append((g, name, v, mode(v)))
+                for name in ("__code__", "__defaults__", "__kwdefaults__"):
+                    attrs.append((o, name, getattr(o, name), I))
+            else:
+                d = getattr(o, "__dict__", None)
+                if not isinstance(d, dict) or _slots(t) or (not isinstance(o, module) and hasattr(o, "__next__")):
+                    return None
+                dicts.append((d, [(k, v, mode(v)) for k, v in d.items()]))
+        for p in fp.leaf_tensors:
+            attrs.append((p, "_backward_hooks", p._backward_hooks, I))
+            if hasattr(p, "_post_accumulate_grad_hooks"):
+                attrs.append((p, "_post_accumulate_grad_hooks", p._post_accumulate_grad_hooks, I))
+        for _, d, k in self._attrs:
+            if k in d:
+                keys.append((d, k, d[k], mode(d[k])))
+        return ext.StateGuard(keys, dicts, lists, attrs, cells)
 
 
 def _parameters(objs):
