@@ -23,6 +23,21 @@ from test_replay import assert_same, batches, snapshot
 N = 10
 
 
+def usual_step(m, opt, after=None, before=None):
+    """test_replay.train_step's body, with before() first and after(loss) last."""
+    def f(x, y):
+        if before is not None:
+            before()
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        if after is not None:
+            after(loss)
+        return loss
+    return f
+
+
 def mlp(opt_name="SGD", **kw):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -86,13 +101,7 @@ def test_a_scheduler_stepped_inside_the_step_runs_after_each_plan_run(opt_name, 
         m, opt = mlp(opt_name, momentum=0.9) if opt_name == "SGD" else mlp(opt_name)
         sched = SCHEDULERS[sched_name](opt)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            sched.step()
-            return loss
+        f = usual_step(m, opt, after=lambda loss: sched.step())
         return f, m, opt, lambda: (sched.last_epoch, sched.get_last_lr())
 
     eager, compiled, step, caught = twin_runs(make)
@@ -109,13 +118,7 @@ def test_other_schedulers_inside_the_step(sched_name):
         m, opt = mlp("SGD", momentum=0.9)
         sched = SCHEDULERS[sched_name](opt)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            sched.step()
-            return loss
+        f = usual_step(m, opt, after=lambda loss: sched.step())
         return f, m, opt, lambda: sched.last_epoch
 
     eager, compiled, step, caught = twin_runs(make)
@@ -264,12 +267,7 @@ def test_a_forward_hook_that_counts_is_refused():
         count = [0]
         m[0].register_forward_hook(lambda mod, i, o: count.__setitem__(0, count[0] + 1))
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = usual_step(m, opt)
         return f, m, opt, lambda: count[0]
 
     eager, compiled, step, caught = twin_runs(make)
@@ -284,12 +282,7 @@ def test_a_gradient_hook_that_counts_is_refused():
         count = [0]
         m[2].weight.register_hook(lambda g: count.__setitem__(0, count[0] + 1))
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = usual_step(m, opt)
         return f, m, opt, lambda: count[0]
 
     eager, compiled, step, caught = twin_runs(make)
@@ -370,12 +363,7 @@ def test_adam_reading_its_step_counter_is_not_a_value_read():
     def make():
         m, opt = mlp("Adam")
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = usual_step(m, opt)
         return f, m, opt, lambda: None
 
     eager, compiled, step, caught = twin_runs(make)
@@ -392,12 +380,7 @@ def test_a_pure_step_is_not_refused_and_the_check_leaves_no_trace():
     def make():
         m, opt = mlp("SGD", momentum=0.9)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = usual_step(m, opt)
         return f, m, opt, lambda: None
 
     eager, compiled, step, caught = twin_runs(make)
@@ -413,12 +396,7 @@ def test_a_hook_added_after_the_plan_was_built_makes_the_step_record_again():
         m, opt = mlp()
         count = [0]
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        f = usual_step(m, opt)
 
         step = crucible.compile(f) if compiled else f
         with warnings.catch_warnings():
@@ -603,13 +581,7 @@ def test_foreach_optimizers_learn_a_changing_learning_rate(opt_name):
         m, opt = mlp(opt_name, **kw)
         sched = SCHEDULERS["StepLR"](opt)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            sched.step()
-            return loss
+        f = usual_step(m, opt, after=lambda loss: sched.step())
         return f, m, opt, lambda: sched.last_epoch
 
     eager, compiled, step, caught = twin_runs(make)
@@ -626,13 +598,7 @@ def test_a_plan_dropped_again_and_again_is_refused_with_the_reason():
         m, opt = mlp("Adagrad", foreach=True)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.9)
 
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            sched.step()
-            return loss
+        f = usual_step(m, opt, after=lambda loss: sched.step())
         return f, m, opt, lambda: sched.last_epoch
 
     eager, compiled, step, caught = twin_runs(make, n=24)
