@@ -672,3 +672,20 @@ def test_python_guard_accepts_an_equal_value_in_a_new_object():
     assert g._native is not None and g._native.ok()
     state["lr"][0] = 0.25
     assert "changed 0.5 -> 0.25" in g.changed()
+
+
+def test_reseeding_torch_inside_the_step_is_refused():
+    # Eager draws the same dropout mask every call; a replay would keep drawing new ones.
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        f = usual_step(m, opt, before=lambda: torch.manual_seed(123))
+        return f, m, opt, lambda: None
+
+    mlp()   # making an optimizer imports torch._dynamo, which rebinds torch.manual_seed once
+    originals = (torch.manual_seed, torch.random.manual_seed, torch.cuda.manual_seed_all)
+    eager, compiled, step, caught = twin_runs(make)
+    refused_with(step, caught, "torch.manual_seed() reset torch's random generator")
+    assert_identical(eager, compiled)
+    assert (torch.manual_seed, torch.random.manual_seed, torch.cuda.manual_seed_all) == originals

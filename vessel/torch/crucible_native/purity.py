@@ -16,7 +16,9 @@ everything else it did:
   - tensor values read by Python without an ATen op (tolist(), numpy(), __array__,
     data_ptr(), __dlpack__, untyped_storage() called from outside torch): reads through
     .item(), bool(), float() and printing are ATen ops (aten::_local_scalar_dense) and the
-    plan lists them itself.
+    plan lists them itself;
+  - torch.manual_seed() and the other functions that reset torch's generators, called by the
+    step's code (through the torch, torch.random and torch.cuda modules).
 Recognized LR schedulers (torch.optim.lr_scheduler.LRScheduler instances other than
 ReduceLROnPlateau) stepped with no arguments after their optimizer's last step() inside the
 step are the exception: a plan runs their step() in Python after each run, so their changes
@@ -632,6 +634,12 @@ class _Tee:
 
 
 _READ_METHODS = ("tolist", "numpy", "__array__", "data_ptr", "__dlpack__", "untyped_storage")
+# Functions that reset torch's generators, by module: a replay would keep drawing from where
+# its last run left the generator (random ops run in the plan; the reset is Python).
+_SEED_FUNCTIONS = (("torch", ("manual_seed", "seed", "set_rng_state")),
+                   ("torch.random", ("manual_seed", "seed", "set_rng_state")),
+                   ("torch.cuda", ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                                   "set_rng_state_all")))
 
 
 class Watch:
@@ -654,6 +662,14 @@ class Watch:
     def note_output(self, stream, text):
         if stream not in self._output:
             self._output[stream] = text.strip() or repr(text)
+
+    def note_seed(self, name):
+        f = sys._getframe(2)
+        mod = f.f_globals.get("__name__", "") or ""
+        if mod.split(".", 1)[0] in ("torch", "crucible_native"):
+            return
+        self.problems.append(f"{name}() reset torch's random generator at {f.f_code.co_filename}:{f.f_lineno}: "
+                             f"a replay would keep drawing where its last run left off")
 
     def note_read(self, method):
         f = sys._getframe(2)
@@ -714,6 +730,14 @@ class Watch:
         for m in _READ_METHODS:
             orig = getattr(T, m)
             setattr(T, m, _reporting(orig, m))
+        self._saved_functions = []
+        for modname, names in _SEED_FUNCTIONS:
+            mod = sys.modules.get(modname)
+            for n in names if mod is not None else ():
+                orig = getattr(mod, n, None)
+                if callable(orig):
+                    self._saved_functions.append((mod, n, orig))
+                    setattr(mod, n, _seeding(orig, f"{modname}.{n}"))
         Watch._active = self
 
     def stop(self):
@@ -729,6 +753,8 @@ class Watch:
                 delattr(T, m)
             else:
                 setattr(T, m, v)
+        for mod, n, orig in self._saved_functions:
+            setattr(mod, n, orig)
         logging.setLogRecordFactory(self._old_factory)
         if isinstance(sys.stdout, _Tee) and sys.stdout._watch is self:
             sys.stdout = self._old_out
@@ -761,6 +787,18 @@ class Watch:
 
 
 _ABSENT = object()
+
+
+def _seeding(orig, name):
+    def seed(*args, **kwargs):
+        w = Watch._active
+        if w is not None and threading.get_ident() == w.thread:
+            w.note_seed(name)
+        return orig(*args, **kwargs)
+    seed.__name__ = orig.__name__
+    seed.__doc__ = orig.__doc__
+    seed.__wrapped__ = orig
+    return seed
 
 
 def _reporting(orig, name):
