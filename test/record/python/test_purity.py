@@ -689,3 +689,48 @@ def test_reseeding_torch_inside_the_step_is_refused():
     refused_with(step, caught, "torch.manual_seed() reset torch's random generator")
     assert_identical(eager, compiled)
     assert (torch.manual_seed, torch.random.manual_seed, torch.cuda.manual_seed_all) == originals
+
+
+class Logger:
+    """Hashed by identity: the same call key whatever it holds."""
+
+    def __init__(self):
+        self.losses, self.double = [], False
+
+
+def test_an_argument_object_the_step_changes_or_reads_is_guarded():
+    res = []
+    for compiled in (False, True):
+        m, opt = mlp()
+        log, quiet, flags = Logger(), Logger(), Logger()
+
+        def f(x, y, log, flags):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            if flags.double:
+                loss = loss * 2.0
+            loss.backward()
+            opt.step()
+            return loss
+
+        def g(x, y, log, flags):
+            loss = f(x, y, log, flags)
+            log.losses.append(loss.detach())
+            return loss
+
+        plain, logging_ = (crucible.compile(f), crucible.compile(g)) if compiled else (f, g)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for i, (x, y) in enumerate(batches(N, [8])):
+                if i == 6:
+                    flags.double = True     # the caller flips a setting the step reads
+                plain(x, y, quiet, flags)
+                logging_(x, y, log, flags)
+        res.append((snapshot(m, opt), len(log.losses)))
+        if compiled:
+            assert plain.stats()["guard_failures"] >= 1 and plain.stats()["plan_runs"] >= 1
+            assert "argument 3" in plain.last_guard_failure and "double" in plain.last_guard_failure
+            assert logging_.stats()["plan_runs"] == 0
+            assert any("argument 2" in str(x.message) and "losses" in str(x.message) for x in w)
+    assert_same(res[0][0], res[1][0])
+    assert res[0][1] == res[1][1] == N

@@ -646,7 +646,7 @@ class CompiledStep:
         self._note_grads(params)
         e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
         hyper = self._sources.hyperparameters() if self._has_sources else None
-        watch = _Watch(self._fn, self._guard_extra)
+        watch = _Watch(self._fn, self._guard_extra, (args, kwargs))
         try:
             watch.start()   # before the capture: its walk of the step's state runs no ATen op
         except RuntimeError as err:   # another thread is capturing: this call is not captured
@@ -696,7 +696,8 @@ class CompiledStep:
             return result, None, None
         closures = _closure_stack()[-1]   # after_step calls of this call: their tensors are outputs too
         e.cap_closures = [fn for fn, _ in closures]
-        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids, e.cap_closures)
+        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids, e.cap_closures,
+                                (args, kwargs))
         if closures:
             for _, ts in closures:
                 flat.extend(ts)

@@ -440,6 +440,22 @@ def _slots(t):
 
 
 # -- roots ------------------------------------------------------------------------------------
+def call_roots(call_args):
+    """(label, object) for a call's arguments that are not tensors nor plain values (a dict of
+    settings, a logger object): the step may change them, or branch on what they hold. The
+    call's key holds plain values and tensors' metadata; an object hashed by identity is the
+    same key whatever it holds, so its contents are checked like the step's own state."""
+    args, kwargs = call_args if call_args else ((), {})
+    out = []
+    for i, a in enumerate(args):
+        if type(a) not in _ATOMIC_TYPES:
+            out.append((f"argument {i}", a))
+    for k, a in (kwargs or {}).items():
+        if type(a) not in _ATOMIC_TYPES:
+            out.append((f"argument '{k}'", a))
+    return out
+
+
 def step_roots(fn, extra, hooks=True):
     """(label, object) for everything the step reaches directly: its bound self, the
     closure cells and globals of its code (and of a functools.partial's function), the
@@ -499,12 +515,13 @@ class PythonGuard:
     schedulers change every call by design. Taken when a captured call has ended and found
     pure, so the state is the one the call began with."""
 
-    def __init__(self, fn, extra, guarded, skip_ids, closures=()):
+    def __init__(self, fn, extra, guarded, skip_ids, closures=(), call_args=()):
         """closures: the step's after_step functions. What they reach is theirs to change
         after each call (a log they append to): their code's globals are not walked, nor is
         a function passed to after_step that the step names; the step's own code still
         guards everything it reads itself."""
         self._fn, self._extra = fn, extra
+        self._call_args = call_roots(call_args)
         self._skip = frozenset(skip_ids) | frozenset(id(o) for o in guarded) | frozenset(id(f) for f in closures)
         self._skip_codes = frozenset(c for c in (getattr(f, "__code__", None) for f in closures) if c is not None)
         self._attrs = _module_containers(guarded)
@@ -513,7 +530,7 @@ class PythonGuard:
         self._native = self._native_guard(self.fp)
 
     def _roots(self):
-        return step_roots(self._fn, self._extra, hooks=False) + [
+        return step_roots(self._fn, self._extra, hooks=False) + self._call_args + [
             (label, d.get(k)) for label, d, k in self._attrs] + self._params
 
     def changed(self):
@@ -651,8 +668,9 @@ class Watch:
 
     _active = None   # the running Watch: the wrapped Tensor methods report to it
 
-    def __init__(self, fn, extra):
+    def __init__(self, fn, extra, call_args=()):
         self.fn, self.extra = fn, extra
+        self.call_args = call_roots(call_args)
         self.problems = []
         self.schedulers = []     # (scheduler, times stepped): after the optimizer's last step()
         self.thread = threading.get_ident()
@@ -685,7 +703,7 @@ class Watch:
         if Watch._active is not None:
             raise RuntimeError("crucible.compile: captures of two compiled steps overlap (another thread "
                                "is capturing); this call runs eagerly")
-        roots = step_roots(self.fn, self.extra)
+        roots = step_roots(self.fn, self.extra) + self.call_args
         probe = Fingerprint(roots)
         base = getattr(ls, "LRScheduler", None) or ls._LRScheduler
         plateau = getattr(ls, "ReduceLROnPlateau", None)
@@ -773,7 +791,7 @@ class Watch:
             self.problems.append("the step drew from Python's random module (its state changed)")
         if _numpy_changed(self._numpy, _numpy_state()):
             self.problems.append("the step drew from NumPy's global random generator (its state changed)")
-        after = Fingerprint(step_roots(self.fn, self.extra), self._skip)
+        after = Fingerprint(step_roots(self.fn, self.extra) + self.call_args, self._skip)
         diff = self.before.first_difference(after)
         if diff is not None:
             self.problems.append(diff)
