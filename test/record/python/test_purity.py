@@ -734,3 +734,19 @@ def test_an_argument_object_the_step_changes_or_reads_is_guarded():
             assert any("argument 2" in str(x.message) and "losses" in str(x.message) for x in w)
     assert_same(res[0][0], res[1][0])
     assert res[0][1] == res[1][1] == N
+
+
+def test_reduce_lr_on_plateau_through_after_step_compiles():
+    # The plateau scheduler needs the loss's value: stepped from after_step, once the plan
+    # has run, the step stays pure; its new learning rates reach the plan as patch points.
+    def make():
+        m, opt = mlp(lr=0.5)
+        sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5, threshold=0.5)
+        f = usual_step(m, opt, after=lambda loss: crucible.after_step(lambda l: sched.step(l.item()), loss))
+        return f, m, opt, lambda: (sched.num_bad_epochs, sched.best)
+
+    eager, compiled, step, caught = twin_runs(make, n=16)
+    assert_identical(eager, compiled)
+    assert len(set(lr for lrs in compiled[2] for lr in lrs)) > 1, "the learning rate never changed"
+    st = step.stats()
+    assert st["refusals"] == 0 and st["plan_runs"] >= 1 and st["hyper_learned"] == 1, (st, caught)
