@@ -613,7 +613,7 @@ G_FLAG = 0
 
 
 def test_python_guard_sees_each_kind_of_change_in_cpp_and_names_it():
-    from crucible_native.purity import PythonGuard
+    from crucible_native._python_guard import PythonGuard
     m, opt = mlp()
     m.cfg = {"t": 1.0}                     # a container attribute of a module
     trainer = type("Trainer", (), {})()
@@ -646,7 +646,7 @@ def test_python_guard_sees_each_kind_of_change_in_cpp_and_names_it():
 
 
 def test_python_guard_without_native_checks_still_sees_changes():
-    from crucible_native.purity import PythonGuard
+    from crucible_native._python_guard import PythonGuard
     seen = set()
 
     def f(x):
@@ -660,7 +660,7 @@ def test_python_guard_without_native_checks_still_sees_changes():
 
 
 def test_python_guard_accepts_an_equal_value_in_a_new_object():
-    from crucible_native.purity import PythonGuard
+    from crucible_native._python_guard import PythonGuard
     state = {"lr": [0.5]}
 
     def f(x):

@@ -12,8 +12,10 @@
 
 One module per concern: _native (loading the native library and checking it matches this
 torch), recorder (recording, module paths, traces and their analyses), compile (capture,
-plans, guards), optimizer_sources (the optimizer scalars a plan takes as patch points),
-_errors (the exception types). Everything public is re-exported here.
+plans, guards, after_step), purity (what a captured call does besides ATen ops), _fingerprint
+(fingerprints of Python state), _python_guard (the Python state checked before each plan
+run), optimizer_sources (the optimizer scalars a plan takes as patch points), _errors (the
+exception types). Everything public is re-exported here.
 """
 from ._errors import (CrucibleError, CrucibleStateError, CrucibleTypeError, CrucibleValueError,
                       CrucibleWarning)

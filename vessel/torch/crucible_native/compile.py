@@ -7,10 +7,11 @@ import weakref
 from . import recorder as _recording
 from ._args import _nonnegative_int
 from ._compile_stats import COUNTERS as _COUNTERS, live_steps as _live_steps, retire_stats as _retire_stats
-from ._errors import CrucibleError, CrucibleTypeError, CrucibleValueError, CrucibleWarning
+from ._errors import CrucibleError, CrucibleTypeError, CrucibleWarning
 from ._native import ext as _ext
 from .optimizer_sources import ScalarSources as _ScalarSources
-from .purity import PythonGuard as _PythonGuard, Watch as _Watch
+from ._python_guard import PythonGuard as _PythonGuard
+from .purity import Watch as _Watch
 
 _MISSING = object()
 _PLAIN = (bool, int, float, str, type(None), tuple)
@@ -725,12 +726,13 @@ class CompiledStep:
             return result
         srcs = e.cap_srcs
         why = _closures_differ(e.closures, e.cap_closures) if spec == e.spec else None
+        rebound = 0
         if why:
-            added, rebound = 0, 0
+            pass
         elif spec == e.spec:
-            why, added, rebound = _ext.plan_update(e.plan, form, srcs)
+            why, _, rebound = _ext.plan_update(e.plan, form, srcs)   # (why, patches added, tensors rebound)
         else:
-            why, added, rebound = "the step returned a different structure", 0, 0
+            why = "the step returned a different structure"
         _ext.form_release(form)
         if why:
             import warnings
