@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 MODELS = ("resnet18", "transformer")
-PHASES = ("canonicalize", "dce", "cse", "fuse", "lower")
+PHASES = ("canonicalize", "dce", "cse", "fuse_horizontal", "fuse", "lower")
 
 
 def median(xs):

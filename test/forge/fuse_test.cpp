@@ -117,10 +117,10 @@ TEST(Fuse, OpNameStepsMatchWithOrWithoutOverload) {
   EXPECT_EQ(shape_of(*g), "gemm:0 | binary:1 | unary:2");
 }
 
-TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
+TEST(Fuse, AChainGrowsThroughEscapingValuesWhoseOtherReadersRunLater) {
   const RuleSet rs = one_class(
       kDefaults + rule("gemm_act", "[\"GEMM\", \"POINTWISE_UNARY\"]", "gemm_epilogue", 300));
-  {  // mm's output also read by a second node: it must be materialized, no fusion
+  {  // mm's output also read by a later node: the group stores it (Note [Escaping links])
     IrFixture f;
     const auto x = f.input({8, 8});
     const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
@@ -129,9 +129,20 @@ TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
     f.done();
     auto g = run_fuse(f.ir, rs);
     ASSERT_TRUE(g.ok());
-    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1 | unary:2");
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1 | unary:2");
   }
-  {  // mm's output is live-out (Python holds it)
+  {  // ... but not past a reader that runs before the grown node: (a) of Note [Group placement]
+    IrFixture f;
+    const auto x = f.input({8, 8});
+    const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
+    f.op("aten::mm", CKernel::Gemm, {y, y}, {8, 8});
+    f.op("aten::relu", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.done();
+    auto g = run_fuse(f.ir, rs);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | gemm:1 | unary:2");
+  }
+  {  // mm's output is live-out (Python holds it): stored, and still fused into relu
     IrFixture f;
     const auto x = f.input({8, 8});
     const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
@@ -140,7 +151,7 @@ TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
     f.ir.values[y].live_out = true;
     auto g = run_fuse(f.ir, rs);
     ASSERT_TRUE(g.ok());
-    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1");
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1");
   }
   {  // another phase
     IrFixture f;
