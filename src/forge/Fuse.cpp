@@ -12,7 +12,9 @@
 // Note [Escaping links]: a link's value may have other readers, or be live-out (an activation
 // the backward pass reads, an optimizer state): the kernel then writes it once, as an output, and
 // its reader in the group takes it from registers. Such readers must run after the group (a).
-// What fusing saves is the re-read, and the whole chain runs as one pass over memory.
+// What fusing saves is the re-read, and the whole chain runs as one pass over memory. A rule
+// whose kernel cannot store its intermediates (flash attention never writes the probabilities)
+// says `escaping = false`: its links then need a single reader and no live-out value.
 //
 // Note [Group placement]: a group runs as one kernel at the position of its last node, so the
 // groups are numbered in the order of their last nodes. Growing a group to node c is allowed only
@@ -23,7 +25,8 @@
 //       reads or writes, or reads one the group writes (moving the group's work to c would
 //       reorder a read and a write of the same memory);
 //   (c) a value both produced and read inside the group is materialized only when a node outside
-//       reads it or it is live-out (Note [Escaping links]); Lower makes it a kernel output.
+//       reads it or it is live-out (Note [Escaping links]); Lower makes it a kernel output. A
+//       rule with `escaping = false` allows neither.
 // Inputs from outside need no check: their producers' groups end before their readers by (a).
 // So "group g reads what group h writes" implies last(h) < last(g): the order is topological.
 #include <algorithm>
@@ -119,23 +122,36 @@ struct Fuser {
 
   // The nodes the chain may grow to from `p`: the readers of p's first output (ascending) that
   // are in no group yet and share the chain's phase (Note [Escaping links]).
-  std::vector<std::uint32_t> next_of(std::uint32_t p) const {
+  // A rule with `escaping = false` takes only the single reader of a value that is not live-out.
+  std::vector<std::uint32_t> next_of(std::uint32_t p, bool escaping) const {
     std::vector<std::uint32_t> out;
     const Node& n = ir.nodes[p];
     if (n.outputs.empty()) return out;
-    for (std::uint32_t c : readers[n.outputs[0]])
+    const std::uint32_t v = n.outputs[0];
+    if (!escaping && (ir.values[v].live_out || readers[v].size() != 1)) return out;
+    for (std::uint32_t c : readers[v])
       if (group_of[c] == kNone && !in_chain(c) && ir.nodes[c].phase == ir.nodes[chain.front()].phase)
         out.push_back(c);
     return out;
   }
 
   // Conditions (a)-(c) of Note [Group placement] for chain + {c}.
-  bool may_grow_to(std::uint32_t c) const {
+  bool may_grow_to(std::uint32_t c, bool escaping) const {
     auto inside = [&](std::uint32_t n) { return n == c || in_chain(n); };
     auto check_outputs = [&](std::uint32_t n) {
-      for (std::uint32_t w : ir.nodes[n].outputs)
-        for (std::uint32_t x : readers[w])
-          if (!inside(x) && x < c) return false;  // (a)
+      for (std::uint32_t w : ir.nodes[n].outputs) {
+        bool read_inside = false, read_outside = false;
+        for (std::uint32_t x : readers[w]) {
+          if (inside(x)) {
+            read_inside = true;
+          } else {
+            read_outside = true;
+            if (x < c) return false;  // (a)
+          }
+        }
+        // (c) for a rule whose fused values must never be stored
+        if (!escaping && read_inside && (read_outside || ir.values[w].live_out)) return false;
+      }
       return true;
     };
     for (std::uint32_t n : chain)
@@ -186,7 +202,7 @@ struct Fuser {
     if (step == r.pattern.size()) return !chain.empty();
     const PatternStep& s = r.pattern[step];
     const std::vector<std::uint32_t> cands =
-        chain.empty() ? std::vector<std::uint32_t>{start} : next_of(chain.back());
+        chain.empty() ? std::vector<std::uint32_t>{start} : next_of(chain.back(), r.escaping);
     for (std::uint32_t cand : cands) {
       if (!step_matches(s, ir.nodes[cand])) continue;
       bool ok = true;
@@ -195,7 +211,7 @@ struct Fuser {
         if (!in.ok()) return in.status();
         ok = *in && phase_in(r, ir.nodes[cand].phase);  // the chain shares its first node's
       } else {
-        ok = may_grow_to(cand);
+        ok = may_grow_to(cand, r.escaping);
       }
       if (!ok) continue;
       chain.push_back(cand);

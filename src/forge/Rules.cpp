@@ -28,7 +28,7 @@ constexpr std::string_view kClassKeys[] = {"name", "extends", "capabilities", "d
 constexpr std::string_view kRuleKeys[] = {"id",       "pattern",  "kernel",   "recipe",
                                           "modes",    "rows",     "requires", "numerics",
                                           "priority", "settings", "horizontal", "phases",
-                                          "note"};
+                                          "escaping", "note"};
 
 template <std::size_t N>
 bool one_of(std::string_view k, const std::string_view (&keys)[N]) {
@@ -322,6 +322,10 @@ Result<Rule> parse_rule(const toml::table& t, std::size_t index, const std::stri
         return w.error("phases", "has unknown phase \"" + e + "\"",
                        "use \"forward\", \"backward\" or \"optimizer\"");
     }
+  }
+  if (const toml::node* e = t.get("escaping")) {
+    if (!e->is_boolean()) return w.error("escaping", "is not a boolean", "write escaping = false");
+    r.escaping = *e->value<bool>();
   }
   if (const toml::node* h = t.get("horizontal")) {
     if (!h->is_boolean()) return w.error("horizontal", "is not a boolean", "write horizontal = true");

@@ -142,6 +142,29 @@ TEST(Fuse, AChainGrowsThroughEscapingValuesWhoseOtherReadersRunLater) {
     ASSERT_TRUE(g.ok());
     EXPECT_EQ(shape_of(*g), "gemm:0 | gemm:1 | unary:2");
   }
+  {  // a rule with escaping = false keeps the single-reader chain
+    const RuleSet strict = one_class(
+        kDefaults + rule("gemm_act", "[\"GEMM\", \"POINTWISE_UNARY\"]", "gemm_epilogue", 300,
+                         "escaping = false\n"));
+    IrFixture f;
+    const auto x = f.input({8, 8});
+    const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
+    f.op("aten::relu", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.op("aten::neg", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.done();
+    auto g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1 | unary:2");
+    f.ir.nodes.pop_back();  // relu is now y's only reader ...
+    f.ir.values.pop_back();
+    g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1");
+    f.ir.values[y].live_out = true;  // ... but y is live-out
+    g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1");
+  }
   {  // mm's output is live-out (Python holds it): stored, and still fused into relu
     IrFixture f;
     const auto x = f.input({8, 8});

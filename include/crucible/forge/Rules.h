@@ -21,6 +21,7 @@
 //   settings = ["allow_tf32"]       # policy settings the rule reads (must be stated by the policy)
 //   horizontal = true               # the pattern is one member of a multi-tensor group
 //   phases = ["optimizer"]          # the recorded phases it applies in (default: all)
+//   escaping = false                # fused values are never stored (default true)
 //
 // A "differs" rule applies only when the policy opts into it by id. Parsing is strict: an unknown
 // key, kind, template or recipe is an error naming the file, rule and key.
@@ -69,6 +70,9 @@ struct Rule {
   // order (consecutive nodes, not a dataflow chain); consecutive independent members form one
   // group, a kernel over a table of pointers and sizes (a multi-tensor optimizer update).
   bool horizontal = false;
+  // Note [Escaping links] (Fuse.cpp): whether a fused value may also be stored for readers
+  // outside the group. false: each link has one reader and is not live-out.
+  bool escaping = true;
   std::vector<record::Phase> phases;  // where the group's nodes may run; empty = any phase
   std::string source;  // "rules/cpu-avx2.toml" (not hashed)
 };
