@@ -40,7 +40,7 @@ struct Param {
   std::uint32_t p, g, m, v, step;
 };
 
-// One parameter's AdamW update as torch 1.13's per-parameter loop records it.
+// One parameter's AdamW update as torch's per-parameter (non-foreach) loop records it.
 void adamw_member(IrFixture& f, Param& x) {
   const auto step = in_place(f, "aten::add_.Tensor", {x.step});
   const auto p1 = in_place(f, "aten::mul_.Scalar", {x.p});
