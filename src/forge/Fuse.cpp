@@ -130,7 +130,8 @@ struct Fuser {
     const std::uint32_t v = n.outputs[0];
     if (!escaping && (ir.values[v].live_out || readers[v].size() != 1)) return out;
     for (std::uint32_t c : readers[v])
-      if (group_of[c] == kNone && !in_chain(c) && ir.nodes[c].phase == ir.nodes[chain.front()].phase)
+      if (group_of[c] == kNone && !in_chain(c) &&
+          ir.nodes[c].phase == ir.nodes[chain.front()].phase)
         out.push_back(c);
     return out;
   }

@@ -6,7 +6,9 @@
 // over its parameters records the same run once per parameter (AdamW: add_ step, mul_ decay,
 // lerp_, mul_, addcmul_, item, sqrt, div, add_, addcdiv_). Consecutive members form one group:
 // one kernel that walks a table of (pointer, size) per tensor, so its code does not grow with
-// the number of parameters. A member joins the group only if
+// the number of parameters. Members may differ in their scalar arguments (a parameter group's
+// own lr or weight decay: consecutive groups' loops join one run), so the table carries each
+// member's scalars too. A member joins the group only if
 //   * all its nodes share the group's phase and are in no group yet, and
 //   * it reads nothing an earlier member of the group wrote (members are independent: the
 //     kernel may run them in any order, or all at once).

@@ -298,9 +298,10 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
     if (val.producer == kNoNode) continue;
     const bool external_storage = val.storage != 0 && t.externals.contains(val.storage);
     auto init = initial_version.find(val.storage);
-    const bool state_write = external_storage &&
-                             (!val.is_view || init == initial_version.end() || val.version != init->second) &&
-                             val.version == last_version[val.storage];
+    const bool state_write =
+        external_storage &&
+        (!val.is_view || init == initial_version.end() || val.version != init->second) &&
+        val.version == last_version[val.storage];
     val.live_out = state_write || !read[v];
   }
   // The recorded batch: leading dim of the batch inputs (the most common one if they differ).

@@ -328,7 +328,8 @@ Result<Rule> parse_rule(const toml::table& t, std::size_t index, const std::stri
     r.escaping = *e->value<bool>();
   }
   if (const toml::node* h = t.get("horizontal")) {
-    if (!h->is_boolean()) return w.error("horizontal", "is not a boolean", "write horizontal = true");
+    if (!h->is_boolean())
+      return w.error("horizontal", "is not a boolean", "write horizontal = true");
     r.horizontal = *h->value<bool>();
     if (r.horizontal && is_wildcard(r.pattern))
       return w.error("horizontal", "is set on the \"*\" fallback",

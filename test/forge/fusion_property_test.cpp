@@ -51,7 +51,9 @@ struct Gen {
   void phase(Phase ph, int n) {
     for (int i = 0; i < n; ++i) {
       switch (rng() % 9) {
-        case 0: vals.push_back(op("aten::mm", {pick(), f.input({8, 8}, ExternalKind::Parameter)}, ph)); break;
+        case 0:
+          vals.push_back(op("aten::mm", {pick(), f.input({8, 8}, ExternalKind::Parameter)}, ph));
+          break;
         case 1: vals.push_back(op("aten::relu", {pick()}, ph)); break;
         case 2: vals.push_back(op("aten::add.Tensor", {pick(), pick()}, ph)); break;
         case 3: vals.push_back(view(pick(), ph)); break;
@@ -59,7 +61,8 @@ struct Gen {
         case 5: {  // dropout
           const std::uint32_t x = pick();
           const std::uint32_t m0 = op("aten::empty_like", {x}, ph);
-          const std::uint32_t m = in_place("aten::div_.Scalar", {in_place("aten::bernoulli_.float", {m0}, ph)}, ph);
+          const std::uint32_t m1 = in_place("aten::bernoulli_.float", {m0}, ph);
+          const std::uint32_t m = in_place("aten::div_.Scalar", {m1}, ph);
           vals.push_back(m);
           vals.push_back(op("aten::mul.Tensor", {x, m}, ph));
           break;
@@ -69,7 +72,8 @@ struct Gen {
           break;
         }
         case 7: {
-          const auto id = f.node("aten::native_layer_norm", CKernel::Norm, {pick()}, {{4, 8}, {4, 1}}, ph);
+          const auto id =
+              f.node("aten::native_layer_norm", CKernel::Norm, {pick()}, {{4, 8}, {4, 1}}, ph);
           vals.push_back(f.ir.nodes[id].outputs[0]);
           break;
         }
@@ -83,8 +87,8 @@ struct Gen {
       const auto p = f.input({4, 8}, ExternalKind::Parameter);
       const auto buf = f.input({4, 8}, ExternalKind::OptimizerState);
       const auto g = vals.empty() ? f.input({4, 8}, ExternalKind::Gradient) : pick();
-      const auto b2 = in_place("aten::add_.Tensor", {in_place("aten::mul_.Tensor", {buf, buf}, Phase::Optimizer), g},
-                               Phase::Optimizer);
+      const auto b1 = in_place("aten::mul_.Tensor", {buf, buf}, Phase::Optimizer);
+      const auto b2 = in_place("aten::add_.Tensor", {b1, g}, Phase::Optimizer);
       in_place("aten::add_.Tensor", {p, b2}, Phase::Optimizer);
     }
   }
@@ -99,7 +103,8 @@ void mark_live_out(Ir001& ir) {
     else last[v.storage] = std::max(last[v.storage], v.version);
   }
   for (Value& v : ir.values)
-    if (v.producer != kNoNode && external[v.storage] && v.version == last[v.storage]) v.live_out = true;
+    if (v.producer != kNoNode && external[v.storage] && v.version == last[v.storage])
+      v.live_out = true;
 }
 
 TEST(FusionProperty, FusedPlansKeepTheRecordedDataflow) {

@@ -148,7 +148,8 @@ TEST(Lower, RefusesInconsistentGroups) {
   const auto& outs = p->kernels[1].outputs;
   EXPECT_NE(std::find(outs.begin(), outs.end(), t.r), outs.end());
   bool fused_r = false;
-  for (const Edge& e : p->edges) fused_r |= e.value == t.r && e.to_group == 1 && e.state == EdgeState::Fused;
+  for (const Edge& e : p->edges)
+    fused_r |= e.value == t.r && e.to_group == 1 && e.state == EdgeState::Fused;
   EXPECT_TRUE(fused_r);
 }
 

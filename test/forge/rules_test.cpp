@@ -93,7 +93,8 @@ TEST(Rules, RepeatedStepsAlternativesPhasesAndHorizontal) {
   const Rule& z = r->rules[1];
   EXPECT_TRUE(z.horizontal);
   EXPECT_EQ(z.pattern[0].op, "aten::zero_");
-  EXPECT_EQ(z.phases, (std::vector<record::Phase>{record::Phase::Optimizer, record::Phase::Forward}));
+  EXPECT_EQ(z.phases,
+            (std::vector<record::Phase>{record::Phase::Optimizer, record::Phase::Forward}));
 }
 
 TEST(Rules, DefaultsAndTheFallback) {

@@ -49,7 +49,7 @@ enum class Numerics : std::uint8_t { Reference = 0, BitIdentical = 1, Differs = 
 std::string_view numerics_name(std::uint8_t n) noexcept;
 
 struct PatternStep {
-  std::vector<CKernel> kinds;   // match by kind ("POINTWISE_UNARY|POINTWISE_BINARY": any of them) ...
+  std::vector<CKernel> kinds;   // match by kind ("POINTWISE_UNARY|POINTWISE_BINARY": any) ...
   std::string op;               // ... or by exact op name ("aten::addmm")
   bool optional = false;        // "?" suffix: zero or one; "*" suffix: zero or more
   bool repeated = false;        // "+" suffix: one or more; "*" suffix: zero or more
