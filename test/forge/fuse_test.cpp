@@ -566,6 +566,28 @@ TEST(Fuse, ShippedRulesFuseAGemmsBiasActivationAndResidual) {
   EXPECT_EQ(shape_of(*g), "view:2 | cpu_gemm_act:0,1,3,4,5 | pointwise_binary:6");
 }
 
+TEST(Fuse, ShippedRulesComputeAGemmOperandAsItIsPacked) {
+  // Attention's q * scale and the contiguous copy of a permuted tensor feed bmm / mm directly.
+  IrFixture f;
+  const auto q = f.input({16, 12, 8});
+  const auto k = f.input({16, 8, 12});
+  const auto scaled = op_of(f, "aten::mul.Scalar", {q}, {16, 12, 8});
+  const auto scores = op_of(f, "aten::bmm", {scaled, k}, {16, 12, 12});
+  const auto perm = view_of(f, scores, {12, 16, 12});
+  const auto c = op_of(f, "aten::clone", {perm}, {12, 16, 12});
+  const auto flat = view_of(f, c, {192, 12});
+  const auto w = f.input({12, 4}, record::ExternalKind::Parameter);
+  op_of(f, "aten::mm", {flat, w}, {192, 4});
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // The first GEMM takes its prologue and its output's copy; the second starts a new kernel.
+  EXPECT_EQ(shape_of(*g), "cpu_gemm_prologue:0,1,2,3,4 | cpu_gemm:5");
+  EXPECT_EQ((*g)[0].kernel, KernelTemplate::GemmEpilogue);
+  EXPECT_EQ((*g)[0].numerics, static_cast<std::uint8_t>(Numerics::Reference));
+}
+
 TEST(Fuse, ShippedRulesRunDropoutAsOneKernel) {
   IrFixture f;
   const auto x = f.input({4, 12, 32});
