@@ -3,11 +3,13 @@
 // Note [Fusion matching]: the applicable rules (mode, capabilities, "differs" opt-in, settings)
 // are sorted by priority descending, then id. Nodes are scanned in execution order; at each
 // unassigned node the rules are tried in that order and the first that matches forms a group.
-// A pattern matches a chain n0 -> n1 -> ... where each next node is the only reader of the
-// previous node's first output and all nodes share a phase; optional steps ("?") are taken when
+// A pattern matches a chain n0 -> n1 -> ... where each next node is a reader of the previous
+// node's first output (tried in execution order) and all nodes share a phase; optional steps ("?") are taken when
 // they match and skipped when the rest of the pattern then still matches, repeated steps ("+",
 // "*") take as many nodes as they can (backtracking, longest first). Nodes already grouped by
-// fuse_horizontal (seeded) are not matched again.
+// fuse_horizontal (seeded) are not matched again, and horizontal rules are not tried here.
+// The search backtracks over readers, so it polls the phase budget every 256 steps: out of
+// budget, the node being scanned and all after it run op by op, as for a slow phase.
 //
 // Note [Escaping links]: a link's value may have other readers, or be live-out (an activation
 // the backward pass reads, an optimizer state): the kernel then writes it once, as an output, and
@@ -105,6 +107,9 @@ struct Fuser {
   std::vector<std::int64_t> rows_cache;
   std::vector<bool> rows_known;
   std::vector<std::uint32_t> chain;
+  const PassContext* ctx = nullptr;
+  std::uint64_t steps = 0;
+  bool aborted = false;  // the budget ran out inside a match
 
   explicit Fuser(const Ir001& ir_in) : ir(ir_in) {
     readers.resize(ir.values.size());
@@ -201,6 +206,10 @@ struct Fuser {
   // `again`: the chain's last node already matched this (repeated) step.
   Result<bool> match(const Rule& r, std::size_t step, std::uint32_t start, bool again = false) {
     if (step == r.pattern.size()) return !chain.empty();
+    if (aborted || ((++steps & 255) == 0 && ctx != nullptr && ctx->over())) {
+      aborted = true;
+      return false;
+    }
     const PatternStep& s = r.pattern[step];
     const std::vector<std::uint32_t> cands =
         chain.empty() ? std::vector<std::uint32_t>{start} : next_of(chain.back(), r.escaping);
@@ -220,6 +229,7 @@ struct Fuser {
       auto rest = s.repeated ? match(r, step, start, true) : match(r, step + 1, start);
       if (!rest.ok()) return rest.status();
       if (*rest) return true;
+      if (aborted) return false;
       chain.pop_back();
     }
     if (s.optional || again) return match(r, step + 1, start);
@@ -242,6 +252,7 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
     return rules.status();
   }
   Fuser f(ir);
+  f.ctx = &ctx;
   std::vector<FusionGroup> groups;  // creation order
   for (FusionGroup& g : seeded) {
     for (std::uint32_t n : g.nodes) {
@@ -257,33 +268,43 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
   }
   std::size_t fallback = 0;
   bool over = false;
+  // Out of budget: the node runs op by op, as recorded (Passes.h).
+  auto run_opaque = [&](std::uint32_t i) {
+    FusionGroup g;
+    g.kernel = KernelTemplate::Opaque;
+    g.nodes = {i};
+    g.numerics = static_cast<std::uint8_t>(Numerics::Reference);
+    f.group_of[i] = static_cast<std::uint32_t>(groups.size());
+    groups.push_back(std::move(g));
+    ++fallback;
+  };
   for (std::uint32_t i = 0; i < ir.nodes.size(); ++i) {
     if (f.group_of[i] != kNone) continue;
     over = over || ctx.over();
     if (over) {
-      // Out of budget: the node runs op by op, as recorded (Passes.h).
-      FusionGroup g;
-      g.kernel = KernelTemplate::Opaque;
-      g.nodes = {i};
-      g.numerics = static_cast<std::uint8_t>(Numerics::Reference);
-      f.group_of[i] = static_cast<std::uint32_t>(groups.size());
-      groups.push_back(std::move(g));
-      ++fallback;
+      run_opaque(i);
       continue;
     }
     const Rule* chosen = nullptr;
     for (const Rule* r : *rules) {
+      if (r->horizontal) continue;  // fuse_horizontal's
       f.chain.clear();
       auto m = f.match(*r, 0, i);
       if (!m.ok()) {
         ctx.finish(ir.nodes.size());
         return m.status();
       }
+      if (f.aborted) break;
       // A match must contain the node being scanned (a leading optional step may be skipped).
       if (*m && f.chain.front() == i) {
         chosen = r;
         break;
       }
+    }
+    if (f.aborted) {
+      over = true;
+      run_opaque(i);
+      continue;
     }
     if (chosen == nullptr) {
       const Node& n = ir.nodes[i];
