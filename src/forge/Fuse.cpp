@@ -4,9 +4,9 @@
 // are sorted by priority descending, then id. Nodes are scanned in execution order; at each
 // unassigned node the rules are tried in that order and the first that matches forms a group.
 // A pattern matches a chain n0 -> n1 -> ... where each next node is a reader of the previous
-// node's first output (tried in execution order) and all nodes share a phase; optional steps ("?") are taken when
-// they match and skipped when the rest of the pattern then still matches, repeated steps ("+",
-// "*") take as many nodes as they can (backtracking, longest first). Nodes already grouped by
+// node's first output (tried in execution order) and all nodes share a phase; optional steps
+// ("?") are taken when they match and skipped when the rest of the pattern then still matches,
+// repeated steps ("+", "*") take as many nodes as they can (backtracking, longest first). Nodes already grouped by
 // fuse_horizontal (seeded) are not matched again, and horizontal rules are not tried here.
 // The search backtracks over readers, so it polls the phase budget every 256 steps: out of
 // budget, the node being scanned and all after it run op by op, as for a slow phase.
