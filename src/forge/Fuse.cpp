@@ -37,27 +37,16 @@
 
 #include "crucible/core/Contract.h"
 #include "crucible/forge/Passes.h"
+#include "IrEdit.h"
 
 namespace crucible::forge {
 namespace {
 
+using detail::step_matches;
+
 constexpr std::uint32_t kNone = UINT32_MAX;
 
 std::string_view kind_name(CKernel k) { return ckernel_info(k).name; }
-
-// "aten::add.Tensor" matches a step naming "aten::add.Tensor" or "aten::add".
-bool op_matches(std::string_view step_op, std::string_view node_op) {
-  if (step_op == node_op) return true;
-  const std::size_t ns = node_op.find("::");
-  const std::size_t dot = node_op.find('.', ns == std::string_view::npos ? 0 : ns + 2);
-  return dot != std::string_view::npos && node_op.substr(0, dot) == step_op;
-}
-
-bool step_matches(const PatternStep& s, const Node& n) {
-  if (!s.kinds.empty()) return std::find(s.kinds.begin(), s.kinds.end(), n.kind) != s.kinds.end();
-  if (!s.op.empty()) return op_matches(s.op, n.op);
-  return true;  // "*"
-}
 
 bool phase_in(const Rule& r, record::Phase p) {
   return r.phases.empty() || std::find(r.phases.begin(), r.phases.end(), p) != r.phases.end();

@@ -26,24 +26,14 @@
 #include <vector>
 
 #include "crucible/forge/Passes.h"
+#include "IrEdit.h"
 
 namespace crucible::forge {
 namespace {
 
+using detail::step_matches;
+
 constexpr std::uint32_t kNone = UINT32_MAX;
-
-bool op_matches(std::string_view step_op, std::string_view node_op) {
-  if (step_op == node_op) return true;
-  const std::size_t ns = node_op.find("::");
-  const std::size_t dot = node_op.find('.', ns == std::string_view::npos ? 0 : ns + 2);
-  return dot != std::string_view::npos && node_op.substr(0, dot) == step_op;
-}
-
-bool step_matches(const PatternStep& s, const Node& n) {
-  if (!s.kinds.empty()) return std::find(s.kinds.begin(), s.kinds.end(), n.kind) != s.kinds.end();
-  if (!s.op.empty()) return op_matches(s.op, n.op);
-  return true;
-}
 
 // The length of the member of `r` starting at node i (0: none). Greedy, no backtracking.
 std::uint32_t member_at(const Ir001& ir, const Rule& r, std::uint32_t i,
