@@ -198,6 +198,35 @@ TEST(FuseHorizontal, ARunStopsAtADependentMemberAForeignOpOrAnotherPhase) {
   }
 }
 
+TEST(FuseHorizontal, ShippedSgdRulesTakeWeightDecayMomentumAndNesterov) {
+  const RuleSet rules = shipped();
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool momentum = variant & 1, decay = variant & 2;
+    IrFixture f;
+    std::size_t per_member = 0;
+    for (int i = 0; i < 3; ++i) {
+      const auto p = f.input({8, 4}, ExternalKind::Parameter);
+      auto g = f.input({8, 4}, ExternalKind::Gradient);
+      per_member = 1;
+      if (decay) g = op(f, "aten::add.Tensor", {g, p}, {8, 4}), ++per_member;
+      if (momentum) {
+        const auto buf = f.input({8, 4}, ExternalKind::OptimizerState);
+        g = in_place(f, "aten::add_.Tensor", {in_place(f, "aten::mul_.Scalar", {buf}), g});
+        g = op(f, "aten::add.Tensor", {g, g}, {8, 4});  // nesterov
+        per_member += 3;
+      }
+      in_place(f, "aten::add_.Tensor", {p, g});
+    }
+    f.done();
+    mark_state_live_out(f);
+    auto plan = plan_of(f.ir, rules);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->groups.size(), 1u) << "variant " << variant << ": " << groups_of(*plan);
+    EXPECT_EQ(plan->groups[0].rule, momentum ? "sgd_momentum_multi_tensor" : "sgd_multi_tensor");
+    EXPECT_EQ(plan->groups[0].nodes.size(), 3 * per_member);
+  }
+}
+
 TEST(FuseHorizontal, ZeroOfEveryGradientIsOneKernel) {
   IrFixture f;
   for (int i = 0; i < 5; ++i)
