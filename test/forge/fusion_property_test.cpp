@@ -1,14 +1,18 @@
-// fusion_property_test — on random training-step-like graphs and the shipped rules, the fused
-// plan computes the recording's dataflow: every op in exactly one kernel, every value produced
+// fusion_property_test — on random training-step-like graphs and on the recorded test models,
+// with the shipped rules, the fused plan computes the recording's dataflow: every op in exactly one kernel, every value produced
 // before it is read, every read and write of a storage in the recorded order, no cycle between
 // kernels, and the fused values that are not stored never leave their kernel.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <random>
 
 #include "crucible/forge/Passes.h"
+#include "crucible/graph/Analysis.h"
+#include "crucible/record/TraceFile.h"
 #include "ir_fixture.h"
+#include "traces.h"
 
 namespace crucible::forge {
 namespace {
@@ -107,6 +111,70 @@ void mark_live_out(Ir001& ir) {
       v.live_out = true;
 }
 
+struct Counts {
+  std::size_t multi = 0, horizontal = 0, escaping = 0;
+};
+
+// What breaks the recording's dataflow in the plan's schedule (kernels in order, each kernel's ops
+// in recorded order), or "" when nothing does.
+std::string dataflow_error(const Ir001& ir, const Ir002& plan, Counts* counts) {
+  std::vector<std::uint32_t> pos(ir.nodes.size(), UINT32_MAX), group_of(ir.nodes.size());
+  std::uint32_t at = 0;
+  for (const FusionGroup& grp : plan.groups) {
+    counts->multi += grp.nodes.size() > 1;
+    counts->horizontal += grp.kernel == KernelTemplate::Optimizer;
+    for (std::uint32_t n : grp.nodes) {
+      if (pos[n] != UINT32_MAX) return "node " + std::to_string(n) + " in two kernels";
+      pos[n] = at++;
+      group_of[n] = grp.id;
+    }
+  }
+  for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
+    if (pos[n] == UINT32_MAX) return "node " + std::to_string(n) + " in no kernel";
+  for (std::uint32_t n = 0; n < ir.nodes.size(); ++n) {
+    for (std::uint32_t v : ir.nodes[n].inputs) {
+      const std::uint32_t p = ir.values[v].producer;
+      if (p == kNoNode) continue;
+      if (pos[p] >= pos[n]) return "v" + std::to_string(v) + " read before it is written";
+      // Kernels form a DAG in their order: a kernel reads only what earlier ones wrote.
+      if (group_of[p] > group_of[n]) return "kernel order: v" + std::to_string(v);
+    }
+  }
+  // Storage order: any two accesses of one storage, at least one a write, keep their order.
+  std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, bool>>> access;  // node, writes
+  for (std::uint32_t n = 0; n < ir.nodes.size(); ++n) {
+    std::map<std::uint64_t, bool> mine;
+    for (std::uint32_t v : ir.nodes[n].inputs)
+      if (ir.values[v].storage != 0) mine.emplace(ir.values[v].storage, false);
+    for (std::uint32_t v : ir.nodes[n].outputs)
+      if (ir.values[v].storage != 0) mine[ir.values[v].storage] |= !ir.values[v].is_view;
+    for (const auto& [st, w] : mine) access[st].push_back({n, w});
+  }
+  for (const auto& [st, list] : access)
+    for (std::size_t i = 0; i < list.size(); ++i)
+      for (std::size_t j = i + 1; j < list.size(); ++j)
+        if ((list[i].second || list[j].second) && pos[list[i].first] > pos[list[j].first])
+          return "nodes " + std::to_string(list[i].first) + " and " +
+                 std::to_string(list[j].first) + " swapped on a storage";
+  // A fused value that is not stored is read only inside its kernel and is not live-out.
+  std::vector<bool> stored(ir.values.size(), false);
+  for (const KernelNode& k : plan.kernels)
+    for (std::uint32_t v : k.outputs) stored[v] = true;
+  for (const Edge& e : plan.edges) {
+    if (e.state != EdgeState::Fused) continue;
+    if (stored[e.value]) {
+      ++counts->escaping;
+      continue;
+    }
+    if (ir.values[e.value].live_out) return "live-out v" + std::to_string(e.value) + " not stored";
+    for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
+      for (std::uint32_t v : ir.nodes[n].inputs)
+        if (v == e.value && group_of[n] != e.to_group)
+          return "unstored v" + std::to_string(e.value) + " read by another kernel";
+  }
+  return "";
+}
+
 TEST(FusionProperty, FusedPlansKeepTheRecordedDataflow) {
   auto rules = load_rules_dir(CRUCIBLE_RULES_DIR, "cpu-avx2");
   ASSERT_TRUE(rules.ok()) << rules.status();
@@ -132,69 +200,43 @@ TEST(FusionProperty, FusedPlansKeepTheRecordedDataflow) {
     auto plan = lower(ir, std::move(*groups), ctx);
     ASSERT_TRUE(plan.ok()) << "trial " << trial << ": " << plan.status();
 
-    // The schedule the plan runs: kernels in order, each kernel's ops in recorded order.
-    std::vector<std::uint32_t> pos(ir.nodes.size(), UINT32_MAX), group_of(ir.nodes.size());
-    std::uint32_t at = 0;
-    for (const FusionGroup& grp : plan->groups) {
-      multi += grp.nodes.size() > 1;
-      horizontal += grp.kernel == KernelTemplate::Optimizer;
-      for (std::uint32_t n : grp.nodes) {
-        ASSERT_EQ(pos[n], UINT32_MAX) << "trial " << trial << ": node " << n << " in two kernels";
-        pos[n] = at++;
-        group_of[n] = grp.id;
-      }
-    }
-    for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
-      ASSERT_NE(pos[n], UINT32_MAX) << "trial " << trial << ": node " << n << " in no kernel";
-    for (std::uint32_t n = 0; n < ir.nodes.size(); ++n) {
-      for (std::uint32_t v : ir.nodes[n].inputs) {
-        const std::uint32_t p = ir.values[v].producer;
-        if (p == kNoNode) continue;
-        ASSERT_LT(pos[p], pos[n]) << "trial " << trial << ": v" << v << " read before written";
-        // Kernels form a DAG in their order: a kernel reads only what earlier ones wrote.
-        ASSERT_LE(group_of[p], group_of[n]) << "trial " << trial;
-      }
-    }
-    // Storage order: any two accesses of one storage, at least one a write, keep their order.
-    auto touches = [&](std::uint32_t n, std::uint64_t s, bool* writes) {
-      bool any = false;
-      *writes = false;
-      for (std::uint32_t v : ir.nodes[n].outputs)
-        if (ir.values[v].storage == s) any = true, *writes |= !ir.values[v].is_view;
-      for (std::uint32_t v : ir.nodes[n].inputs) any |= ir.values[v].storage == s;
-      return any;
-    };
-    for (std::uint32_t a = 0; a < ir.nodes.size(); ++a)
-      for (std::uint32_t v : ir.nodes[a].outputs) {
-        if (ir.values[v].is_view) continue;
-        const std::uint64_t s = ir.values[v].storage;  // a writes s
-        for (std::uint32_t b = 0; b < ir.nodes.size(); ++b) {
-          bool w = false;
-          if (b == a || !touches(b, s, &w)) continue;
-          ASSERT_EQ(a < b, pos[a] < pos[b])
-              << "trial " << trial << ": nodes " << a << " and " << b << " swapped on a storage";
-        }
-      }
-    // A fused value that is not stored is read only inside its kernel and is not live-out.
-    std::vector<bool> stored(ir.values.size(), false);
-    for (const KernelNode& k : plan->kernels)
-      for (std::uint32_t v : k.outputs) stored[v] = true;
-    for (const Edge& e : plan->edges) {
-      if (e.state != EdgeState::Fused) continue;
-      if (stored[e.value]) {
-        ++escaping;
-        continue;
-      }
-      ASSERT_FALSE(ir.values[e.value].live_out) << "trial " << trial;
-      for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
-        for (std::uint32_t v : ir.nodes[n].inputs)
-          if (v == e.value) ASSERT_EQ(group_of[n], e.to_group) << "trial " << trial;
-    }
+    Counts c;
+    const std::string broken = dataflow_error(ir, *plan, &c);
+    ASSERT_EQ(broken, "") << "trial " << trial;
+    multi += c.multi;
+    horizontal += c.horizontal;
+    escaping += c.escaping;
   }
   // The generator exercises what it tests.
   EXPECT_GT(multi, 300u);
   EXPECT_GT(horizontal, 100u);
   EXPECT_GT(escaping, 100u);
+}
+
+TEST(FusionProperty, RecordedModelsKeepTheirDataflow) {
+  if (!std::filesystem::exists(traces_dir() / "index.json")) GTEST_SKIP() << "no recorded traces";
+  for (const char* cls : {"cpu-avx2", "h200"}) {
+    auto rules = load_rules_dir(CRUCIBLE_RULES_DIR, cls);
+    ASSERT_TRUE(rules.ok()) << rules.status();
+    std::size_t models = 0;
+    for (const auto& e : std::filesystem::directory_iterator(traces_dir())) {
+      if (e.path().extension() != ".crtrace") continue;
+      auto t = record::load_trace(e.path().string());
+      ASSERT_TRUE(t.ok()) << e.path();
+      auto it = graph::analyze_latest_iteration(*t, -1);
+      ASSERT_TRUE(it.ok()) << e.path() << ": " << it.status();
+      ExprPool pool;
+      auto ir = build_ir001(*t, (*it)->ops(), pool);
+      ASSERT_TRUE(ir.ok()) << e.path();
+      auto fe = run_front_end(std::move(*ir), *rules, Policy{}, 1e15);
+      ASSERT_TRUE(fe.ok()) << e.path() << ": " << fe.status();
+      Counts c;
+      EXPECT_EQ(dataflow_error(fe->ir, fe->plan, &c), "") << cls << " " << e.path();
+      EXPECT_EQ(c.horizontal, 1u) << cls << " " << e.path() << ": one optimizer update";
+      ++models;
+    }
+    EXPECT_GE(models, 4u);
+  }
 }
 
 }  // namespace
