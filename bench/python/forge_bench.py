@@ -1,6 +1,9 @@
-"""Forge's front end (crucible plan) on resnet18 and the transformer, against PyTorch, one run.
+"""Forge's front end (crucible plan) on resnet18 and the transformers, against PyTorch, one run.
 
-For each model, at its test batch (test/record/python/models.py: resnet18 2, transformer 4):
+For each model, at its test batch (test/record/python/models.py: resnet18 2, transformer 4,
+transformer2 4 — two encoder layers with AdamW):
+  * the plan's kernels against eager PyTorch's one kernel per op (ops per kernel, with and without
+    views), and with --compare-cli another build's (main's) kernels on the same traces;
   * a training iteration is recorded (test/forge/make_traces.py) and `crucible plan --json` runs
     on it N times, each in its own process: the median time of each phase the CLI reports
     (canonicalize, dce, cse, fuse, lower) and of the whole front end (their sum per run), and the
@@ -15,6 +18,7 @@ For each model, at its test batch (test/record/python/models.py: resnet18 2, tra
 Prints the table and writes bench/baselines/forge_bench.{json,txt}.
 
   .venv/bin/python bench/python/forge_bench.py [--iters N] [--trace-dir DIR] [--hardware CLASS]
+                                               [--compare-cli EXE]
 CRUCIBLE_BUILD_DIR picks the build (default build-release); recording needs its Vessel.
 --trace-dir reuses a directory make_traces.py wrote (e.g. build-release/test/forge/traces).
 """
@@ -31,12 +35,24 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-MODELS = ("resnet18", "transformer")
-PHASES = ("canonicalize", "dce", "cse", "fuse", "lower")
+MODELS = ("resnet18", "transformer", "transformer2")
+PHASES = ("canonicalize", "dce", "cse", "fuse_horizontal", "fuse", "lower")
 
 
 def median(xs):
     return statistics.median(xs)
+
+
+def kernel_counts(plan):
+    """Kernels and ops of a `crucible plan --json` result, with and without views (a group of
+    views only runs no kernel). Computed from the groups, so any CLI version's JSON works."""
+    groups = plan["groups"]
+    ops = sum(len(g["nodes"]) for g in groups)
+    ops_nv = sum(1 for g in groups for n in g["nodes"] if n["kind"] != "VIEW")
+    kernels_nv = sum(1 for g in groups if any(n["kind"] != "VIEW" for n in g["nodes"]))
+    largest = max(sum(n["kind"] != "VIEW" for n in g["nodes"]) for g in groups)
+    return {"ops": ops, "kernels": len(groups), "ops_without_views": ops_nv,
+            "kernels_without_views": kernels_nv, "largest_group_ops": largest}
 
 
 def bench_plan(exe, trace, hardware, iters):
@@ -64,7 +80,7 @@ def bench_plan(exe, trace, hardware, iters):
     return {
         "ir_nodes": first[0]["nodes_before"],
         "nodes_after_cse": first[2]["nodes_after"],
-        "kernels": first[3]["nodes_after"],
+        **kernel_counts(runs[0]),
         "plan_digest": runs[0]["plan_digest"],
         "plan_digest_stable": len(digests) == 1,
         "phases_over_budget": over,
@@ -123,6 +139,8 @@ def main():
                     help="torch.jit.trace + freeze repetitions per model (default 5)")
     ap.add_argument("--trace-dir", help="reuse a directory test/forge/make_traces.py wrote")
     ap.add_argument("--hardware", default="cpu-avx2", help="rules class to plan for")
+    ap.add_argument("--compare-cli", help="another crucible binary (e.g. main's build): its plan's "
+                    "kernel counts on the same traces, printed beside this build's")
     args = ap.parse_args()
     build = os.environ.get("CRUCIBLE_BUILD_DIR", os.path.join(ROOT, "build-release"))
     if not os.path.isabs(build):
@@ -152,6 +170,10 @@ def main():
             sys.exit(f"{trace} not found: record it with test/forge/make_traces.py")
         r = {"batch": batch}
         r.update(bench_plan(exe, trace, args.hardware, args.iters))
+        if args.compare_cli:
+            out = subprocess.run([args.compare_cli, "plan", "--json", "--hardware", args.hardware,
+                                  trace], capture_output=True, text=True, check=True)
+            r["compare"] = kernel_counts(json.loads(out.stdout))
         r["eager_step_median_us"] = bench_eager_step(models, name, batch, args.iters)
         r["trace_freeze_median_us"] = bench_trace_freeze(models, name, batch, args.trace_reps)
         r["front_end_over_eager_step"] = r["front_end_median_us"] / r["eager_step_median_us"]
@@ -169,6 +191,21 @@ def main():
         lines.append(f"{name:12} {r['batch']:5d} {r['ir_nodes']:5d} {r['kernels']:7d} "
                      + " ".join(f"{r['phase_median_us'][p]:12.0f}" for p in PHASES)
                      + f" {r['front_end_median_us']:10.0f}")
+    lines.append("")
+    lines.append("Kernels: eager PyTorch runs one kernel per op; ops/kernel is the ratio to it "
+                 "(without views: VIEW ops and view-only groups, which run nothing, left out)")
+    cmp_head = f" {'compared CLI: kernels':>22} {'w/o views':>10} {'ops/kernel':>10}" if args.compare_cli else ""
+    lines.append(f"{'':12} {'ops':>5} {'kernels':>7} {'ops w/o views':>13} {'kernels':>7} "
+                 f"{'ops/kernel':>10} {'largest':>7}" + cmp_head)
+    for name, r in rows.items():
+        line = (f"{name:12} {r['ops']:5d} {r['kernels']:7d} {r['ops_without_views']:13d} "
+                f"{r['kernels_without_views']:7d} "
+                f"{r['ops_without_views'] / r['kernels_without_views']:10.2f} {r['largest_group_ops']:7d}")
+        if "compare" in r:
+            c = r["compare"]
+            line += (f" {c['kernels']:22d} {c['kernels_without_views']:10d} "
+                     f"{c['ops_without_views'] / c['kernels_without_views']:10.2f}")
+        lines.append(line)
     lines.append("")
     lines.append(f"{'':12} {'front end':>10} {'CLI wall':>10} {'eager step':>11} {'FE/step':>8} "
                  f"{'trace+freeze (fwd)':>19} {'that/FE':>8}  (ms)")

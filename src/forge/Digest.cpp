@@ -3,6 +3,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
@@ -90,7 +91,9 @@ void append_op(std::string& s, const Ir001& ir, std::uint32_t n) {
 // (provenance: which rules produced the plan). The plan digest hashes everything but the rules
 // digest (plan_text_digest below), so editing a rule the plan does not use, renaming a rule id or
 // changing a comment leaves the plan digest unchanged while the rules digest moves. Rule ids,
-// rule files and module paths never appear in the text at all.
+// rule files and module paths never appear in the text at all. An edge's state is "fused",
+// "fused+stored" (fused, and also written by its kernel because it escapes: Note [Escaping
+// links] in Fuse.cpp) or "materialized".
 std::string canonical_plan_text(const Ir001& ir, const Ir002& plan, const RuleSet& rules) {
   std::string s = "crucible-plan v" + std::to_string(kPlanTextVersion) +
                   " hardware=" + rules.hardware + " rules=" + rules.digest + '\n';
@@ -118,7 +121,12 @@ std::string canonical_plan_text(const Ir001& ir, const Ir002& plan, const RuleSe
       s += group_ref(e.from_group);
     }
     s += "->" + group_ref(e.to_group) + ' ';
-    s += e.state == EdgeState::Fused ? "fused " : "materialized ";
+    // A fused value that escapes (Note [Escaping links], Fuse.cpp) is also stored by its kernel.
+    const bool stored = e.state == EdgeState::Fused && e.from_group < plan.kernels.size() &&
+                        std::find(plan.kernels[e.from_group].outputs.begin(),
+                                  plan.kernels[e.from_group].outputs.end(),
+                                  e.value) != plan.kernels[e.from_group].outputs.end();
+    s += e.state == EdgeState::Fused ? (stored ? "fused+stored " : "fused ") : "materialized ";
     s += known ? value_type(ir.values[e.value]) : std::string("?");
     s += '\n';
   }

@@ -3,10 +3,20 @@
 // Note [Fusion matching]: the applicable rules (mode, capabilities, "differs" opt-in, settings)
 // are sorted by priority descending, then id. Nodes are scanned in execution order; at each
 // unassigned node the rules are tried in that order and the first that matches forms a group.
-// A pattern matches a chain n0 -> n1 -> ... where each next node is the only reader of the
-// previous node's first output, that output is not live-out (so it need never be written to
-// memory), and all nodes share a phase; optional steps ("?") are taken when they match and
-// skipped when the rest of the pattern then still matches (backtracking, longest first).
+// A pattern matches a chain n0 -> n1 -> ... where each next node is a reader of the previous
+// node's first output (tried in execution order) and all nodes share a phase; optional steps
+// ("?") are taken when they match and skipped when the rest of the pattern then still matches,
+// repeated steps ("+", "*") take as many nodes as they can (backtracking, longest first). Nodes already grouped by
+// fuse_horizontal (seeded) are not matched again, and horizontal rules are not tried here.
+// The search backtracks over readers, so it polls the phase budget every 256 steps: out of
+// budget, the node being scanned and all after it run op by op, as for a slow phase.
+//
+// Note [Escaping links]: a link's value may have other readers, or be live-out (an activation
+// the backward pass reads, an optimizer state): the kernel then writes it once, as an output, and
+// its reader in the group takes it from registers. Such readers must run after the group (a).
+// What fusing saves is the re-read, and the whole chain runs as one pass over memory. A rule
+// whose kernel cannot store its intermediates (flash attention never writes the probabilities)
+// says `escaping = false`: its links then need a single reader and no live-out value.
 //
 // Note [Group placement]: a group runs as one kernel at the position of its last node, so the
 // groups are numbered in the order of their last nodes. Growing a group to node c is allowed only
@@ -16,8 +26,9 @@
 //   (b) no node outside the group between the group's first node and c writes a storage the group
 //       reads or writes, or reads one the group writes (moving the group's work to c would
 //       reorder a read and a write of the same memory);
-//   (c) a value both produced and read inside the group is read by no node outside it and is not
-//       live-out: fused values are never materialized (Lower relies on it).
+//   (c) a value both produced and read inside the group is materialized only when a node outside
+//       reads it or it is live-out (Note [Escaping links]); Lower makes it a kernel output. A
+//       rule with `escaping = false` allows neither.
 // Inputs from outside need no check: their producers' groups end before their readers by (a).
 // So "group g reads what group h writes" implies last(h) < last(g): the order is topological.
 #include <algorithm>
@@ -26,26 +37,19 @@
 
 #include "crucible/core/Contract.h"
 #include "crucible/forge/Passes.h"
+#include "IrEdit.h"
 
 namespace crucible::forge {
 namespace {
+
+using detail::step_matches;
 
 constexpr std::uint32_t kNone = UINT32_MAX;
 
 std::string_view kind_name(CKernel k) { return ckernel_info(k).name; }
 
-// "aten::add.Tensor" matches a step naming "aten::add.Tensor" or "aten::add".
-bool op_matches(std::string_view step_op, std::string_view node_op) {
-  if (step_op == node_op) return true;
-  const std::size_t ns = node_op.find("::");
-  const std::size_t dot = node_op.find('.', ns == std::string_view::npos ? 0 : ns + 2);
-  return dot != std::string_view::npos && node_op.substr(0, dot) == step_op;
-}
-
-bool step_matches(const PatternStep& s, const Node& n) {
-  if (s.kind) return *s.kind == n.kind;
-  if (!s.op.empty()) return op_matches(s.op, n.op);
-  return true;  // "*"
+bool phase_in(const Rule& r, record::Phase p) {
+  return r.phases.empty() || std::find(r.phases.begin(), r.phases.end(), p) != r.phases.end();
 }
 
 bool rows_restricted(const Rule& r) { return r.rows_min > 0 || r.rows_max < INT64_MAX; }
@@ -92,6 +96,9 @@ struct Fuser {
   std::vector<std::int64_t> rows_cache;
   std::vector<bool> rows_known;
   std::vector<std::uint32_t> chain;
+  const PassContext* ctx = nullptr;
+  std::uint64_t steps = 0;
+  bool aborted = false;  // the budget ran out inside a match
 
   explicit Fuser(const Ir001& ir_in) : ir(ir_in) {
     readers.resize(ir.values.size());
@@ -107,19 +114,24 @@ struct Fuser {
     return std::find(chain.begin(), chain.end(), n) != chain.end();
   }
 
-  // The node the chain may grow to from `p`: the only reader of p's first output.
-  std::uint32_t next_of(std::uint32_t p) const {
+  // The nodes the chain may grow to from `p`: the readers of p's first output (ascending) that
+  // are in no group yet and share the chain's phase (Note [Escaping links]).
+  // A rule with `escaping = false` takes only the single reader of a value that is not live-out.
+  std::vector<std::uint32_t> next_of(std::uint32_t p, bool escaping) const {
+    std::vector<std::uint32_t> out;
     const Node& n = ir.nodes[p];
-    if (n.outputs.empty()) return kNone;
+    if (n.outputs.empty()) return out;
     const std::uint32_t v = n.outputs[0];
-    if (ir.values[v].live_out || readers[v].size() != 1) return kNone;
-    const std::uint32_t c = readers[v][0];
-    if (group_of[c] != kNone || ir.nodes[c].phase != ir.nodes[chain.front()].phase) return kNone;
-    return c;
+    if (!escaping && (ir.values[v].live_out || readers[v].size() != 1)) return out;
+    for (std::uint32_t c : readers[v])
+      if (group_of[c] == kNone && !in_chain(c) &&
+          ir.nodes[c].phase == ir.nodes[chain.front()].phase)
+        out.push_back(c);
+    return out;
   }
 
   // Conditions (a)-(c) of Note [Group placement] for chain + {c}.
-  bool may_grow_to(std::uint32_t c) const {
+  bool may_grow_to(std::uint32_t c, bool escaping) const {
     auto inside = [&](std::uint32_t n) { return n == c || in_chain(n); };
     auto check_outputs = [&](std::uint32_t n) {
       for (std::uint32_t w : ir.nodes[n].outputs) {
@@ -132,7 +144,8 @@ struct Fuser {
             if (x < c) return false;  // (a)
           }
         }
-        if (read_inside && (read_outside || ir.values[w].live_out)) return false;  // (c)
+        // (c) for a rule whose fused values must never be stored
+        if (!escaping && read_inside && (read_outside || ir.values[w].live_out)) return false;
       }
       return true;
     };
@@ -179,84 +192,44 @@ struct Fuser {
   }
 
   // Matches r.pattern[step..] with the chain so far; on success `chain` holds the group.
-  Result<bool> match(const Rule& r, std::size_t step, std::uint32_t start) {
+  // `again`: the chain's last node already matched this (repeated) step.
+  Result<bool> match(const Rule& r, std::size_t step, std::uint32_t start, bool again = false) {
     if (step == r.pattern.size()) return !chain.empty();
+    if (aborted || ((++steps & 255) == 0 && ctx != nullptr && ctx->over())) {
+      aborted = true;
+      return false;
+    }
     const PatternStep& s = r.pattern[step];
-    const std::uint32_t cand = chain.empty() ? start : next_of(chain.back());
-    if (cand != kNone && step_matches(s, ir.nodes[cand])) {
+    const std::vector<std::uint32_t> cands =
+        chain.empty() ? std::vector<std::uint32_t>{start} : next_of(chain.back(), r.escaping);
+    for (std::uint32_t cand : cands) {
+      if (!step_matches(s, ir.nodes[cand])) continue;
       bool ok = true;
       if (chain.empty()) {
         auto in = rows_in(r, cand);  // the rows of the group's first node decide
         if (!in.ok()) return in.status();
-        ok = *in;
+        ok = *in && phase_in(r, ir.nodes[cand].phase);  // the chain shares its first node's
       } else {
-        ok = may_grow_to(cand);
+        ok = may_grow_to(cand, r.escaping);
       }
-      if (ok) {
-        chain.push_back(cand);
-        auto rest = match(r, step + 1, start);
-        if (!rest.ok()) return rest.status();
-        if (*rest) return true;
-        chain.pop_back();
-      }
+      if (!ok) continue;
+      chain.push_back(cand);
+      // A repeated step tries to take one more node first (longest match), then moves on.
+      auto rest = s.repeated ? match(r, step, start, true) : match(r, step + 1, start);
+      if (!rest.ok()) return rest.status();
+      if (*rest) return true;
+      if (aborted) return false;
+      chain.pop_back();
     }
-    if (s.optional) return match(r, step + 1, start);
+    if (s.optional || again) return match(r, step + 1, start);
     return false;
   }
 };
 
-// Keeps the rules that apply under the policy and the class; a rule reading a setting the policy
-// does not state is an error (a rule never guesses a default).
-Result<std::vector<const Rule*>> applicable_rules(const RuleSet& rules, const Policy& policy) {
-  for (const std::string& id : policy.allow_differs) {
-    auto it = std::find_if(rules.rules.begin(), rules.rules.end(),
-                           [&](const Rule& r) { return r.id == id; });
-    if (it == rules.rules.end() || it->numerics != Numerics::Differs) {
-      std::string ids;
-      for (const Rule& r : rules.rules)
-        if (r.numerics == Numerics::Differs) ids += (ids.empty() ? "" : ", ") + r.id;
-      return invalid_input("the policy allows \"differs\" rule \"" + id +
-                               "\", which rules class \"" + rules.hardware + "\" does not have",
-                           ids.empty() ? "this class has no differs rules: allow none"
-                                       : "its differs rules are: " + ids);
-    }
-  }
-  std::vector<const Rule*> out;
-  for (const Rule& r : rules.rules) {
-    if (!(policy.training ? r.train : r.infer)) continue;
-    bool caps = true;
-    for (const std::string& c : r.requires_caps)
-      caps &= std::find(rules.capabilities.begin(), rules.capabilities.end(), c) !=
-              rules.capabilities.end();
-    if (!caps) continue;
-    if (r.numerics == Numerics::Differs &&
-        std::find(policy.allow_differs.begin(), policy.allow_differs.end(), r.id) ==
-            policy.allow_differs.end())
-      continue;
-    bool settings_hold = true;
-    for (const std::string& s : r.settings) {
-      const std::size_t eq = s.find('=');
-      const std::string name = s.substr(0, eq);
-      auto it = policy.settings.find(name);
-      if (it == policy.settings.end())
-        return invalid_input("rule \"" + r.id + "\" (" + r.source + ") reads setting \"" + name +
-                                 "\", which the policy does not state",
-                             "state " + name +
-                                 "=<value> in the policy, or remove the setting "
-                                 "from the rule");
-      if (eq != std::string::npos && it->second != s.substr(eq + 1)) settings_hold = false;
-    }
-    if (settings_hold) out.push_back(&r);
-  }
-  std::stable_sort(out.begin(), out.end(), [](const Rule* a, const Rule* b) {
-    return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
-  });
-  return out;
-}
-
 }  // namespace
 
-Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx) {
+Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
+                                      std::vector<FusionGroup> seeded) {
   ctx.start("fuse", ir.nodes.size());
   if (ctx.rules == nullptr) {
     ctx.finish(ir.nodes.size());
@@ -268,36 +241,59 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx) {
     return rules.status();
   }
   Fuser f(ir);
+  f.ctx = &ctx;
   std::vector<FusionGroup> groups;  // creation order
+  for (FusionGroup& g : seeded) {
+    for (std::uint32_t n : g.nodes) {
+      if (n >= ir.nodes.size() || f.group_of[n] != kNone) {
+        ctx.finish(ir.nodes.size());
+        return bad_state("fuse: seeded node #" + std::to_string(n) +
+                             " is out of range or in two groups",
+                         "seed disjoint groups of this IR (fuse_horizontal does)");
+      }
+      f.group_of[n] = static_cast<std::uint32_t>(groups.size());
+    }
+    groups.push_back(std::move(g));
+  }
   std::size_t fallback = 0;
   bool over = false;
+  // Out of budget: the node runs op by op, as recorded (Passes.h).
+  auto run_opaque = [&](std::uint32_t i) {
+    FusionGroup g;
+    g.kernel = KernelTemplate::Opaque;
+    g.nodes = {i};
+    g.numerics = static_cast<std::uint8_t>(Numerics::Reference);
+    f.group_of[i] = static_cast<std::uint32_t>(groups.size());
+    groups.push_back(std::move(g));
+    ++fallback;
+  };
   for (std::uint32_t i = 0; i < ir.nodes.size(); ++i) {
     if (f.group_of[i] != kNone) continue;
     over = over || ctx.over();
     if (over) {
-      // Out of budget: the node runs op by op, as recorded (Passes.h).
-      FusionGroup g;
-      g.kernel = KernelTemplate::Opaque;
-      g.nodes = {i};
-      g.numerics = static_cast<std::uint8_t>(Numerics::Reference);
-      f.group_of[i] = static_cast<std::uint32_t>(groups.size());
-      groups.push_back(std::move(g));
-      ++fallback;
+      run_opaque(i);
       continue;
     }
     const Rule* chosen = nullptr;
     for (const Rule* r : *rules) {
+      if (r->horizontal) continue;  // fuse_horizontal's
       f.chain.clear();
       auto m = f.match(*r, 0, i);
       if (!m.ok()) {
         ctx.finish(ir.nodes.size());
         return m.status();
       }
+      if (f.aborted) break;
       // A match must contain the node being scanned (a leading optional step may be skipped).
       if (*m && f.chain.front() == i) {
         chosen = r;
         break;
       }
+    }
+    if (f.aborted) {
+      over = true;
+      run_opaque(i);
+      continue;
     }
     if (chosen == nullptr) {
       const Node& n = ir.nodes[i];

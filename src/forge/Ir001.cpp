@@ -284,13 +284,24 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
       if (!fresh) it->second = std::min(it->second, val.version);
     }
   }
+  // Only the last version of a storage the iteration writes is observable after it: an
+  // optimizer's param.mul_(...) followed by param.addcdiv_(...) leaves the second version, so the
+  // first is a temporary of the update (a fused kernel need never write it back).
+  std::map<std::uint64_t, std::uint32_t> last_version;
+  for (const Value& val : ir.values) {
+    if (val.producer == kNoNode || val.storage == 0) continue;
+    auto [it, fresh] = last_version.emplace(val.storage, val.version);
+    if (!fresh) it->second = std::max(it->second, val.version);
+  }
   for (std::size_t v = 0; v < ir.values.size(); ++v) {
     Value& val = ir.values[v];
     if (val.producer == kNoNode) continue;
     const bool external_storage = val.storage != 0 && t.externals.contains(val.storage);
     auto init = initial_version.find(val.storage);
-    const bool state_write = external_storage &&
-                             (!val.is_view || init == initial_version.end() || val.version != init->second);
+    const bool state_write =
+        external_storage &&
+        (!val.is_view || init == initial_version.end() || val.version != init->second) &&
+        val.version == last_version[val.storage];
     val.live_out = state_write || !read[v];
   }
   // The recorded batch: leading dim of the batch inputs (the most common one if they differ).

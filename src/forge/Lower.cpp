@@ -1,15 +1,16 @@
 // Lower.cpp — fusion groups -> IR002: one kernel per group, every IR001 edge classified.
 //
 // An edge is a value flowing into a group (one per (value, reading group), in order of first
-// read). It is Fused when the value's producer is in the same group — fuse() guarantees such a
-// value is read by no other group and is not live-out, so it never touches memory — and
-// Materialized otherwise (written by another group, or external: from_group = UINT32_MAX).
-// A kernel's inputs are its materialized edges' values; its outputs are the values it produces
-// that another group reads or that are live-out.
+// read). It is Fused when the value's producer is in the same group — the reader takes it from
+// the producer's registers; unless another group reads it or it is live-out (an escaping value,
+// Note [Escaping links] in Fuse.cpp) it never touches memory — and Materialized otherwise
+// (written by another group, or external: from_group = UINT32_MAX). A kernel's inputs are its
+// materialized edges' values; its outputs are the values it produces that another group reads
+// or that are live-out.
 //
 // Bytes: the sum of the nodes' cost-model bytes (read + written, Note [Cost model] in Report.h)
-// minus the traffic of fused values (their write and every in-group read), so a fused edge costs
-// no memory traffic. Views move no bytes and are not subtracted.
+// minus the traffic of fused values (every in-group read, and the write of one that does not
+// escape), so a fused edge costs no memory traffic. Views move no bytes and are not subtracted.
 #include <algorithm>
 #include <string>
 
@@ -89,13 +90,10 @@ Result<Ir002> lower(const Ir001& ir, std::vector<FusionGroup> groups, PassContex
         out.edges.push_back(
             Edge{v, from, g.id, fused ? EdgeState::Fused : EdgeState::Materialized});
         if (fused) {
-          if (read_elsewhere[v] || ir.values[v].live_out)
-            return fail(invalid_input("v" + std::to_string(v) + " is fused inside group " +
-                                          std::to_string(g.id) +
-                                          " but also read by another group or live-out",
-                                      "a fused value must stay inside its group (fuse() "
-                                      "guarantees it)"));
-          if (!ir.values[v].is_view) fused_traffic += ir.values[v].nbytes;  // its write
+          // An escaping value (read by another group or live-out) is still written once, as an
+          // output; one that stays inside the group is never written.
+          const bool escapes = read_elsewhere[v] || ir.values[v].live_out;
+          if (!escapes && !ir.values[v].is_view) fused_traffic += ir.values[v].nbytes;
         } else {
           k.inputs.push_back(v);
         }

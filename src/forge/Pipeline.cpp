@@ -54,7 +54,9 @@ Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Polic
     ir = std::move(*next);
   }
   CRUCIBLE_RETURN_IF_ERROR(verify(ir));
-  auto groups = fuse(ir, ctx);
+  auto seeded = fuse_horizontal(ir, ctx);
+  if (!seeded.ok()) return seeded.status();
+  auto groups = fuse(ir, ctx, std::move(*seeded));
   if (!groups.ok()) return groups.status();
   auto plan = lower(ir, std::move(*groups), ctx);
   if (!plan.ok()) return plan.status();

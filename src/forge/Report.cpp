@@ -254,7 +254,7 @@ PlanReport plan_report(const FrontEndResult& fe, const RuleSet& rules, const Har
   t += "plan digest " + fe.plan_digest + "\n\n";
 
   // Groups.
-  std::size_t fused_nodes = 0, multi = 0, opaque = 0;
+  std::size_t fused_nodes = 0, multi = 0, opaque = 0, view_groups = 0, view_ops = 0;
   double total_time = 0;
   std::size_t compute_bound = 0;
   std::int64_t total_flops = 0, total_bytes = 0;
@@ -273,6 +273,12 @@ PlanReport plan_report(const FrontEndResult& fe, const RuleSet& rules, const Har
       ++multi;
       fused_nodes += grp.nodes.size();
     }
+    bool moves = false;  // a group of views only is no kernel: nothing runs, no bytes move
+    for (std::uint32_t n : grp.nodes) {
+      moves |= ir.nodes[n].kind != CKernel::View;
+      view_ops += ir.nodes[n].kind == CKernel::View;
+    }
+    view_groups += !moves;
     opaque += grp.kernel == KernelTemplate::Opaque;
     const std::string rule = grp.rule.empty() ? "(budget fallback)" : grp.rule;
     t += pad(std::to_string(grp.id), 7) + pad(std::string(kernel_template_name(grp.kernel)), 17) +
@@ -298,6 +304,12 @@ PlanReport plan_report(const FrontEndResult& fe, const RuleSet& rules, const Har
   t += "\n" + std::to_string(plan.groups.size()) + " kernels for " +
        std::to_string(ir.nodes.size()) + " ops: " + std::to_string(multi) + " fused groups hold " +
        std::to_string(fused_nodes) + " ops, " + std::to_string(opaque) + " run op by op (opaque)\n";
+  t += "without views: " + std::to_string(plan.groups.size() - view_groups) + " kernels for " +
+       std::to_string(ir.nodes.size() - view_ops) + " ops\n";
+  j["kernels"] = {{"groups", plan.groups.size()},
+                  {"ops", ir.nodes.size()},
+                  {"view_only_groups", view_groups},
+                  {"view_ops", view_ops}};
 
   // Edges.
   std::size_t n_fused = 0, n_mat = 0;
@@ -307,7 +319,8 @@ PlanReport plan_report(const FrontEndResult& fe, const RuleSet& rules, const Har
     const std::int64_t b = v.is_view ? 0 : v.nbytes;
     if (e.state == EdgeState::Fused) {
       ++n_fused;
-      b_fused += b;
+      const auto& outs = plan.kernels[e.from_group].outputs;  // an escaping value is written
+      if (std::find(outs.begin(), outs.end(), e.value) == outs.end()) b_fused += b;
     } else {
       ++n_mat;
       b_mat += b;

@@ -18,7 +18,7 @@ namespace {
 // Note [Priority bands]: a rule's priority says what it is, so that a larger pattern always
 // matches before its subset (vLLM orders its patterns the same way) and the fallback only ever
 // catches what nothing else does:
-//   200..999  multi-op fusions (a pattern of two or more steps)
+//   200..999  multi-op fusions (two or more steps, a repeated "+"/"*" step, or horizontal)
 //    10..199  single-op defaults (one step)
 //          0  the fallback: pattern ["*"], kernel "opaque" (runs op by op)
 // The parser refuses a priority outside its band, so a file cannot silently invert them.
@@ -27,7 +27,8 @@ constexpr std::int32_t kMultiMin = 200, kMultiMax = 999, kSingleMin = 10, kSingl
 constexpr std::string_view kClassKeys[] = {"name", "extends", "capabilities", "description"};
 constexpr std::string_view kRuleKeys[] = {"id",       "pattern",  "kernel",   "recipe",
                                           "modes",    "rows",     "requires", "numerics",
-                                          "priority", "settings", "note"};
+                                          "priority", "settings", "horizontal", "phases",
+                                          "escaping", "note"};
 
 template <std::size_t N>
 bool one_of(std::string_view k, const std::string_view (&keys)[N]) {
@@ -127,27 +128,39 @@ Result<std::string> string_value(const toml::node& n, const Where& w, std::strin
 Result<PatternStep> parse_step(std::string_view text, const Where& w) {
   PatternStep step;
   std::string_view t = text;
-  if (!t.empty() && t.back() == '?') {
-    step.optional = true;
+  if (!t.empty() && (t.back() == '?' || t.back() == '+' || t.back() == '*')) {
+    step.optional = t.back() != '+';
+    step.repeated = t.back() != '?';
     t.remove_suffix(1);
   }
   if (t.empty()) return w.error("pattern", "has an empty step", "name a kind or an op");
   if (t.find("::") != std::string_view::npos) {
+    if (t.find('|') != std::string_view::npos)
+      return w.error("pattern", "step \"" + std::string(text) + "\" joins ops with \"|\"",
+                     "\"|\" joins kinds only; write one rule per op");
     step.op = std::string(t);
     return step;
   }
-  for (const CKernelInfo& k : ckernel_table()) {
-    if (k.name == t) {
-      step.kind = k.kind;
-      return step;
-    }
+  while (!t.empty()) {
+    const std::size_t bar = t.find('|');
+    const std::string_view name = t.substr(0, bar);
+    auto it = std::find_if(ckernel_table().begin(), ckernel_table().end(),
+                           [&](const CKernelInfo& k) { return k.name == name; });
+    if (it == ckernel_table().end())
+      return w.error("pattern", "unknown kind \"" + std::string(name) + "\"",
+                     "use one of " + kind_names() +
+                         ", an op name such as \"aten::relu\", or \"*\"");
+    step.kinds.push_back(it->kind);
+    t = bar == std::string_view::npos ? std::string_view{} : t.substr(bar + 1);
+    if (bar != std::string_view::npos && t.empty())
+      return w.error("pattern", "step \"" + std::string(text) + "\" ends with \"|\"",
+                     "name a kind after each \"|\"");
   }
-  return w.error("pattern", "unknown kind \"" + std::string(t) + "\"",
-                 "use one of " + kind_names() + ", an op name such as \"aten::relu\", or \"*\"");
+  return step;
 }
 
 bool is_wildcard(const std::vector<PatternStep>& p) {
-  return p.size() == 1 && !p[0].kind && p[0].op.empty() && !p[0].optional;
+  return p.size() == 1 && p[0].kinds.empty() && p[0].op.empty() && !p[0].optional;
 }
 
 bool valid_setting(std::string_view s) {
@@ -219,6 +232,25 @@ Result<Rule> parse_rule(const toml::table& t, std::size_t index, const std::stri
       return w.error("recipe", "is missing",
                      "a kernel that computes is pinned to a recipe; only opaque and view omit it");
     }
+    // Note [Bit-exact fusions]: a bit-exact recipe promises ATen's bits, which a fused kernel
+    // keeps only when every op still rounds in its own order: elementwise ops (and views, copies,
+    // factories, the generator's draws) do; a reduction's summation order (GEMM, conv, norms,
+    // softmax, losses, pooling, embedding backward, collectives) is the kernel's own.
+    if (r.recipe != nullptr && r.recipe->determinism == Determinism::BitexactStrict) {
+      for (const PatternStep& step : r.pattern) {
+        std::vector<CKernel> kinds = step.kinds;
+        if (!step.op.empty()) kinds.push_back(classify_op(step.op).kind);
+        for (CKernel k : kinds) {
+          if (k == CKernel::Gemm || k == CKernel::Conv || k == CKernel::Reduce ||
+              k == CKernel::Norm || k == CKernel::Softmax || k == CKernel::Loss ||
+              k == CKernel::Pooling || k == CKernel::Embedding || k == CKernel::Collective)
+            return w.error("recipe", "is bit-exact but the pattern reduces (" +
+                                         std::string(ckernel_info(k).name) + ")",
+                           "pin a fusion with a reduction to an ordered recipe (f32_ordered, "
+                           "f32_pairwise): see Note [Bit-exact fusions] in Rules.cpp");
+        }
+      }
+    }
   }
   // modes
   if (const toml::node* m = t.get("modes")) {
@@ -277,6 +309,32 @@ Result<Rule> parse_rule(const toml::table& t, std::size_t index, const std::stri
                        "write \"name\" (must be stated) or \"name=value\" (applies only then)");
     r.settings = std::move(*settings);
   }
+  if (const toml::node* ph = t.get("phases")) {
+    auto phases = string_list(*ph, w, "phases", true);
+    if (!phases.ok()) return phases.status();
+    if (phases->empty())
+      return w.error("phases", "is empty", "list \"forward\", \"backward\", \"optimizer\"");
+    for (const std::string& e : *phases) {
+      if (e == "forward") r.phases.push_back(record::Phase::Forward);
+      else if (e == "backward") r.phases.push_back(record::Phase::Backward);
+      else if (e == "optimizer") r.phases.push_back(record::Phase::Optimizer);
+      else
+        return w.error("phases", "has unknown phase \"" + e + "\"",
+                       "use \"forward\", \"backward\" or \"optimizer\"");
+    }
+  }
+  if (const toml::node* e = t.get("escaping")) {
+    if (!e->is_boolean()) return w.error("escaping", "is not a boolean", "write escaping = false");
+    r.escaping = *e->value<bool>();
+  }
+  if (const toml::node* h = t.get("horizontal")) {
+    if (!h->is_boolean())
+      return w.error("horizontal", "is not a boolean", "write horizontal = true");
+    r.horizontal = *h->value<bool>();
+    if (r.horizontal && is_wildcard(r.pattern))
+      return w.error("horizontal", "is set on the \"*\" fallback",
+                     "a horizontal rule names the ops of one member");
+  }
   if (const toml::node* note = t.get("note")) {
     auto s = string_value(*note, w, "note");
     if (!s.ok()) return s.status();
@@ -292,7 +350,9 @@ Result<Rule> parse_rule(const toml::table& t, std::size_t index, const std::stri
     if (wildcard) {
       lo = hi = 0;
       band = "the \"*\" fallback takes priority 0";
-    } else if (r.pattern.size() >= 2) {
+    } else if (r.pattern.size() >= 2 || r.horizontal ||
+               std::any_of(r.pattern.begin(), r.pattern.end(),
+                           [](const PatternStep& p) { return p.repeated; })) {
       lo = kMultiMin;
       hi = kMultiMax;
       band = "multi-op fusions take 200..999";
@@ -475,5 +535,55 @@ std::string_view numerics_name(std::uint8_t n) noexcept {
     default: return "unknown";
   }
 }
+
+// Keeps the rules that apply under the policy and the class; a rule reading a setting the policy
+// does not state is an error (a rule never guesses a default).
+Result<std::vector<const Rule*>> applicable_rules(const RuleSet& rules, const Policy& policy) {
+  for (const std::string& id : policy.allow_differs) {
+    auto it = std::find_if(rules.rules.begin(), rules.rules.end(),
+                           [&](const Rule& r) { return r.id == id; });
+    if (it == rules.rules.end() || it->numerics != Numerics::Differs) {
+      std::string ids;
+      for (const Rule& r : rules.rules)
+        if (r.numerics == Numerics::Differs) ids += (ids.empty() ? "" : ", ") + r.id;
+      return invalid_input("the policy allows \"differs\" rule \"" + id +
+                               "\", which rules class \"" + rules.hardware + "\" does not have",
+                           ids.empty() ? "this class has no differs rules: allow none"
+                                       : "its differs rules are: " + ids);
+    }
+  }
+  std::vector<const Rule*> out;
+  for (const Rule& r : rules.rules) {
+    if (!(policy.training ? r.train : r.infer)) continue;
+    bool caps = true;
+    for (const std::string& c : r.requires_caps)
+      caps &= std::find(rules.capabilities.begin(), rules.capabilities.end(), c) !=
+              rules.capabilities.end();
+    if (!caps) continue;
+    if (r.numerics == Numerics::Differs &&
+        std::find(policy.allow_differs.begin(), policy.allow_differs.end(), r.id) ==
+            policy.allow_differs.end())
+      continue;
+    bool settings_hold = true;
+    for (const std::string& s : r.settings) {
+      const std::size_t eq = s.find('=');
+      const std::string name = s.substr(0, eq);
+      auto it = policy.settings.find(name);
+      if (it == policy.settings.end())
+        return invalid_input("rule \"" + r.id + "\" (" + r.source + ") reads setting \"" + name +
+                                 "\", which the policy does not state",
+                             "state " + name +
+                                 "=<value> in the policy, or remove the setting "
+                                 "from the rule");
+      if (eq != std::string::npos && it->second != s.substr(eq + 1)) settings_hold = false;
+    }
+    if (settings_hold) out.push_back(&r);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Rule* a, const Rule* b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
+  });
+  return out;
+}
+
 
 }  // namespace crucible::forge

@@ -54,7 +54,7 @@ def test_every_node_in_one_group_and_every_edge_classified(model):
     ids = [n["id"] for g in d["groups"] for n in g["nodes"]]
     assert sorted(ids) == list(range(len(ids)))
     assert d["phases"][-1]["nodes_after"] >= 0
-    assert [p["name"] for p in d["phases"]] == ["canonicalize", "dce", "cse", "fuse", "lower"]
+    assert [p["name"] for p in d["phases"]] == ["canonicalize", "dce", "cse", "fuse_horizontal", "fuse", "lower"]
     e = d["edges"]
     assert e["fused"] + e["materialized"] > 0
     assert d["roofline"]["label"] == "estimate"  # cpu-avx2: derived from width and clock

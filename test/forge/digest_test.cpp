@@ -112,7 +112,7 @@ TEST(PlanText, SameIrSameTextWhatRunsChangesIt) {
       },
       "a scalar argument");
   differs([](IrFixture& f) { f.ir.values[2].live_out = true; },
-          "the fusion (live-out intermediate)");
+          "what the kernel stores (live-out intermediate: fused+stored)");
   // A symbolic dim prints as its expression.
   const std::string sym = plan_text_of(rules, [](IrFixture& f) {
     f.ir.values[0].shape[0] = f.pool().mul(f.pool().constant(32), f.pool().symbol("B"));

@@ -117,10 +117,10 @@ TEST(Fuse, OpNameStepsMatchWithOrWithoutOverload) {
   EXPECT_EQ(shape_of(*g), "gemm:0 | binary:1 | unary:2");
 }
 
-TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
+TEST(Fuse, AChainGrowsThroughEscapingValuesWhoseOtherReadersRunLater) {
   const RuleSet rs = one_class(
       kDefaults + rule("gemm_act", "[\"GEMM\", \"POINTWISE_UNARY\"]", "gemm_epilogue", 300));
-  {  // mm's output also read by a second node: it must be materialized, no fusion
+  {  // mm's output also read by a later node: the group stores it (Note [Escaping links])
     IrFixture f;
     const auto x = f.input({8, 8});
     const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
@@ -129,9 +129,43 @@ TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
     f.done();
     auto g = run_fuse(f.ir, rs);
     ASSERT_TRUE(g.ok());
-    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1 | unary:2");
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1 | unary:2");
   }
-  {  // mm's output is live-out (Python holds it)
+  {  // ... but not past a reader that runs before the grown node: (a) of Note [Group placement]
+    IrFixture f;
+    const auto x = f.input({8, 8});
+    const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
+    f.op("aten::mm", CKernel::Gemm, {y, y}, {8, 8});
+    f.op("aten::relu", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.done();
+    auto g = run_fuse(f.ir, rs);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | gemm:1 | unary:2");
+  }
+  {  // a rule with escaping = false keeps the single-reader chain
+    const RuleSet strict = one_class(
+        kDefaults + rule("gemm_act", "[\"GEMM\", \"POINTWISE_UNARY\"]", "gemm_epilogue", 300,
+                         "escaping = false\n"));
+    IrFixture f;
+    const auto x = f.input({8, 8});
+    const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
+    f.op("aten::relu", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.op("aten::neg", CKernel::PointwiseUnary, {y}, {8, 8});
+    f.done();
+    auto g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1 | unary:2");
+    f.ir.nodes.pop_back();  // relu is now y's only reader ...
+    f.ir.values.pop_back();
+    g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1");
+    f.ir.values[y].live_out = true;  // ... but y is live-out
+    g = run_fuse(f.ir, strict);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1");
+  }
+  {  // mm's output is live-out (Python holds it): stored, and still fused into relu
     IrFixture f;
     const auto x = f.input({8, 8});
     const auto y = f.op("aten::mm", CKernel::Gemm, {x, x}, {8, 8});
@@ -140,7 +174,7 @@ TEST(Fuse, AChainNeedsTheOnlyReaderOfANonLiveOutValueInOnePhase) {
     f.ir.values[y].live_out = true;
     auto g = run_fuse(f.ir, rs);
     ASSERT_TRUE(g.ok());
-    EXPECT_EQ(shape_of(*g), "gemm:0 | unary:1");
+    EXPECT_EQ(shape_of(*g), "gemm_act:0,1");
   }
   {  // another phase
     IrFixture f;
@@ -449,6 +483,135 @@ TEST(Fuse, RandomGraphsGiveDeterministicValidGroups) {
                               << shape_of(*a);
   }
   EXPECT_GT(multi, 100u);  // the generator does exercise fusion
+}
+
+// The shipped cpu-avx2 rules on the shapes a training step records (Note [Escaping links]:
+// saved activations have a second, later reader).
+RuleSet cpu_avx2() {
+  auto r = load_rules_dir(CRUCIBLE_RULES_DIR, "cpu-avx2");
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RuleSet{};
+}
+std::uint32_t op_of(IrFixture& f, const std::string& name, std::vector<std::uint32_t> ins,
+                    std::vector<std::int64_t> shape, Phase phase = Phase::Forward) {
+  return f.op(name, classify_op(name).kind, std::move(ins), std::move(shape), phase);
+}
+std::uint32_t view_of(IrFixture& f, std::uint32_t v, std::vector<std::int64_t> shape) {
+  const std::uint32_t out = op_of(f, "aten::view", {v}, std::move(shape));
+  f.ir.values[out].storage = f.ir.values[v].storage;
+  f.ir.values[out].is_view = true;
+  return out;
+}
+
+TEST(Fuse, ShippedRulesMergePointwiseChainsWholeThroughViews) {
+  IrFixture f;
+  const auto x = f.input({32, 16});
+  const auto y = f.input({32, 16});
+  const auto a = op_of(f, "aten::mul.Tensor", {x, y}, {32, 16});
+  const auto b = op_of(f, "aten::sigmoid", {a}, {32, 16});
+  const auto c = view_of(f, b, {512});
+  const auto d = op_of(f, "aten::add.Tensor", {c, c}, {512});
+  const auto e = op_of(f, "aten::tanh", {d}, {512});
+  op_of(f, "aten::mul.Tensor", {e, c}, {512});
+  op_of(f, "aten::neg", {b}, {32, 16}, Phase::Backward);  // b saved for the backward
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(shape_of(*g), "cpu_pointwise_chain:0,1,2,3,4,5 | pointwise_unary:6");
+  ASSERT_NE((*g)[0].recipe, nullptr);
+  EXPECT_EQ((*g)[0].recipe->determinism, Determinism::BitexactStrict);
+  EXPECT_EQ((*g)[0].recipe->flags & NumericalRecipe::kAllowFma, 0u);  // no FMA contraction
+  PassContext ctx;
+  auto p = lower(f.ir, *g, ctx);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // b escapes (read in the backward): stored once; nothing else in the chain is written but
+  // the chain's result.
+  EXPECT_EQ(p->kernels[0].outputs, (std::vector<std::uint32_t>{b, f.ir.nodes[5].outputs[0]}));
+}
+
+TEST(Fuse, ShippedRulesPutAPointwisePrologueAndEpilogueIntoAReduction) {
+  IrFixture f;
+  const auto x = f.input({8, 64});
+  const auto a = op_of(f, "aten::sub.Tensor", {x, x}, {8, 64});
+  const auto b = op_of(f, "aten::mul.Tensor", {a, a}, {8, 64});
+  const auto s = op_of(f, "aten::sum.dim_IntList", {b}, {8, 1});
+  op_of(f, "aten::sqrt", {s}, {8, 1});
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(shape_of(*g), "cpu_pointwise_reduce:0,1,2,3");
+  EXPECT_EQ((*g)[0].kernel, KernelTemplate::Reduce);
+  EXPECT_NE((*g)[0].recipe->determinism, Determinism::BitexactStrict);  // it reduces
+}
+
+TEST(Fuse, ShippedRulesFuseAGemmsBiasActivationAndResidual) {
+  IrFixture f;
+  const auto x = f.input({48, 32});
+  const auto w = f.input({32, 32}, record::ExternalKind::Parameter);
+  const auto bias = f.input({32}, record::ExternalKind::Parameter);
+  const auto mm = op_of(f, "aten::mm", {x, w}, {48, 32});
+  const auto v = view_of(f, mm, {4, 12, 32});
+  const auto xb = view_of(f, x, {4, 12, 32});
+  const auto biased = op_of(f, "aten::add.Tensor", {v, bias}, {4, 12, 32});
+  const auto act = op_of(f, "aten::relu", {biased}, {4, 12, 32});
+  const auto res = op_of(f, "aten::add.Tensor", {act, xb}, {4, 12, 32});
+  op_of(f, "aten::threshold_backward", {res, act}, {4, 12, 32}, Phase::Backward);
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // The view of x (node 2) is not on the chain: it stays its own (view) group, before.
+  EXPECT_EQ(shape_of(*g), "view:2 | cpu_gemm_act:0,1,3,4,5 | pointwise_binary:6");
+}
+
+TEST(Fuse, ShippedRulesComputeAGemmOperandAsItIsPacked) {
+  // Attention's q * scale and the contiguous copy of a permuted tensor feed bmm / mm directly.
+  IrFixture f;
+  const auto q = f.input({16, 12, 8});
+  const auto k = f.input({16, 8, 12});
+  const auto scaled = op_of(f, "aten::mul.Scalar", {q}, {16, 12, 8});
+  const auto scores = op_of(f, "aten::bmm", {scaled, k}, {16, 12, 12});
+  const auto perm = view_of(f, scores, {12, 16, 12});
+  const auto c = op_of(f, "aten::clone", {perm}, {12, 16, 12});
+  const auto flat = view_of(f, c, {192, 12});
+  const auto w = f.input({12, 4}, record::ExternalKind::Parameter);
+  op_of(f, "aten::mm", {flat, w}, {192, 4});
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // The first GEMM takes its prologue and its output's copy; the second starts a new kernel.
+  EXPECT_EQ(shape_of(*g), "cpu_gemm_prologue:0,1,2,3,4 | cpu_gemm:5");
+  EXPECT_EQ((*g)[0].kernel, KernelTemplate::GemmEpilogue);
+  EXPECT_EQ((*g)[0].numerics, static_cast<std::uint8_t>(Numerics::Reference));
+}
+
+TEST(Fuse, ShippedRulesRunDropoutAsOneKernel) {
+  IrFixture f;
+  const auto x = f.input({4, 12, 32});
+  const auto mask0 = op_of(f, "aten::empty_like", {x}, {4, 12, 32});
+  const auto mask1 = op_of(f, "aten::bernoulli_.float", {mask0}, {4, 12, 32});
+  f.ir.values[mask1].storage = f.ir.values[mask0].storage;
+  f.ir.values[mask1].version = 1;
+  const auto mask = op_of(f, "aten::div_.Scalar", {mask1}, {4, 12, 32});
+  f.ir.values[mask].storage = f.ir.values[mask0].storage;
+  f.ir.values[mask].version = 2;
+  const auto y = op_of(f, "aten::mul.Tensor", {x, mask}, {4, 12, 32});
+  op_of(f, "aten::add.Tensor", {y, x}, {4, 12, 32});
+  op_of(f, "aten::mul.Tensor", {x, mask}, {4, 12, 32}, Phase::Backward);  // the saved mask
+  f.done();
+  const RuleSet rs = cpu_avx2();
+  auto g = run_fuse(f.ir, rs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(shape_of(*g), "cpu_dropout:0,1,2,3,4 | pointwise_binary:5");
+  PassContext ctx;
+  auto p = lower(f.ir, *g, ctx);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const auto& outs = p->kernels[0].outputs;
+  EXPECT_NE(std::find(outs.begin(), outs.end(), mask), outs.end());  // stored for the backward
+  EXPECT_EQ(std::find(outs.begin(), outs.end(), y), outs.end());     // never written
 }
 
 }  // namespace

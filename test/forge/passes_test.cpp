@@ -174,7 +174,7 @@ TEST(FrontEnd, RecordedModelsPlanDeterministically) {
       auto fe = run_front_end(std::move(*ir), *rules, policy);
       ASSERT_TRUE(fe.ok()) << e.path() << ": " << fe.status();
       EXPECT_TRUE(verify(fe->ir).ok());
-      EXPECT_EQ(fe->phases.size(), 5u);
+      EXPECT_EQ(fe->phases.size(), 6u);
       EXPECT_EQ(fe->plan_digest.size(), 64u);
       if (run == 0) digest = fe->plan_digest;
       else EXPECT_EQ(fe->plan_digest, digest) << e.path();

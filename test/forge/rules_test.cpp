@@ -51,11 +51,11 @@ note = "not hashed into plans"
   const Rule& x = r->rules[0];
   EXPECT_EQ(x.id, "conv_bias_relu");
   ASSERT_EQ(x.pattern.size(), 3u);
-  EXPECT_EQ(x.pattern[0].kind, CKernel::Conv);
+  EXPECT_EQ(x.pattern[0].kinds, std::vector<CKernel>{CKernel::Conv});
   EXPECT_FALSE(x.pattern[0].optional);
-  EXPECT_EQ(x.pattern[1].kind, CKernel::PointwiseBinary);
+  EXPECT_EQ(x.pattern[1].kinds, std::vector<CKernel>{CKernel::PointwiseBinary});
   EXPECT_TRUE(x.pattern[1].optional);
-  EXPECT_FALSE(x.pattern[2].kind.has_value());
+  EXPECT_TRUE(x.pattern[2].kinds.empty());
   EXPECT_EQ(x.pattern[2].op, "aten::relu");
   EXPECT_EQ(x.kernel, KernelTemplate::ConvEpilogue);
   EXPECT_EQ(x.recipe, recipe_by_name("f32_blocked8"));
@@ -71,6 +71,32 @@ note = "not hashed into plans"
   EXPECT_EQ(r->digest.size(), 64u);
 }
 
+TEST(Rules, RepeatedStepsAlternativesPhasesAndHorizontal) {
+  auto r = rules_from(
+      {{"t", kHead +
+                 rule("chain", "[\"POINTWISE_UNARY|POINTWISE_BINARY\", \"VIEW*\", \"REDUCE+\"]",
+                      "reduce", 210, "recipe = \"f32_pairwise\"\n") +
+                 rule("zero", "[\"aten::zero_\"]", "optimizer", 500,
+                      "horizontal = true\nphases = [\"optimizer\", \"forward\"]\n")}},
+      "t");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const Rule& c = r->rules[0];
+  ASSERT_EQ(c.pattern.size(), 3u);
+  EXPECT_EQ(c.pattern[0].kinds,
+            (std::vector<CKernel>{CKernel::PointwiseUnary, CKernel::PointwiseBinary}));
+  EXPECT_FALSE(c.pattern[0].optional || c.pattern[0].repeated);
+  EXPECT_EQ(c.pattern[1].kinds, std::vector<CKernel>{CKernel::View});
+  EXPECT_TRUE(c.pattern[1].optional && c.pattern[1].repeated);  // "*": zero or more
+  EXPECT_TRUE(!c.pattern[2].optional && c.pattern[2].repeated);  // "+": one or more
+  EXPECT_FALSE(c.horizontal);
+  EXPECT_TRUE(c.phases.empty());
+  const Rule& z = r->rules[1];
+  EXPECT_TRUE(z.horizontal);
+  EXPECT_EQ(z.pattern[0].op, "aten::zero_");
+  EXPECT_EQ(z.phases,
+            (std::vector<record::Phase>{record::Phase::Optimizer, record::Phase::Forward}));
+}
+
 TEST(Rules, DefaultsAndTheFallback) {
   auto r = rules_from({{"t", kHead + rule("g", "[\"GEMM\"]", "gemm_epilogue", 100) +
                                  rule("any", "[\"*\"]", "opaque", 0)}},
@@ -83,7 +109,7 @@ TEST(Rules, DefaultsAndTheFallback) {
   EXPECT_EQ(g.numerics, Numerics::Reference);
   const Rule& any = r->rules[1];
   ASSERT_EQ(any.pattern.size(), 1u);
-  EXPECT_FALSE(any.pattern[0].kind.has_value());
+  EXPECT_TRUE(any.pattern[0].kinds.empty());
   EXPECT_TRUE(any.pattern[0].op.empty());
   EXPECT_EQ(any.recipe, nullptr);
 }
@@ -95,6 +121,26 @@ TEST(Rules, StrictErrorsNameFileRuleAndKey) {
   const std::string ok_rule = rule("r1", "[\"GEMM\"]", "gemm_epilogue", 100);
   const Case cases[] = {
       {kHead + ok_rule + "colour = \"red\"\n", {"t.toml", "rule \"r1\"", "key \"colour\""}},
+      {kHead + rule("r1", "[\"POINTWISE_UNARY|GEM+\"]", "pointwise_chain", 200),
+       {"rule \"r1\"", "unknown kind \"GEM\"", "key \"pattern\""}},
+      {kHead + rule("r1", "[\"POINTWISE_UNARY|\", \"GEMM\"]", "pointwise_chain", 200),
+       {"rule \"r1\"", "ends with \"|\"", "key \"pattern\""}},
+      {kHead + rule("r1", "[\"aten::mm|aten::bmm\"]", "gemm_epilogue", 100),
+       {"rule \"r1\"", "joins ops", "key \"pattern\""}},
+      {kHead + rule("r1", "[\"POINTWISE_UNARY+\"]", "pointwise_chain", 100),
+       {"rule \"r1\"", "key \"priority\"", "200..999"}},
+      {kHead + rule("r1", "[\"aten::zero_\"]", "optimizer", 100, "horizontal = true\n"),
+       {"rule \"r1\"", "key \"priority\"", "200..999"}},
+      {kHead + rule("r1", "[\"aten::zero_\"]", "optimizer", 300, "horizontal = 1\n"),
+       {"rule \"r1\"", "key \"horizontal\"", "boolean"}},
+      {kHead + rule("r1", "[\"aten::zero_\"]", "optimizer", 300, "phases = [\"opt\"]\n"),
+       {"rule \"r1\"", "key \"phases\"", "unknown phase \"opt\""}},
+      {kHead + rule("r1", "[\"POINTWISE_UNARY\", \"REDUCE\"]", "reduce", 300,
+                    "recipe = \"f32_strict\"\n"),
+       {"rule \"r1\"", "key \"recipe\"", "bit-exact but the pattern reduces (REDUCE)"}},
+      {kHead + rule("r1", "[\"aten::mm\", \"POINTWISE_UNARY\"]", "gemm_epilogue", 300,
+                    "recipe = \"f32_strict\"\n"),
+       {"rule \"r1\"", "key \"recipe\"", "reduces (GEMM)"}},
       {kHead + rule("r1", "[\"GEM\"]", "gemm_epilogue", 100),
        {"t.toml", "unknown kind \"GEM\"", "key \"pattern\""}},
       {kHead + rule("r1", "[\"GEMM\"]", "gemm_prologue", 100),
@@ -223,7 +269,7 @@ TEST(Rules, ShippedClassesCoverEveryKind) {
     EXPECT_NE(r->rules[0].source.find("base.toml"), std::string::npos);
     bool fallback = false;
     for (const Rule& x : r->rules) {
-      if (x.pattern.size() == 1 && !x.pattern[0].kind && x.pattern[0].op.empty()) {
+      if (x.pattern.size() == 1 && x.pattern[0].kinds.empty() && x.pattern[0].op.empty()) {
         fallback = true;
         EXPECT_EQ(x.priority, 0);
         EXPECT_EQ(x.kernel, KernelTemplate::Opaque);
@@ -237,7 +283,8 @@ TEST(Rules, ShippedClassesCoverEveryKind) {
     for (const CKernelInfo& k : ckernel_table()) {
       bool covered = false;
       for (const Rule& x : r->rules)
-        covered |= x.pattern.size() == 1 && x.pattern[0].kind == k.kind && x.train && x.infer &&
+        covered |= x.pattern.size() == 1 && x.pattern[0].kinds == std::vector<CKernel>{k.kind} &&
+                   !x.horizontal && !x.pattern[0].repeated && x.phases.empty() && x.train && x.infer &&
                    x.numerics != Numerics::Differs && x.settings.empty() && x.rows_min == 0 &&
                    x.rows_max == INT64_MAX;
       EXPECT_TRUE(covered) << cls << ": no default single-op rule for " << k.name;

@@ -81,8 +81,9 @@ struct Node {
 
 // Note [Live-out]: a value is live-out when it may be observed after the iteration: it is a
 // write to external storage (parameters, gradients, optimizer state, buffers updated in place —
-// a view of a parameter at its incoming version is not), or no node of the iteration reads it
-// (Python may hold it: the loss, logits). Dead-code elimination keeps every node a live-out value
+// a view of a parameter at its incoming version is not; only the storage's last version written
+// in the iteration: an earlier one is overwritten before anyone can see it), or no node of the
+// iteration reads it (Python may hold it: the loss, logits). Dead-code elimination keeps every node a live-out value
 // depends on, every node that mutates, and every RNG, OPAQUE and COLLECTIVE node.
 struct Ir001 {
   ExprPool* pool = nullptr;

@@ -4,6 +4,8 @@
 //   canonicalize  (Canonicalize.cpp)  views alias their input, in-place ops marked, no-op views dropped
 //   dce           (Dce.cpp)           nodes no live-out value or mutation depends on removed
 //   cse           (Cse.cpp)           identical pure nodes (op, inputs, scalars) merged
+//   fuse_horizontal (FuseHorizontal.cpp) horizontal rules: runs of identical per-tensor op
+//                                     sequences (an optimizer's per-parameter update) -> one group
 //   fuse          (Fuse.cpp)          rules matched into fusion groups (IR001 -> groups)
 //   lower         (Lower.cpp)         groups -> IR002 kernels pinned to recipes, edges classified
 //
@@ -50,9 +52,14 @@ struct PassContext {
 Result<Ir001> canonicalize(Ir001 ir, PassContext& ctx);
 Result<Ir001> dce(Ir001 ir, PassContext& ctx);
 Result<Ir001> cse(Ir001 ir, PassContext& ctx);
-// Groups every node exactly once. Errors: an uncovered node (no rule, not even a fallback one,
-// matches it), a rule reading a setting the policy does not state.
-Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx);
+// Multi-tensor groups from the horizontal rules (Note [Horizontal rules]); the nodes they hold
+// are seeded into fuse(). Errors: those of applicable_rules().
+Result<std::vector<FusionGroup>> fuse_horizontal(const Ir001& ir, PassContext& ctx);
+// Groups every node exactly once: the seeded groups as they are, every other node by the
+// vertical rules. Errors: an uncovered node (no rule, not even a fallback one, matches it), a
+// rule reading a setting the policy does not state, a seeded node out of range or seeded twice.
+Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
+                                      std::vector<FusionGroup> seeded = {});
 Result<Ir002> lower(const Ir001& ir, std::vector<FusionGroup> groups, PassContext& ctx);
 
 struct FrontEndResult {
@@ -62,7 +69,8 @@ struct FrontEndResult {
   std::string plan_text;    // canonical_plan_text(ir, plan, rules)
   std::string plan_digest;  // SHA-256 hex of plan_text
 };
-// The ordered pipeline: verify, canonicalize, dce, cse, verify, fuse, lower, digest. An
+// The ordered pipeline: verify, canonicalize, dce, cse, verify, fuse_horizontal, fuse, lower,
+// digest. An
 // inference policy (training = false) on a trace with backward or optimizer ops is an error.
 Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Policy& policy,
                                      double budget_micros = 50'000);

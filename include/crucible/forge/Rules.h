@@ -8,7 +8,9 @@
 //   [[rule]]
 //   id = "conv_bias_relu"
 //   pattern = ["CONV", "POINTWISE_BINARY?", "POINTWISE_UNARY"]  # kinds (or "aten::op" names);
-//                                                               # "?" marks an optional step
+//                                                               # "?" marks an optional step,
+//                                                               # "+" one or more, "*" zero or
+//                                                               # more; "A|B" either kind
 //   kernel = "conv_epilogue"        # IR002 template
 //   recipe = "f32_ordered"          # NumericalRecipe registry name
 //   modes = ["train", "infer"]
@@ -17,6 +19,9 @@
 //   numerics = "bit_identical"      # reference | bit_identical | differs
 //   priority = 300
 //   settings = ["allow_tf32"]       # policy settings the rule reads (must be stated by the policy)
+//   horizontal = true               # the pattern is one member of a multi-tensor group
+//   phases = ["optimizer"]          # the recorded phases it applies in (default: all)
+//   escaping = false                # fused values are never stored (default true)
 //
 // A "differs" rule applies only when the policy opts into it by id. Parsing is strict: an unknown
 // key, kind, template or recipe is an error naming the file, rule and key.
@@ -34,6 +39,7 @@
 #include "crucible/core/OpTable.h"
 #include "crucible/forge/Ir002.h"
 #include "crucible/forge/NumericalRecipe.h"
+#include "crucible/record/TraceRecord.h"
 
 namespace crucible::forge {
 
@@ -43,9 +49,10 @@ enum class Numerics : std::uint8_t { Reference = 0, BitIdentical = 1, Differs = 
 std::string_view numerics_name(std::uint8_t n) noexcept;
 
 struct PatternStep {
-  std::optional<CKernel> kind;  // match by kind ...
+  std::vector<CKernel> kinds;   // match by kind ("POINTWISE_UNARY|POINTWISE_BINARY": any) ...
   std::string op;               // ... or by exact op name ("aten::addmm")
-  bool optional = false;
+  bool optional = false;        // "?" suffix: zero or one; "*" suffix: zero or more
+  bool repeated = false;        // "+" suffix: one or more; "*" suffix: zero or more
 };
 
 struct Rule {
@@ -59,6 +66,14 @@ struct Rule {
   Numerics numerics = Numerics::Reference;
   std::int32_t priority = 0;
   std::vector<std::string> settings;
+  // Note [Horizontal rules] (FuseHorizontal.cpp): the pattern is one member's ops in execution
+  // order (consecutive nodes, not a dataflow chain); consecutive independent members form one
+  // group, a kernel over a table of pointers and sizes (a multi-tensor optimizer update).
+  bool horizontal = false;
+  // Note [Escaping links] (Fuse.cpp): whether a fused value may also be stored for readers
+  // outside the group. false: each link has one reader and is not live-out.
+  bool escaping = true;
+  std::vector<record::Phase> phases;  // where the group's nodes may run; empty = any phase
   std::string source;  // "rules/cpu-avx2.toml" (not hashed)
 };
 
@@ -83,5 +98,10 @@ struct Policy {
   std::vector<std::string> allow_differs;           // rule ids
   std::map<std::string, std::string> settings;      // stated settings, e.g. allow_tf32=false
 };
+
+// The rules that apply under the policy to the class (mode, capabilities, "differs" opt-in,
+// settings), sorted by priority descending, then id. Errors: an allowed "differs" id the class
+// lacks, a rule reading a setting the policy does not state.
+Result<std::vector<const Rule*>> applicable_rules(const RuleSet& rules, const Policy& policy);
 
 }  // namespace crucible::forge
