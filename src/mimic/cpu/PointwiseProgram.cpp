@@ -66,6 +66,8 @@ const OpRow* find_op(std::string_view name) {
 
 bool is_float(std::int8_t d) { return d == dtype::kFloat32 || d == dtype::kFloat64; }
 
+constexpr std::size_t kMaxInsts = 65535;
+
 // Where an element of one tensor is: the memory location an operand stands for.
 struct Key {
   std::uint32_t slot;
@@ -87,8 +89,13 @@ class Lowering {
     const exec::TensorRef& out0 = p_.tensors[p_.outputs_of(first)[0].tensor];
     const auto s = p_.sizes(out0);
     out_.shape.assign(s.begin(), s.end());
-    for (std::uint32_t c = k_.call_begin; c < k_.call_begin + k_.call_count; ++c)
+    for (std::uint32_t c = k_.call_begin; c < k_.call_begin + k_.call_count; ++c) {
+      // Instruction, operand and parameter ids are 16 bits; one call adds at most 10
+      // instructions (2 loads, 2 conversions, 2 parameters, alpha, the op, a conversion, a store).
+      if (out_.program.insts.size() + 10 > kMaxInsts)
+        return refuse("it needs more than " + n(kMaxInsts) + " instructions");
       CRUCIBLE_RETURN_IF_ERROR(lower_call(c));
+    }
     CRUCIBLE_RETURN_IF_ERROR(check_aliasing());
     return std::move(out_);
   }
