@@ -1,7 +1,8 @@
 // cache_test — the CPU backend's kernel cache: a second Runner in the process compiles nothing
 // (memory); a fresh process loads the object from disk and compiles nothing; an entry with a
 // flipped byte, a truncated entry and an entry claiming CPU features this host lacks are each
-// removed and rebuilt, never run; the key names everything that changes the machine code.
+// removed and rebuilt, never run; processes started together leave one good entry; the key
+// names everything that changes the machine code.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -125,6 +126,34 @@ TEST(KernelCache, CorruptTruncatedAndForeignEntriesAreRebuilt) {
 
   c = run_child(dir);
   EXPECT_TRUE(c.has("compiled=0 disk_hits=1 memory_hits=0 rejected=0 correct=1")) << c.out;
+  fs::remove_all(dir);
+}
+
+TEST(KernelCache, ProcessesStartedTogetherShareOneDirectory) {
+  const std::string dir = fresh_dir("together");
+  constexpr int kProcesses = 4;
+  FILE* pipes[kProcesses];
+  const std::string cmd = std::string(CRUCIBLE_MIMIC_CACHE_CHILD) + " '" + dir + "' 2>&1";
+  for (FILE*& p : pipes) {  // all started before any is read: they race for the entry
+    p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+  }
+  int compiled = 0;
+  for (FILE* p : pipes) {
+    Child c;
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) c.out += buf;
+    const int st = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << c.out;
+    EXPECT_TRUE(c.has("rejected=0 correct=1")) << c.out;
+    compiled += c.has("compiled=1") ? 1 : 0;
+  }
+  EXPECT_GE(compiled, 1);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir + "/mimic-cpu")) ++files;
+  EXPECT_EQ(files, 1u) << "one entry, no temporary file left";
+  const Child last = run_child(dir);
+  EXPECT_TRUE(last.has("compiled=0 disk_hits=1 memory_hits=0 rejected=0 correct=1")) << last.out;
   fs::remove_all(dir);
 }
 
