@@ -105,6 +105,10 @@ inline bool op_info(std::string name, OpInfo* info) {
     int arity;
     bool alpha;
   };
+  if (base == "aten::subtract") base = "aten::sub";
+  if (base == "aten::multiply") base = "aten::mul";
+  if (base == "aten::divide") base = "aten::div";
+  if (base == "aten::negative") base = "aten::neg";
   const Row rows[] = {{"aten::add", Fn::Add, 2, true},    {"aten::sub", Fn::Sub, 2, true},
                       {"aten::mul", Fn::Mul, 2, false},   {"aten::div", Fn::Div, 2, false},
                       {"aten::neg", Fn::Neg, 1, false},   {"aten::abs", Fn::Abs, 1, false},

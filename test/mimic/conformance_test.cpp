@@ -2,9 +2,9 @@
 // the reference evaluated in plain loops: fixed rows for odd sizes (1, 3, 17, 1000003), empty
 // and 0-d tensors, broadcasting, non-contiguous and offset inputs, strided outputs with gaps,
 // Python numbers, scalar overloads, mixed float32/float64, in-place updates, split kernels and
-// a kernel that stays a library call; then random chains. Inputs carry NaN, ±Inf, ±0,
-// subnormals and huge values. Each row runs with its recorded scalars, then with every scalar
-// and Python number patched. Results must match bit for bit (any NaN matches any NaN).
+// a kernel that stays a library call; one row per covered op; then random chains. Inputs carry NaN,
+// ±Inf, ±0, subnormals and huge values. Each row runs with its recorded scalars, then with every
+// scalar and Python number patched. Results must match bit for bit (any NaN matches any NaN).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -140,6 +140,22 @@ std::vector<ChainSpec> fixed_rows() {
         {step("aten::exp", {0}), step("aten::add.Tensor", {prev(0), 1}, {scalar_int(2, 1)})}};
     c.covered = false;
     r.push_back(c);
+  }
+  return r;
+}
+
+// One row per op the CPU backend covers (covered_pointwise_ops): [3, 17] with a broadcast
+// [17] second operand, its scalar operands and alpha, in place where the op is.
+std::vector<ChainSpec> one_op_rows() {
+  std::vector<ChainSpec> r;
+  for (const std::string& op : covered_pointwise_ops()) {
+    OpInfo info{};
+    EXPECT_TRUE(op_info(op, &info)) << op << " has no reference";
+    StepSpec s = step(op, info.tensor_inputs == 2 ? std::vector<int>{0, 1} : std::vector<int>{0});
+    if (info.other_arg >= 0) s.scalars.push_back(scalar_double(1, 0.3));
+    if (info.alpha_arg >= 0)
+      s.scalars.push_back(info.other_arg >= 0 ? scalar_int(2, 2) : scalar_double(2, 0.7));
+    r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});
   }
   return r;
 }
@@ -329,6 +345,13 @@ class Conformance : public ::testing::TestWithParam<std::string> {
 TEST_P(Conformance, FixedRows) {
   std::uint64_t seed = 1;
   for (const ChainSpec& c : fixed_rows()) run_row(c, seed++);
+}
+
+TEST_P(Conformance, EveryCoveredOp) {
+  const std::vector<ChainSpec> rows = one_op_rows();
+  EXPECT_EQ(rows.size(), covered_pointwise_ops().size());
+  std::uint64_t seed = 50;
+  for (const ChainSpec& c : rows) run_row(c, seed++);
 }
 
 TEST_P(Conformance, RandomChains) {
