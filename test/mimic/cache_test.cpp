@@ -157,6 +157,19 @@ TEST(KernelCache, ProcessesStartedTogetherShareOneDirectory) {
   fs::remove_all(dir);
 }
 
+TEST(KernelCache, ADirectoryThatCannotBeMadeIsAnErrorThatSaysWhatToSet) {
+  const std::string file = fresh_dir("not_a_dir");
+  spit(file, "a file where the cache directory should go");
+  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = true, .cache_dir = file});
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_NE(cpu.status().message().find(file), std::string_view::npos) << cpu.status();
+  EXPECT_NE(cpu.status().message().find("CRUCIBLE_CACHE_DIR"), std::string_view::npos)
+      << cpu.status();
+  auto without_disk = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = file});
+  EXPECT_TRUE(without_disk.ok()) << without_disk.status();
+  fs::remove(file);
+}
+
 TEST(KernelCache, KeyNamesWhatChangesTheCode) {
   const CpuTarget& host = host_target();
   EXPECT_FALSE(host.triple.empty());
