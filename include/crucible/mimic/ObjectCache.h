@@ -8,7 +8,8 @@
 // equal). A load checks the header against the key it wants (which names the target CPU's
 // features) and the body against its checksum; an entry that fails is removed and reported as
 // rejected, and the caller compiles again. An entry whose features this CPU lacks is rejected
-// before its body is read.
+// before its body is checked. Removal is by name: a process rejecting a bad entry may remove a
+// good one another process renamed there a moment before; the next process compiles it again.
 //
 // Threads: an ObjectCache is immutable after open(); load and store may run on any threads.
 #pragma once
