@@ -12,6 +12,7 @@
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/LegacyPassManager.h"
+#include "llvm/IR/MDBuilder.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/MC/TargetRegistry.h"
@@ -106,6 +107,20 @@ class LoopEmitter {
       if (!contig_)
         strides_.push_back(b_.CreateLoad(i64, b_.CreateConstInBoundsGEP1_64(i64, strides, k)));
     }
+    // Operands are distinct memory (Note [Pointwise programs]): one alias scope each, so the
+    // vectorizer needs no run-time overlap checks.
+    llvm::MDBuilder md(ctx_);
+    llvm::MDNode* domain = md.createAnonymousAliasScopeDomain("operands");
+    std::vector<llvm::Metadata*> scopes;
+    for (std::size_t k = 0; k < p_.operands.size(); ++k)
+      scopes.push_back(md.createAnonymousAliasScope(domain, "op" + std::to_string(k)));
+    for (std::size_t k = 0; k < p_.operands.size(); ++k) {
+      std::vector<llvm::Metadata*> others;
+      for (std::size_t j = 0; j < scopes.size(); ++j)
+        if (j != k) others.push_back(scopes[j]);
+      scope_.push_back(llvm::MDNode::get(ctx_, {scopes[k]}));
+      noalias_.push_back(llvm::MDNode::get(ctx_, others));
+    }
     vals_.assign(p_.insts.size(), nullptr);
     for (std::size_t i = 0; i < p_.insts.size(); ++i) {
       const PwInst& in = p_.insts[i];
@@ -114,7 +129,7 @@ class LoopEmitter {
         vals_[i] =
             b_.CreateLoad(type(in.dtype), b_.CreateBitCast(at, type(in.dtype)->getPointerTo()));
       } else if (in.op == PwOp::Load && contig_ && p_.operands[in.a].broadcast) {
-        vals_[i] = b_.CreateLoad(type(in.dtype), bases_[in.a]);
+        vals_[i] = scoped(b_.CreateLoad(type(in.dtype), bases_[in.a]), in.a);
       }
     }
     b_.CreateCondBr(b_.CreateICmpSGT(n, b_.getInt64(0)), loop, exit);
@@ -141,11 +156,16 @@ class LoopEmitter {
     llvm::Value* off = contig_ ? idx : b_.CreateMul(idx, strides_[k]);
     return b_.CreateInBoundsGEP(type(o.dtype), bases_[k], off);
   }
+  llvm::Instruction* scoped(llvm::Instruction* access, std::uint32_t operand) {
+    access->setMetadata(llvm::LLVMContext::MD_alias_scope, scope_[operand]);
+    access->setMetadata(llvm::LLVMContext::MD_noalias, noalias_[operand]);
+    return access;
+  }
   llvm::Value* inst(const PwInst& in, llvm::Value* idx) {
     llvm::Value* a = in.op == PwOp::Load ? nullptr : vals_[in.a];
     switch (in.op) {
       case PwOp::Load:
-        return b_.CreateLoad(type(in.dtype), address(in.a, idx));
+        return scoped(b_.CreateLoad(type(in.dtype), address(in.a, idx)), in.a);
       case PwOp::Convert:
         return in.dtype == dtype::kFloat64 ? b_.CreateFPExt(a, type(in.dtype))
                                            : b_.CreateFPTrunc(a, type(in.dtype));
@@ -168,7 +188,7 @@ class LoopEmitter {
         return b_.CreateSelect(b_.CreateFCmpOLT(a, zero), zero, a);
       }
       case PwOp::Store:
-        return b_.CreateStore(a, address(in.b, idx));
+        return scoped(b_.CreateStore(a, address(in.b, idx)), in.b);
       case PwOp::Param:
       case PwOp::kCount:
         break;
@@ -183,6 +203,7 @@ class LoopEmitter {
   bool contig_;
   llvm::Function* fn_ = nullptr;
   std::vector<llvm::Value*> bases_, strides_, vals_;
+  std::vector<llvm::MDNode*> scope_, noalias_;  // per operand
 };
 
 }  // namespace

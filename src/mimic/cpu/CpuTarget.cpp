@@ -7,7 +7,8 @@
 namespace crucible::mimic {
 namespace {
 
-constexpr std::string_view kKeyVersion = "mimic-cpu/1";
+// The backend version: bump it whenever the generated code changes for the same program.
+constexpr std::string_view kKeyVersion = "mimic-cpu/2";
 
 std::set<std::string_view> enabled(std::string_view features) {
   std::set<std::string_view> r;
