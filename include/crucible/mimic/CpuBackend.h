@@ -1,0 +1,69 @@
+// CpuBackend.h — the CPU backend: an exec::Backend that runs generated native code for the
+// plan kernels it covers and library calls through the provider for the rest.
+//
+// Covered today: chains of elementwise float32/float64 calls (PointwiseProgram.h), with
+// broadcasting and any strides, compiled bit-exact (BITEXACT_STRICT). prepare() lowers every
+// kernel, fetches each covered one from the kernel cache (CpuJit.h: memory, then disk, then
+// LLVM) and keeps what each launch needs; run_kernel picks the contiguous loop when every
+// operand is dense in the iteration order (or broadcast), else runs the strided loop over the
+// innermost merged dim for each index of the outer dims.
+//
+// One CpuBackend serves one Runner (its prepared state is the plan's); it must outlive it.
+// Threads: as a Runner (one run at a time).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "crucible/core/Status.h"
+#include "crucible/exec/Backend.h"
+#include "crucible/forge/NumericalRecipe.h"
+#include "crucible/mimic/CpuJit.h"
+
+namespace crucible::mimic {
+
+struct CpuBackendOptions {
+  bool disk_cache = true;
+  std::string cache_dir;  // empty: default_cache_dir(), under it "mimic-cpu"
+};
+
+// What prepare decided for one plan kernel.
+struct CpuKernelState {
+  bool generated = false;
+  const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
+  std::string why;                                 // a library call: why it is not generated
+};
+
+class CpuBackend {
+ public:
+  // Errors: a disk cache directory that cannot be made.
+  static Result<std::unique_ptr<CpuBackend>> make(CpuBackendOptions options = {});
+  ~CpuBackend();
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  // The slots, bound to this object.
+  exec::Backend backend();
+
+  const CacheStats& stats() const { return stats_; }
+  std::span<const CpuKernelState> kernels() const { return states_; }
+  std::uint32_t generated_kernels() const;
+
+ private:
+  struct Prepared;
+  CpuBackend() = default;
+  static Status prepare(void* self, const exec::ExecutionPlan& plan);
+  static Status run_kernel(void* self, const exec::KernelLaunch& launch);
+  Status prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k);
+
+  std::unique_ptr<ObjectCache> disk_;
+  const exec::ExecutionPlan* plan_ = nullptr;
+  std::vector<CpuKernelState> states_;
+  std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls
+  CacheStats stats_;
+};
+
+}  // namespace crucible::mimic

@@ -1,0 +1,90 @@
+// PointwiseProgram.h — a plan kernel's chain of elementwise calls as one per-element program:
+// what the CPU code generator compiles, and how it binds to the plan's tensors and scalars.
+//
+// Note [Pointwise programs]: every call of the kernel writes a tensor of one iteration shape
+// (the first call's output shape); each input broadcasts to it (right-aligned, size-1 dims).
+// The program is SSA over one element: loads of memory operands, runtime parameters (a call's
+// scalar arguments, patchable), arithmetic in the call's compute dtype (ATen's type promotion:
+// dimensioned tensors first, then 0-d tensors, then Python numbers; inputs converted to it,
+// the result converted to the output's dtype), and stores. A value an earlier call of the
+// kernel wrote is read from its register, not from memory. An output no call outside the
+// kernel touches (an Arena slot, not a result) is not stored at all.
+//
+// Operands are memory locations keyed by (slot, element offset, strides in iteration space);
+// distinct slots are distinct memory. A slot the kernel writes is touched through one key
+// only: an elementwise loop that wrote through one view and read another of the same memory
+// would read elements in another order than the calls did, so such a kernel is refused.
+//
+// Semantics (BITEXACT_STRICT): each operation is one IEEE-754 operation rounded to nearest in
+// its dtype, in call order, with no contraction (a*b+c is two roundings) and no reassociation.
+// relu(x) = x < 0 ? +0 : x (NaN and -0 pass through, as ATen's clamp_min(x, 0)); abs clears and
+// neg flips the sign bit; add/sub with alpha are a + (alpha*b) and a - (alpha*b).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crucible/core/ContentHash.h"
+#include "crucible/core/Status.h"
+#include "crucible/exec/ExecutionPlan.h"
+
+namespace crucible::mimic {
+
+enum class PwOp : std::uint8_t {
+  Load = 0,     // a = operand
+  Param = 1,    // a = parameter
+  Convert = 2,  // a = instruction; to `dtype`
+  Add = 3,
+  Sub = 4,
+  Mul = 5,
+  Div = 6,  // a, b = instructions
+  Neg = 7,
+  Abs = 8,
+  Relu = 9,
+  Sqrt = 10,   // a = instruction
+  Store = 11,  // a = instruction, b = operand
+  kCount = 12,
+};
+const char* pw_op_name(PwOp op) noexcept;
+
+struct PwInst {
+  PwOp op = PwOp::Load;
+  std::int8_t dtype = -1;  // of the result (Store: of the operand)
+  std::uint16_t a = 0, b = 0;
+};
+
+struct PwOperand {
+  std::int8_t dtype = -1;
+  bool broadcast = false;  // every stride 0 in iteration space: one element for all
+  bool read = false, write = false;
+};
+
+// What is compiled: its content hash is the cache's "what is computed".
+struct PointwiseProgram {
+  std::vector<PwInst> insts;
+  std::vector<PwOperand> operands;
+  std::vector<std::int8_t> params;  // the dtype each parameter is passed in
+  ContentHash hash() const;
+  std::string text() const;  // one line per instruction, for messages and dumps
+};
+
+// How a program binds to one plan kernel: the plan tensor whose element 0 is each operand's
+// base, its strides in iteration space, and the plan scalar behind each parameter.
+struct PointwiseKernel {
+  PointwiseProgram program;
+  std::vector<std::int64_t> shape;                 // iteration shape
+  std::vector<std::uint32_t> operand_tensor;       // per operand
+  std::vector<std::vector<std::int64_t>> strides;  // per operand, in elements, one per dim
+  std::vector<std::uint32_t> param_scalar;         // per parameter: index in plan.scalars
+};
+
+// The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
+// the covered set, a dtype other than float32/float64, shapes that do not share one iteration
+// shape, aliasing views of written memory).
+Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel);
+
+// The ops lower_pointwise covers ("aten::add.Tensor", ...), for reports and tests.
+std::vector<std::string> covered_pointwise_ops();
+
+}  // namespace crucible::mimic

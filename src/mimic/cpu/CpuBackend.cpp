@@ -1,0 +1,208 @@
+// CpuBackend.cpp — prepare lowers and compiles the covered kernels; run_kernel launches them
+// over the plan's memory, or sends the kernel's calls to the provider (CpuBackend.h).
+#include "crucible/mimic/CpuBackend.h"
+
+#include <bit>
+#include <cstring>
+
+#include "crucible/core/ScalarType.h"
+
+namespace crucible::mimic {
+
+struct CpuBackend::Prepared {
+  std::shared_ptr<const CompiledPointwise> fns;
+  std::vector<std::uint32_t> operand_tensor;
+  std::vector<std::int64_t> elem_bytes;  // per operand
+  std::vector<std::uint32_t> param_scalar;
+  std::vector<std::int8_t> param_dtype;
+  std::int64_t numel = 0;
+  bool contig = false;
+  // Strided: the iteration's dims of size > 1 with mergeable neighbours merged, innermost
+  // last, and each operand's strides over them (operand-major).
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  // Scratch for one launch.
+  std::vector<char*> base, ptrs;
+  std::vector<std::int64_t> inner, index;
+  std::vector<std::uint64_t> params;
+};
+
+namespace {
+
+const forge::NumericalRecipe* strict_recipe(std::int8_t io) {
+  forge::NumericalRecipe r = *forge::recipe_by_name("f32_strict");
+  r.accum_dtype = r.io_dtype = io;
+  return forge::intern_recipe(r);
+}
+
+std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
+  const double d = r.kind == record::ScalarKind::Double ? std::bit_cast<double>(r.bits) : 0.0;
+  const auto i = static_cast<std::int64_t>(r.bits);
+  if (dt == dtype::kFloat64)
+    return std::bit_cast<std::uint64_t>(
+        r.kind == record::ScalarKind::Double ? d : static_cast<double>(i));
+  // float32: converted from the scalar's own type once (ATen's Scalar::to<float>).
+  const float f =
+      r.kind == record::ScalarKind::Double ? static_cast<float>(d) : static_cast<float>(i);
+  return std::bit_cast<std::uint32_t>(f);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::make(CpuBackendOptions options) {
+  std::unique_ptr<CpuBackend> b(new CpuBackend());
+  if (options.disk_cache) {
+    std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+    if (dir.empty())
+      return invalid_input(
+          "no kernel cache directory: CRUCIBLE_CACHE_DIR, XDG_CACHE_HOME and "
+          "HOME are unset",
+          "set CRUCIBLE_CACHE_DIR, or make the backend with disk_cache = false");
+    auto c = ObjectCache::open(dir + "/mimic-cpu");
+    if (!c.ok()) return c.status();
+    b->disk_ = std::make_unique<ObjectCache>(std::move(*c));
+  }
+  return b;
+}
+
+CpuBackend::~CpuBackend() = default;
+
+exec::Backend CpuBackend::backend() {
+  exec::Backend b;
+  b.name = "cpu";
+  b.self = this;
+  b.prepare = &CpuBackend::prepare;
+  b.alloc_arena = exec::default_alloc_arena;
+  b.free_arena = exec::default_free_arena;
+  b.run_kernel = &CpuBackend::run_kernel;
+  b.synchronize = exec::default_synchronize;
+  return b;
+}
+
+std::uint32_t CpuBackend::generated_kernels() const {
+  std::uint32_t n = 0;
+  for (const CpuKernelState& s : states_) n += s.generated ? 1 : 0;
+  return n;
+}
+
+Status CpuBackend::prepare(void* self, const exec::ExecutionPlan& plan) {
+  auto* b = static_cast<CpuBackend*>(self);
+  if (b->plan_ != nullptr)
+    return bad_state("this CPU backend already serves a Runner",
+                     "make one CpuBackend per Runner (compiled kernels are shared through the "
+                     "kernel cache)");
+  b->plan_ = &plan;
+  b->states_.assign(plan.kernels.size(), CpuKernelState{});
+  b->prepared_.resize(plan.kernels.size());
+  for (std::uint32_t k = 0; k < plan.kernels.size(); ++k)
+    CRUCIBLE_RETURN_IF_ERROR(b->prepare_kernel(plan, k));
+  return ok_status();
+}
+
+Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k) {
+  auto lowered = lower_pointwise(plan, k);
+  if (!lowered.ok()) {
+    if (lowered.status().code() != absl::StatusCode::kUnimplemented) return lowered.status();
+    states_[k].why = std::string(lowered.status().message());
+    return ok_status();
+  }
+  const PointwiseKernel& pk = *lowered;
+  bool any_f64 = false;
+  for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
+  const forge::NumericalRecipe* recipe = strict_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32);
+  auto fns = get_pointwise(pk.program, forge::recipe_text(*recipe), disk_.get(), &stats_);
+  if (!fns.ok()) return fns.status();
+
+  auto p = std::make_unique<Prepared>();
+  p->fns = std::move(*fns);
+  p->operand_tensor = pk.operand_tensor;
+  for (const PwOperand& o : pk.program.operands)
+    p->elem_bytes.push_back(o.dtype == dtype::kFloat64 ? 8 : 4);
+  p->param_scalar = pk.param_scalar;
+  p->param_dtype = pk.program.params;
+  p->numel = 1;
+  for (std::int64_t s : pk.shape) p->numel *= s;
+
+  // Dims of size > 1, then each operand dense in row-major order (or broadcast)?
+  std::vector<std::size_t> dims;
+  for (std::size_t d = 0; d < pk.shape.size(); ++d)
+    if (pk.shape[d] > 1) dims.push_back(d);
+  const std::size_t nops = pk.operand_tensor.size();
+  p->contig = true;
+  for (std::size_t o = 0; o < nops && p->contig; ++o) {
+    if (pk.program.operands[o].broadcast) continue;
+    std::int64_t expect = 1;
+    for (std::size_t i = dims.size(); i-- > 0;) {
+      if (pk.strides[o][dims[i]] != expect) p->contig = false;
+      expect *= pk.shape[dims[i]];
+    }
+  }
+  if (!p->contig) {
+    // Merge dim i into i+1 when every operand steps over i as over the whole of i+1.
+    std::vector<std::int64_t> sizes;
+    std::vector<std::vector<std::int64_t>> st(nops);
+    for (std::size_t d : dims) {
+      bool merge = !sizes.empty();
+      for (std::size_t o = 0; o < nops && merge; ++o)
+        merge = st[o].back() == pk.strides[o][d] * pk.shape[d];
+      if (merge) {
+        sizes.back() *= pk.shape[d];
+        for (std::size_t o = 0; o < nops; ++o) st[o].back() = pk.strides[o][d];
+      } else {
+        sizes.push_back(pk.shape[d]);
+        for (std::size_t o = 0; o < nops; ++o) st[o].push_back(pk.strides[o][d]);
+      }
+    }
+    p->sizes = sizes;
+    for (std::size_t o = 0; o < nops; ++o)
+      p->strides.insert(p->strides.end(), st[o].begin(), st[o].end());
+  }
+  p->base.resize(nops);
+  p->ptrs.resize(nops);
+  p->inner.resize(nops);
+  p->index.resize(p->sizes.size());
+  p->params.resize(p->param_scalar.size());
+  states_[k].generated = true;
+  states_[k].recipe = recipe;
+  prepared_[k] = std::move(p);
+  return ok_status();
+}
+
+Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
+  auto* b = static_cast<CpuBackend*>(self);
+  if (launch.plan != b->plan_)
+    return bad_state("the CPU backend was prepared for another plan", "one CpuBackend per Runner");
+  Prepared* p = b->prepared_[launch.kernel].get();
+  if (p == nullptr) return exec::default_run_kernel(self, launch);
+  if (p->numel == 0) return ok_status();
+  const std::size_t nops = p->base.size();
+  for (std::size_t o = 0; o < nops; ++o)
+    p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
+  for (std::size_t j = 0; j < p->params.size(); ++j)
+    p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
+  if (p->contig) {
+    p->fns->contig(p->base.data(), p->numel, p->params.data());
+    return ok_status();
+  }
+  const std::size_t nd = p->sizes.size();  // >= 1: a single element is contiguous
+  for (std::size_t o = 0; o < nops; ++o) p->inner[o] = p->strides[o * nd + nd - 1];
+  std::fill(p->index.begin(), p->index.end(), 0);
+  const std::int64_t n = p->sizes[nd - 1];
+  while (true) {
+    for (std::size_t o = 0; o < nops; ++o) {
+      std::int64_t off = 0;
+      for (std::size_t d = 0; d + 1 < nd; ++d) off += p->index[d] * p->strides[o * nd + d];
+      p->ptrs[o] = p->base[o] + off * p->elem_bytes[o];
+    }
+    p->fns->strided(p->ptrs.data(), p->inner.data(), n, p->params.data());
+    std::size_t d = nd - 1;
+    while (d-- > 0) {
+      if (++p->index[d] < p->sizes[d]) break;
+      p->index[d] = 0;
+    }
+    if (d == static_cast<std::size_t>(-1)) break;
+  }
+  return ok_status();
+}
+
+}  // namespace crucible::mimic

@@ -1,0 +1,127 @@
+// CpuJit.cpp — the process's compiled kernels: memory, then disk, then the code generator; one
+// ORC LLJIT links every object (CpuJit.h).
+#include "crucible/mimic/CpuJit.h"
+
+#include <chrono>
+#include <mutex>
+
+#include "crucible/graph/KernelCache.h"
+#include "llvm/Config/llvm-config.h"
+#include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+namespace crucible::mimic {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string message(llvm::Error e) { return llvm::toString(std::move(e)); }
+
+struct Jit {
+  std::mutex mu;  // loading and compiling
+  std::unique_ptr<llvm::orc::LLJIT> lljit;
+  graph::KernelCache<CompiledPointwise> memory;
+};
+
+Jit& jit() {
+  static Jit* j = new Jit();  // never destroyed: generated code may run during static dtors
+  return *j;
+}
+
+Result<void*> lookup(llvm::orc::LLJIT& lljit, const std::string& name) {
+  auto sym = lljit.lookup(name);
+  if (!sym)
+    return bad_state("the JIT has no " + name + ": " + message(sym.takeError()), "report it");
+#if LLVM_VERSION_MAJOR >= 15
+  return sym->toPtr<void*>();
+#else
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(sym->getAddress()));
+#endif
+}
+
+// Links `object` into the process and finds its two entry points.
+Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix) {
+  if (!j.lljit) {
+    auto made = llvm::orc::LLJITBuilder().create();
+    if (!made)
+      return bad_state("cannot start the ORC JIT: " + message(made.takeError()), "report it");
+    j.lljit = std::move(*made);
+  }
+  auto buf = llvm::MemoryBuffer::getMemBufferCopy(object, prefix);
+  if (llvm::Error e = j.lljit->addObjectFile(std::move(buf)))
+    return bad_state("the JIT refused the object of " + prefix + ": " + message(std::move(e)),
+                     "remove the kernel cache directory's entry and run again");
+  auto c = lookup(*j.lljit, prefix + "_contig");
+  if (!c.ok()) return c.status();
+  auto s = lookup(*j.lljit, prefix + "_strided");
+  if (!s.ok()) return s.status();
+  CompiledPointwise r;
+  r.contig = reinterpret_cast<ContigFn>(*c);
+  r.strided = reinterpret_cast<StridedFn>(*s);
+  return r;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwiseProgram& program,
+                                                               std::string_view recipe,
+                                                               const ObjectCache* disk,
+                                                               CacheStats* stats) {
+  const CpuTarget& host = host_target();
+  const CpuKernelKey key = cpu_kernel_key(program.hash(), recipe, host, kCpuOptLevel);
+  const graph::KernelKey mem_key{program.hash(), key.hash};
+  Jit& j = jit();
+  if (auto hit = j.memory.find(mem_key)) {
+    ++stats->memory_hits;
+    return hit;
+  }
+  std::lock_guard<std::mutex> lock(j.mu);
+  if (auto hit = j.memory.find(mem_key)) {  // another thread made it while this one waited
+    ++stats->memory_hits;
+    return hit;
+  }
+  const std::string prefix = "crucible_pw_" + key.hash.hex();
+  std::string object;
+  bool from_disk = false;
+  if (disk != nullptr) {
+    const auto t = Clock::now();
+    ObjectCache::Loaded l = disk->load(key, host);
+    if (l.outcome == ObjectCache::Outcome::Hit) {
+      object = std::move(l.object);
+      from_disk = true;
+      stats->load_seconds += seconds_since(t);
+    } else if (l.outcome == ObjectCache::Outcome::Rejected) {
+      ++stats->disk_rejected;
+      stats->last_disk_problem = l.why;
+    }
+  }
+  if (!from_disk) {
+    const auto t = Clock::now();
+    auto obj = compile_pointwise(program, prefix, host);
+    if (!obj.ok()) return obj.status();
+    object = std::move(*obj);
+    ++stats->compiled;
+    stats->compile_seconds += seconds_since(t);
+    if (disk != nullptr)
+      if (Status st = disk->store(key, object); !st.ok()) {
+        ++stats->disk_write_failures;
+        stats->last_disk_problem = st.ToString();
+      }
+  }
+  const auto t = Clock::now();
+  auto linked = link(j, object, prefix);
+  if (!linked.ok()) return linked.status();
+  linked->key = key.text;
+  stats->load_seconds += seconds_since(t);
+  if (from_disk) ++stats->disk_hits;
+  auto shared = std::make_shared<const CompiledPointwise>(std::move(*linked));
+  j.memory.insert(mem_key, shared);
+  return shared;
+}
+
+}  // namespace crucible::mimic

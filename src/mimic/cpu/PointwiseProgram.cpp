@@ -1,0 +1,375 @@
+// PointwiseProgram.cpp — lowering a plan kernel's elementwise calls to one per-element program
+// (Note [Pointwise programs], PointwiseProgram.h).
+#include "crucible/mimic/PointwiseProgram.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <optional>
+#include <string_view>
+
+#include "crucible/core/ScalarType.h"
+
+namespace crucible::mimic {
+namespace {
+
+constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
+    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "sqrt", "store"};
+static_assert(kOpNames.size() == 12, "one name per PwOp");
+
+// The covered ops: what each computes, how many tensor inputs it has, and where its scalar
+// arguments sit in the schema (other: the second operand of a .Scalar overload; alpha).
+struct OpRow {
+  std::string_view name;
+  PwOp op;
+  std::uint8_t tensor_inputs;
+  std::int8_t other_arg;  // -1: none
+  std::int8_t alpha_arg;  // -1: none
+};
+constexpr std::array<OpRow, 28> kOps{{
+    {"aten::abs", PwOp::Abs, 1, -1, -1},
+    {"aten::abs_", PwOp::Abs, 1, -1, -1},
+    {"aten::add.Scalar", PwOp::Add, 1, 1, 2},
+    {"aten::add.Tensor", PwOp::Add, 2, -1, 2},
+    {"aten::add_.Scalar", PwOp::Add, 1, 1, 2},
+    {"aten::add_.Tensor", PwOp::Add, 2, -1, 2},
+    {"aten::div.Scalar", PwOp::Div, 1, 1, -1},
+    {"aten::div.Tensor", PwOp::Div, 2, -1, -1},
+    {"aten::div_.Scalar", PwOp::Div, 1, 1, -1},
+    {"aten::div_.Tensor", PwOp::Div, 2, -1, -1},
+    {"aten::mul.Scalar", PwOp::Mul, 1, 1, -1},
+    {"aten::mul.Tensor", PwOp::Mul, 2, -1, -1},
+    {"aten::mul_.Scalar", PwOp::Mul, 1, 1, -1},
+    {"aten::mul_.Tensor", PwOp::Mul, 2, -1, -1},
+    {"aten::neg", PwOp::Neg, 1, -1, -1},
+    {"aten::neg_", PwOp::Neg, 1, -1, -1},
+    {"aten::relu", PwOp::Relu, 1, -1, -1},
+    {"aten::relu_", PwOp::Relu, 1, -1, -1},
+    {"aten::sqrt", PwOp::Sqrt, 1, -1, -1},
+    {"aten::sqrt_", PwOp::Sqrt, 1, -1, -1},
+    {"aten::sub.Scalar", PwOp::Sub, 1, 1, 2},
+    {"aten::sub.Tensor", PwOp::Sub, 2, -1, 2},
+    {"aten::sub_.Scalar", PwOp::Sub, 1, 1, 2},
+    {"aten::sub_.Tensor", PwOp::Sub, 2, -1, 2},
+    {"aten::subtract.Tensor", PwOp::Sub, 2, -1, 2},
+    {"aten::multiply.Tensor", PwOp::Mul, 2, -1, -1},
+    {"aten::divide.Tensor", PwOp::Div, 2, -1, -1},
+    {"aten::negative", PwOp::Neg, 1, -1, -1},
+}};
+static_assert(kOps.size() == 28, "the covered-op table is data: update the count");
+
+const OpRow* find_op(std::string_view name) {
+  for (const OpRow& r : kOps)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+bool is_float(std::int8_t d) { return d == dtype::kFloat32 || d == dtype::kFloat64; }
+
+constexpr std::size_t kMaxInsts = 65535;
+
+// Where an element of one tensor is: the memory location an operand stands for.
+struct Key {
+  std::uint32_t slot;
+  std::int64_t offset;
+  std::int8_t dtype;
+  std::vector<std::int64_t> strides;  // iteration space; 0 where the iteration dim is 1
+  auto operator<=>(const Key&) const = default;
+};
+
+class Lowering {
+ public:
+  Lowering(const exec::ExecutionPlan& p, std::uint32_t k) : p_(p), k_(p.kernels[k]), index_(k) {}
+
+  Result<PointwiseKernel> run() {
+    if (k_.call_count == 0) return refuse("it has no calls");
+    const exec::Call& first = p_.calls[k_.call_begin];
+    if (first.out_count != 1)
+      return refuse("its first call has " + n(first.out_count) + " outputs");
+    const exec::TensorRef& out0 = p_.tensors[p_.outputs_of(first)[0].tensor];
+    const auto s = p_.sizes(out0);
+    out_.shape.assign(s.begin(), s.end());
+    for (std::uint32_t c = k_.call_begin; c < k_.call_begin + k_.call_count; ++c) {
+      // Instruction, operand and parameter ids are 16 bits; one call adds at most 10
+      // instructions (2 loads, 2 conversions, 2 parameters, alpha, the op, a conversion, a store).
+      if (out_.program.insts.size() + 10 > kMaxInsts)
+        return refuse("it needs more than " + n(kMaxInsts) + " instructions");
+      CRUCIBLE_RETURN_IF_ERROR(lower_call(c));
+    }
+    CRUCIBLE_RETURN_IF_ERROR(check_aliasing());
+    return std::move(out_);
+  }
+
+ private:
+  static std::string n(std::uint64_t x) { return std::to_string(x); }
+  Status refuse(const std::string& why) const {
+    return unsupported(
+        "kernel " + n(index_) + " is not a pointwise chain the CPU backend " + "generates: " + why,
+        "it runs as library calls");
+  }
+  Status refuse_call(std::uint32_t c, const std::string& why) const {
+    return refuse("call " + n(c) + " (" + p_.op_names[p_.calls[c].op] + ") " + why);
+  }
+
+  // t's strides in iteration space, or nothing if t does not broadcast to the shape.
+  std::optional<std::vector<std::int64_t>> iteration_strides(const exec::TensorRef& t) const {
+    const auto sz = p_.sizes(t), st = p_.strides(t);
+    const std::size_t nd = out_.shape.size();
+    if (sz.size() > nd) return std::nullopt;
+    std::vector<std::int64_t> r(nd, 0);
+    for (std::size_t d = 0; d < nd; ++d) {
+      const std::ptrdiff_t j =
+          static_cast<std::ptrdiff_t>(d) - static_cast<std::ptrdiff_t>(nd - sz.size());
+      if (j < 0 || out_.shape[d] == 1) continue;
+      if (sz[j] == out_.shape[d]) {
+        if (st[j] < 0) return std::nullopt;
+        r[d] = st[j];
+      } else if (sz[j] != 1) {
+        return std::nullopt;
+      }
+    }
+    return r;
+  }
+
+  Result<Key> key_of(std::uint32_t c, std::uint32_t ti, bool output) const {
+    const exec::TensorRef& t = p_.tensors[ti];
+    if (!is_float(t.dtype))
+      return refuse_call(c, "has a tensor of dtype " + std::string(scalar_type_info(t.dtype).name) +
+                                " (float32 and float64 are generated)");
+    if (output) {
+      const auto sz = p_.sizes(t);
+      if (!std::equal(sz.begin(), sz.end(), out_.shape.begin(), out_.shape.end()))
+        return refuse_call(c, "writes a tensor of another shape than the kernel's first output");
+    }
+    auto st = iteration_strides(t);
+    if (!st) return refuse_call(c, "reads a tensor that does not broadcast to its output");
+    if (output && !disjoint(*st)) return refuse_call(c, "writes a tensor whose elements overlap");
+    return Key{t.slot, t.offset, t.dtype, std::move(*st)};
+  }
+
+  // No two elements of the iteration space at one address: strides sorted ascending each
+  // step past the extent of the dims inside them (sufficient, and true of every dense layout).
+  bool disjoint(const std::vector<std::int64_t>& st) const {
+    std::vector<std::pair<std::int64_t, std::int64_t>> dims;
+    for (std::size_t d = 0; d < st.size(); ++d)
+      if (out_.shape[d] > 1) dims.emplace_back(st[d], out_.shape[d]);
+    std::sort(dims.begin(), dims.end());
+    std::int64_t extent = 1;
+    for (auto [stride, size] : dims) {
+      if (stride < extent) return false;
+      extent = stride * size;
+    }
+    return true;
+  }
+
+  std::uint16_t emit(PwOp op, std::int8_t dt, std::uint32_t a = 0, std::uint32_t b = 0) {
+    out_.program.insts.push_back(
+        PwInst{op, dt, static_cast<std::uint16_t>(a), static_cast<std::uint16_t>(b)});
+    return static_cast<std::uint16_t>(out_.program.insts.size() - 1);
+  }
+  std::uint32_t operand(const Key& k, std::uint32_t ti, bool write) {
+    auto [it, fresh] = operands_.try_emplace(k, static_cast<std::uint32_t>(operands_.size()));
+    if (fresh) {
+      const bool bc =
+          std::all_of(k.strides.begin(), k.strides.end(), [](std::int64_t s) { return s == 0; });
+      out_.program.operands.push_back(PwOperand{k.dtype, bc, false, false});
+      out_.operand_tensor.push_back(ti);
+      out_.strides.push_back(k.strides);
+    }
+    PwOperand& o = out_.program.operands[it->second];
+    (write ? o.write : o.read) = true;
+    return it->second;
+  }
+  std::uint16_t convert(std::uint16_t v, std::int8_t to) {
+    return out_.program.insts[v].dtype == to ? v : emit(PwOp::Convert, to, v);
+  }
+  Result<std::uint16_t> param(std::uint32_t c, std::uint32_t scalar_index, std::int8_t dt) {
+    const record::ScalarRecord& r = p_.scalars[scalar_index];
+    if (r.kind != record::ScalarKind::Double && r.kind != record::ScalarKind::Int &&
+        r.kind != record::ScalarKind::Bool)
+      return refuse_call(c, "has a scalar argument of kind " + n(static_cast<int>(r.kind)));
+    out_.param_scalar.push_back(scalar_index);
+    out_.program.params.push_back(dt);
+    return emit(PwOp::Param, dt, static_cast<std::uint32_t>(out_.program.params.size() - 1));
+  }
+  // The call's scalar at schema position `arg`, if it was given.
+  std::optional<std::uint32_t> scalar_at(const exec::Call& call, int arg) const {
+    if (arg < 0) return std::nullopt;
+    for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+      if (p_.scalars[i].arg_index == arg && p_.scalars[i].kind != record::ScalarKind::None)
+        return i;
+    return std::nullopt;
+  }
+
+  Status lower_call(std::uint32_t c) {
+    const exec::Call& call = p_.calls[c];
+    const std::string& name = p_.op_names[call.op];
+    const OpRow* row = find_op(name);
+    if (row == nullptr) return refuse_call(c, "is not a covered op");
+    if (call.in_count != row->tensor_inputs || call.out_count != 1)
+      return refuse_call(
+          c, "has " + n(call.in_count) + " tensor inputs and " + n(call.out_count) + " outputs");
+    // Compute dtype: the widest float among the highest tier present (dimensioned tensors,
+    // then 0-d tensors, then Python numbers).
+    int best_tier = 3;
+    std::int8_t compute = dtype::kFloat32;
+    std::vector<std::uint16_t> vals;
+    for (const exec::Arg& a : p_.inputs_of(call)) {
+      const exec::TensorRef& t = p_.tensors[a.tensor];
+      auto key = key_of(c, a.tensor, false);
+      if (!key.ok()) return key.status();
+      const int tier = (t.flags & exec::kWrappedNumber) ? 2 : t.ndim == 0 ? 1 : 0;
+      if (tier < best_tier)
+        best_tier = tier, compute = t.dtype;
+      else if (tier == best_tier && t.dtype == dtype::kFloat64)
+        compute = dtype::kFloat64;
+      accesses_.push_back({key->slot, *key, false});
+      auto it = values_.find(*key);
+      if (it != values_.end()) {
+        vals.push_back(it->second);
+      } else {
+        const std::uint32_t o = operand(*key, a.tensor, false);
+        const std::uint16_t v = emit(PwOp::Load, key->dtype, o);
+        values_.emplace(*key, v);
+        vals.push_back(v);
+      }
+    }
+    for (std::uint16_t& v : vals) v = convert(v, compute);
+    if (row->other_arg >= 0) {
+      auto other = scalar_at(call, row->other_arg);
+      if (!other) return refuse_call(c, "has no recorded scalar operand");
+      auto v = param(c, *other, compute);
+      if (!v.ok()) return v.status();
+      vals.push_back(*v);
+    }
+    std::uint16_t r = 0;
+    if (vals.size() == 2) {
+      std::uint16_t b = vals[1];
+      if (auto alpha = scalar_at(call, row->alpha_arg)) {
+        auto al = param(c, *alpha, compute);
+        if (!al.ok()) return al.status();
+        b = emit(PwOp::Mul, compute, *al, b);
+      }
+      r = emit(row->op, compute, vals[0], b);
+    } else {
+      r = emit(row->op, compute, vals[0]);
+    }
+    const std::uint32_t out_t = p_.outputs_of(call)[0].tensor;
+    auto key = key_of(c, out_t, true);
+    if (!key.ok()) return key.status();
+    r = convert(r, key->dtype);
+    values_.insert_or_assign(*key, r);
+    accesses_.push_back({key->slot, *key, true});
+    if (must_store(out_t)) emit(PwOp::Store, key->dtype, r, operand(*key, out_t, true));
+    return ok_status();
+  }
+
+  // A call outside the kernel or the caller may read what this tensor's slot holds.
+  bool must_store(std::uint32_t ti) const {
+    const exec::TensorRef& t = p_.tensors[ti];
+    const exec::Slot& s = p_.slots[t.slot];
+    if (s.kind != exec::SlotKind::Arena) return true;
+    if (s.first < k_.call_begin || s.last >= k_.call_begin + k_.call_count) return true;
+    for (std::uint32_t r : p_.results)
+      if (p_.tensors[r].slot == t.slot) return true;
+    return false;
+  }
+
+  Status check_aliasing() const {
+    std::map<std::uint32_t, const Key*> first;
+    std::map<std::uint32_t, bool> written;
+    for (const Access& a : accesses_) written[a.slot] = written[a.slot] || a.write;
+    for (const Access& a : accesses_) {
+      auto [it, fresh] = first.try_emplace(a.slot, &a.key);
+      if (!fresh && written[a.slot] && !(*it->second == a.key))
+        return refuse("it writes slot " + n(a.slot) +
+                      " and touches it through two different views");
+    }
+    return ok_status();
+  }
+
+  struct Access {
+    std::uint32_t slot;
+    Key key;
+    bool write;
+  };
+  const exec::ExecutionPlan& p_;
+  const exec::Kernel& k_;
+  std::uint32_t index_;
+  PointwiseKernel out_;
+  std::map<Key, std::uint32_t> operands_;
+  std::map<Key, std::uint16_t> values_;  // the register holding each location's current value
+  std::vector<Access> accesses_;
+};
+
+}  // namespace
+
+const char* pw_op_name(PwOp op) noexcept {
+  const auto i = static_cast<std::size_t>(op);
+  return i < kOpNames.size() ? kOpNames[i] : "?";
+}
+
+ContentHash PointwiseProgram::hash() const {
+  ContentHasher h;
+  h.update_string("mimic.pointwise.v1");
+  h.update_u64(insts.size());
+  for (const PwInst& i : insts)
+    h.update_u64(std::uint64_t{static_cast<std::uint8_t>(i.op)} |
+                 std::uint64_t{static_cast<std::uint8_t>(i.dtype)} << 8 | std::uint64_t{i.a} << 16 |
+                 std::uint64_t{i.b} << 32);
+  h.update_u64(operands.size());
+  for (const PwOperand& o : operands)
+    h.update_u64(std::uint64_t{static_cast<std::uint8_t>(o.dtype)} |
+                 std::uint64_t{o.broadcast} << 8 | std::uint64_t{o.read} << 9 |
+                 std::uint64_t{o.write} << 10);
+  h.update_u64(params.size());
+  for (std::int8_t d : params) h.update_u8(static_cast<std::uint8_t>(d));
+  return h.digest();
+}
+
+std::string PointwiseProgram::text() const {
+  std::string s;
+  for (std::size_t i = 0; i < insts.size(); ++i) {
+    const PwInst& in = insts[i];
+    s += "%" + std::to_string(i) + " = " + pw_op_name(in.op) + "." +
+         std::string(scalar_type_info(in.dtype).name);
+    switch (in.op) {
+      case PwOp::Load:
+        s += " op" + std::to_string(in.a);
+        break;
+      case PwOp::Param:
+        s += " p" + std::to_string(in.a);
+        break;
+      case PwOp::Store:
+        s += " %" + std::to_string(in.a) + " -> op" + std::to_string(in.b);
+        break;
+      case PwOp::Add:
+      case PwOp::Sub:
+      case PwOp::Mul:
+      case PwOp::Div:
+        s += " %" + std::to_string(in.a) + ", %" + std::to_string(in.b);
+        break;
+      default:
+        s += " %" + std::to_string(in.a);
+        break;
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel) {
+  if (kernel >= plan.kernels.size())
+    return invalid_input(
+        "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
+        "name a kernel of the plan");
+  return Lowering(plan, kernel).run();
+}
+
+std::vector<std::string> covered_pointwise_ops() {
+  std::vector<std::string> r;
+  for (const OpRow& o : kOps) r.emplace_back(o.name);
+  return r;
+}
+
+}  // namespace crucible::mimic
