@@ -42,9 +42,9 @@
 namespace crucible::forge {
 namespace {
 
+using detail::kNoGroup;
 using detail::step_matches;
 
-constexpr std::uint32_t kNone = UINT32_MAX;
 
 std::string_view kind_name(CKernel k) { return ckernel_info(k).name; }
 
@@ -92,7 +92,7 @@ Result<std::int64_t> rows_of(const Ir001& ir, std::uint32_t i) {
 struct Fuser {
   const Ir001& ir;
   std::vector<std::vector<std::uint32_t>> readers;  // value -> distinct reading nodes, ascending
-  std::vector<std::uint32_t> group_of;              // node -> group index (creation order) or kNone
+  std::vector<std::uint32_t> group_of;              // node -> group index (creation order) or kNoGroup
   std::vector<std::int64_t> rows_cache;
   std::vector<bool> rows_known;
   std::vector<std::uint32_t> chain;
@@ -105,7 +105,7 @@ struct Fuser {
     for (std::uint32_t n = 0; n < ir.nodes.size(); ++n)
       for (std::uint32_t v : ir.nodes[n].inputs)
         if (readers[v].empty() || readers[v].back() != n) readers[v].push_back(n);
-    group_of.assign(ir.nodes.size(), kNone);
+    group_of.assign(ir.nodes.size(), kNoGroup);
     rows_cache.assign(ir.nodes.size(), 0);
     rows_known.assign(ir.nodes.size(), false);
   }
@@ -124,7 +124,7 @@ struct Fuser {
     const std::uint32_t v = n.outputs[0];
     if (!escaping && (ir.values[v].live_out || readers[v].size() != 1)) return out;
     for (std::uint32_t c : readers[v])
-      if (group_of[c] == kNone && !in_chain(c) &&
+      if (group_of[c] == kNoGroup && !in_chain(c) &&
           ir.nodes[c].phase == ir.nodes[chain.front()].phase)
         out.push_back(c);
     return out;
@@ -245,7 +245,7 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
   std::vector<FusionGroup> groups;  // creation order
   for (FusionGroup& g : seeded) {
     for (std::uint32_t n : g.nodes) {
-      if (n >= ir.nodes.size() || f.group_of[n] != kNone) {
+      if (n >= ir.nodes.size() || f.group_of[n] != kNoGroup) {
         ctx.finish(ir.nodes.size());
         return bad_state("fuse: seeded node #" + std::to_string(n) +
                              " is out of range or in two groups",
@@ -268,7 +268,7 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
     ++fallback;
   };
   for (std::uint32_t i = 0; i < ir.nodes.size(); ++i) {
-    if (f.group_of[i] != kNone) continue;
+    if (f.group_of[i] != kNoGroup) continue;
     over = over || ctx.over();
     if (over) {
       run_opaque(i);
@@ -320,7 +320,7 @@ Result<std::vector<FusionGroup>> fuse(const Ir001& ir, PassContext& ctx,
   });
   for (std::size_t g = 0; g < groups.size(); ++g) groups[g].id = static_cast<std::uint32_t>(g);
   CRUCIBLE_POST(
-      std::all_of(f.group_of.begin(), f.group_of.end(), [](std::uint32_t g) { return g != kNone; }),
+      std::all_of(f.group_of.begin(), f.group_of.end(), [](std::uint32_t g) { return g != kNoGroup; }),
       "every node is in exactly one group");
   ctx.finish(groups.size(), fallback);
   return groups;

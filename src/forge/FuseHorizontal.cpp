@@ -31,16 +31,16 @@
 namespace crucible::forge {
 namespace {
 
+using detail::kNoGroup;
 using detail::step_matches;
 
-constexpr std::uint32_t kNone = UINT32_MAX;
 
 // The length of the member of `r` starting at node i (0: none). Greedy, no backtracking.
 std::uint32_t member_at(const Ir001& ir, const Rule& r, std::uint32_t i,
                         const std::vector<std::uint32_t>& group_of, record::Phase phase) {
   std::uint32_t j = i;
   auto free_at = [&](std::uint32_t n) {
-    return n < ir.nodes.size() && group_of[n] == kNone && ir.nodes[n].phase == phase;
+    return n < ir.nodes.size() && group_of[n] == kNoGroup && ir.nodes[n].phase == phase;
   };
   for (const PatternStep& s : r.pattern) {
     std::uint32_t taken = 0;
@@ -66,14 +66,14 @@ Result<std::vector<FusionGroup>> fuse_horizontal(const Ir001& ir, PassContext& c
     ctx.finish(ir.nodes.size());
     return rules.status();
   }
-  std::vector<std::uint32_t> group_of(ir.nodes.size(), kNone);
+  std::vector<std::uint32_t> group_of(ir.nodes.size(), kNoGroup);
   std::vector<FusionGroup> groups;
   std::size_t grouped = 0;
   for (const Rule* r : *rules) {
     if (!r->horizontal) continue;
     for (std::uint32_t i = 0; i < ir.nodes.size();) {
       if (ctx.over()) break;  // the rest is matched vertically (or falls back) by fuse()
-      if (group_of[i] != kNone) {
+      if (group_of[i] != kNoGroup) {
         ++i;
         continue;
       }

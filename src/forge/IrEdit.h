@@ -2,6 +2,7 @@
 // whether a rule's pattern step matches a node.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -9,6 +10,9 @@
 #include "crucible/forge/Rules.h"
 
 namespace crucible::forge::detail {
+
+// A node's group while the fusers build groups: none yet.
+inline constexpr std::uint32_t kNoGroup = UINT32_MAX;
 
 // Sets every node's flops/bytes from its kind and shapes (Note [Cost model] in Report.h). The IR
 // must be concrete: a symbolic IR keeps the costs of the recording it came from.
