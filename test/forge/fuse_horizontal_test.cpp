@@ -122,7 +122,7 @@ TEST(FuseHorizontal, EveryParametersAdamWUpdateIsOneGroup) {
   EXPECT_NE(std::find(k.outputs.begin(), k.outputs.end(), m1), k.outputs.end());
 }
 
-const std::string kDefaults = rule("unary", "[\"POINTWISE_UNARY\"]", "pointwise_chain", 50) +
+const std::string kHorizontalDefaults = rule("unary", "[\"POINTWISE_UNARY\"]", "pointwise_chain", 50) +
                               rule("binary", "[\"POINTWISE_BINARY\"]", "pointwise_chain", 50) +
                               rule("fallback", "[\"*\"]", "opaque", 0);
 const std::string kTwoStep =
@@ -140,7 +140,7 @@ std::string groups_of(const Ir002& p) {
 }
 
 TEST(FuseHorizontal, ARunStopsAtADependentMemberAForeignOpOrAnotherPhase) {
-  const RuleSet rules = one_class(kDefaults + kTwoStep);
+  const RuleSet rules = one_class(kHorizontalDefaults + kTwoStep);
   {  // three independent members: one group
     IrFixture f;
     for (int i = 0; i < 3; ++i) {
@@ -179,7 +179,7 @@ TEST(FuseHorizontal, ARunStopsAtADependentMemberAForeignOpOrAnotherPhase) {
   }
   {  // a member does not span two phases; `phases` limits where the rule applies
     const RuleSet opt_only = one_class(
-        kDefaults + rule("member", "[\"aten::mul_\", \"aten::add_\"]", "optimizer", 500,
+        kHorizontalDefaults + rule("member", "[\"aten::mul_\", \"aten::add_\"]", "optimizer", 500,
                          "horizontal = true\nphases = [\"optimizer\"]\n"));
     IrFixture f;
     const auto b = f.input({8}, ExternalKind::OptimizerState);
