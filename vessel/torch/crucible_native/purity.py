@@ -82,20 +82,15 @@ class Watch:
             self._output[stream] = text.strip() or repr(text)
 
     def note_seed(self, name):
-        f = sys._getframe(2)
-        mod = f.f_globals.get("__name__", "") or ""
-        if mod.split(".", 1)[0] in ("torch", "crucible_native"):
-            return
-        self.problems.append(f"{name}() reset torch's random generator at {f.f_code.co_filename}:{f.f_lineno}: "
-                             f"a replay would keep drawing where its last run left off")
+        where = _user_call_site()
+        if where:
+            self.problems.append(f"{name}() reset torch's random generator at {where}: "
+                                 f"a replay would keep drawing where its last run left off")
 
     def note_read(self, method):
-        f = sys._getframe(2)
-        mod = f.f_globals.get("__name__", "") or ""
-        if mod.split(".", 1)[0] in ("torch", "crucible_native"):
-            return
-        self.problems.append(f"Tensor.{method}() read a tensor's values into Python at "
-                             f"{f.f_code.co_filename}:{f.f_lineno}")
+        where = _user_call_site()
+        if where:
+            self.problems.append(f"Tensor.{method}() read a tensor's values into Python at {where}")
 
     def start(self):
         import torch
@@ -204,6 +199,16 @@ class Watch:
         return self.problems
 
 
+
+
+def _user_call_site():
+    """'file:line' of the code that called a wrapped function (three frames up: this, the
+    Watch's note_*, the wrapper), or '' when that code is torch's or Crucible's own."""
+    f = sys._getframe(3)
+    mod = f.f_globals.get("__name__", "") or ""
+    if mod.split(".", 1)[0] in ("torch", "crucible_native"):
+        return ""
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
 def _seeding(orig, name):
