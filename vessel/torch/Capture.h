@@ -24,6 +24,10 @@
 #include "crucible/record/OpBuilder.h"
 #include "crucible/record/Recorder.h"
 
+namespace crucible::vessel::replay {
+struct SyncRun;  // Sync.cpp
+}
+
 namespace crucible::vessel::detail {
 
 using record::OpBuilder;
@@ -203,8 +207,22 @@ struct CapturedOp {
   bool grad_mode;
   Phase phase;
 };
+// Where the step called backward() or an optimizer's step() during a captured call
+// (Form::Mark, ReplayPlan.h): ops [begin, end) ran inside it.
+struct CaptureMark {
+  std::uint8_t kind = 0;  // Form::Mark::Kind
+  std::int64_t tag = 0;
+  std::uint32_t begin = 0, end = 0;
+  bool open = true;
+  bool retain_graph = false;
+  std::vector<at::Tensor> roots, seeds;
+};
 struct Capture {
   std::vector<CapturedOp> ops;
+  std::vector<CaptureMark> marks;
+  // Set during sync-point execution: each op is matched against the plan (sync_match)
+  // instead of being kept.
+  replay::SyncRun* sync = nullptr;
   // The value of each tensor torch.tensor(data) (or any lift_fresh) made during the call, as
   // it was lifted: data Python copied in below the dispatcher, which no op rebuilds. The op is
   // captured as copy_(tensor, value) (Note [Lifted constants], Replay.cpp).
@@ -350,6 +368,9 @@ Frame* enter_op(ThreadState& ts, bool composite_implicit);
 // enter_op for an op that is not CompositeImplicitAutograd, with the frame's phase and op
 // flags set: one call from each unboxed kernel instead of three.
 Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd, bool is_clone = false);
+// Matches a recorded op against the plan of a sync-point call (Sync.cpp).
+void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                const std::vector<c10::IValue>& rets, Phase phase);
 // Appends a recorded op to the thread's active capture (call only when ts.capture is set).
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase);

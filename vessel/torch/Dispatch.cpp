@@ -67,7 +67,8 @@ struct SchemaInfo {
   bool lifts_constant = false;      // aten::lift_fresh: its input is data from Python
   bool in_place = false;            // add_, silu_: the name ends in '_' (Note [Saved originals])
   bool is_clone = false;            // aten::clone (Note [Saved originals])
-  enum class Kind : std::uint8_t { Normal, ProfilerEnter, ProfilerExit } kind = Kind::Normal;
+  // Own: crucible::* (the compile and sync calls that carry tensors): never recorded.
+  enum class Kind : std::uint8_t { Normal, ProfilerEnter, ProfilerExit, Own } kind = Kind::Normal;
 };
 
 const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
@@ -88,6 +89,7 @@ const SchemaInfo& schema_info(const c10::OperatorHandle& op) {
   si.is_clone = schema.name() == "aten::clone";
   if (schema.name().rfind("profiler::_record_function_enter", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerEnter;
   else if (schema.name().rfind("profiler::_record_function_exit", 0) == 0) si.kind = SchemaInfo::Kind::ProfilerExit;
+  else if (schema.name().rfind("crucible::", 0) == 0) si.kind = SchemaInfo::Kind::Own;
   return cache.emplace(&schema, si).first->second;
 }
 
@@ -313,6 +315,10 @@ Frame* enter_recorded(ThreadState& ts, bool is_mutable, bool below_autograd, boo
 
 void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10::IValue> args,
                 std::vector<c10::IValue> rets, Phase phase) {
+  if (ts.capture->sync != nullptr) {  // sync-point execution: matched against the plan, not kept
+    sync_match(*ts.capture->sync, op, args, rets, phase);
+    return;
+  }
   ts.capture->ops.push_back(CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase});
 }
 
@@ -415,6 +421,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   const c10::DispatchKeySet after = after_key(ks);
   const SchemaInfo& si = schema_info(op);
 
+  if (si.kind == SchemaInfo::Kind::Own) {
+    passthrough_excluding_key(op, after, stack);
+    return;
+  }
   if (si.kind != SchemaInfo::Kind::Normal) {  // profiler markers: phase bookkeeping only
     g_skip_profiler.fetch_add(1, std::memory_order_relaxed);
     if (si.kind == SchemaInfo::Kind::ProfilerEnter) {

@@ -707,6 +707,22 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("plan_build", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {
     return vessel::plan_build(a, b, to_sources(sa), to_sources(sb));
   });
+  m.def("plan_build_sync", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {
+    return vessel::plan_build_sync(a, b, to_sources(sa), to_sources(sb));
+  });
+  m.def("capture_mark_end", &vessel::capture_mark_end);
+  m.def("sync_optimizer", &vessel::sync_optimizer);
+  m.def("sync_end", [] {
+    const auto r = vessel::sync_end();
+    py::dict d;
+    d["matched"] = r.matched;
+    d["why"] = r.why;
+    d["plan_ops"] = r.plan_ops;
+    d["matched_ops"] = r.matched_ops;
+    d["native_ops"] = r.native_ops;
+    d["native_segments"] = r.native_segments;
+    return d;
+  });
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
     return vessel::plan_check(plan, form, to_sources(s));
   });
@@ -746,6 +762,10 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["op_names"] = i.op_names;
     d["constant_uses"] = i.constant_uses;
     d["value_reads"] = i.value_reads;
+    d["sync"] = i.sync;
+    d["segments"] = i.segments;
+    d["live_args"] = i.live_args;
+    d["live_exts"] = i.live_exts;
     return d;
   });
   m.def("replay_counters", [] {

@@ -30,93 +30,18 @@
 #include "Capture.h"
 #include "Dispatch.h"
 #include "ReplayArena.h"
+#include "ReplayPlan.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "crucible/core/ContentHash.h"
 
 namespace crucible::vessel {
-namespace {
+namespace replay {
 using detail::Capture;
 using detail::CapturedOp;
 using detail::kKey;
 using detail::thread_state;
 
-// ---------------------------------------------------------------------------------------
-// Where a tensor of the plan comes from.
-struct Ref {
-  enum Kind : std::uint8_t { None, Slot, Arg, Ext, View };
-  Kind kind = None;
-  std::uint32_t idx = 0;
-};
-
-// A view the plan rebuilds each run: as_strided on its base, offset relative to the base's.
-struct ViewSpec {
-  Ref base;
-  std::vector<std::int64_t> sizes, strides;
-  std::int64_t offset_delta = 0;
-};
-
-struct ArgT {
-  enum Kind : std::uint8_t { Const, Tensor, TensorList, OptTensorList };
-  Kind kind = Const;
-  c10::IValue value;      // Const
-  std::vector<Ref> refs;  // Tensor: one; lists: one per element (None for an absent one)
-};
-
-struct OutT {
-  enum Kind : std::uint8_t { Ignore, Tensor, TensorList };
-  Kind kind = Ignore;
-  std::uint32_t slot = 0;   // first slot
-  std::uint32_t count = 0;  // TensorList: elements
-};
-
-struct OpT {
-  explicit OpT(c10::OperatorHandle h) : op(std::move(h)) {}
-  c10::OperatorHandle op;
-  std::vector<ArgT> args;
-  std::vector<OutT> outs;
-  bool grad_mode = false;
-  record::Phase phase = record::Phase::Forward;
-  bool skip = false;                    // a pure read of a scalar for Python (.item())
-  std::vector<std::uint32_t> release;   // slots whose last use is this op
-  std::vector<std::string> arg_sig;     // canonical text per argument (no data pointers)
-  std::vector<std::uintptr_t> tensor_ptrs;  // data pointers of its tensor arguments when captured
-  std::string out_sig;
-};
-
-struct ArgMeta {
-  std::vector<std::int64_t> sizes, strides;
-  c10::ScalarType dtype;
-  c10::Device device{c10::kCPU};
-};
-
-struct Use {  // where an external is first used, for messages
-  std::size_t op = 0;
-  std::size_t arg = 0;
-};
-
-struct Form {
-  std::vector<OpT> ops;
-  std::vector<at::Tensor> exts;
-  std::vector<Use> ext_use;
-  std::vector<std::uint8_t> ext_lifted;  // per external: 1 for a lifted constant (Note [Lifted constants])
-  std::vector<ViewSpec> views;
-  std::vector<Ref> outputs;
-  std::vector<std::pair<std::uint32_t, Ref>> grads;  // external (a leaf) → its new .grad
-  // What each leaf's .grad was when the call began (crucible::note_grads): a run must start
-  // from the same kind of state — no gradient (AccumulateGrad stores a new one), the same
-  // gradient tensor the ops accumulate into, or some gradient the step discards itself.
-  struct GradPre {
-    std::uint32_t ext;
-    enum State : std::uint8_t { None, Read, Unread } state;
-    std::uint32_t grad_ext;  // Read: the external the ops accumulate into
-  };
-  std::vector<GradPre> grad_pre;
-  std::uint32_t num_slots = 0;
-  std::vector<ArgMeta> arg_meta;
-  std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
-  ContentHash hash;
-};
 
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& s = op.schema();
@@ -254,6 +179,23 @@ class FormBuilder {
     f.outputs.push_back(resolve(t, f.ops.size(), j));
   }
 
+  // Where backward() and optimizer steps ran (Form::Mark): the tensors backward() was given,
+  // named as the ops name them.
+  void add_marks(const std::vector<detail::CaptureMark>& marks) {
+    for (const detail::CaptureMark& cm : marks) {
+      if (cm.open) continue;  // the call raised inside it: no mark
+      Form::Mark m;
+      m.kind = static_cast<Form::Mark::Kind>(cm.kind);
+      m.tag = cm.tag;
+      m.begin = cm.begin;
+      m.end = cm.end;
+      m.retain_graph = cm.retain_graph;
+      for (std::size_t j = 0; j < cm.roots.size(); ++j) m.roots.push_back(resolve(cm.roots[j], cm.begin, j));
+      for (std::size_t j = 0; j < cm.seeds.size(); ++j) m.seeds.push_back(resolve(cm.seeds[j], cm.begin, j));
+      f.marks.push_back(std::move(m));
+    }
+  }
+
   // Gradients the engine stored into a leaf's .grad (AccumulateGrad is not an op).
   void add_grad_bindings() {
     const std::size_t n = f.exts.size();
@@ -315,6 +257,11 @@ class FormBuilder {
           for (Ref r : a.refs) mark(r, static_cast<long>(k));
     for (Ref r : f.outputs) mark(r, LONG_MAX);
     for (const auto& g : f.grads) mark(g.second, LONG_MAX);
+    for (const Form::Mark& m : f.marks) {  // a sync-point call checks them as backward() begins
+      const long at = m.begin < f.ops.size() ? static_cast<long>(m.begin) : LONG_MAX;
+      for (Ref r : m.roots) mark(r, at);
+      for (Ref r : m.seeds) mark(r, at);
+    }
     for (std::size_t k = 0; k < f.ops.size(); ++k) {
       for (const OutT& o : f.ops[k].outs)
         for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s)
@@ -341,6 +288,14 @@ class FormBuilder {
     for (const auto& g : f.grads) t += "grad:ext" + std::to_string(g.first) + "=" + ref_text(g.second) + ";";
     for (const auto& g : f.grad_pre)
       t += "gradpre:ext" + std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ";";
+    for (const Form::Mark& m : f.marks) {
+      t += "mark:" + std::to_string(m.kind) + "/" + std::to_string(m.tag) + "@" + std::to_string(m.begin) + "-" +
+           std::to_string(m.end) + (m.retain_graph ? " retain" : "") + "(";
+      for (Ref r : m.roots) t += ref_text(r) + ",";
+      t += "|";
+      for (Ref r : m.seeds) t += ref_text(r) + ",";
+      t += ");";
+    }
     for (const ArgMeta& m : f.arg_meta)
       t += "arg:" + std::string(c10::toString(m.dtype)) + dims(m.sizes) + dims(m.strides) + m.device.str() + ";";
     f.hash = hash_ops(f.ops, nullptr, {t});
@@ -387,6 +342,10 @@ class FormBuilder {
           for (Ref r : a.refs) count(r, 1);
     for (Ref r : f.outputs) count(r, 1);
     for (const auto& g : f.grads) count(g.second, 1);
+    for (const Form::Mark& m : f.marks) {
+      for (Ref r : m.roots) count(r, 1);
+      for (Ref r : m.seeds) count(r, 1);
+    }
     for (std::size_t k = f.ops.size(); k-- > 0;) {
       OpT& o = f.ops[k];
       if (o.skip || o.op.schema().is_mutable() || may_draw_random(o.op.schema().name())) continue;
@@ -523,11 +482,6 @@ class FormBuilder {
 // both values exactly (bit for bit): Python's replica of a recognized optimizer's scalar
 // arithmetic, named by the op and argument it feeds (Replay.h, ScalarSource). The plan
 // then takes that source's value at every run.
-struct Patch {
-  std::uint32_t op = 0, arg = 0;  // a constant argument...
-  std::int64_t ext = -1;          // ...or a Python number (wrapped tensor) external
-  std::uint32_t source = 0;
-};
 
 bool same_bits(double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; }
 
@@ -578,7 +532,11 @@ std::int64_t match_source(const Form& b, std::size_t k, const std::string& arg, 
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
                           const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
                           const std::vector<at::Tensor>* a_exts = nullptr,
-                          std::vector<std::uint32_t>* rebind = nullptr) {
+                          std::vector<std::uint32_t>* rebind = nullptr,
+                          std::vector<std::uint64_t>* live_args = nullptr,
+                          std::vector<std::uint32_t>* live_exts = nullptr) {
+  // live_args/live_exts (a sync-point plan): a scalar or a tensor made by Python that differs
+  // with no source is taken from each call instead of refusing the plan.
   const char* eager = " Crucible never guesses a value: this step runs eagerly.";
   const std::size_t n = std::min(a.ops.size(), b.ops.size());
   for (std::size_t k = 0; k < n; ++k) {
@@ -600,6 +558,10 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
                                      static_cast<std::uint32_t>(j)});
             continue;
           }
+        }
+        if (live_args != nullptr) {
+          live_args->push_back(static_cast<std::uint64_t>(k) << 32 | i);
+          continue;
         }
         return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " in one call and " +
                y.arg_sig[i] + " in the next: a scalar that changes between calls and has no known source "
@@ -629,6 +591,10 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
       if (x.sizes() == y.sizes() && x.strides() == y.strides() && x.scalar_type() == y.scalar_type() &&
           x.equal(y))
         continue;
+      if (live_exts != nullptr) {
+        live_exts->push_back(static_cast<std::uint32_t>(e));
+        continue;
+      }
       const Use u = b.ext_use[e];
       return (u.op < b.ops.size() ? describe_op(b.ops[u.op], u.op) : std::string("an op")) +
              " writes a tensor the step built from Python data (torch.tensor(...)) that held other "
@@ -656,6 +622,10 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
         continue;
       }
     }
+    if (live_exts != nullptr) {
+      live_exts->push_back(static_cast<std::uint32_t>(e));
+      continue;
+    }
     std::string where = in_op ? describe_op(b.ops[u.op], u.op) + " argument '" + arg_name(b.ops[u.op], u.arg) + "'"
                               : "step output " + std::to_string(u.arg);
     if (wrapped) {
@@ -674,55 +644,6 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
 }
 
 // ---------------------------------------------------------------------------------------
-struct Plan {
-  std::shared_ptr<const Form> form;
-  std::vector<Patch> patches;              // scalar patch points, fed from sources each run
-  std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
-  std::vector<ScalarSource> build_sources; // the sources' values during the call the form is of
-  std::vector<at::Tensor> run_exts;        // externals as runs see them (see value_of)
-  // The persistent tensors as the plan expects them before a run (snapshot_exts): a tensor
-  // whose storage, offset, sizes, dtype or requires_grad changed in place (p.data = ...,
-  // requires_grad_(False) to freeze it) fails the run's guard.
-  struct ExtSnap {
-    const c10::StorageImpl* storage;
-    std::int64_t offset;
-    std::vector<std::int64_t> sizes;
-    c10::ScalarType dtype;
-    bool requires_grad;
-  };
-  std::vector<ExtSnap> ext_snap;
-  ContentHash key;                         // content address: form hash with patch points masked
-  std::vector<at::Tensor> slots;
-  std::atomic<bool> busy{false};
-  std::atomic<std::uint64_t> runs{0};
-  double build_ms = 0;
-  std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
-  int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
-  // The static arena (ReplayArena.h): planned from the first run's allocations.
-  enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
-  ArenaPlan arena;
-  std::string arena_note;  // why the arena is off
-  std::uint64_t arena_runs = 0, arena_mismatches = 0;
-};
-
-// Holds a plan's busy flag: what a run holds, so reading or changing a plan (info, checks,
-// updates) never overlaps a run on another thread. Waits for a running plan to finish.
-class BusyLock {
- public:
-  explicit BusyLock(Plan& p) : p_(p) {
-    bool idle = false;
-    while (!p_.busy.compare_exchange_weak(idle, true)) {
-      idle = false;
-      std::this_thread::yield();
-    }
-  }
-  ~BusyLock() { p_.busy.store(false); }
-  BusyLock(const BusyLock&) = delete;
-  BusyLock& operator=(const BusyLock&) = delete;
-
- private:
-  Plan& p_;
-};
 
 struct Registry {
   std::mutex mu;
@@ -779,6 +700,7 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
   try {
     for (CapturedOp& op : cap->ops) b.add_op(op);
     for (std::size_t j = 0; j < outputs.size(); ++j) b.add_output(outputs[j], j);
+    b.add_marks(cap->marks);
     b.add_grad_bindings();
     b.add_grad_pre(t_pre_grads);
     t_pre_grads.clear();
@@ -811,6 +733,65 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const st
     }
   }
   return at::Tensor();
+}
+
+void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
+               std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars) {
+  const Form& f = *p.form;
+  torch::jit::Stack stack;
+  bool grad = c10::GradMode::is_enabled();
+  for (std::size_t k = begin; k < end; ++k) {
+    const OpT& o = f.ops[k];
+    if (o.skip) continue;
+    if (o.grad_mode != grad) c10::GradMode::set_enabled(grad = o.grad_mode);
+    stack.clear();
+    std::int32_t patch = p.op_patch[k];
+    for (std::size_t i = 0; i < o.args.size(); ++i) {
+      const ArgT& a = o.args[i];
+      switch (a.kind) {
+        case ArgT::Const:
+          if (patch >= 0 && static_cast<std::size_t>(patch) < p.patches.size() && p.patches[patch].op == k &&
+              p.patches[patch].arg == i && p.patches[patch].ext < 0) {
+            stack.emplace_back(scalars[p.patches[patch].source]);
+            ++patch;
+          } else {
+            stack.push_back(a.value);
+          }
+          break;
+        case ArgT::Tensor: stack.emplace_back(value_of(f, exts, slots, args, a.refs[0])); break;
+        case ArgT::TensorList: {
+          c10::List<at::Tensor> l;
+          l.reserve(a.refs.size());
+          for (Ref r : a.refs) l.push_back(value_of(f, exts, slots, args, r));
+          stack.emplace_back(std::move(l));
+          break;
+        }
+        case ArgT::OptTensorList: {
+          c10::List<c10::optional<at::Tensor>> l;
+          l.reserve(a.refs.size());
+          for (Ref r : a.refs) {
+            if (r.kind == Ref::None) l.push_back(c10::nullopt);
+            else l.push_back(value_of(f, exts, slots, args, r));
+          }
+          stack.emplace_back(std::move(l));
+          break;
+        }
+      }
+    }
+    o.op.callBoxed(&stack);
+    for (std::size_t i = 0; i < o.outs.size() && i < stack.size(); ++i) {
+      const OutT& out = o.outs[i];
+      if (out.kind == OutT::Tensor) {
+        slots[out.slot] = std::move(stack[i]).toTensor();
+      } else if (out.kind == OutT::TensorList) {
+        const auto list = stack[i].toTensorList();
+        TORCH_CHECK(list.size() == out.count, op_name(o.op), " returned ", list.size(),
+                    " tensors in the plan, ", out.count, " when captured");
+        for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
+      }
+    }
+    for (std::uint32_t s : o.release) slots[s].reset();
+  }
 }
 
 std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::ArrayRef<double> scalars) {
@@ -884,60 +865,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
   std::vector<at::Tensor>& slots = p->slots;
   slots.assign(f.num_slots, at::Tensor());
-  torch::jit::Stack stack;
-  bool grad = c10::GradMode::is_enabled();
-  for (std::size_t k = 0; k < f.ops.size(); ++k) {
-    const OpT& o = f.ops[k];
-    if (o.skip) continue;
-    if (o.grad_mode != grad) c10::GradMode::set_enabled(grad = o.grad_mode);
-    stack.clear();
-    std::int32_t patch = p->op_patch[k];
-    for (std::size_t i = 0; i < o.args.size(); ++i) {
-      const ArgT& a = o.args[i];
-      switch (a.kind) {
-        case ArgT::Const:
-          if (patch >= 0 && static_cast<std::size_t>(patch) < p->patches.size() && p->patches[patch].op == k &&
-              p->patches[patch].arg == i && p->patches[patch].ext < 0) {
-            stack.emplace_back(scalars[p->patches[patch].source]);
-            ++patch;
-          } else {
-            stack.push_back(a.value);
-          }
-          break;
-        case ArgT::Tensor: stack.emplace_back(value_of(f, p->run_exts, slots, args, a.refs[0])); break;
-        case ArgT::TensorList: {
-          c10::List<at::Tensor> l;
-          l.reserve(a.refs.size());
-          for (Ref r : a.refs) l.push_back(value_of(f, p->run_exts, slots, args, r));
-          stack.emplace_back(std::move(l));
-          break;
-        }
-        case ArgT::OptTensorList: {
-          c10::List<c10::optional<at::Tensor>> l;
-          l.reserve(a.refs.size());
-          for (Ref r : a.refs) {
-            if (r.kind == Ref::None) l.push_back(c10::nullopt);
-            else l.push_back(value_of(f, p->run_exts, slots, args, r));
-          }
-          stack.emplace_back(std::move(l));
-          break;
-        }
-      }
-    }
-    o.op.callBoxed(&stack);
-    for (std::size_t i = 0; i < o.outs.size() && i < stack.size(); ++i) {
-      const OutT& out = o.outs[i];
-      if (out.kind == OutT::Tensor) {
-        slots[out.slot] = std::move(stack[i]).toTensor();
-      } else if (out.kind == OutT::TensorList) {
-        const auto list = stack[i].toTensorList();
-        TORCH_CHECK(list.size() == out.count, op_name(o.op), " returned ", list.size(),
-                    " tensors in the plan, ", out.count, " when captured");
-        for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
-      }
-    }
-    for (std::uint32_t s : o.release) slots[s].reset();
-  }
+  run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
   for (const auto& [e, r] : f.grads) {
     at::Tensor g = value_of(f, p->run_exts, slots, args, r);
     p->run_exts[e].mutable_grad() = std::move(g);
@@ -969,7 +897,8 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   return outs;
 }
 
-}  // namespace
+}  // namespace replay
+using namespace replay;
 
 bool take_guard_failure() {
   const bool failed = t_guard_failed;
@@ -992,6 +921,30 @@ void capture_start(bool capture_only) {
   t_key_was_on = is_enabled();
   thread_state().capture = t_active.get();
   set_enabled(true);
+}
+
+void capture_mark_op(std::int64_t kind, std::int64_t tag, bool retain_graph, at::TensorList roots,
+                     at::TensorList seeds) {
+  TORCH_CHECK(kind == Form::Mark::Backward || kind == Form::Mark::OptimizerStep, "crucible::capture_mark: kind ", kind);
+  if (t_active == nullptr) return;  // not capturing on this thread
+  detail::CaptureMark m;
+  m.kind = static_cast<std::uint8_t>(kind);
+  m.tag = tag;
+  m.begin = static_cast<std::uint32_t>(t_active->ops.size());
+  m.retain_graph = retain_graph;
+  m.roots.assign(roots.begin(), roots.end());
+  m.seeds.assign(seeds.begin(), seeds.end());
+  t_active->marks.push_back(std::move(m));
+}
+
+void capture_mark_end() {
+  if (t_active == nullptr) return;
+  for (auto it = t_active->marks.rbegin(); it != t_active->marks.rend(); ++it) {
+    if (!it->open) continue;
+    it->open = false;
+    it->end = static_cast<std::uint32_t>(t_active->ops.size());
+    return;
+  }
 }
 
 void capture_stop() {
@@ -1157,6 +1110,106 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
   return id;
 }
 
+namespace {
+bool may_draw_random_op(const OpT& o) {
+  static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
+                                  "poisson", "exponential", "geometric", "cauchy", "log_normal",
+                                  "random", "rrelu", "gamma", "binomial", "dirichlet"};
+  const std::string& name = o.op.schema().name();
+  for (const char* r : kRandom)
+    if (name.find(r) != std::string::npos) return true;
+  return false;
+}
+
+// Which marked stretches of a sync-point plan may run natively, and why not (Note [Sync-point
+// execution], Sync.cpp).
+void plan_segments(Plan& p) {
+  const Form& f = *p.form;
+  p.slot_producer.assign(f.num_slots, -1);
+  for (std::size_t k = 0; k < f.ops.size(); ++k)
+    for (const OutT& o : f.ops[k].outs)
+      for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s) p.slot_producer[s] = static_cast<std::int32_t>(k);
+  std::size_t first_live_op = f.ops.size();
+  for (std::uint64_t la : p.live_args) first_live_op = std::min<std::size_t>(first_live_op, la >> 32);
+  p.segments.clear();
+  std::uint32_t prev_end = 0;
+  for (const Form::Mark& m : f.marks) {
+    Plan::Segment seg;
+    auto refuse = [&](std::string why) {
+      if (seg.why.empty()) seg.why = std::move(why);
+    };
+    if (m.begin < prev_end || m.end < m.begin || m.end > f.ops.size()) refuse("it overlaps another marked stretch");
+    prev_end = std::max(prev_end, m.end);
+    if (m.kind == Form::Mark::Backward) {
+      if (first_live_op < m.begin)
+        refuse(describe_op(f.ops[first_live_op], first_live_op) + " takes a scalar Python computes anew each "
+               "call, and the backward's own copies of such scalars are not patch points");
+      if (m.roots.size() != 1) refuse("backward() was given several tensors");
+    }
+    for (std::size_t k = m.begin; k < m.end && k < f.ops.size() && seg.why.empty(); ++k) {
+      const OpT& o = f.ops[k];
+      for (std::size_t i = 0; i < o.args.size(); ++i) {
+        if (p.live_args.contains(static_cast<std::uint64_t>(k) << 32 | i))
+          refuse(describe_op(o, k) + " argument '" + arg_name(o, i) + "' is a scalar Python computes anew each call");
+        for (Ref r : o.args[i].refs)
+          if (r.kind == Ref::Ext && p.live_ext[r.idx] != 0 && f.ext_use[r.idx].op >= m.begin)
+            refuse(describe_op(o, k) + " reads a tensor Python makes anew each call");
+      }
+      if (m.kind == Form::Mark::Backward && p.op_patch[k] >= 0)
+        refuse(describe_op(o, k) + " takes a scalar from the optimizer's sources inside backward");
+      for (const Patch& pt : p.patches)
+        if (m.kind == Form::Mark::Backward && pt.ext >= 0 && f.ext_use[static_cast<std::size_t>(pt.ext)].op >= m.begin)
+          refuse("a Python number the plan patches is first read inside backward");
+      if (m.kind == Form::Mark::Backward && !o.skip && may_draw_random_op(o))
+        refuse(describe_op(o, k) + " draws random numbers inside backward (activation checkpointing?)");
+      if (m.kind == Form::Mark::Backward && o.op.schema().name() == "aten::_local_scalar_dense")
+        refuse(describe_op(o, k) + " reads a tensor value inside backward");
+    }
+    seg.native = seg.why.empty();
+    p.segments.push_back(std::move(seg));
+  }
+}
+}  // namespace
+
+std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                             const std::vector<ScalarSource>& sources_b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = get_form(form_a);
+  auto b = get_form(form_b);
+  if (sources_a.size() != sources_b.size())
+    throw std::runtime_error("crucible: scalar sources of the two recorded calls differ in number");
+  std::vector<Patch> patches;
+  std::vector<std::uint64_t> live_args;
+  std::vector<std::uint32_t> live_exts;
+  const std::string diff =
+      compare_forms(*a, *b, &sources_a, &sources_b, &patches, nullptr, nullptr, &live_args, &live_exts);
+  if (!diff.empty()) throw std::runtime_error(diff);
+  auto p = std::make_shared<Plan>();
+  p->form = b;
+  p->sync = true;
+  p->key = plan_key(*b, patches);
+  p->patches = std::move(patches);
+  index_patches(*p);
+  snapshot_exts(*p);
+  p->build_sources = sources_b;
+  p->live_ext.assign(b->exts.size(), 0);
+  for (std::uint32_t e : live_exts) p->live_ext[e] = 1;
+  for (std::size_t e = 0; e < a->exts.size(); ++e)
+    if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
+      p->constants.push_back(static_cast<std::uint32_t>(e));
+  p->live_args.insert(live_args.begin(), live_args.end());
+  plan_segments(*p);
+  p->arena_state = Plan::Arena::Off;
+  p->arena_note = "a sync-point plan runs stretches of the step with PyTorch's allocator";
+  p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  const std::int64_t id = r.next++;
+  r.plans.emplace(id, std::move(p));
+  ++r.counters.plan_builds;
+  return id;
+}
+
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   auto p = get_plan(plan);
   auto f = get_form(form);
@@ -1287,6 +1340,15 @@ PlanInfo plan_info(std::int64_t id) {
   i.runs = p->runs.load();
   i.hash = f.hash.hex();
   i.build_ms = p->build_ms;
+  i.sync = p->sync;
+  for (std::size_t m = 0; m < f.marks.size() && m < p->segments.size(); ++m) {
+    const Form::Mark& mk = f.marks[m];
+    std::string what = mk.kind == Form::Mark::Backward ? "backward()" : "optimizer " + std::to_string(mk.tag) + " step()";
+    what += " (ops " + std::to_string(mk.begin) + "-" + std::to_string(mk.end) + "): ";
+    i.segments.push_back(what + (p->segments[m].native ? "native" : "eager: " + p->segments[m].why));
+  }
+  i.live_args = p->live_args.size();
+  for (std::uint8_t x : p->live_ext) i.live_exts += x;
   return i;
 }
 
@@ -1304,4 +1366,6 @@ TORCH_LIBRARY(crucible, m) {
   m.def("note_grads(Tensor[] params) -> ()", &crucible::vessel::note_grads_op);
   m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
   m.def("run(int plan, Tensor[] args, float[] scalars) -> Tensor[]", &crucible::vessel::run_op);
+  m.def("capture_mark(int kind, int tag, bool retain_graph, Tensor[] roots, Tensor[] seeds) -> ()",
+        &crucible::vessel::capture_mark_op);
 }

@@ -33,6 +33,9 @@ namespace crucible::vessel {
 bool take_guard_failure();
 
 void capture_start(bool capture_only);
+// Closes the innermost mark the capture_mark op opened (backward() or an optimizer step
+// returned).
+void capture_mark_end();
 // Stops capturing and restores the thread's recording state. The capture waits for
 // capture_finish (the crucible::capture_finish op, which receives the call's tensors).
 void capture_stop();
@@ -70,6 +73,25 @@ struct ScalarSource {
 std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
                         const std::vector<ScalarSource>& sources_b);
 void plan_release(std::int64_t plan);
+
+// Note [Sync-point execution] (Sync.cpp). A sync-point plan: built like plan_build, except
+// that a scalar or tensor Python makes anew each call with another value is taken from the
+// call (its Python runs) instead of refusing the plan; only structural differences (other
+// ops, other wiring) refuse it.
+std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                             const std::vector<ScalarSource>& sources_b);
+// During a sync-point call (begun by the crucible::sync_start op): the optimizer with index
+// `tag` is about to step; if the plan's next ops are that step's and may run natively, runs
+// them (the sources' values in `scalars`) and returns true; else false (the step runs eagerly
+// and its ops are matched).
+bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars);
+struct SyncResult {
+  bool matched = false;       // every op of the call matched the plan
+  std::string why;            // the first mismatch
+  std::size_t plan_ops = 0, matched_ops = 0, native_ops = 0, native_segments = 0;
+};
+// Ends the thread's sync-point call (also after the step raised).
+SyncResult sync_end();
 // Arena on (the default; planned on the next run) or off.
 void plan_set_arena(std::int64_t plan, bool on);
 
@@ -116,6 +138,9 @@ struct PlanInfo {
   std::vector<std::string> op_names;  // per kernel call, "aten::addmm (forward)"
   std::vector<std::string> constant_uses;  // where each constant is first read, and what it is
   std::vector<std::string> value_reads;    // .item() outside the optimizer: Python saw a tensor's value
+  bool sync = false;                       // a sync-point plan (plan_build_sync)
+  std::vector<std::string> segments;       // its backward()/step() stretches: "native" or why not
+  std::size_t live_args = 0, live_exts = 0;  // scalars and tensors taken from each call
 };
 PlanInfo plan_info(std::int64_t plan);
 

@@ -7,11 +7,12 @@ import weakref
 from . import recorder as _recording
 from ._args import _nonnegative_int
 from ._compile_stats import COUNTERS as _COUNTERS, live_steps as _live_steps, retire_stats as _retire_stats
-from ._errors import CrucibleError, CrucibleTypeError, CrucibleWarning
+from ._errors import CrucibleError, CrucibleTypeError, CrucibleValueError, CrucibleWarning
 from ._native import ext as _ext
 from .optimizer_sources import ScalarSources as _ScalarSources
 from ._python_guard import PythonGuard as _PythonGuard
 from .purity import Watch as _Watch
+from ._sync import Hooks as _Hooks
 
 _MISSING = object()
 _PLAIN = (bool, int, float, str, type(None), tuple)
@@ -20,6 +21,8 @@ _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
 _MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
 _MAX_IDLE_REPLANS = 3  # plans of one signature dropped with no plan run between them before it runs eagerly
+_MAX_SYNC_MISSES = 3   # sync-point calls in a row that left their plan before it is recorded again
+_MODES = ("auto", "replay", "sync")
 
 
 class _Unsupported(Exception):
@@ -239,7 +242,8 @@ class _StateGuard:
 class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
-                 "form_closures", "replans_idle")
+                 "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
+                 "cap_hyper")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -256,6 +260,11 @@ class _Entry:
         self.lifted = {}       # id(param group) -> hyperparameters the plan takes from sources
         self.patched = False   # the plan has patch points: each run needs the sources' values
         self.attempts = 0      # plan builds that failed: two recorded calls disagreed
+        # "replay" (whole-step), "sync" (sync-point: the Python runs), or None (not decided yet)
+        self.mode, self.mode_why = None, None
+        self.sync_misses = 0   # sync-point calls in a row that left the plan
+        self.hypers = []       # per recorded form: the optimizers' hyperparameters as its call began
+        self.cap_hyper = None  # the last captured call's
 
 
 class CompiledStep:
@@ -276,9 +285,15 @@ class CompiledStep:
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument."""
 
-    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
+    def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
+                 mode: str = "auto"):
         if not callable(fn):
             raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
+        if not isinstance(mode, str):
+            raise CrucibleTypeError(f"crucible.compile: mode must be a string, got {type(mode).__name__}")
+        if mode not in _MODES:
+            raise CrucibleValueError(f"crucible.compile: mode must be one of {', '.join(_MODES)}, got {mode!r}")
+        self._mode = mode
         verify_every = _nonnegative_int("compile", "verify_every", verify_every)
         warmup = _nonnegative_int("compile", "warmup", warmup)
         if not isinstance(arena, bool):
@@ -313,6 +328,7 @@ class CompiledStep:
         self._run = torch.ops.crucible.run
         self._finish = torch.ops.crucible.capture_finish
         self._note_grads = torch.ops.crucible.note_grads
+        self._sync_start = torch.ops.crucible.sync_start
         self._tensor = torch.Tensor
         self._C = torch._C
         self._stats = {k: 0 for k in _COUNTERS}
@@ -328,6 +344,7 @@ class CompiledStep:
         self.last_divergence = None
         self.last_guard_failure = None   # what Python state changed, when it was that
         self.last_replan = None          # why the last plan was dropped and recorded again
+        self.last_sync_mismatch = None   # why the last sync-point call left its plan
         self._replan_warned = False
         self.__wrapped__ = fn
 
@@ -376,6 +393,7 @@ class CompiledStep:
         if e.plan is not None:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
+        e.hypers, e.sync_misses = [], 0
 
     def _refuse(self, e, why, causes=None):
         import warnings
@@ -501,6 +519,8 @@ class CompiledStep:
             e = self._entries[key] = _Entry()
             if self._warm:   # the first call made the step's state: later signatures record at once
                 e.seen = self._warmup
+        if e.plan is not None and e.mode == "sync":
+            return self._sync_call(e, args, kwargs, tensors)
         if e.plan is not None:
             if not e.guard.ok():
                 st["guard_failures"] += 1
@@ -549,60 +569,152 @@ class CompiledStep:
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
-        if e.forms and spec != e.spec:
-            _ext.form_release(form)
-            self._refuse(e, "the step returned a different structure (or made other after_step calls) in two calls")
-            return result
-        why = _closures_differ(e.form_closures[-1], e.cap_closures) if e.forms else None
-        if why:
-            _ext.form_release(form)
-            self._refuse(e, why)
-            return result
+        if e.mode != "sync":   # a sync-point call runs its Python: return values and closures are its own
+            why = ("the step returned a different structure (or made other after_step calls) in two calls"
+                   if e.forms and spec != e.spec else
+                   _closures_differ(e.form_closures[-1], e.cap_closures) if e.forms else None)
+            if why:
+                _ext.form_release(form)
+                self._refuse(e, why)
+                return result
         e.spec = spec
         e.forms.append(form)
         e.srcs.append(e.cap_srcs)
         e.form_closures.append(e.cap_closures)
+        e.hypers.append(e.cap_hyper)
         if len(e.forms) == 2:
+            self._build(e)
+        return result
+
+    def _build(self, e):
+        """A plan from the signature's two recorded calls: whole-step when both were pure and
+        agree op for op (mode "replay" or "auto"), else sync-point (mode "sync" or "auto")."""
+        a, b = e.forms
+        plan, why, causes = None, None, None
+        if e.mode != "sync":
             try:
-                e.plan = _ext.plan_build(e.forms[0], e.forms[1], e.srcs[0], e.srcs[1])
+                plan = _ext.plan_build(a, b, e.srcs[0], e.srcs[1])
             except RuntimeError as err:
-                e.attempts += 1
-                if e.attempts >= _MAX_ATTEMPTS:
-                    self._refuse(e, str(err))
-                else:   # maybe a one-off (state that changed between the two calls): try the next pair
-                    _ext.form_release(e.forms.pop(0))
-                    e.srcs.pop(0)
-                    e.form_closures.pop(0)
-                return result
-            for f in e.forms:
-                _ext.form_release(f)
-            e.forms, e.srcs = [], []
-            e.closures, e.form_closures = e.cap_closures, []
-            if not self._arena:
-                _ext.plan_set_arena(e.plan, False)
-            info = _ext.plan_info(e.plan)
-            if info["value_reads"]:
-                reads = info["value_reads"]
-                self._refuse(e, f"the step reads tensor values into Python ({', '.join(reads[:3])}"
-                                f"{', ...' if len(reads) > 3 else ''}: .item(), bool(), float(), printing "
-                                f"a tensor); a replay would not give Python those values, and a branch on "
-                                f"them would not be taken again. Read values after the call (return the "
-                                f"tensor), or outside the step",
-                             [f"a tensor value read into Python by {r}" for r in reads])
-                return result
-            e.patched = info["patches"] > 0
-            if not self._guard_objs and not self._nothing_guarded_warned:
-                import warnings
-                self._nothing_guarded_warned = True
-                warnings.warn(
-                    "crucible.compile found no torch.nn.Module or optimizer in the step (its bound "
-                    "self, closure, the globals it names, one attribute deep): a replaced parameter, "
-                    "a loaded optimizer state, train()/eval() or a new learning rate will not be "
-                    "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
-                    CrucibleWarning, stacklevel=2)
+                why = str(err)
+            reads = _ext.plan_info(plan)["value_reads"] if plan is not None else []
+            if reads:
+                _ext.plan_release(plan)
+                plan = None
+                why = (f"the step reads tensor values into Python ({', '.join(reads[:3])}"
+                       f"{', ...' if len(reads) > 3 else ''}: .item(), bool(), float(), printing a tensor); a "
+                       f"replay would not give Python those values, and a branch on them would not be taken "
+                       f"again. Read values after the call (return the tensor), or outside the step")
+                causes = [f"a tensor value read into Python by {r}" for r in reads]
+                if self._mode == "replay":
+                    self._refuse(e, why, causes)
+                    return
+        if plan is None and self._mode != "replay":
+            try:
+                plan = _ext.plan_build_sync(a, b, e.srcs[0], e.srcs[1])
+            except RuntimeError as err:
+                why = str(err)
+            else:
+                if e.mode != "sync":
+                    e.mode, e.mode_why = "sync", why
+                    e.causes = causes or [why]
+        if plan is None:
+            e.attempts += 1
+            if e.attempts >= _MAX_ATTEMPTS:
+                self._refuse(e, why, causes)
+            else:   # maybe a one-off (state that changed between the two calls): try the next pair
+                _ext.form_release(e.forms.pop(0))
+                e.srcs.pop(0)
+                e.form_closures.pop(0)
+                e.hypers.pop(0)
+            return
+        e.plan = plan
+        lifted = self._lifted_between(*e.hypers) if e.mode == "sync" else {}
+        for f in e.forms:
+            _ext.form_release(f)
+        e.forms, e.srcs, e.hypers = [], [], e.hypers[-1:]
+        e.closures, e.form_closures = e.cap_closures, []
+        if e.mode is None:
+            e.mode = "replay"
+        if e.mode == "replay" and not self._arena:
+            _ext.plan_set_arena(e.plan, False)
+        e.patched = _ext.plan_info(e.plan)["patches"] > 0
+        if not self._guard_objs and not self._nothing_guarded_warned:
+            import warnings
+            self._nothing_guarded_warned = True
+            warnings.warn(
+                "crucible.compile found no torch.nn.Module or optimizer in the step (its bound "
+                "self, closure, the globals it names, one attribute deep): a replaced parameter, "
+                "a loaded optimizer state, train()/eval() or a new learning rate will not be "
+                "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
+                CrucibleWarning, stacklevel=3)
+        if e.mode == "sync":
+            e.guard = _StateGuard(self._guard_objs, lifted)
+            e.sync_misses = 0
+        else:
             e.guard, e.py = e.cap_guard, e.cap_py
-            e.attempts = 0
-            self._count("plans_built")
+        e.attempts = 0
+        self._count("plans_built")
+
+    def _lifted_between(self, h0, h1):
+        """id(param group) -> the hyperparameters of recognized optimizers that differed between
+        the two recorded calls of a sync-point plan (h0, h1: ScalarSources.hyperparameters() as
+        each began). The plan was built from calls that disagreed on them, so it feeds every
+        scalar they make from the sources or takes it from the call: they are not guarded."""
+        lifted = {}
+        if not h0 or not h1:
+            return lifted
+        for opt, gs0, gs1 in zip(self._sources.optimizers(), h0, h1):
+            for g, a, b in zip(opt.param_groups, gs0, gs1):
+                ks = set()
+                for k in set(a) | set(b):
+                    try:
+                        same = bool(a.get(k, _MISSING) == b.get(k, _MISSING))
+                    except (RuntimeError, TypeError, ValueError):
+                        same = False
+                    if not same:
+                        ks.add(k)
+                if ks:
+                    lifted[id(g)] = ks
+        return lifted
+
+    def _sync_call(self, e, args, kwargs, tensors):
+        """A call of a sync-point plan (Note [Sync-point execution], vessel/torch/Sync.cpp): the
+        step's Python runs; its ops are matched against the plan, and its backward() and
+        optimizer steps run natively where everything before them matched."""
+        st = self._stats
+        st["sync_calls"] += 1
+        patched, sources = e.patched, self._sources
+        hooks = _Hooks("sync", self._optimizers(), step_ok=lambda opt: e.guard.ok(),
+                       scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [])
+        self._sync_start(e.plan, tensors)
+        try:
+            with hooks:
+                result = self._fn(*args, **kwargs)
+        finally:
+            r = _ext.sync_end()
+        if r["native_segments"]:
+            st["sync_native"] += 1
+            e.replans_idle = 0
+        if r["matched"] and not hooks.eager_steps:
+            e.sync_misses = 0
+            return result
+        if not r["matched"]:
+            st["sync_mismatches"] += 1
+            self.last_sync_mismatch = r["why"]
+        else:
+            self.last_sync_mismatch = hooks.eager_steps[0]
+        e.sync_misses += 1
+        if e.sync_misses >= _MAX_SYNC_MISSES:   # the plan no longer fits the step: record it again
+            self._count("replans")
+            self.last_replan = self.last_sync_mismatch
+            e.replans_idle += 1
+            idle = e.replans_idle
+            self._drop(e)
+            e.seen = self._warmup
+            if idle >= _MAX_IDLE_REPLANS:
+                self._refuse(e, f"its sync-point plan was dropped {idle} times with no call running natively in "
+                                f"between (the step takes another path too often); the last time: "
+                                f"{self.last_replan}")
         return result
 
     def _params(self):
@@ -615,6 +727,10 @@ class CompiledStep:
                 for g in o.param_groups:
                     ps.extend(g["params"])
         return ps
+
+    def _optimizers(self):
+        import torch
+        return [o for o in self._guard_objs if isinstance(o, torch.optim.Optimizer)]
 
     def _rediscover(self):
         """Modules and optimizers again (a global assigned after compile(), a new optimizer)."""
@@ -647,6 +763,9 @@ class CompiledStep:
         self._note_grads(params)
         e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
         hyper = self._sources.hyperparameters() if self._has_sources else None
+        e.cap_hyper = hyper
+        if self._mode == "sync":
+            e.mode, e.mode_why = "sync", "mode=\"sync\""
         watch = _Watch(self._fn, self._guard_extra, (args, kwargs))
         try:
             watch.start()   # before the capture: its walk of the step's state runs no ATen op
@@ -660,7 +779,8 @@ class CompiledStep:
             self._refuse(e, str(err))
             return self._fn(*args, **kwargs), None, None
         try:
-            result = self._fn(*args, **kwargs)
+            with _Hooks("capture", self._optimizers()):   # marks backward() and step() (Sync.cpp)
+                result = self._fn(*args, **kwargs)
         except BaseException:
             _ext.capture_discard()
             watch.stop()
@@ -669,6 +789,13 @@ class CompiledStep:
         watch.stop()
         e.cap_srcs = self._sources.values(False, hyper) if self._has_sources else []
         problems = watch.finish()
+        if problems and self._mode != "replay" and e.mode != "replay":
+            # The Python does more than ATen ops: a sync-point plan runs it on every call.
+            if e.mode != "sync":
+                self._count("impure_captures")
+                e.mode, e.mode_why = "sync", problems[0]
+                e.causes = problems
+            problems = []
         if problems:
             # Maybe a one-off (the optimizer creating a new parameter's state, a lazily built
             # cache): the capture is dropped, and after _MAX_ATTEMPTS such calls the signature
@@ -683,6 +810,8 @@ class CompiledStep:
                              problems)
             return result, None, None
         scheds = list(watch.schedulers)
+        if e.mode == "sync":
+            scheds = []   # its Python steps them
         if e.scheds is not None and [(id(s), n) for s, n in e.scheds] != [(id(s), n) for s, n in scheds]:
             _ext.capture_discard()
             self._refuse(e, "the step stepped its LR schedulers differently in two calls")
@@ -697,8 +826,8 @@ class CompiledStep:
             return result, None, None
         closures = _closure_stack()[-1]   # after_step calls of this call: their tensors are outputs too
         e.cap_closures = [fn for fn, _ in closures]
-        e.cap_py = _PythonGuard(self._fn, self._guard_extra, self._guard_objs, watch.skip_ids, e.cap_closures,
-                                (args, kwargs))
+        e.cap_py = None if e.mode == "sync" else _PythonGuard(self._fn, self._guard_extra, self._guard_objs,
+                                                              watch.skip_ids, e.cap_closures, (args, kwargs))
         if closures:
             for _, ts in closures:
                 flat.extend(ts)

@@ -35,6 +35,10 @@ class ScalarSources:
     def __bool__(self):
         return bool(self._opts)
 
+    def optimizers(self) -> list:
+        """The recognized optimizers, in the order hyperparameters() and values() walk them."""
+        return list(self._opts)
+
     def hyperparameters(self) -> list:
         """The param groups' hyperparameters now, for values(): a step that changes them itself
         (a scheduler stepped inside it) used the ones it started with."""

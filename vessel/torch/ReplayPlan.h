@@ -1,0 +1,193 @@
+// ReplayPlan.h — internal to libcrucible_dispatch.so: a captured call's form and the plan
+// built from two of them (Replay.cpp), shared with sync-point execution (Sync.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "Replay.h"
+#include "ReplayArena.h"
+#include "absl/container/flat_hash_set.h"
+#include "crucible/core/ContentHash.h"
+#include "crucible/record/Recorder.h"
+
+namespace crucible::vessel::replay {
+
+// ---------------------------------------------------------------------------------------
+// Where a tensor of the plan comes from.
+struct Ref {
+  enum Kind : std::uint8_t { None, Slot, Arg, Ext, View };
+  Kind kind = None;
+  std::uint32_t idx = 0;
+};
+
+// A view the plan rebuilds each run: as_strided on its base, offset relative to the base's.
+struct ViewSpec {
+  Ref base;
+  std::vector<std::int64_t> sizes, strides;
+  std::int64_t offset_delta = 0;
+};
+
+struct ArgT {
+  enum Kind : std::uint8_t { Const, Tensor, TensorList, OptTensorList };
+  Kind kind = Const;
+  c10::IValue value;      // Const
+  std::vector<Ref> refs;  // Tensor: one; lists: one per element (None for an absent one)
+};
+
+struct OutT {
+  enum Kind : std::uint8_t { Ignore, Tensor, TensorList };
+  Kind kind = Ignore;
+  std::uint32_t slot = 0;   // first slot
+  std::uint32_t count = 0;  // TensorList: elements
+};
+
+struct OpT {
+  explicit OpT(c10::OperatorHandle h) : op(std::move(h)) {}
+  c10::OperatorHandle op;
+  std::vector<ArgT> args;
+  std::vector<OutT> outs;
+  bool grad_mode = false;
+  record::Phase phase = record::Phase::Forward;
+  bool skip = false;                    // a pure read of a scalar for Python (.item())
+  std::vector<std::uint32_t> release;   // slots whose last use is this op
+  std::vector<std::string> arg_sig;     // canonical text per argument (no data pointers)
+  std::vector<std::uintptr_t> tensor_ptrs;  // data pointers of its tensor arguments when captured
+  std::string out_sig;
+};
+
+struct ArgMeta {
+  std::vector<std::int64_t> sizes, strides;
+  c10::ScalarType dtype;
+  c10::Device device{c10::kCPU};
+};
+
+struct Use {  // where an external is first used, for messages
+  std::size_t op = 0;
+  std::size_t arg = 0;
+};
+
+struct Form {
+  std::vector<OpT> ops;
+  std::vector<at::Tensor> exts;
+  std::vector<Use> ext_use;
+  std::vector<std::uint8_t> ext_lifted;  // per external: 1 for a lifted constant (Note [Lifted constants])
+  std::vector<ViewSpec> views;
+  std::vector<Ref> outputs;
+  std::vector<std::pair<std::uint32_t, Ref>> grads;  // external (a leaf) → its new .grad
+  // What each leaf's .grad was when the call began (crucible::note_grads): a run must start
+  // from the same kind of state — no gradient (AccumulateGrad stores a new one), the same
+  // gradient tensor the ops accumulate into, or some gradient the step discards itself.
+  struct GradPre {
+    std::uint32_t ext;
+    enum State : std::uint8_t { None, Read, Unread } state;
+    std::uint32_t grad_ext;  // Read: the external the ops accumulate into
+  };
+  std::vector<GradPre> grad_pre;
+  // Where the step called backward() and optimizer.step() during the call (Note [Sync-point
+  // execution], Sync.cpp): the ops of [begin, end) ran inside that call.
+  struct Mark {
+    enum Kind : std::uint8_t { Backward, OptimizerStep } kind = Backward;
+    std::int64_t tag = 0;             // OptimizerStep: which optimizer (its index among the guarded)
+    std::uint32_t begin = 0, end = 0;
+    std::vector<Ref> roots, seeds;    // Backward: the tensors and gradients backward() was given
+    bool retain_graph = false;
+  };
+  std::vector<Mark> marks;
+  std::uint32_t num_slots = 0;
+  std::vector<ArgMeta> arg_meta;
+  std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
+  ContentHash hash;
+};
+
+struct Patch {
+  std::uint32_t op = 0, arg = 0;  // a constant argument...
+  std::int64_t ext = -1;          // ...or a Python number (wrapped tensor) external
+  std::uint32_t source = 0;
+};
+
+struct Plan {
+  std::shared_ptr<const Form> form;
+  std::vector<Patch> patches;              // scalar patch points, fed from sources each run
+  std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
+  std::vector<ScalarSource> build_sources; // the sources' values during the call the form is of
+  std::vector<at::Tensor> run_exts;        // externals as runs see them (see value_of)
+  // The persistent tensors as the plan expects them before a run (snapshot_exts): a tensor
+  // whose storage, offset, sizes, dtype or requires_grad changed in place (p.data = ...,
+  // requires_grad_(False) to freeze it) fails the run's guard.
+  struct ExtSnap {
+    const c10::StorageImpl* storage;
+    std::int64_t offset;
+    std::vector<std::int64_t> sizes;
+    c10::ScalarType dtype;
+    bool requires_grad;
+  };
+  std::vector<ExtSnap> ext_snap;
+  ContentHash key;                         // content address: form hash with patch points masked
+  std::vector<at::Tensor> slots;
+  std::atomic<bool> busy{false};
+  std::atomic<std::uint64_t> runs{0};
+  double build_ms = 0;
+  std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
+  int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
+  // The static arena (ReplayArena.h): planned from the first run's allocations.
+  enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
+  ArenaPlan arena;
+  std::string arena_note;  // why the arena is off
+  std::uint64_t arena_runs = 0, arena_mismatches = 0;
+  // Sync-point execution (Note [Sync-point execution], Sync.cpp): what a call may differ in
+  // from the plan, and which marked stretches run natively.
+  bool sync = false;
+  absl::flat_hash_set<std::uint64_t> live_args;  // (op << 32 | arg): a scalar Python computes anew each call
+  std::vector<std::uint8_t> live_ext;            // per external: taken from the call, whatever its value
+  std::vector<std::int32_t> slot_producer;       // per slot: the op that makes it
+  struct Segment {
+    bool native = false;
+    std::string why;  // when not native: the reason, for stats()
+  };
+  std::vector<Segment> segments;  // one per form mark
+};
+
+// Holds a plan's busy flag: what a run holds, so reading or changing a plan (info, checks,
+// updates) never overlaps a run on another thread. Waits for a running plan to finish.
+class BusyLock {
+ public:
+  explicit BusyLock(Plan& p) : p_(p) {
+    bool idle = false;
+    while (!p_.busy.compare_exchange_weak(idle, true)) {
+      idle = false;
+      std::this_thread::yield();
+    }
+  }
+  ~BusyLock() { p_.busy.store(false); }
+  BusyLock(const BusyLock&) = delete;
+  BusyLock& operator=(const BusyLock&) = delete;
+
+ private:
+  Plan& p_;
+};
+
+std::string op_name(const c10::OperatorHandle& op);
+std::string arg_name(const OpT& o, std::size_t i);
+std::string describe_op(const OpT& o, std::size_t k);
+std::string dims(c10::IntArrayRef v);
+void const_text(const c10::IValue& v, std::string& out);
+std::shared_ptr<Plan> get_plan(std::int64_t id);
+// A plan tensor's value: `exts` are the externals a run uses, `slots` its intermediates.
+at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const std::vector<at::Tensor>& slots,
+                    at::TensorList args, Ref r);
+// Runs ops [begin, end) of the plan's form on `slots` (results stored, dead slots released),
+// with the sources' values for this run in `scalars` (patch points). The caller holds the
+// dispatch state a run needs (key excluded, below ADInplaceOrView).
+void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
+               std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars);
+
+}  // namespace crucible::vessel::replay

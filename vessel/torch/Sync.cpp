@@ -1,0 +1,427 @@
+// Sync.cpp — sync-point execution of a plan: the step's Python runs on every call, and the
+// backward and optimizer steps it starts run natively from the plan.
+//
+// Note [Sync-point execution]: whole-step replay (Replay.cpp, run_op) skips the step's Python,
+// so it is refused for a step whose Python does anything besides ATen ops (crucible.compile's
+// purity checks). Such a step is run in sync-point mode instead:
+//  - The Python runs on every call, so every side effect happens as in eager.
+//  - Every op it issues at the one op level is matched against the plan's next op
+//    (sync_match): the same operator, grad mode and phase; each constant argument equal to the
+//    plan's (or a scalar the plan takes from each call: Plan::live_args); each tensor argument
+//    the call's own value of the plan's wiring — the result of the plan op that made it, the
+//    step argument, the same persistent tensor (storage, offset, sizes, strides, dtype), or a
+//    view of one with the plan's geometry. Results become the plan's slots.
+//  - Matched forward ops run eagerly, as they arrive: autograd must build its graph, because a
+//    later mismatch hands the rest of the call to eager PyTorch, which needs it.
+//  - backward() and a recognized optimizer's step() are marked stretches of the plan
+//    (Form::Mark). When the call reaches one with every op before it matched, its inputs bound
+//    and nothing Python would run inside it (no hook, no custom autograd.Function, no random
+//    op, no scalar Python computes anew), the stretch runs natively (run_range) on the bound
+//    tensors, the .grad fields are set as the engine sets them, and the autograd graph's saved
+//    tensors are released as the engine releases them. Otherwise the engine or the optimizer's
+//    Python runs, and its ops are matched like the others.
+//  - The first op that does not match ends the matching: the rest of the call is eager
+//    PyTorch, with nothing skipped (every op before it ran, eagerly or natively), and sync_end
+//    reports why. Never a wrong result, at worst an eager call.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <typeinfo>
+#include <unordered_set>
+#include <vector>
+
+#include "Capture.h"
+#include "Dispatch.h"
+#include "Replay.h"
+#include "ReplayPlan.h"
+
+namespace crucible::vessel {
+namespace replay {
+
+struct SyncRun {
+  std::shared_ptr<Plan> plan;
+  const Form* f = nullptr;
+  std::size_t k = 0;  // the plan's next op
+  bool failed = false;
+  std::string why;
+  std::vector<at::Tensor> slots, exts, args;
+  std::vector<std::uint8_t> bound;  // per external: taken from the call (exts[e] is the call's)
+  std::size_t matched = 0, native_ops = 0, native_segments = 0;
+  detail::Capture capture;
+  bool key_was_on = false;
+};
+
+namespace {
+
+thread_local std::unique_ptr<SyncRun> t_sync;
+
+bool same_double(double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; }
+
+bool same_const(const c10::IValue& plan, const c10::IValue& now) {
+  if (plan.isDouble() && now.isDouble()) return same_double(plan.toDouble(), now.toDouble());
+  if (plan.isInt() && now.isInt()) return plan.toInt() == now.toInt();
+  if (plan.isBool() && now.isBool()) return plan.toBool() == now.toBool();
+  if (plan.isNone() || now.isNone()) return plan.isNone() && now.isNone();
+  std::string a, b;
+  const_text(plan, a);
+  const_text(now, b);
+  return a == b;
+}
+
+// The same memory seen the same way (a tensor object made afresh over it, p.data, counts).
+bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return true;
+  if (!a.defined() || !b.defined() || !a.has_storage() || !b.has_storage()) return false;
+  return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.scalar_type() == b.scalar_type();
+}
+
+bool same_meta(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() && a.scalar_type() == b.scalar_type() &&
+         a.device() == b.device() &&
+         a.unsafeGetTensorImpl()->is_wrapped_number() == b.unsafeGetTensorImpl()->is_wrapped_number();
+}
+
+bool takes_any_value(const Plan& p, std::uint32_t e) {
+  const Form& f = *p.form;
+  if (p.live_ext[e] != 0 || f.ext_lifted[e] != 0 || f.exts[e].unsafeGetTensorImpl()->is_wrapped_number())
+    return true;
+  for (std::uint32_t c : p.constants)
+    if (c == e) return true;
+  return false;
+}
+
+// The call's value of a plan tensor, where the call has bound it (views from their base);
+// undefined where it has not.
+at::Tensor live_value(const SyncRun& run, Ref r) {
+  switch (r.kind) {
+    case Ref::None: return at::Tensor();
+    case Ref::Slot: return run.slots[r.idx];
+    case Ref::Arg: return r.idx < run.args.size() ? run.args[r.idx] : at::Tensor();
+    case Ref::Ext: return run.exts[r.idx];
+    case Ref::View: {
+      const ViewSpec& v = run.f->views[r.idx];
+      const at::Tensor base = live_value(run, v.base);
+      if (!base.defined()) return base;
+      return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
+    }
+  }
+  return at::Tensor();
+}
+
+// Is `t` the call's value of the plan's `r`? With bind, an external seen for the first time
+// is taken from the call (the same persistent tensor, or any value for one Python makes).
+bool check_ref(SyncRun& run, Ref r, const at::Tensor& t, bool bind) {
+  switch (r.kind) {
+    case Ref::None: return !t.defined();
+    case Ref::Slot: return t.defined() && run.slots[r.idx].defined() && same_tensor(run.slots[r.idx], t);
+    case Ref::Arg: return t.defined() && r.idx < run.args.size() && same_tensor(run.args[r.idx], t);
+    case Ref::Ext: {
+      if (!t.defined()) return false;
+      if (run.bound[r.idx] != 0) return same_tensor(run.exts[r.idx], t);
+      const at::Tensor& planned = run.plan->run_exts[r.idx];
+      const bool ok = takes_any_value(*run.plan, r.idx) ? same_meta(planned, t) : same_tensor(planned, t);
+      if (ok && bind) {
+        run.exts[r.idx] = t;
+        run.bound[r.idx] = 1;
+      }
+      return ok;
+    }
+    case Ref::View: {
+      if (!t.defined() || !t.has_storage()) return false;
+      const ViewSpec& v = run.f->views[r.idx];
+      const at::Tensor base = live_value(run, v.base);
+      if (!base.defined() || !base.has_storage()) return false;
+      return t.storage().unsafeGetStorageImpl() == base.storage().unsafeGetStorageImpl() &&
+             t.scalar_type() == base.scalar_type() && t.sizes() == c10::IntArrayRef(v.sizes) &&
+             t.strides() == c10::IntArrayRef(v.strides) &&
+             t.storage_offset() == base.storage_offset() + v.offset_delta;
+    }
+  }
+  return false;
+}
+
+void fail(SyncRun& run, std::string why) {
+  run.failed = true;
+  run.why = std::move(why);
+  run.slots.clear();  // the rest of the call is eager: nothing more is bound
+}
+
+bool tensor_arg(SyncRun& run, const ArgT& a, const c10::IValue& v) {
+  if (a.kind == ArgT::Tensor) {
+    if (v.isNone()) return check_ref(run, a.refs[0], at::Tensor(), true);
+    return v.isTensor() && check_ref(run, a.refs[0], v.toTensor(), true);
+  }
+  if (a.kind == ArgT::TensorList) {
+    if (!v.isTensorList()) return false;
+    const auto l = v.toTensorList();
+    if (l.size() != a.refs.size()) return false;
+    for (std::size_t e = 0; e < l.size(); ++e)
+      if (!check_ref(run, a.refs[e], l.get(e), true)) return false;
+    return true;
+  }
+  if (!v.isList()) return false;  // OptTensorList
+  const auto& l = v.toListRef();
+  if (l.size() != a.refs.size()) return false;
+  for (std::size_t e = 0; e < l.size(); ++e) {
+    const at::Tensor t = l[e].isTensor() ? l[e].toTensor() : at::Tensor();
+    if (!l[e].isTensor() && !l[e].isNone()) return false;
+    if (!check_ref(run, a.refs[e], t, true)) return false;
+  }
+  return true;
+}
+
+// The slots a stretch reads that ops before it made must be bound, and the persistent tensors
+// it reads that the call has not bound must be the plan's, unchanged (Plan::ExtSnap).
+std::string stretch_inputs_ready(const SyncRun& run, std::size_t begin, std::size_t end) {
+  const Plan& p = *run.plan;
+  const Form& f = *run.f;
+  std::function<std::string(Ref)> ready = [&](Ref r) -> std::string {
+    switch (r.kind) {
+      case Ref::Slot:
+        if (p.slot_producer[r.idx] < static_cast<std::int32_t>(begin) && !run.slots[r.idx].defined())
+          return "an intermediate it reads was not bound by the call";
+        return "";
+      case Ref::Arg: return r.idx < run.args.size() ? "" : "a step argument is missing";
+      case Ref::Ext: {
+        if (run.bound[r.idx] != 0) return "";
+        if (takes_any_value(p, r.idx) && !p.form->exts[r.idx].unsafeGetTensorImpl()->is_wrapped_number() &&
+            f.ext_lifted[r.idx] == 0)
+          return "it reads a tensor Python makes anew each call, not seen yet in this call";
+        const Plan::ExtSnap& x = p.ext_snap[r.idx];
+        if (x.storage == nullptr) return "";
+        const at::Tensor& t = p.run_exts[r.idx];
+        const bool same = t.storage().unsafeGetStorageImpl() == x.storage && t.storage_offset() == x.offset &&
+                          t.sizes() == c10::IntArrayRef(x.sizes) && t.scalar_type() == x.dtype &&
+                          t.requires_grad() == x.requires_grad;
+        return same ? "" : "a persistent tensor it reads changed in place (new data, shape, dtype or requires_grad)";
+      }
+      case Ref::View: return ready(f.views[r.idx].base);
+      case Ref::None: return "";
+    }
+    return "";
+  };
+  for (std::size_t k = begin; k < end; ++k) {
+    if (f.ops[k].skip) continue;
+    for (const ArgT& a : f.ops[k].args)
+      for (Ref r : a.refs) {
+        std::string why = ready(r);
+        if (!why.empty()) return describe_op(f.ops[k], k) + ": " + why;
+      }
+  }
+  return "";
+}
+
+// The next mark at the plan's cursor, or -1.
+std::int64_t mark_here(const SyncRun& run, Form::Mark::Kind kind, std::int64_t tag) {
+  const Form& f = *run.f;
+  for (std::size_t m = 0; m < f.marks.size(); ++m)
+    if (f.marks[m].begin == run.k && f.marks[m].kind == kind && (kind == Form::Mark::Backward || f.marks[m].tag == tag))
+      return static_cast<std::int64_t>(m);
+  return -1;
+}
+
+void run_stretch(SyncRun& run, std::size_t m, at::ArrayRef<double> scalars) {
+  const Form::Mark& mk = run.f->marks[m];
+  Plan& p = *run.plan;
+  for (const Patch& pt : p.patches)  // Python numbers the plan feeds, where the call has not bound its own
+    if (pt.ext >= 0 && run.bound[static_cast<std::size_t>(pt.ext)] == 0 && pt.source < scalars.size())
+      *p.run_exts[static_cast<std::size_t>(pt.ext)].data_ptr<double>() = scalars[pt.source];
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_rec(detail::kKey);
+    at::AutoDispatchBelowADInplaceOrView below;
+    c10::AutoGradMode restore(c10::GradMode::is_enabled());
+    run_range(p, mk.begin, mk.end, run.exts, run.slots, run.args, scalars);
+  }
+  for (std::size_t k = mk.begin; k < mk.end; ++k) run.native_ops += run.f->ops[k].skip ? 0 : 1;
+  ++run.native_segments;
+  run.k = mk.end;
+}
+
+// Nodes of the autograd graph below `roots`: what the engine would run. Returns why the
+// engine must run it instead (Python inside: a hook, a custom autograd.Function), or "".
+std::string walk_graph(const std::vector<at::Tensor>& roots, std::vector<torch::autograd::Node*>& nodes) {
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  for (const at::Tensor& r : roots) {
+    torch::autograd::Node* n = r.grad_fn().get();
+    if (n == nullptr) return "backward() was called on a tensor with no autograd graph";
+    if (seen.insert(n).second) todo.push_back(n);
+  }
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    nodes.push_back(n);
+    if (!n->pre_hooks().empty() || !n->post_hooks().empty() || !n->tensor_pre_hooks().empty() ||
+        !n->retains_grad_hooks().empty() || n->tensor_post_acc_grad_hooks() != nullptr)
+      return "a hook runs inside backward (" + n->name() + ")";
+    if (std::strstr(typeid(*n).name(), "PyNode") != nullptr)
+      return "a Python autograd.Function runs inside backward (" + n->name() + ")";
+    for (const torch::autograd::Edge& e : n->next_edges()) {
+      torch::autograd::Node* next = e.function.get();
+      if (next != nullptr && seen.insert(next).second) todo.push_back(next);
+    }
+  }
+  return "";
+}
+
+void sync_start_op(std::int64_t plan_id, at::TensorList args) {
+  TORCH_CHECK(t_sync == nullptr, "a crucible sync-point call is already active on this thread");
+  std::shared_ptr<Plan> p = get_plan(plan_id);
+  TORCH_CHECK(p->sync, "crucible plan ", plan_id, " is not a sync-point plan");
+  bool idle = false;
+  TORCH_CHECK(p->busy.compare_exchange_strong(idle, true), "crucible plan ", plan_id,
+              " is already running on another thread; a plan runs one call at a time");
+  auto run = std::make_unique<SyncRun>();
+  run->plan = std::move(p);
+  run->f = run->plan->form.get();
+  run->slots.assign(run->f->num_slots, at::Tensor());
+  run->exts = run->plan->run_exts;
+  run->bound.assign(run->exts.size(), 0);
+  run->args.assign(args.begin(), args.end());
+  if (run->args.size() != run->f->arg_meta.size()) {
+    fail(*run, "the call has " + std::to_string(run->args.size()) + " tensor arguments, the plan " +
+                   std::to_string(run->f->arg_meta.size()));
+  }
+  run->capture.capture_only = !is_enabled();
+  run->capture.sync = run.get();
+  run->key_was_on = is_enabled();
+  detail::thread_state().capture = &run->capture;
+  set_enabled(true);
+  t_sync = std::move(run);
+}
+
+bool sync_backward_op(at::TensorList roots, at::TensorList seeds, bool retain_graph) {
+  SyncRun* run = t_sync.get();
+  if (run == nullptr || run->failed) return false;
+  const std::int64_t m = mark_here(*run, Form::Mark::Backward, 0);
+  if (m < 0) return false;  // the engine runs, and its ops are matched
+  const Form::Mark& mk = run->f->marks[static_cast<std::size_t>(m)];
+  if (!run->plan->segments[static_cast<std::size_t>(m)].native || mk.retain_graph != retain_graph ||
+      mk.roots.size() != roots.size() || mk.seeds.size() != seeds.size())
+    return false;
+  for (std::size_t j = 0; j < roots.size(); ++j)
+    if (!check_ref(*run, mk.roots[j], roots[j], false)) return false;
+  for (std::size_t j = 0; j < seeds.size(); ++j)
+    if (!check_ref(*run, mk.seeds[j], seeds[j], false)) return false;
+  // Each parameter's .grad must be in the state the plan's backward was recorded from.
+  for (const Form::GradPre& gp : run->f->grad_pre) {
+    const at::Tensor& g = run->exts[gp.ext].grad();
+    const bool ok = gp.state == Form::GradPre::None     ? !g.defined()
+                    : gp.state == Form::GradPre::Unread ? g.defined()
+                                                        : g.defined() && same_tensor(g, run->exts[gp.grad_ext]);
+    if (!ok) return false;
+  }
+  if (!stretch_inputs_ready(*run, mk.begin, mk.end).empty()) return false;
+  std::vector<torch::autograd::Node*> nodes;
+  if (!walk_graph(std::vector<at::Tensor>(roots.begin(), roots.end()), nodes).empty()) return false;
+  run_stretch(*run, static_cast<std::size_t>(m), {});
+  // .grad as AccumulateGrad sets it: the gradients this stretch made.
+  for (const auto& [e, r] : run->f->grads) {
+    Ref base = r;
+    while (base.kind == Ref::View) base = run->f->views[base.idx].base;
+    if (base.kind != Ref::Slot) continue;
+    const std::int32_t k = run->plan->slot_producer[base.idx];
+    if (k < static_cast<std::int32_t>(mk.begin) || k >= static_cast<std::int32_t>(mk.end)) continue;
+    run->exts[e].mutable_grad() = live_value(*run, r);
+  }
+  if (!retain_graph)
+    for (torch::autograd::Node* n : nodes) n->release_variables();  // as the engine frees the graph
+  return true;
+}
+
+}  // namespace
+}  // namespace replay
+
+namespace detail {
+void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                const std::vector<c10::IValue>& rets, Phase phase) {
+  using namespace replay;
+  if (run.failed) return;
+  const Form& f = *run.f;
+  if (run.k >= f.ops.size()) return fail(run, "the step ran more ops than its plan (" + op_name(op) + " after the last)");
+  const std::size_t k = run.k;
+  const OpT& o = f.ops[k];
+  if (!(o.op == op)) return fail(run, describe_op(o, k) + " was next in the plan; the step ran " + op_name(op));
+  if (o.grad_mode != c10::GradMode::is_enabled() || o.phase != phase)
+    return fail(run, describe_op(o, k) + " ran with another grad mode or in another phase");
+  if (args.size() != o.args.size()) return fail(run, describe_op(o, k) + " got another number of arguments");
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const ArgT& a = o.args[i];
+    if (a.kind == ArgT::Const) {
+      if (run.plan->live_args.contains(static_cast<std::uint64_t>(k) << 32 | i)) continue;
+      if (!same_const(a.value, args[i])) {
+        std::string was, now;
+        const_text(a.value, was);
+        const_text(args[i], now);
+        return fail(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is " + now + "; the plan has " + was);
+      }
+    } else if (!tensor_arg(run, a, args[i])) {
+      return fail(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is not the tensor the plan wires there");
+    }
+  }
+  for (std::size_t i = 0; i < o.outs.size() && i < rets.size(); ++i) {
+    const OutT& out = o.outs[i];
+    if (out.kind == OutT::Tensor && rets[i].isTensor()) {
+      run.slots[out.slot] = rets[i].toTensor();
+    } else if (out.kind == OutT::TensorList && rets[i].isTensorList()) {
+      const auto l = rets[i].toTensorList();
+      if (l.size() != out.count) return fail(run, describe_op(o, k) + " returned another number of tensors");
+      for (std::size_t e = 0; e < l.size(); ++e) run.slots[out.slot + e] = l.get(e);
+    }
+  }
+  for (std::uint32_t s : o.release) run.slots[s].reset();
+  ++run.matched;
+  run.k = k + 1;
+}
+}  // namespace detail
+
+bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars) {
+  using namespace replay;
+  SyncRun* run = t_sync.get();
+  if (run == nullptr || run->failed) return false;
+  const std::int64_t m = mark_here(*run, Form::Mark::OptimizerStep, tag);
+  if (m < 0 || !run->plan->segments[static_cast<std::size_t>(m)].native) return false;
+  if (!run->plan->patches.empty() && scalars.size() != run->plan->build_sources.size()) return false;
+  const Form::Mark& mk = run->f->marks[static_cast<std::size_t>(m)];
+  if (!stretch_inputs_ready(*run, mk.begin, mk.end).empty()) return false;
+  run_stretch(*run, static_cast<std::size_t>(m), scalars);
+  return true;
+}
+
+SyncResult sync_end() {
+  using namespace replay;
+  std::unique_ptr<SyncRun> run = std::move(t_sync);
+  SyncResult r;
+  if (run == nullptr) return r;
+  set_enabled(run->key_was_on);
+  if (detail::ThreadState* ts = detail::t_state_ptr) ts->capture = nullptr;
+  r.plan_ops = run->f->ops.size();
+  r.matched_ops = run->matched;
+  r.native_ops = run->native_ops;
+  r.native_segments = run->native_segments;
+  r.matched = !run->failed && run->k == run->f->ops.size();
+  r.why = run->failed ? run->why
+          : run->k != run->f->ops.size()
+              ? "the step ran " + std::to_string(run->k) + " of its plan's " + std::to_string(run->f->ops.size()) + " ops"
+              : "";
+  run->plan->busy.store(false);
+  return r;
+}
+
+}  // namespace crucible::vessel
+
+TORCH_LIBRARY_FRAGMENT(crucible, m) {
+  m.def("sync_start(int plan, Tensor[] args) -> ()", &crucible::vessel::replay::sync_start_op);
+  m.def("sync_backward(Tensor[] roots, Tensor[] seeds, bool retain_graph) -> bool",
+        &crucible::vessel::replay::sync_backward_op);
+}
