@@ -712,6 +712,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("capture_mark_end", &vessel::capture_mark_end);
   m.def("sync_optimizer", &vessel::sync_optimizer);
+  m.def("sync_set_paused", &vessel::sync_set_paused);
   m.def("sync_end", [] {
     const auto r = vessel::sync_end();
     py::dict d;

@@ -1146,6 +1146,11 @@ void plan_segments(Plan& p) {
                "call, and the backward's own copies of such scalars are not patch points");
       if (m.roots.size() != 1) refuse("backward() was given several tensors");
     }
+    for (const Patch& pt : p.patches) {
+      const std::size_t first = pt.ext >= 0 ? f.ext_use[static_cast<std::size_t>(pt.ext)].op : 0;
+      if (m.kind == Form::Mark::Backward && pt.ext >= 0 && first >= m.begin && first < m.end)
+        refuse("a Python number the plan patches is first read inside backward");
+    }
     for (std::size_t k = m.begin; k < m.end && k < f.ops.size() && seg.why.empty(); ++k) {
       const OpT& o = f.ops[k];
       for (std::size_t i = 0; i < o.args.size(); ++i) {
@@ -1157,9 +1162,6 @@ void plan_segments(Plan& p) {
       }
       if (m.kind == Form::Mark::Backward && p.op_patch[k] >= 0)
         refuse(describe_op(o, k) + " takes a scalar from the optimizer's sources inside backward");
-      for (const Patch& pt : p.patches)
-        if (m.kind == Form::Mark::Backward && pt.ext >= 0 && f.ext_use[static_cast<std::size_t>(pt.ext)].op >= m.begin)
-          refuse("a Python number the plan patches is first read inside backward");
       if (m.kind == Form::Mark::Backward && !o.skip && may_draw_random_op(o))
         refuse(describe_op(o, k) + " draws random numbers inside backward (activation checkpointing?)");
       if (m.kind == Form::Mark::Backward && o.op.schema().name() == "aten::_local_scalar_dense")

@@ -85,6 +85,10 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
 // them (the sources' values in `scalars`) and returns true; else false (the step runs eagerly
 // and its ops are matched).
 bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars);
+// Excludes (paused) or readmits the recording key on the calling thread; returns whether it
+// was excluded. Python's own reads during a sync-point call (the optimizer sources' step
+// counters) are not the step's ops.
+bool sync_set_paused(bool paused);
 struct SyncResult {
   bool matched = false;       // every op of the call matched the plan
   std::string why;            // the first mismatch

@@ -398,6 +398,12 @@ bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars) {
   return true;
 }
 
+bool sync_set_paused(bool paused) {
+  const bool was = c10::impl::tls_is_dispatch_key_excluded(detail::kKey);
+  c10::impl::tls_set_dispatch_key_excluded(detail::kKey, paused);
+  return was;
+}
+
 SyncResult sync_end() {
   using namespace replay;
   std::unique_ptr<SyncRun> run = std::move(t_sync);

@@ -47,12 +47,13 @@ def mlp(opt_name="SGD", **kw):
 
 def twin_runs(make, n=N, compile_kw=None):
     """make() -> (step, model, optimizer, observe): runs the step n times eagerly and n times
-    compiled, each from fresh state. Returns (eager results, compiled results, compiled
+    compiled (whole-step replay unless compile_kw says otherwise: the refusals tested here are
+    that mode's; test_sync.py runs the same steps in sync-point mode), each from fresh state. Returns (eager results, compiled results, compiled
     step, warnings of the compiled run); each result is (losses, snapshot, lrs, observe())."""
     out, step, caught = [], None, []
     for compiled in (False, True):
         f, m, opt, observe = make()
-        step = crucible.compile(f, **(compile_kw or {})) if compiled else f
+        step = crucible.compile(f, **(compile_kw or {"mode": "replay"})) if compiled else f
         losses, lrs = [], []
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -718,7 +719,7 @@ def test_an_argument_object_the_step_changes_or_reads_is_guarded():
             log.losses.append(loss.detach())
             return loss
 
-        plain, logging_ = (crucible.compile(f), crucible.compile(g)) if compiled else (f, g)
+        plain, logging_ = (crucible.compile(f, mode="replay"), crucible.compile(g, mode="replay")) if compiled else (f, g)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             for i, (x, y) in enumerate(batches(N, [8])):

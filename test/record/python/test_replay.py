@@ -429,7 +429,7 @@ def test_branch_on_item_is_refused_and_runs_eagerly():
     assert losses[0] > 1.0 * 2 and min(losses) < 1.0  # the branch flips while training
     m1, o1, eager = branchy(1.0)
     m2, o2, f = branchy(1.0)
-    step = crucible.compile(f)
+    step = crucible.compile(f, mode="replay")
     with pytest.warns(crucible.CrucibleWarning, match=r"reads tensor values into Python \(op #\d+ aten::_local_scalar_dense"):
         for _ in range(12):
             assert torch.equal(eager(x, y), step(x, y))
@@ -521,7 +521,7 @@ def test_changing_python_number_is_refused_with_its_source_named():
         opt.step()
         return loss
 
-    step = crucible.compile(f)
+    step = crucible.compile(f, mode="replay")
     # The caller changes the number between calls (the step itself changing it is a side
     # effect, refused by the purity check: test_side_effects_*). Three pairs of recorded calls
     # disagree (it might have been a one-off), then it is refused.
@@ -545,7 +545,7 @@ def test_a_step_that_changes_a_python_number_it_uses_is_refused():
         cfg["scale"] += 0.25
         return loss
 
-    step = crucible.compile(f)
+    step = crucible.compile(f, mode="replay")
     with pytest.warns(crucible.CrucibleWarning, match=r"f closure variable 'cfg'\['scale'\] changed"):
         for x, y in batches(6, [8]):
             step(x, y)
@@ -565,7 +565,7 @@ def test_tensor_made_by_python_each_call_is_refused():
         opt.step()
         return loss
 
-    step = crucible.compile(f)
+    step = crucible.compile(f, mode="replay")
     y = torch.randint(0, 4, (8,))
     with pytest.warns(crucible.CrucibleWarning, match="Pass it to the step as an argument"):
         for _ in range(5):
@@ -862,7 +862,7 @@ def test_torch2_optimizer_implementations_replay_bit_identically_or_refuse_with_
             kw["momentum"] = 0.9
         opt = getattr(torch.optim, opt_name)(m.parameters(), **kw)
         f = train_step(m, opt)
-        step = crucible.compile(f, verify_every=2) if compiled else f
+        step = crucible.compile(f, verify_every=2, mode="replay") if compiled else f
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", crucible.CrucibleWarning)
             losses = [step(x, y).detach().clone() for x, y in data]
@@ -939,7 +939,7 @@ def test_a_tensor_made_from_python_data_that_changes_between_calls_is_refused():
         opt.step()
         return loss
 
-    step = crucible.compile(f)
+    step = crucible.compile(f, mode="replay")
     with pytest.warns(crucible.CrucibleWarning, match=r"built from Python data \(torch.tensor\(...\)\) that held other values"):
         for x, y in batches(6, [8]):
             step(x, y)

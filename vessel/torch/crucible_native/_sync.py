@@ -126,7 +126,7 @@ class Hooks:
                 why = "the optimizer has step hooks"
             elif not self.step_ok(opt):
                 why = "the optimizer's hyperparameters or state changed since the plan was recorded"
-            elif _ext.sync_optimizer(tag, self.scalars()):
+            elif _ext.sync_optimizer(tag, self._scalars()):
                 if getattr(orig, "_wrapped_by_lr_sched", False):
                     opt._opt_called = True   # what the scheduler's wrapper of step() records
                 return None
@@ -136,3 +136,10 @@ class Hooks:
             return orig()
         step.__wrapped__ = orig
         return step
+
+    def _scalars(self):
+        was = _ext.sync_set_paused(True)   # the sources read step counters: not the step's ops
+        try:
+            return self.scalars()
+        finally:
+            _ext.sync_set_paused(was)

@@ -628,7 +628,6 @@ class CompiledStep:
                 e.hypers.pop(0)
             return
         e.plan = plan
-        lifted = self._lifted_between(*e.hypers) if e.mode == "sync" else {}
         for f in e.forms:
             _ext.form_release(f)
         e.forms, e.srcs, e.hypers = [], [], e.hypers[-1:]
@@ -648,7 +647,7 @@ class CompiledStep:
                 "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
                 CrucibleWarning, stacklevel=3)
         if e.mode == "sync":
-            e.guard = _StateGuard(self._guard_objs, lifted)
+            e.guard = e.cap_guard
             e.sync_misses = 0
         else:
             e.guard, e.py = e.cap_guard, e.cap_py
@@ -747,6 +746,13 @@ class CompiledStep:
         guard leaves to the sources; e.lifted when None)."""
         if not e.forms:
             self._rediscover()
+        # backward() and the optimizers' step() are marked in the capture (Sync.cpp). The hooks
+        # go on before the purity watch starts and come off after it finishes: they are part of
+        # the state it sees before and after the call, not a change.
+        with _Hooks("capture", self._optimizers()):
+            return self._capture_watched(e, args, kwargs, tensors, lifted)
+
+    def _capture_watched(self, e, args, kwargs, tensors, lifted):
         self._count("captures")
         self._count("eager_calls")
         params = self._params()
@@ -761,11 +767,16 @@ class CompiledStep:
                             f"with crucible.enable() works on any device)")
             return self._fn(*args, **kwargs), None, None
         self._note_grads(params)
-        e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
         hyper = self._sources.hyperparameters() if self._has_sources else None
         e.cap_hyper = hyper
         if self._mode == "sync":
             e.mode, e.mode_why = "sync", "mode=\"sync\""
+        if e.mode == "sync" and e.hypers:
+            # The plan's constants are this call's: its guard holds the hyperparameters as the
+            # call begins, except those that differ from the first recorded call's (fed from
+            # the sources, or taken from each call).
+            lifted = self._lifted_between(e.hypers[0], hyper)
+        e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
         watch = _Watch(self._fn, self._guard_extra, (args, kwargs))
         try:
             watch.start()   # before the capture: its walk of the step's state runs no ATen op
@@ -779,8 +790,7 @@ class CompiledStep:
             self._refuse(e, str(err))
             return self._fn(*args, **kwargs), None, None
         try:
-            with _Hooks("capture", self._optimizers()):   # marks backward() and step() (Sync.cpp)
-                result = self._fn(*args, **kwargs)
+            result = self._fn(*args, **kwargs)
         except BaseException:
             _ext.capture_discard()
             watch.stop()
@@ -909,9 +919,10 @@ class CompiledStep:
         return result
 
 
-def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True):
+def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto"):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
+    kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode)
     if fn is None:
-        return lambda f: CompiledStep(f, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)
-    return CompiledStep(fn, verify_every=verify_every, warmup=warmup, guard=guard, arena=arena)
+        return lambda f: CompiledStep(f, **kw)
+    return CompiledStep(fn, **kw)

@@ -1,0 +1,263 @@
+"""Sync-point mode (Note [Sync-point execution], vessel/torch/Sync.cpp): a step whose Python does
+more than ATen ops — logs, counters, hooks, a branch on a tensor value, any LR scheduler — runs
+compiled with its Python on every call; its backward() and optimizer steps run natively from
+the plan where everything before them matched. Every step here runs N times eagerly and N
+times compiled from the same state: losses, parameters, gradients, optimizer state, learning
+rates and the Python side effects must be identical (bit for bit), and the stats must show the
+plan running natively where the step allows it."""
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import crucible_native as crucible
+
+from test_purity import N, SCHEDULERS, assert_identical, mlp, twin_runs, usual_step
+from test_replay import assert_same, batches, branchy, snapshot
+
+
+def native_calls(step):
+    st = step.stats()
+    return st["sync_native"], st
+
+
+def compiled_sync(step, at_least):
+    n, st = native_calls(step)
+    assert n >= at_least, st
+    assert st["refusals"] == 0, (st, step.last_refusal)
+    assert not any(e["state"] == "refused" for e in step.explain()), step.explain()
+
+
+# -- the issue's cases ----------------------------------------------------------------------------
+@pytest.mark.parametrize("opt_name", ["SGD", "Adadelta", "RMSprop", "Adagrad", "Adam", "AdamW"])
+@pytest.mark.parametrize("sched_name", ["StepLR", "LambdaLR", "CosineAnnealingLR"])
+def test_any_scheduler_stepped_inside_the_step_is_right_in_sync_mode(opt_name, sched_name):
+    def make():
+        m, opt = mlp(opt_name, momentum=0.9) if opt_name == "SGD" else mlp(opt_name)
+        sched = SCHEDULERS[sched_name](opt)
+        return usual_step(m, opt, after=lambda loss: sched.step()), m, opt, lambda: (sched.last_epoch,
+                                                                                      sched.get_last_lr())
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    assert step.stats()["sync_calls"] >= 1
+
+
+def test_logging_the_loss_and_counting_calls_run_every_call():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        log, n = [], {"calls": 0}
+
+        def after(loss):
+            log.append(loss.item())
+            n["calls"] += 1
+        return usual_step(m, opt, after=after), m, opt, lambda: (list(log), dict(n))
+
+    eager, compiled, step, caught = twin_runs(make, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    assert len(compiled[3][0]) == N and compiled[3][1]["calls"] == N
+    compiled_sync(step, N - 3)
+    assert not caught, caught
+    seg = step.plans()[0]["segments"]
+    assert any(s.startswith("backward()") and s.endswith("native") for s in seg), seg
+    assert any(s.startswith("optimizer 0 step()") and s.endswith("native") for s in seg), seg
+
+
+def test_a_forward_hook_that_counts_keeps_counting():
+    def make():
+        m, opt = mlp("Adam")
+        seen = []
+        m[0].register_forward_hook(lambda mod, i, o: seen.append(o.shape[0]))
+        return usual_step(m, opt), m, opt, lambda: list(seen)
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    assert len(compiled[3]) == N
+    compiled_sync(step, N - 3)
+
+
+def test_a_branch_on_a_tensor_value_that_flips_is_taken_as_in_eager():
+    x, y = batches(1, [8])[0]
+    m1, o1, eager = branchy(1.0)
+    m2, o2, f = branchy(1.0)
+    step = crucible.compile(f)
+    flips = []
+    for _ in range(12):
+        a, b = eager(x, y), step(x, y)
+        assert torch.equal(a, b)
+        flips.append(a.item() > 2.0)
+    assert_same(snapshot(m1, o1), snapshot(m2, o2))
+    st = step.stats()
+    assert st["refusals"] == 0 and st["sync_calls"] >= 1, st
+
+
+def test_reduce_lr_on_plateau_fed_from_the_loss_runs_compiled():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9, lr=0.5)
+        sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+        return usual_step(m, opt, after=lambda loss: sched.step(loss.item())), m, opt, lambda: sched.num_bad_epochs
+
+    eager, compiled, step, _ = twin_runs(make, n=16, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    assert [lr for lr in eager[2]] == [lr for lr in compiled[2]]
+    assert step.stats()["sync_calls"] >= 1
+
+
+def test_printing_logging_and_python_random_happen_every_call(capsys, caplog):
+    def make():
+        m, opt = mlp("AdamW")
+        drawn = []
+        logger = logging.getLogger("crucible.test.sync")
+
+        def after(loss):
+            print("loss", round(loss.item(), 3))
+            logger.warning("step")
+            drawn.append((random.random(), float(np.random.rand())))
+        random.seed(0)
+        np.random.seed(0)
+        return usual_step(m, opt, after=after), m, opt, lambda: list(drawn)
+
+    with caplog.at_level(logging.WARNING, logger="crucible.test.sync"):
+        eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith("loss")]) == 2 * N
+    assert len([r for r in caplog.records if r.name == "crucible.test.sync"]) == 2 * N
+    compiled_sync(step, N - 3)
+
+
+# -- what runs the engine or the optimizer's Python instead ----------------------------------------
+def test_a_gradient_hook_runs_inside_the_engine():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        count = []
+        m[2].weight.register_hook(lambda g: count.append(g.shape) or None)
+        return usual_step(m, opt), m, opt, lambda: len(count)
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    assert compiled[3] == N
+    seg = step.plans()[0]["segments"]
+    # the hook is Python inside backward(): the engine runs it; the optimizer step is native
+    assert step.stats()["sync_native"] >= N - 3, step.stats()
+
+
+class Twice(torch.autograd.Function):
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        Twice.calls += 1
+        return g * 2
+
+
+def test_a_custom_autograd_function_runs_its_python_backward():
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        Twice.calls = 0
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(Twice.apply(m(x)), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: Twice.calls
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    assert compiled[3] == N
+
+
+def test_gradient_accumulation_two_optimizers_and_dropout():
+    def make():
+        torch.manual_seed(0)
+        enc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2))
+        head = nn.Linear(32, 4)
+        o1 = torch.optim.Adam(enc.parameters(), lr=1e-2)
+        o2 = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+        m = nn.Sequential(enc, head)
+        seen = []
+
+        def f(x, y):
+            o1.zero_grad()
+            o2.zero_grad()
+            total = 0.0
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                loss = F.cross_entropy(m(xs), ys) / 2
+                loss.backward()
+                total += loss.item()
+            o1.step()
+            o2.step()
+            seen.append(total)
+            return loss
+        return f, m, o1, lambda: list(seen)
+
+    torch.manual_seed(5)
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "auto"})
+    assert eager[3] == compiled[3]
+    assert_identical(eager, compiled)
+
+
+def test_an_exception_part_way_leaves_the_same_state_as_eager():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        calls = {"n": 0}
+
+        def f(x, y):
+            calls["n"] += 1
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            if calls["n"] == 7:
+                raise KeyError("boom")
+            opt.step()
+            return loss
+        return f, m, opt, lambda: calls["n"]
+
+    results = []
+    for compiled in (False, True):
+        f, m, opt, observe = make()
+        step = crucible.compile(f) if compiled else f
+        losses = []
+        for x, y in batches(N, [8]):
+            try:
+                losses.append(step(x, y).detach().clone())
+            except KeyError:
+                losses.append(None)
+        results.append((losses, snapshot(m, opt), observe()))
+    (le, se, ce), (lc, sc, cc) = results
+    assert ce == cc and [x is None for x in le] == [x is None for x in lc]
+    assert all(a is None or torch.equal(a, b) for a, b in zip(le, lc))
+    assert_same(se, sc)
+
+
+# -- the mode switch ------------------------------------------------------------------------------
+def test_mode_is_checked():
+    with pytest.raises(ValueError, match="mode must be one of auto, replay, sync"):
+        crucible.compile(lambda: None, mode="fast")
+    with pytest.raises(TypeError, match="mode must be a string"):
+        crucible.compile(lambda: None, mode=1)
+
+
+def test_a_pure_step_replays_whole_and_mode_sync_forces_sync_point_calls():
+    for mode, key in (("auto", "plan_runs"), ("sync", "sync_native")):
+        def make():
+            m, opt = mlp("SGD", momentum=0.9)
+            return usual_step(m, opt), m, opt, lambda: None
+        eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": mode})
+        assert_identical(eager, compiled)
+        st = step.stats()
+        assert st[key] >= N - 3, (mode, st)
+        assert st["sync_calls" if mode == "auto" else "plan_runs"] == 0, (mode, st)
+        assert step.plans()[0]["sync"] == (mode == "sync")
