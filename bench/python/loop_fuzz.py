@@ -33,6 +33,7 @@ def worker(first, count, minimize, compile_kw):
         t0 = time.perf_counter()
         r = lg.check(s, compile_kw=compile_kw)
         rec = {"seed": seed, "outcome": r.outcome, "plan_runs": r.stats.get("plan_runs", 0),
+               "sync_native": r.stats.get("sync_native", 0),
                "calls": r.stats.get("calls", 0), "why": r.why[:1], "s": time.perf_counter() - t0}
         if r.failed:
             rec["report"] = r.report()
@@ -97,8 +98,9 @@ def main():
 
     n = len(records)
     counts = collections.Counter(r["outcome"] for r in records)
-    ran = sum(1 for r in records if r["plan_runs"] > 0)
+    ran = sum(1 for r in records if r["plan_runs"] > 0 or r.get("sync_native", 0) > 0)
     ok_ran = sum(1 for r in records if r["outcome"] == "compiled")
+    whole = sum(1 for r in records if r["outcome"] == "compiled" and r["plan_runs"] > 0)
     print(f"loop_fuzz: {n} loops, seeds {a.seed}..{end - 1}, torch {torch.__version__}, "
           f"crucible.compile({', '.join(f'{k}={v}' for k, v in compile_kw.items())}), {wall:.1f} s "
           f"({1000 * sum(r['s'] for r in records if 's' in r) / max(n, 1):.0f} ms per loop checked)")
@@ -106,7 +108,7 @@ def main():
         print(f"  {o:18s} {counts[o]:5d}  {100 * counts[o] / max(n, 1):5.1f} %"
               + ("   FAIL" if o in ("mismatch", "crash") and counts[o] else ""))
     print(f"  a plan ran in {ran} loops ({100 * ran / max(n, 1):.1f} %); compiled and correct: "
-          f"{ok_ran} ({100 * ok_ran / max(n, 1):.1f} %)")
+          f"{ok_ran} ({100 * ok_ran / max(n, 1):.1f} %): whole-step {whole}, sync-point {ok_ran - whole}")
     refused = collections.Counter(r.get("cause", "") for r in records if r["outcome"] == "refused")
     if refused:
         print("refused, by the refusal's first words:")

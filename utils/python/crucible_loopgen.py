@@ -662,6 +662,7 @@ def differences(e: Trace, c: Trace) -> list:
 class Result:
     spec: LoopSpec
     outcome: str                  # compiled | refused | eager-unexplained | mismatch | crash
+                                  # (compiled: a whole-step plan or a sync-point plan's native stretches ran)
     diffs: list
     stats: dict
     why: list                     # refusals and CrucibleWarnings of the compiled run
@@ -735,8 +736,8 @@ def check(s: LoopSpec, compile_kw=None, compile_fn=None) -> Result:
         outcome = "crash"
     elif diffs:
         outcome = "mismatch"
-    elif c.stats["plan_runs"] > 0:
-        outcome = "compiled"
+    elif c.stats["plan_runs"] > 0 or c.stats.get("sync_native", 0) > 0:
+        outcome = "compiled"   # whole-step plan runs, or sync-point calls with native stretches
     elif c.stats["refusals"] or c.refusal or c.warnings:
         outcome = "refused"
     else:

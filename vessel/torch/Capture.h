@@ -216,6 +216,8 @@ struct CaptureMark {
   bool open = true;
   bool retain_graph = false;
   std::vector<at::Tensor> roots, seeds;
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> grads;  // Backward: each parameter's .grad as it began
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> grads_after;  // ... and as it ended
 };
 struct Capture {
   std::vector<CapturedOp> ops;

@@ -722,6 +722,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["matched_ops"] = r.matched_ops;
     d["native_ops"] = r.native_ops;
     d["native_segments"] = r.native_segments;
+    d["eager_stretches"] = r.eager_stretches;
     return d;
   });
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {

@@ -179,6 +179,31 @@ class FormBuilder {
     f.outputs.push_back(resolve(t, f.ops.size(), j));
   }
 
+  // The .grad of each parameter as a backward() mark ended (CaptureMark::grads_after), named as
+  // the ops made so far name them; kept until add_marks makes the marks.
+  void add_grads_after(const detail::CaptureMark& m) {
+    std::vector<std::pair<std::uint32_t, Ref>> out;
+    for (const auto& [impl, g] : m.grads_after) {
+      if (!g.defined() || g.layout() != at::kStrided || !g.has_storage()) continue;
+      std::int64_t ext = -1;
+      for (std::size_t e = 0; e < f.exts.size() && ext < 0; ++e)
+        if (f.exts[e].unsafeGetTensorImpl() == impl) ext = static_cast<std::int64_t>(e);
+      if (ext < 0) continue;
+      auto it = by_view_.find(view_key(g));
+      Ref r;
+      if (it != by_view_.end()) {
+        r = it->second;
+      } else {
+        auto st = by_storage_.find(g.storage().unsafeGetStorageImpl());
+        if (st == by_storage_.end()) continue;
+        r = make_view(g, st->second);
+      }
+      if (r.kind == Ref::Ext || r.kind == Ref::Arg) continue;  // persistent: updated in place
+      out.emplace_back(static_cast<std::uint32_t>(ext), r);
+    }
+    grads_after_.emplace(&m, std::move(out));
+  }
+
   // Where backward() and optimizer steps ran (Form::Mark): the tensors backward() was given,
   // named as the ops name them.
   void add_marks(const std::vector<detail::CaptureMark>& marks) {
@@ -192,7 +217,10 @@ class FormBuilder {
       m.retain_graph = cm.retain_graph;
       for (std::size_t j = 0; j < cm.roots.size(); ++j) m.roots.push_back(resolve(cm.roots[j], cm.begin, j));
       for (std::size_t j = 0; j < cm.seeds.size(); ++j) m.seeds.push_back(resolve(cm.seeds[j], cm.begin, j));
+      auto ga = grads_after_.find(&cm);
+      if (ga != grads_after_.end()) m.grads_after = std::move(ga->second);
       f.marks.push_back(std::move(m));
+      mark_grads_.emplace_back(cm.grads.begin(), cm.grads.end());
     }
   }
 
@@ -220,6 +248,13 @@ class FormBuilder {
 
   // pre: each parameter's .grad when the call began (impl → gradient, undefined if none).
   void add_grad_pre(const absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>& pre) {
+    grad_pre_into(pre, f.grad_pre);
+    for (std::size_t m = 0; m < f.marks.size() && m < mark_grads_.size(); ++m)
+      grad_pre_into(mark_grads_[m], f.marks[m].grad_pre);
+  }
+
+  void grad_pre_into(const absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>& pre,
+                     std::vector<Form::GradPre>& out) {
     for (std::size_t e = 0; e < f.exts.size(); ++e) {
       const at::Tensor& p = f.exts[e];
       if (!p.requires_grad() || !p.is_leaf()) continue;
@@ -239,7 +274,7 @@ class FormBuilder {
           }
         }
       }
-      f.grad_pre.push_back(gp);
+      out.push_back(gp);
     }
   }
 
@@ -308,6 +343,8 @@ class FormBuilder {
 
  private:
   absl::flat_hash_set<const c10::TensorImpl*> lifted_;
+  std::vector<absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>> mark_grads_;  // per mark: .grad as it began
+  absl::flat_hash_map<const detail::CaptureMark*, std::vector<std::pair<std::uint32_t, Ref>>> grads_after_;
   absl::flat_hash_map<std::string, Ref> by_view_;
   struct Base {
     Ref ref;
@@ -345,6 +382,7 @@ class FormBuilder {
     for (const Form::Mark& m : f.marks) {
       for (Ref r : m.roots) count(r, 1);
       for (Ref r : m.seeds) count(r, 1);
+      for (const auto& g : m.grads_after) count(g.second, 1);
     }
     for (std::size_t k = f.ops.size(); k-- > 0;) {
       OpT& o = f.ops[k];
@@ -698,7 +736,11 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
   b.set_lifted(cap->lifted);
   for (std::size_t j = 0; j < args.size(); ++j) b.add_arg(args[j], j);
   try {
-    for (CapturedOp& op : cap->ops) b.add_op(op);
+    for (std::size_t k = 0; k <= cap->ops.size(); ++k) {
+      for (const detail::CaptureMark& m : cap->marks)  // .grad as each backward() left it, named as of then
+        if (!m.open && m.end == k) b.add_grads_after(m);
+      if (k < cap->ops.size()) b.add_op(cap->ops[k]);
+    }
     for (std::size_t j = 0; j < outputs.size(); ++j) b.add_output(outputs[j], j);
     b.add_marks(cap->marks);
     b.add_grad_bindings();
@@ -738,6 +780,7 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const st
 void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
                std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars) {
   const Form& f = *p.form;
+  const bool own_release = !p.sync_release.empty();
   torch::jit::Stack stack;
   bool grad = c10::GradMode::is_enabled();
   for (std::size_t k = begin; k < end; ++k) {
@@ -790,7 +833,7 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
         for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
       }
     }
-    for (std::uint32_t s : o.release) slots[s].reset();
+    for (std::uint32_t s : own_release ? p.sync_release[k] : o.release) slots[s].reset();
   }
 }
 
@@ -934,6 +977,8 @@ void capture_mark_op(std::int64_t kind, std::int64_t tag, bool retain_graph, at:
   m.retain_graph = retain_graph;
   m.roots.assign(roots.begin(), roots.end());
   m.seeds.assign(seeds.begin(), seeds.end());
+  if (kind == Form::Mark::Backward)  // each parameter's .grad as backward() begins (Form::Mark::grad_pre)
+    for (const auto& [impl, pre] : t_pre_grads) m.grads.emplace_back(impl, impl->grad());
   t_active->marks.push_back(std::move(m));
 }
 
@@ -943,6 +988,8 @@ void capture_mark_end() {
     if (!it->open) continue;
     it->open = false;
     it->end = static_cast<std::uint32_t>(t_active->ops.size());
+    if (it->kind == Form::Mark::Backward)
+      for (const auto& [impl, pre] : t_pre_grads) it->grads_after.emplace_back(impl, impl->grad());
     return;
   }
 }
@@ -1129,6 +1176,30 @@ void plan_segments(Plan& p) {
   for (std::size_t k = 0; k < f.ops.size(); ++k)
     for (const OutT& o : f.ops[k].outs)
       for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s) p.slot_producer[s] = static_cast<std::int32_t>(k);
+  // Slot lifetimes counting the value reads (skip ops) as uses: a sync-point call's Python
+  // makes them, after the stretch that made the value may have run natively.
+  std::vector<long> last(f.num_slots, -1);
+  std::function<void(Ref, long)> use = [&](Ref r, long k) {
+    if (r.kind == Ref::Slot) last[r.idx] = std::max(last[r.idx], k);
+    else if (r.kind == Ref::View) use(f.views[r.idx].base, k);
+  };
+  for (std::size_t k = 0; k < f.ops.size(); ++k)
+    for (const ArgT& a : f.ops[k].args)
+      for (Ref r : a.refs) use(r, static_cast<long>(k));
+  for (Ref r : f.outputs) use(r, LONG_MAX);
+  for (const auto& g : f.grads) use(g.second, LONG_MAX);
+  for (const Form::Mark& m : f.marks) {
+    const long at = m.begin < f.ops.size() ? static_cast<long>(m.begin) : LONG_MAX;
+    for (Ref r : m.roots) use(r, at);
+    for (Ref r : m.seeds) use(r, at);
+    // read as the stretch ends: kept past its last op (m.end - 1)
+    for (const auto& g : m.grads_after) use(g.second, m.end < f.ops.size() ? static_cast<long>(m.end) : LONG_MAX);
+  }
+  p.sync_release.assign(f.ops.size(), {});
+  for (std::uint32_t s = 0; s < f.num_slots; ++s) {
+    const long at = last[s] >= 0 ? last[s] : p.slot_producer[s];
+    if (at >= 0 && at != LONG_MAX) p.sync_release[static_cast<std::size_t>(at)].push_back(s);
+  }
   std::size_t first_live_op = f.ops.size();
   for (std::uint64_t la : p.live_args) first_live_op = std::min<std::size_t>(first_live_op, la >> 32);
   p.segments.clear();
@@ -1201,6 +1272,21 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
       p->constants.push_back(static_cast<std::uint32_t>(e));
   p->live_args.insert(live_args.begin(), live_args.end());
   plan_segments(*p);
+  // The .grad states at each backward() (not in the forms' content: a whole-step plan has no
+  // use for them) must agree too, or that backward() runs in the engine.
+  for (std::size_t m = 0; m < b->marks.size() && m < a->marks.size() && m < p->segments.size(); ++m) {
+    auto text = [](const Form::Mark& mk) {
+      std::string t;
+      for (const auto& g : mk.grad_pre) t += std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ",";
+      t += "|";
+      for (const auto& [e, ref] : mk.grads_after) t += std::to_string(e) + "=" + ref_text(ref) + ",";
+      return t;
+    };
+    if (p->segments[m].native && text(a->marks[m]) != text(b->marks[m])) {
+      p->segments[m].native = false;
+      p->segments[m].why = "the parameters' .grad were in other states at this backward() in the two recorded calls";
+    }
+  }
   p->arena_state = Plan::Arena::Off;
   p->arena_note = "a sync-point plan runs stretches of the step with PyTorch's allocator";
   p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

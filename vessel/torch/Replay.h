@@ -93,6 +93,7 @@ struct SyncResult {
   bool matched = false;       // every op of the call matched the plan
   std::string why;            // the first mismatch
   std::size_t plan_ops = 0, matched_ops = 0, native_ops = 0, native_segments = 0;
+  std::vector<std::string> eager_stretches;  // why a backward() or step() of the call ran eagerly
 };
 // Ends the thread's sync-point call (also after the step raised).
 SyncResult sync_end();

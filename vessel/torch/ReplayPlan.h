@@ -100,6 +100,8 @@ struct Form {
     std::uint32_t begin = 0, end = 0;
     std::vector<Ref> roots, seeds;    // Backward: the tensors and gradients backward() was given
     bool retain_graph = false;
+    std::vector<GradPre> grad_pre;    // Backward: each parameter's .grad as backward() began
+    std::vector<std::pair<std::uint32_t, Ref>> grads_after;  // Backward: external → its .grad as backward() returned
   };
   std::vector<Mark> marks;
   std::uint32_t num_slots = 0;
@@ -149,6 +151,7 @@ struct Plan {
   absl::flat_hash_set<std::uint64_t> live_args;  // (op << 32 | arg): a scalar Python computes anew each call
   std::vector<std::uint8_t> live_ext;            // per external: taken from the call, whatever its value
   std::vector<std::int32_t> slot_producer;       // per slot: the op that makes it
+  std::vector<std::vector<std::uint32_t>> sync_release;  // per op: slots whose last use it is, value reads counted
   struct Segment {
     bool native = false;
     std::string why;  // when not native: the reason, for stats()

@@ -55,6 +55,7 @@ struct SyncRun {
   std::vector<at::Tensor> slots, exts, args;
   std::vector<std::uint8_t> bound;  // per external: taken from the call (exts[e] is the call's)
   std::size_t matched = 0, native_ops = 0, native_segments = 0;
+  std::vector<std::string> eager_stretches;  // why a marked stretch ran eagerly
   detail::Capture capture;
   bool key_was_on = false;
 };
@@ -300,40 +301,48 @@ void sync_start_op(std::int64_t plan_id, at::TensorList args) {
   t_sync = std::move(run);
 }
 
+bool eager_stretch(SyncRun& run, std::string why) {
+  run.eager_stretches.push_back(std::move(why));
+  return false;
+}
+
 bool sync_backward_op(at::TensorList roots, at::TensorList seeds, bool retain_graph) {
   SyncRun* run = t_sync.get();
   if (run == nullptr || run->failed) return false;
   const std::int64_t m = mark_here(*run, Form::Mark::Backward, 0);
-  if (m < 0) return false;  // the engine runs, and its ops are matched
+  if (m < 0) return eager_stretch(*run, "backward(): the plan has no backward() at op " + std::to_string(run->k));
   const Form::Mark& mk = run->f->marks[static_cast<std::size_t>(m)];
-  if (!run->plan->segments[static_cast<std::size_t>(m)].native || mk.retain_graph != retain_graph ||
-      mk.roots.size() != roots.size() || mk.seeds.size() != seeds.size())
-    return false;
+  const Plan::Segment& seg = run->plan->segments[static_cast<std::size_t>(m)];
+  if (!seg.native) return eager_stretch(*run, "backward(): " + seg.why);
+  if (mk.retain_graph != retain_graph || mk.roots.size() != roots.size() || mk.seeds.size() != seeds.size())
+    return eager_stretch(*run, "backward(): called with other arguments than when recorded");
   for (std::size_t j = 0; j < roots.size(); ++j)
-    if (!check_ref(*run, mk.roots[j], roots[j], false)) return false;
+    if (!check_ref(*run, mk.roots[j], roots[j], false))
+      return eager_stretch(*run, "backward(): called on another tensor than when recorded");
   for (std::size_t j = 0; j < seeds.size(); ++j)
-    if (!check_ref(*run, mk.seeds[j], seeds[j], false)) return false;
+    if (!check_ref(*run, mk.seeds[j], seeds[j], false))
+      return eager_stretch(*run, "backward(): given another gradient than when recorded");
   // Each parameter's .grad must be in the state the plan's backward was recorded from.
-  for (const Form::GradPre& gp : run->f->grad_pre) {
+  for (const Form::GradPre& gp : mk.grad_pre) {
     const at::Tensor& g = run->exts[gp.ext].grad();
     const bool ok = gp.state == Form::GradPre::None     ? !g.defined()
                     : gp.state == Form::GradPre::Unread ? g.defined()
                                                         : g.defined() && same_tensor(g, run->exts[gp.grad_ext]);
-    if (!ok) return false;
+    if (!ok)
+      return eager_stretch(*run, std::string("backward(): the .grad of a ") + c10::toString(run->exts[gp.ext].scalar_type()) +
+                                     dims(run->exts[gp.ext].sizes()) + " parameter is " +
+                                     (g.defined() ? "set" : "None") + "; the plan's backward was recorded with it " +
+                                     (gp.state == Form::GradPre::None ? "None" : gp.state == Form::GradPre::Unread ? "set" : "set to the tensor it accumulates into"));
   }
-  if (!stretch_inputs_ready(*run, mk.begin, mk.end).empty()) return false;
+  if (std::string why = stretch_inputs_ready(*run, mk.begin, mk.end); !why.empty())
+    return eager_stretch(*run, "backward(): " + why);
   std::vector<torch::autograd::Node*> nodes;
-  if (!walk_graph(std::vector<at::Tensor>(roots.begin(), roots.end()), nodes).empty()) return false;
+  if (std::string why = walk_graph(std::vector<at::Tensor>(roots.begin(), roots.end()), nodes); !why.empty())
+    return eager_stretch(*run, "backward(): " + why);
   run_stretch(*run, static_cast<std::size_t>(m), {});
-  // .grad as AccumulateGrad sets it: the gradients this stretch made.
-  for (const auto& [e, r] : run->f->grads) {
-    Ref base = r;
-    while (base.kind == Ref::View) base = run->f->views[base.idx].base;
-    if (base.kind != Ref::Slot) continue;
-    const std::int32_t k = run->plan->slot_producer[base.idx];
-    if (k < static_cast<std::int32_t>(mk.begin) || k >= static_cast<std::int32_t>(mk.end)) continue;
-    run->exts[e].mutable_grad() = live_value(*run, r);
-  }
+  // .grad as the engine leaves it (AccumulateGrad): each parameter's gradient as the recorded
+  // backward() returned, so that Python, or an eager rest of the call, sees what eager sees.
+  for (const auto& [e, r] : mk.grads_after) run->exts[e].mutable_grad() = live_value(*run, r);
   if (!retain_graph)
     for (torch::autograd::Node* n : nodes) n->release_variables();  // as the engine frees the graph
   return true;
@@ -379,7 +388,7 @@ void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::
       for (std::size_t e = 0; e < l.size(); ++e) run.slots[out.slot + e] = l.get(e);
     }
   }
-  for (std::uint32_t s : o.release) run.slots[s].reset();
+  for (std::uint32_t s : run.plan->sync_release[k]) run.slots[s].reset();
   ++run.matched;
   run.k = k + 1;
 }
@@ -389,11 +398,16 @@ bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars) {
   using namespace replay;
   SyncRun* run = t_sync.get();
   if (run == nullptr || run->failed) return false;
+  const std::string what = "optimizer " + std::to_string(tag) + " step(): ";
   const std::int64_t m = mark_here(*run, Form::Mark::OptimizerStep, tag);
-  if (m < 0 || !run->plan->segments[static_cast<std::size_t>(m)].native) return false;
-  if (!run->plan->patches.empty() && scalars.size() != run->plan->build_sources.size()) return false;
+  if (m < 0) return eager_stretch(*run, what + "the plan has no such step at op " + std::to_string(run->k));
+  const Plan::Segment& seg = run->plan->segments[static_cast<std::size_t>(m)];
+  if (!seg.native) return eager_stretch(*run, what + seg.why);
+  if (!run->plan->patches.empty() && scalars.size() != run->plan->build_sources.size())
+    return eager_stretch(*run, what + "the optimizer's scalar sources changed in number");
   const Form::Mark& mk = run->f->marks[static_cast<std::size_t>(m)];
-  if (!stretch_inputs_ready(*run, mk.begin, mk.end).empty()) return false;
+  if (std::string why = stretch_inputs_ready(*run, mk.begin, mk.end); !why.empty())
+    return eager_stretch(*run, what + why);
   run_stretch(*run, static_cast<std::size_t>(m), scalars);
   return true;
 }
@@ -415,6 +429,7 @@ SyncResult sync_end() {
   r.matched_ops = run->matched;
   r.native_ops = run->native_ops;
   r.native_segments = run->native_segments;
+  r.eager_stretches = std::move(run->eager_stretches);
   r.matched = !run->failed && run->k == run->f->ops.size();
   r.why = run->failed ? run->why
           : run->k != run->f->ops.size()

@@ -130,9 +130,8 @@ class Hooks:
                 if getattr(orig, "_wrapped_by_lr_sched", False):
                     opt._opt_called = True   # what the scheduler's wrapper of step() records
                 return None
-            else:
-                why = "the plan cannot run this step natively here"
-            self.eager_steps.append(why)
+            if why is not None:   # else the plan said why (sync_end's eager_stretches)
+                self.eager_steps.append(why)
             return orig()
         step.__wrapped__ = orig
         return step

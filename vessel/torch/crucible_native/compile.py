@@ -345,6 +345,7 @@ class CompiledStep:
         self.last_guard_failure = None   # what Python state changed, when it was that
         self.last_replan = None          # why the last plan was dropped and recorded again
         self.last_sync_mismatch = None   # why the last sync-point call left its plan
+        self.last_sync_eager = None      # why a backward() or step() of a sync-point call last ran eagerly
         self._replan_warned = False
         self.__wrapped__ = fn
 
@@ -694,6 +695,8 @@ class CompiledStep:
         if r["native_segments"]:
             st["sync_native"] += 1
             e.replans_idle = 0
+        if r["eager_stretches"]:
+            self.last_sync_eager = r["eager_stretches"][0]
         if r["matched"] and not hooks.eager_steps:
             e.sync_misses = 0
             return result
