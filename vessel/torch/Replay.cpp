@@ -201,6 +201,7 @@ class FormBuilder {
       if (r.kind == Ref::Ext || r.kind == Ref::Arg) continue;  // persistent: updated in place
       out.emplace_back(static_cast<std::uint32_t>(ext), r);
     }
+    std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });  // by external, not by address
     grads_after_.emplace(&m, std::move(out));
   }
 
