@@ -452,9 +452,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   Frame& f = *fp;
   const Phase phase = current_phase(ts);
   const std::uint8_t flags = flags_now(ts, si.is_mutable);
+  // A capture for crucible.compile alone commits nothing to the rings: no cells to build.
+  const bool cells = ts.capture == nullptr || !ts.capture->capture_only;
   {
     const auto args = torch::jit::last(*stack, si.n_args);
-    for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);
+    if (cells)
+      for (std::size_t i = 0; i < args.size(); ++i) add_ivalue(ts, f.b, args[i], static_cast<std::uint16_t>(i), false);
     if (ts.capture != nullptr) f.cap_args.assign(args.begin(), args.end());
   }
   f.b.end_inputs();
@@ -486,9 +489,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   }
   const std::size_t n_ret = op.schema().returns().size();
   const auto rets = torch::jit::last(*stack, n_ret);
-  for (std::size_t i = 0; i < rets.size(); ++i) add_ivalue(ts, done.b, rets[i], static_cast<std::uint16_t>(i), true);
+  if (cells)
+    for (std::size_t i = 0; i < rets.size(); ++i) add_ivalue(ts, done.b, rets[i], static_cast<std::uint16_t>(i), true);
 
-  if (si.lifts_constant && done.b.n_inputs() != 0) {
+  if (cells && si.lifts_constant && done.b.n_inputs() != 0) {
     // torch.tensor(data) builds its tensor below the dispatcher, then lifts it: a constant.
     record::Recorder::global().classify_external(done.b.cells()[0].meta.storage_id,
                                                  record::ExternalKind::Constant);

@@ -268,7 +268,10 @@ struct Rec<Op, Ret(Args...)> {
       return Op::redispatch(after, args...);
     }
     if (g_ablation == Ablation::EnterOnly) return unrecorded();
-    const bool capture_args = g_ablation != Ablation::EntryOnly;
+    // A capture for crucible.compile alone (capture_only) commits nothing to the rings: the
+    // op's cells would be built for nothing.
+    bool capture_args = g_ablation != Ablation::EntryOnly;
+    if constexpr (kCapture) capture_args = capture_args && !ts.capture->capture_only;
     const Phase phase = f->phase;
     const std::uint8_t flags = f->flags;
     Cap in{ts, f->b, false};

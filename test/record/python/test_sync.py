@@ -62,6 +62,8 @@ def test_logging_the_loss_and_counting_calls_run_every_call():
     assert len(compiled[3][0]) == N and compiled[3][1]["calls"] == N
     compiled_sync(step, N - 3)
     assert not caught, caught
+    modes = [(e["mode"], e["mode_why"]) for e in step.explain() if e["state"] == "compiled"]
+    assert modes and all(m == "sync" and why for m, why in modes), modes   # why: what ruled whole-step out
     seg = step.plans()[0]["segments"]
     assert any(s.startswith("backward()") and s.endswith("native") for s in seg), seg
     assert any(s.startswith("optimizer 0 step()") and s.endswith("native") for s in seg), seg
@@ -261,3 +263,24 @@ def test_a_pure_step_replays_whole_and_mode_sync_forces_sync_point_calls():
         assert st[key] >= N - 3, (mode, st)
         assert st["sync_calls" if mode == "auto" else "plan_runs"] == 0, (mode, st)
         assert step.plans()[0]["sync"] == (mode == "sync")
+
+
+def test_python_reads_of_tensor_memory_see_computed_values():
+    """No tensor is ever pending in sync-point mode: numpy(), tolist(), data_ptr() and the
+    buffer protocol read, right after a native optimizer step, what eager reads."""
+    import ctypes
+
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        reads = []
+
+        def after(loss):
+            w = m[0].weight
+            p = ctypes.cast(w.data_ptr(), ctypes.POINTER(ctypes.c_float))
+            reads.append((w.detach().numpy().sum().item(), w.detach().tolist()[0][:3], p[0],
+                          bytes(memoryview(w.detach().numpy()))[:8], loss.item()))
+        return usual_step(m, opt, after=after), m, opt, lambda: list(reads)
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    compiled_sync(step, N - 3)

@@ -367,14 +367,16 @@ class CompiledStep:
 
     def explain(self) -> list:
         """Per call signature that runs eagerly or has not compiled yet: {"signature", "state",
-        "causes"}, state being "refused" (every call of it runs eagerly; causes lists every
-        reason found), "compiled", or "pending" (still warming up or recording; causes lists
-        what made earlier captures unusable, if anything)."""
+        "causes", "mode", "mode_why"}, state being "refused" (every call of it runs eagerly;
+        causes lists every reason found), "compiled", or "pending" (still warming up or
+        recording; causes lists what made earlier captures unusable, if anything); mode
+        "replay" (whole-step) or "sync" (sync-point, mode_why: what ruled whole-step out)."""
         out = []
         for key, e in self._entries.items():
             state = "refused" if e.refused is not None else ("compiled" if e.plan is not None else "pending")
             out.append({"signature": _describe_key(key), "state": state, "causes": list(e.causes),
-                        "schedulers": [type(s).__name__ for s, _ in (e.scheds or ())]})
+                        "schedulers": [type(s).__name__ for s, _ in (e.scheds or ())],
+                        "mode": e.mode, "mode_why": e.mode_why})
         return out
 
     def plans(self) -> list:
