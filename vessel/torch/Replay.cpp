@@ -153,6 +153,13 @@ class FormBuilder {
         out.slot = f.num_slots++;
         out.count = 1;
         if (r.toTensor().defined()) define(r.toTensor(), Ref{Ref::Slot, out.slot});
+        slot_whole_.resize(f.num_slots, 0);
+        const at::Tensor& t = r.toTensor();
+        if (t.defined())
+          slot_meta_[out.slot] = std::string(c10::toString(t.scalar_type())) + dims(t.sizes()) + dims(t.strides());
+        slot_whole_[out.slot] = t.defined() && t.layout() == at::kStrided && t.has_storage() && t.storage_offset() == 0 &&
+                                t.is_non_overlapping_and_dense() &&
+                                t.storage().nbytes() == static_cast<std::size_t>(t.numel()) * t.element_size();
       } else if (r.isTensorList()) {
         const auto list = r.toTensorList();
         out.kind = OutT::TensorList;
@@ -280,6 +287,8 @@ class FormBuilder {
   }
 
   void finish() {
+    slot_whole_.resize(f.num_slots, 0);
+    elide_grad_copies();
     eliminate_dead_ops();
     // Slot lifetimes: a slot is released after its last use (views keep their base).
     std::vector<long> last(f.num_slots, -1);
@@ -345,6 +354,8 @@ class FormBuilder {
  private:
   absl::flat_hash_set<const c10::TensorImpl*> lifted_;
   std::vector<absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>> mark_grads_;  // per mark: .grad as it began
+  std::vector<std::uint8_t> slot_whole_;  // per slot: a whole, dense tensor at offset 0 of its own storage
+  absl::flat_hash_map<std::uint32_t, std::string> slot_meta_;  // per slot: dtype, sizes, strides (Note [Gradient copies])
   absl::flat_hash_map<const detail::CaptureMark*, std::vector<std::pair<std::uint32_t, Ref>>> grads_after_;
   absl::flat_hash_map<std::string, Ref> by_view_;
   struct Base {
@@ -366,6 +377,66 @@ class FormBuilder {
     for (const char* r : kRandom)
       if (name.find(r) != std::string::npos) return true;
     return false;
+  }
+
+  // Note [Gradient copies]: AccumulateGrad takes a new gradient over as the parameter's .grad
+  // when nothing else holds it, and copies it (new_empty_strided + copy_ with the parameter's
+  // layout) when something does. A captured call holds every result, so the capture always
+  // shows the copy, where an uncaptured call takes the gradient over (resnet18: 62 copies of
+  // 11M floats, 44 MB a step). A copy whose source is a whole, dense tensor with the layout of
+  // the copy, read by nothing but the copy, is elided: what read the copy reads the source.
+  void elide_grad_copies() {
+    std::vector<std::int32_t> producer(f.num_slots, -1);
+    for (std::size_t k = 0; k < f.ops.size(); ++k)
+      for (const OutT& o : f.ops[k].outs)
+        for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s) producer[s] = static_cast<std::int32_t>(k);
+    std::vector<int> uses(f.num_slots, 0);
+    std::function<void(Ref)> count = [&](Ref r) {
+      if (r.kind == Ref::Slot) ++uses[r.idx];
+      else if (r.kind == Ref::View) count(f.views[r.idx].base);
+    };
+    for (const OpT& o : f.ops)
+      for (const ArgT& a : o.args)
+        for (Ref r : a.refs) count(r);
+    for (Ref r : f.outputs) count(r);
+    for (const Form::Mark& m : f.marks) {
+      for (Ref r : m.roots) count(r);
+      for (Ref r : m.seeds) count(r);
+    }
+    std::vector<std::int64_t> alias(f.num_slots, -1);
+    for (std::size_t k = 0; k < f.ops.size(); ++k) {
+      OpT& b = f.ops[k];
+      if (op_name(b.op) != "aten::copy_" || b.args.size() != 3 || b.outs.size() != 1 ||
+          b.args[0].kind != ArgT::Tensor || b.args[1].kind != ArgT::Tensor) continue;
+      const Ref dst = b.args[0].refs[0], src = b.args[1].refs[0];
+      if (dst.kind != Ref::Slot || src.kind != Ref::Slot || producer[dst.idx] < 0) continue;
+      OpT& a = f.ops[static_cast<std::size_t>(producer[dst.idx])];
+      if (op_name(a.op) != "aten::new_empty_strided" || a.args.empty() || a.args[0].kind != ArgT::Tensor ||
+          a.args[0].refs[0].kind != Ref::Slot || a.args[0].refs[0].idx != src.idx) continue;
+      if (a.phase != record::Phase::Backward || b.phase != record::Phase::Backward) continue;
+      if (uses[src.idx] != 2 || uses[dst.idx] != 1 || !slot_whole_[src.idx] || !slot_whole_[dst.idx]) continue;
+      if (slot_meta_.count(src.idx) == 0 || slot_meta_.count(dst.idx) == 0 ||
+          slot_meta_[src.idx] != slot_meta_[dst.idx]) continue;
+      alias[dst.idx] = src.idx;
+      alias[b.outs[0].slot] = src.idx;
+      a.skip = b.skip = true;
+    }
+    auto remap = [&](Ref& r) {
+      if (r.kind == Ref::Slot && alias[r.idx] >= 0) r.idx = static_cast<std::uint32_t>(alias[r.idx]);
+    };
+    for (OpT& o : f.ops) {
+      if (o.skip) continue;
+      for (ArgT& a : o.args)
+        for (Ref& r : a.refs) remap(r);
+    }
+    for (ViewSpec& v : f.views) remap(v.base);
+    for (Ref& r : f.outputs) remap(r);
+    for (auto& g : f.grads) remap(g.second);
+    for (Form::Mark& m : f.marks) {
+      for (Ref& r : m.roots) remap(r);
+      for (Ref& r : m.seeds) remap(r);
+      for (auto& g : m.grads_after) remap(g.second);
+    }
   }
 
   void eliminate_dead_ops() {

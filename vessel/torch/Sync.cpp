@@ -339,12 +339,15 @@ bool sync_backward_op(at::TensorList roots, at::TensorList seeds, bool retain_gr
   std::vector<torch::autograd::Node*> nodes;
   if (std::string why = walk_graph(std::vector<at::Tensor>(roots.begin(), roots.end()), nodes); !why.empty())
     return eager_stretch(*run, "backward(): " + why);
+  // The graph's saved tensors go first, as the engine frees each node's after running it: the
+  // stretch holds what it reads in its slots and releases each after its last use, so the
+  // forward's activations are freed as the backward goes (memory reused, not mapped afresh).
+  if (!retain_graph)
+    for (torch::autograd::Node* n : nodes) n->release_variables();
   run_stretch(*run, static_cast<std::size_t>(m), {});
   // .grad as the engine leaves it (AccumulateGrad): each parameter's gradient as the recorded
   // backward() returned, so that Python, or an eager rest of the call, sees what eager sees.
   for (const auto& [e, r] : mk.grads_after) run->exts[e].mutable_grad() = live_value(*run, r);
-  if (!retain_graph)
-    for (torch::autograd::Node* n : nodes) n->release_variables();  // as the engine frees the graph
   return true;
 }
 
