@@ -26,7 +26,7 @@ import benchutil  # noqa: E402
 import crucible_native as crucible  # noqa: E402
 import models  # noqa: E402
 
-ITERS = {"mlp": 300, "cnn": 100, "transformer": 40, "resnet18": 4}
+ITERS = {"mlp": 300, "cnn": 100, "transformer": 40, "resnet18": 4, "efficientnet": 3}
 TARGET = {"mlp": 1.1, "transformer": 1.2}   # sync-point over eager (issue 31)
 
 
@@ -64,7 +64,7 @@ def bench(name, rounds):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--models", default="mlp,cnn,transformer,resnet18")
+    ap.add_argument("--models", default="mlp,cnn,transformer,resnet18,efficientnet")
     ap.add_argument("--no-save", action="store_true")
     a = ap.parse_args()
     rows = [bench(m, a.rounds) for m in a.models.split(",")]
