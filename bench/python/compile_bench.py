@@ -4,7 +4,9 @@ side by side in one process, plus each one's time to its first compiled step in 
 Per model (mlp, cnn, transformer+AdamW, resnet18 of test/record/python/models.py; efficientnet
 if asked for) one twin per variant is built with the same seed:
   eager                 Setup.step as written (zero_grad, forward, loss, backward, opt.step)
-  crucible              crucible.compile(step)
+  crucible              crucible.compile(step): whole-step replay (the step is pure)
+  crucible(sync)        crucible.compile(step, mode="sync"): the step's Python runs every call,
+                        backward() and the optimizer step run natively from the plan
   torch.compile(step)   torch.compile of the whole step: Dynamo breaks the graph at
                         loss.backward() and compiles the optimizer step on its own; that is what
                         a user who compiles the step gets (its graphs and breaks are reported)
@@ -54,9 +56,14 @@ import models  # noqa: E402
 
 _T_TORCH = time.perf_counter()
 
-VARIANTS = ["eager", "crucible", "inductor", "inductor_model"]
-LABEL = {"eager": "eager", "crucible": "crucible", "inductor": "torch.compile(step)",
+VARIANTS = ["eager", "crucible", "crucible_sync", "inductor", "inductor_model"]
+LABEL = {"eager": "eager", "crucible": "crucible", "crucible_sync": "crucible(sync)", "inductor": "torch.compile(step)",
          "inductor_model": "torch.compile(model)"}
+
+
+def _ran(st):
+    """Calls that ran compiled: whole-step plan runs, or sync-point calls with native stretches."""
+    return st["plan_runs"] + st["sync_native"]
 ITERS = {"mlp": 400, "cnn": 150, "transformer": 60, "resnet18": 6, "efficientnet": 10}
 CORRECTNESS_STEPS = 8   # crucible's plan runs from the 4th call on: 5 plan runs compared
 COLD_CALLS = 6          # calls timed in a cold child (Inductor recompiles on the 2nd)
@@ -86,6 +93,8 @@ def make_variant(name, variant):
     fn, cstep = s.step, None
     if variant == "crucible":
         fn = cstep = _crucible().compile(s.step)
+    elif variant == "crucible_sync":
+        fn = cstep = _crucible().compile(s.step, mode="sync")
     elif variant == "inductor":
         fn = torch.compile(s.step)
     elif variant == "inductor_model":
@@ -141,9 +150,9 @@ def bench(name, rounds, iters, variants):
                 info[v] |= dynamo_summary()
             if cstep is not None:
                 st = cstep.stats()
-                info[v] |= {"plan_runs": st["plan_runs"], "plans_built": st["plans_built"],
+                info[v] |= {"plan_runs": _ran(st), "plans_built": st["plans_built"],
                             "refusals": st["refusals"], "last_refusal": cstep.last_refusal}
-                if st["plan_runs"] == 0:
+                if _ran(st) == 0:
                     raise RuntimeError(f"no plan ran in {CORRECTNESS_STEPS} calls: {cstep.last_refusal}")
             losses[v] = ls
             live[v] = (s, fn)
@@ -189,8 +198,9 @@ def ratios(info):
     """Speedups from the medians of this run: a/b = b's time over a's (> 1: a is faster)."""
     ms = {v: d.get("step_ms") for v, d in info.items()}
     out = {}
-    for a, b in [("crucible", "eager"), ("inductor", "eager"), ("inductor_model", "eager"),
-                 ("crucible", "inductor"), ("crucible", "inductor_model")]:
+    for a, b in [("crucible", "eager"), ("crucible_sync", "eager"), ("inductor", "eager"), ("inductor_model", "eager"),
+                 ("crucible", "inductor"), ("crucible", "inductor_model"), ("crucible_sync", "inductor"),
+                 ("crucible_sync", "inductor_model")]:
         if ms.get(a) and ms.get(b):
             out[f"{a}_vs_{b}"] = ms[b] / ms[a]
     return out
@@ -206,7 +216,7 @@ def cold_child(variant, name, threads=0):
     out = {"variant": variant, "model": name, "import_torch_s": _T_TORCH - _T0, "threads": torch.get_num_threads()}
     try:
         t0 = time.perf_counter()
-        if variant == "crucible":
+        if variant.startswith("crucible"):
             _crucible()
         out["import_backend_s"] = time.perf_counter() - t0
         if variant.startswith("inductor"):
@@ -224,12 +234,12 @@ def cold_child(variant, name, threads=0):
             t0 = time.perf_counter()
             fn()
             calls.append(time.perf_counter() - t0)
-            if cstep is not None and compiled is None and cstep.stats()["plan_runs"] >= 1:
+            if cstep is not None and compiled is None and _ran(cstep.stats()) >= 1:
                 compiled = i + 1
             if variant.startswith("inductor"):
                 graphs.append(int(_dynamo_counters()["stats"]["unique_graphs"]))
         out["call_s"] = calls
-        if variant == "crucible":
+        if variant.startswith("crucible"):
             if compiled is None:
                 raise RuntimeError(f"no plan ran in {COLD_CALLS} calls: {cstep.last_refusal}")
             out["first_compiled_call"] = compiled
@@ -301,7 +311,10 @@ def report(rows, variants, quick):
         parts = [("crucible vs eager", "crucible_vs_eager"), ("torch.compile(step) vs eager", "inductor_vs_eager"),
                  ("torch.compile(model) vs eager", "inductor_model_vs_eager"),
                  ("crucible vs torch.compile(step)", "crucible_vs_inductor"),
-                 ("crucible vs torch.compile(model)", "crucible_vs_inductor_model")]
+                 ("crucible vs torch.compile(model)", "crucible_vs_inductor_model"),
+                 ("crucible(sync) vs eager", "crucible_sync_vs_eager"),
+                 ("crucible(sync) vs torch.compile(step)", "crucible_sync_vs_inductor"),
+                 ("crucible(sync) vs torch.compile(model)", "crucible_sync_vs_inductor_model")]
         L.append("  speedup (x, >1 = the first is faster): " +
                  ", ".join(f"{lab} {_f(rt.get(k), '.2f')}" for lab, k in parts if k in rt or
                            all(x in variants for x in k.split("_vs_"))))
@@ -315,9 +328,9 @@ def report(rows, variants, quick):
             if "losses_bit_identical" in d:
                 same = d["losses_bit_identical"] and d["params_bit_identical"]
                 tail = ""
-                if v == "crucible":
+                if v.startswith("crucible"):
                     tail = ("bit-identical" if same else "NOT BIT-IDENTICAL") + \
-                           f" ({d.get('plan_runs')} plan runs)"
+                           f" ({d.get('plan_runs')} compiled calls)"
                 else:
                     tail = "bit-identical" if same else "not bit-identical (not expected)"
                     if name == "transformer":
@@ -344,9 +357,9 @@ def report(rows, variants, quick):
                         L.append(f"    {LABEL[v]:<21} {kind}: FAILED: {r['error']}")
                         continue
                     line = (f"    {LABEL[v]:<21} {kind}: {r['to_first_compiled_s']:.3f}")
-                    if v == "crucible":
+                    if v.startswith("crucible"):
                         line += (f" (calls 1-{r['first_compiled_call']}: warm-up, 2 recorded + plan build, "
-                                 f"1st plan run)")
+                                 f"1st compiled call)")
                     elif v == "eager":
                         line += " (1st call, nothing compiled)"
                     else:
@@ -357,7 +370,7 @@ def report(rows, variants, quick):
                     if v.startswith("inductor"):
                         line += f"; {r['graphs_after_call'][-1]} graphs"
                     if v != "eager":
-                        line += f"; {'crucible.compile' if v == 'crucible' else 'torch.compile'}() {r['wrap_s']:.3f}"
+                        line += f"; {'crucible.compile' if v.startswith('crucible') else 'torch.compile'}() {r['wrap_s']:.3f}"
                     line += (f"; calls {COLD_CALLS - 1}-{COLD_CALLS} {r['later_call_s'] * 1e3:.1f} ms; "
                              f"import torch {r['import_torch_s']:.2f}"
                              f" [{r['process_wall_s']:.2f}]")
@@ -367,7 +380,7 @@ def report(rows, variants, quick):
                         if hits:
                             line += " " + ", ".join(f"{k} {n}" for k, n in sorted(hits.items()))
                     L.append(line)
-                if v == "crucible":
+                if v.startswith("crucible"):
                     L.append(f"    {LABEL[v]:<21} warm: = cold (crucible has no cross-process cache)")
     return "\n".join(L)
 
