@@ -284,3 +284,55 @@ def test_python_reads_of_tensor_memory_see_computed_values():
     eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
     assert_identical(eager, compiled)
     compiled_sync(step, N - 3)
+
+
+def test_two_backwards_with_retain_graph_and_autograd_grad_in_one_step():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        norms = []
+
+        def f(x, y):
+            opt.zero_grad()
+            out = m(x)
+            loss = F.cross_entropy(out, y)
+            (g,) = torch.autograd.grad(loss, out, retain_graph=True)   # the engine, not a marked stretch
+            norms.append(g.norm().item())
+            loss.backward(retain_graph=True)
+            (loss * 0.5).backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: list(norms)
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    compiled_sync(step, N - 3)
+
+
+def test_threads_each_with_their_own_sync_point_step():
+    import threading
+
+    def run(compiled, out, i):
+        torch.manual_seed(i)
+        m, opt = mlp("Adam")
+        log = []
+        f = usual_step(m, opt, after=lambda loss: log.append(loss.item()))
+        step = crucible.compile(f) if compiled else f
+        for x, y in batches(N, [8], seed=i + 1):
+            step(x, y)
+        out[i] = (log, snapshot(m, opt), step.stats() if compiled else None)
+
+    results = {}
+    for compiled in (False, True):
+        out = {}
+        threads = [threading.Thread(target=run, args=(compiled, out, i)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results[compiled] = out
+    for i in range(3):
+        le, se, _ = results[False][i]
+        lc, sc, st = results[True][i]
+        assert le == lc
+        assert_same(se, sc)
+        assert st["sync_native"] >= 1, st
