@@ -711,6 +711,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     return vessel::plan_build_sync(a, b, to_sources(sa), to_sources(sb));
   });
   m.def("capture_mark_end", &vessel::capture_mark_end);
+  m.def("plan_same_path", &vessel::plan_same_path);
+  m.def("forms_same_path", &vessel::forms_same_path);
   m.def("sync_optimizer", &vessel::sync_optimizer);
   m.def("sync_set_paused", &vessel::sync_set_paused);
   m.def("sync_end", [] {
@@ -723,6 +725,8 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["native_ops"] = r.native_ops;
     d["native_segments"] = r.native_segments;
     d["eager_stretches"] = r.eager_stretches;
+    d["variant"] = r.variant;
+    d["switches"] = r.switches;
     return d;
   });
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {

@@ -1370,6 +1370,23 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
   return id;
 }
 
+bool plan_same_path(std::int64_t plan, std::int64_t form) {
+  auto p = get_plan(plan);
+  auto f = get_form(form);
+  BusyLock hold(*p);
+  std::vector<std::uint64_t> live_args;
+  std::vector<std::uint32_t> live_exts;
+  return compare_forms(*p->form, *f, nullptr, nullptr, nullptr, nullptr, nullptr, &live_args, &live_exts).empty();
+}
+
+bool forms_same_path(std::int64_t form_a, std::int64_t form_b) {
+  auto a = get_form(form_a);
+  auto b = get_form(form_b);
+  std::vector<std::uint64_t> live_args;
+  std::vector<std::uint32_t> live_exts;
+  return compare_forms(*a, *b, nullptr, nullptr, nullptr, nullptr, nullptr, &live_args, &live_exts).empty();
+}
+
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   auto p = get_plan(plan);
   auto f = get_form(form);

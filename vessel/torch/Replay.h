@@ -80,6 +80,11 @@ void plan_release(std::int64_t plan);
 // ops, other wiring) refuse it.
 std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
                              const std::vector<ScalarSource>& sources_b);
+// Whether a captured call took the same path as a plan's (or as another captured call): the
+// same ops and wiring, whatever scalars and Python-made tensors it had. A sync-point step keeps
+// a plan per path it takes (the crucible::sync_start op gets them all).
+bool plan_same_path(std::int64_t plan, std::int64_t form);
+bool forms_same_path(std::int64_t form_a, std::int64_t form_b);
 // During a sync-point call (begun by the crucible::sync_start op): the optimizer with index
 // `tag` is about to step; if the plan's next ops are that step's and may run natively, runs
 // them (the sources' values in `scalars`) and returns true; else false (the step runs eagerly
@@ -94,6 +99,8 @@ struct SyncResult {
   std::string why;            // the first mismatch
   std::size_t plan_ops = 0, matched_ops = 0, native_ops = 0, native_segments = 0;
   std::vector<std::string> eager_stretches;  // why a backward() or step() of the call ran eagerly
+  std::size_t variant = 0;                   // the plan (of those sync_start got) the call ended on
+  std::size_t switches = 0;                  // times it moved to another plan at a branch
 };
 // Ends the thread's sync-point call (also after the step raised).
 SyncResult sync_end();

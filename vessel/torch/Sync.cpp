@@ -47,6 +47,9 @@ namespace crucible::vessel {
 namespace replay {
 
 struct SyncRun {
+  std::vector<std::shared_ptr<Plan>> variants;  // the step's plans for this signature: one per path
+  std::size_t current = 0;
+  std::size_t switches = 0;
   std::shared_ptr<Plan> plan;
   const Form* f = nullptr;
   std::size_t k = 0;  // the plan's next op
@@ -54,6 +57,8 @@ struct SyncRun {
   std::string why;
   std::vector<at::Tensor> slots, exts, args;
   std::vector<std::uint8_t> bound;  // per external: taken from the call (exts[e] is the call's)
+  std::vector<std::uint32_t> undo;  // externals bound by the op being matched (unbound if it misses)
+  std::string miss;                 // why the op being matched does not match the current plan
   std::size_t matched = 0, native_ops = 0, native_segments = 0;
   std::vector<std::string> eager_stretches;  // why a marked stretch ran eagerly
   detail::Capture capture;
@@ -134,6 +139,7 @@ bool check_ref(SyncRun& run, Ref r, const at::Tensor& t, bool bind) {
       if (ok && bind) {
         run.exts[r.idx] = t;
         run.bound[r.idx] = 1;
+        run.undo.push_back(r.idx);
       }
       return ok;
     }
@@ -150,6 +156,8 @@ bool check_ref(SyncRun& run, Ref r, const at::Tensor& t, bool bind) {
   }
   return false;
 }
+
+void set_miss(SyncRun& run, std::string why) { run.miss = std::move(why); }
 
 void fail(SyncRun& run, std::string why) {
   run.failed = true;
@@ -275,15 +283,21 @@ std::string walk_graph(const std::vector<at::Tensor>& roots, std::vector<torch::
   return "";
 }
 
-void sync_start_op(std::int64_t plan_id, at::TensorList args) {
+void sync_start_op(at::IntArrayRef plan_ids, at::TensorList args) {
   TORCH_CHECK(t_sync == nullptr, "a crucible sync-point call is already active on this thread");
-  std::shared_ptr<Plan> p = get_plan(plan_id);
-  TORCH_CHECK(p->sync, "crucible plan ", plan_id, " is not a sync-point plan");
-  bool idle = false;
-  TORCH_CHECK(p->busy.compare_exchange_strong(idle, true), "crucible plan ", plan_id,
-              " is already running on another thread; a plan runs one call at a time");
+  TORCH_CHECK(!plan_ids.empty(), "crucible::sync_start: no plan");
   auto run = std::make_unique<SyncRun>();
-  run->plan = std::move(p);
+  for (std::int64_t id : plan_ids) {
+    std::shared_ptr<Plan> p = get_plan(id);
+    TORCH_CHECK(p->sync, "crucible plan ", id, " is not a sync-point plan");
+    bool idle = false;
+    if (!p->busy.compare_exchange_strong(idle, true)) {
+      for (const auto& q : run->variants) q->busy.store(false);
+      TORCH_CHECK(false, "crucible plan ", id, " is already running on another thread; a plan runs one call at a time");
+    }
+    run->variants.push_back(std::move(p));
+  }
+  run->plan = run->variants[0];
   run->f = run->plan->form.get();
   run->slots.assign(run->f->num_slots, at::Tensor());
   run->exts = run->plan->run_exts;
@@ -354,19 +368,111 @@ bool sync_backward_op(at::TensorList roots, at::TensorList seeds, bool retain_gr
 }  // namespace
 }  // namespace replay
 
+namespace replay {
+namespace {
+// Can the call, matched against its current plan up to op k, go on against `q` (a plan of
+// another path of the same step) from op k? Their first k ops must be the same ops with the
+// same wiring (so slots, externals and views are numbered alike), q must take from the call
+// every scalar the current plan took from it there, and the marks before k must agree.
+bool same_prefix(const SyncRun& run, const Plan& q, std::size_t k) {
+  const Form& a = *run.f;
+  const Form& b = *q.form;
+  if (b.ops.size() <= k || b.arg_meta.size() != a.arg_meta.size()) return false;
+  for (std::size_t i = 0; i < k; ++i) {
+    const OpT& x = a.ops[i];
+    const OpT& y = b.ops[i];
+    if (!(x.op == y.op) || x.out_sig != y.out_sig || x.grad_mode != y.grad_mode || x.phase != y.phase ||
+        x.arg_sig.size() != y.arg_sig.size())
+      return false;
+    for (std::size_t j = 0; j < x.arg_sig.size(); ++j) {
+      const std::uint64_t key = static_cast<std::uint64_t>(i) << 32 | j;
+      const bool live_a = run.plan->live_args.contains(key), live_b = q.live_args.contains(key);
+      if (live_a && !live_b) return false;
+      if (!live_a && !live_b && x.arg_sig[j] != y.arg_sig[j]) return false;
+      if (x.args[j].kind != y.args[j].kind) return false;
+    }
+  }
+  auto before = [k](const std::vector<Form::Mark>& ms) {
+    std::vector<const Form::Mark*> out;
+    for (const Form::Mark& m : ms)
+      if (m.begin < k) out.push_back(&m);
+    return out;
+  };
+  const auto ma = before(a.marks), mb = before(b.marks);
+  if (ma.size() != mb.size()) return false;
+  for (std::size_t i = 0; i < ma.size(); ++i)
+    if (ma[i]->begin != mb[i]->begin || ma[i]->end != mb[i]->end || ma[i]->kind != mb[i]->kind || ma[i]->tag != mb[i]->tag)
+      return false;
+  return true;
+}
+
+// Moves the call onto plan variant v (same_prefix holds): the bound tensors carry over.
+void switch_to(SyncRun& run, std::size_t v) {
+  const std::shared_ptr<Plan>& q = run.variants[v];
+  const Form& b = *q->form;
+  std::vector<at::Tensor> exts = q->run_exts;
+  std::vector<std::uint8_t> bound(exts.size(), 0);
+  for (std::size_t e = 0; e < run.bound.size() && e < exts.size(); ++e)
+    if (run.bound[e] != 0) {
+      exts[e] = run.exts[e];
+      bound[e] = 1;
+    }
+  run.exts = std::move(exts);
+  run.bound = std::move(bound);
+  run.slots.resize(b.num_slots);
+  run.plan = q;
+  run.f = &b;
+  run.current = v;
+}
+}  // namespace
+}  // namespace replay
+
 namespace detail {
+void sync_match_one(replay::SyncRun& run, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                    const std::vector<c10::IValue>& rets, Phase phase);
+
 void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                 const std::vector<c10::IValue>& rets, Phase phase) {
   using namespace replay;
   if (run.failed) return;
+  auto attempt = [&]() {
+    run.undo.clear();
+    run.miss.clear();
+    sync_match_one(run, op, args, rets, phase);
+    if (run.miss.empty()) return true;
+    for (std::uint32_t e : run.undo) {  // the op's own bindings, before it missed
+      run.bound[e] = 0;
+      run.exts[e] = run.plan->run_exts[e];
+    }
+    return false;
+  };
+  if (attempt()) return;
+  const std::string why = run.miss;
+  const std::size_t was = run.current;
+  for (std::size_t v = 0; v < run.variants.size(); ++v) {  // another path of the step from here?
+    if (v == was || !same_prefix(run, *run.variants[v], run.k)) continue;
+    const std::size_t back = run.current;
+    switch_to(run, v);
+    if (attempt()) {
+      ++run.switches;
+      return;
+    }
+    switch_to(run, back);
+  }
+  fail(run, why);
+}
+
+void sync_match_one(replay::SyncRun& run, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                    const std::vector<c10::IValue>& rets, Phase phase) {
+  using namespace replay;
   const Form& f = *run.f;
-  if (run.k >= f.ops.size()) return fail(run, "the step ran more ops than its plan (" + op_name(op) + " after the last)");
+  if (run.k >= f.ops.size()) return set_miss(run, "the step ran more ops than its plan (" + op_name(op) + " after the last)");
   const std::size_t k = run.k;
   const OpT& o = f.ops[k];
-  if (!(o.op == op)) return fail(run, describe_op(o, k) + " was next in the plan; the step ran " + op_name(op));
+  if (!(o.op == op)) return set_miss(run, describe_op(o, k) + " was next in the plan; the step ran " + op_name(op));
   if (o.grad_mode != c10::GradMode::is_enabled() || o.phase != phase)
-    return fail(run, describe_op(o, k) + " ran with another grad mode or in another phase");
-  if (args.size() != o.args.size()) return fail(run, describe_op(o, k) + " got another number of arguments");
+    return set_miss(run, describe_op(o, k) + " ran with another grad mode or in another phase");
+  if (args.size() != o.args.size()) return set_miss(run, describe_op(o, k) + " got another number of arguments");
   for (std::size_t i = 0; i < args.size(); ++i) {
     const ArgT& a = o.args[i];
     if (a.kind == ArgT::Const) {
@@ -375,10 +481,10 @@ void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::
         std::string was, now;
         const_text(a.value, was);
         const_text(args[i], now);
-        return fail(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is " + now + "; the plan has " + was);
+        return set_miss(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is " + now + "; the plan has " + was);
       }
     } else if (!tensor_arg(run, a, args[i])) {
-      return fail(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is not the tensor the plan wires there");
+      return set_miss(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is not the tensor the plan wires there");
     }
   }
   for (std::size_t i = 0; i < o.outs.size() && i < rets.size(); ++i) {
@@ -387,7 +493,7 @@ void sync_match(replay::SyncRun& run, const c10::OperatorHandle& op, const std::
       run.slots[out.slot] = rets[i].toTensor();
     } else if (out.kind == OutT::TensorList && rets[i].isTensorList()) {
       const auto l = rets[i].toTensorList();
-      if (l.size() != out.count) return fail(run, describe_op(o, k) + " returned another number of tensors");
+      if (l.size() != out.count) return set_miss(run, describe_op(o, k) + " returned another number of tensors");
       for (std::size_t e = 0; e < l.size(); ++e) run.slots[out.slot + e] = l.get(e);
     }
   }
@@ -438,14 +544,16 @@ SyncResult sync_end() {
           : run->k != run->f->ops.size()
               ? "the step ran " + std::to_string(run->k) + " of its plan's " + std::to_string(run->f->ops.size()) + " ops"
               : "";
-  run->plan->busy.store(false);
+  r.variant = run->current;
+  r.switches = run->switches;
+  for (const auto& p : run->variants) p->busy.store(false);
   return r;
 }
 
 }  // namespace crucible::vessel
 
 TORCH_LIBRARY_FRAGMENT(crucible, m) {
-  m.def("sync_start(int plan, Tensor[] args) -> ()", &crucible::vessel::replay::sync_start_op);
+  m.def("sync_start(int[] plans, Tensor[] args) -> ()", &crucible::vessel::replay::sync_start_op);
   m.def("sync_backward(Tensor[] roots, Tensor[] seeds, bool retain_graph) -> bool",
         &crucible::vessel::replay::sync_backward_op);
 }

@@ -311,20 +311,23 @@ def test_two_backwards_with_retain_graph_and_autograd_grad_in_one_step():
 def test_threads_each_with_their_own_sync_point_step():
     import threading
 
-    def run(compiled, out, i):
-        torch.manual_seed(i)
+    def build(compiled):   # in this thread: models are initialised from the global generator
         m, opt = mlp("Adam")
         log = []
         f = usual_step(m, opt, after=lambda loss: log.append(loss.item()))
-        step = crucible.compile(f) if compiled else f
+        return (crucible.compile(f) if compiled else f), m, opt, log
+
+    def run(setup, out, i):
+        step, m, opt, log = setup
         for x, y in batches(N, [8], seed=i + 1):
             step(x, y)
-        out[i] = (log, snapshot(m, opt), step.stats() if compiled else None)
+        out[i] = (log, snapshot(m, opt), step.stats() if hasattr(step, "stats") else None)
 
     results = {}
     for compiled in (False, True):
         out = {}
-        threads = [threading.Thread(target=run, args=(compiled, out, i)) for i in range(3)]
+        setups = [build(compiled) for _ in range(3)]
+        threads = [threading.Thread(target=run, args=(setups[i], out, i)) for i in range(3)]
         for t in threads:
             t.start()
         for t in threads:
@@ -336,3 +339,29 @@ def test_threads_each_with_their_own_sync_point_step():
         assert le == lc
         assert_same(se, sc)
         assert st["sync_native"] >= 1, st
+
+
+def test_a_step_that_alternates_between_two_paths_runs_both_natively():
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        state = {"n": 0}
+
+        def f(x, y):
+            state["n"] += 1
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            if state["n"] % 2 == 0:       # every other call takes another path
+                loss = loss * 2.0
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: state["n"]
+
+    n = 24
+    eager, compiled, step, _ = twin_runs(make, n=n, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    plans = step.plans()
+    assert len(plans) == 2 and all(p["sync"] for p in plans), plans
+    assert st["sync_native"] >= n - 12, st   # after the two paths are recorded, every call
+    assert st["refusals"] == 0 and st["replans"] == 0, st

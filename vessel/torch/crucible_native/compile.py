@@ -22,6 +22,9 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 _MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
 _MAX_IDLE_REPLANS = 3  # plans of one signature dropped with no plan run between them before it runs eagerly
 _MAX_SYNC_MISSES = 3   # sync-point calls in a row that left their plan before it is recorded again
+_MAX_VARIANTS = 3      # plans of other paths a sync-point signature keeps besides its first
+_VARIANT_CAPTURES = 4  # calls recorded, after a call that left every plan, to find the path it took
+_MAX_VARIANT_SEARCHES = 4
 _MODES = ("auto", "replay", "sync")
 
 
@@ -243,7 +246,7 @@ class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
-                 "cap_hyper")
+                 "cap_hyper", "variants", "var_forms", "capture_left", "searches")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -265,6 +268,10 @@ class _Entry:
         self.sync_misses = 0   # sync-point calls in a row that left the plan
         self.hypers = []       # per recorded form: the optimizers' hyperparameters as its call began
         self.cap_hyper = None  # the last captured call's
+        # Sync-point plans of the other paths the step takes (a branch on a tensor value): the
+        # recorded calls not yet paired, the calls still to record to find a new path, and how
+        # many such searches ran.
+        self.variants, self.var_forms, self.capture_left, self.searches = [], [], 0, 0
 
 
 class CompiledStep:
@@ -380,8 +387,10 @@ class CompiledStep:
         return out
 
     def plans(self) -> list:
-        """plan_info() of every live plan: kernel calls, slots, externals, hash, build time."""
-        return [_ext.plan_info(e.plan) for e in self._entries.values() if e.plan is not None]
+        """plan_info() of every live plan: kernel calls, slots, externals, hash, build time (a
+        sync-point signature's plan of each path it takes, its first path first)."""
+        return [_ext.plan_info(p) for e in self._entries.values() if e.plan is not None
+                for p in [e.plan] + e.variants]
 
     def reset(self) -> None:
         """Forgets every plan and refusal; the next calls record again."""
@@ -397,6 +406,11 @@ class CompiledStep:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
         e.hypers, e.sync_misses = [], 0
+        for p in e.variants:
+            _ext.plan_release(p)
+        for f, _ in e.var_forms:
+            _ext.form_release(f)
+        e.variants, e.var_forms, e.capture_left, e.searches = [], [], 0, 0
 
     def _refuse(self, e, why, causes=None):
         import warnings
@@ -523,6 +537,8 @@ class CompiledStep:
             if self._warm:   # the first call made the step's state: later signatures record at once
                 e.seen = self._warmup
         if e.plan is not None and e.mode == "sync":
+            if e.capture_left > 0:
+                return self._capture_variant(e, args, kwargs, tensors)
             return self._sync_call(e, args, kwargs, tensors)
         if e.plan is not None:
             if not e.guard.ok():
@@ -585,18 +601,29 @@ class CompiledStep:
         e.srcs.append(e.cap_srcs)
         e.form_closures.append(e.cap_closures)
         e.hypers.append(e.cap_hyper)
-        if len(e.forms) == 2:
+        if len(e.forms) >= 2:
             self._build(e)
         return result
 
     def _build(self, e):
-        """A plan from the signature's two recorded calls: whole-step when both were pure and
-        agree op for op (mode "replay" or "auto"), else sync-point (mode "sync" or "auto")."""
-        a, b = e.forms
+        """A plan from two of the signature's recorded calls: whole-step when both were pure and
+        agree op for op (mode "replay" or "auto"), else sync-point (mode "sync" or "auto"). A
+        sync-point step that took different paths in its recorded calls records more until two
+        took one path; the others become plans of their paths later (_capture_variant)."""
+        ib = len(e.forms) - 1
+        ia = ib - 1
+        if len(e.forms) > 2:   # sync-point, several paths so far: a call that took the newest one's path
+            ia = next((i for i in range(ib) if _ext.forms_same_path(e.forms[i], e.forms[ib])), None)
+            if ia is None:
+                if len(e.forms) < _VARIANT_CAPTURES:
+                    return
+                self._refuse(e, f"the step took a different path in each of {len(e.forms)} recorded calls")
+                return
+        a, b = e.forms[ia], e.forms[ib]
         plan, why, causes = None, None, None
         if e.mode != "sync":
             try:
-                plan = _ext.plan_build(a, b, e.srcs[0], e.srcs[1])
+                plan = _ext.plan_build(a, b, e.srcs[ia], e.srcs[ib])
             except RuntimeError as err:
                 why = str(err)
             reads = _ext.plan_info(plan)["value_reads"] if plan is not None else []
@@ -613,9 +640,15 @@ class CompiledStep:
                     return
         if plan is None and self._mode != "replay":
             try:
-                plan = _ext.plan_build_sync(a, b, e.srcs[0], e.srcs[1])
+                plan = _ext.plan_build_sync(a, b, e.srcs[ia], e.srcs[ib])
             except RuntimeError as err:
                 why = str(err)
+                if not _ext.forms_same_path(a, b) and len(e.forms) < _VARIANT_CAPTURES:
+                    # two paths (a branch): keep both, record until two calls took one path
+                    if e.mode != "sync":
+                        e.mode, e.mode_why = "sync", why
+                        e.causes = [why]
+                    return
             else:
                 if e.mode != "sync":
                     e.mode, e.mode_why = "sync", why
@@ -631,8 +664,11 @@ class CompiledStep:
                 e.hypers.pop(0)
             return
         e.plan = plan
-        for f in e.forms:
-            _ext.form_release(f)
+        for i, f in enumerate(e.forms):
+            if i in (ia, ib):
+                _ext.form_release(f)
+            else:   # another path: paired later with a call that takes it too
+                e.var_forms.append((f, e.srcs[i]))
         e.forms, e.srcs, e.hypers = [], [], e.hypers[-1:]
         e.closures, e.form_closures = e.cap_closures, []
         if e.mode is None:
@@ -688,7 +724,7 @@ class CompiledStep:
         patched, sources = e.patched, self._sources
         hooks = _Hooks("sync", self._optimizers(), step_ok=lambda opt: e.guard.ok(),
                        scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [])
-        self._sync_start(e.plan, tensors)
+        self._sync_start([e.plan] + e.variants, tensors)
         try:
             with hooks:
                 result = self._fn(*args, **kwargs)
@@ -705,6 +741,11 @@ class CompiledStep:
         if not r["matched"]:
             st["sync_mismatches"] += 1
             self.last_sync_mismatch = r["why"]
+            if len(e.variants) < _MAX_VARIANTS and e.searches < _MAX_VARIANT_SEARCHES:
+                # another path: record the next calls until two take it, and keep its plan
+                e.searches += 1
+                e.capture_left = _VARIANT_CAPTURES
+                return result
         else:
             self.last_sync_mismatch = hooks.eager_steps[0]
         e.sync_misses += 1
@@ -719,6 +760,36 @@ class CompiledStep:
                 self._refuse(e, f"its sync-point plan was dropped {idle} times with no call running natively in "
                                 f"between (the step takes another path too often); the last time: "
                                 f"{self.last_replan}")
+        return result
+
+    def _capture_variant(self, e, args, kwargs, tensors):
+        """A recorded call of a sync-point signature whose last call left every plan it has: the
+        path it takes, when no plan has it, is kept until a second call takes it too, and the
+        two give that path's plan."""
+        e.capture_left -= 1
+        result, form, _ = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        if any(_ext.plan_same_path(p, form) for p in [e.plan] + e.variants):
+            _ext.form_release(form)
+            return result
+        for i, (other, srcs) in enumerate(e.var_forms):
+            if not _ext.forms_same_path(other, form):
+                continue
+            try:
+                plan = _ext.plan_build_sync(other, form, srcs, e.cap_srcs)
+            except RuntimeError:
+                continue
+            e.variants.append(plan)
+            e.var_forms.pop(i)
+            _ext.form_release(other)
+            _ext.form_release(form)
+            e.capture_left, e.sync_misses = 0, 0
+            self._count("plans_built")
+            return result
+        e.var_forms.append((form, e.cap_srcs))
+        if len(e.var_forms) > _VARIANT_CAPTURES:
+            _ext.form_release(e.var_forms.pop(0)[0])
         return result
 
     def _params(self):
