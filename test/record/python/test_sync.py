@@ -317,9 +317,9 @@ def test_threads_each_with_their_own_sync_point_step():
         f = usual_step(m, opt, after=lambda loss: log.append(loss.item()))
         return (crucible.compile(f) if compiled else f), m, opt, log
 
-    def run(setup, out, i):
+    def run(setup, out, i, data):
         step, m, opt, log = setup
-        for x, y in batches(N, [8], seed=i + 1):
+        for x, y in data:
             step(x, y)
         out[i] = (log, snapshot(m, opt), step.stats() if hasattr(step, "stats") else None)
 
@@ -327,7 +327,14 @@ def test_threads_each_with_their_own_sync_point_step():
     for compiled in (False, True):
         out = {}
         setups = [build(compiled) for _ in range(3)]
-        threads = [threading.Thread(target=run, args=(setups[i], out, i)) for i in range(3)]
+        data = [batches(N, [8], seed=i + 1) for i in range(3)]
+        # The first calls (warm-up and the recorded ones) one thread at a time: a call is
+        # recorded only while no other thread records. Then the three run concurrently.
+        for i in range(3):
+            for x, y in data[i][:4]:
+                setups[i][0](x, y)
+            data[i] = data[i][4:]
+        threads = [threading.Thread(target=run, args=(setups[i], out, i, data[i])) for i in range(3)]
         for t in threads:
             t.start()
         for t in threads:
