@@ -31,12 +31,11 @@ inline ChainSpec cache_chain() {
                     st("aten::relu", {-6})}};
 }
 
-// Runs cache_chain on a CpuBackend caching under `dir`; sets *correct when the result matches
-// the reference bit for bit.
-inline Result<CacheStats> run_cache_chain(const std::string& dir, bool* correct) {
-  const ChainSpec c = cache_chain();
+// Runs chain `c` on a CpuBackend made with `opts`; sets *correct when the result matches the
+// reference bit for bit.
+inline Result<CacheStats> run_chain_on_cpu(const ChainSpec& c, const CpuBackendOptions& opts, bool* correct) {
   const BuiltPlan bp = build_chain_plan(c);
-  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = true, .cache_dir = dir});
+  auto cpu = CpuBackend::make(opts);
   if (!cpu.ok()) return cpu.status();
   LoopProvider provider;
   auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
@@ -55,8 +54,13 @@ inline Result<CacheStats> run_cache_chain(const std::string& dir, bool* correct)
   for (auto& x : b.outputs) outs.push_back(x.data());
   if (Status st = (*runner)->run(exec::RunArgs{ins, outs, {}}); !st.ok()) return st;
   *correct = (*cpu)->generated_kernels() == 1 &&
-             first_difference(expect.outputs[0], b.outputs[0], kF64) == -1;
+             first_difference(expect.outputs[0], b.outputs[0], c.steps.back().out_dtype) == -1;
   return (*cpu)->stats();
+}
+
+// cache_chain on a CpuBackend caching under `dir`.
+inline Result<CacheStats> run_cache_chain(const std::string& dir, bool* correct) {
+  return run_chain_on_cpu(cache_chain(), CpuBackendOptions{.disk_cache = true, .cache_dir = dir}, correct);
 }
 
 }  // namespace crucible::mimic::test

@@ -3,7 +3,11 @@
 #include "crucible/mimic/CpuCodegen.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 #include "crucible/core/ScalarType.h"
@@ -21,6 +25,7 @@
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
 #include "llvm/Target/TargetOptions.h"
+#include "llvm/Transforms/Utils/Cloning.h"
 #if LLVM_VERSION_MAJOR >= 17
 #include "llvm/TargetParser/Host.h"
 #else
@@ -33,9 +38,11 @@ namespace {
 #if LLVM_VERSION_MAJOR >= 18
 constexpr auto kCodeGenO3 = llvm::CodeGenOptLevel::Aggressive;
 constexpr auto kObjectFile = llvm::CodeGenFileType::ObjectFile;
+constexpr auto kAssemblyFile = llvm::CodeGenFileType::AssemblyFile;
 #else
 constexpr auto kCodeGenO3 = llvm::CodeGenOpt::Aggressive;
 constexpr auto kObjectFile = llvm::CGFT_ObjectFile;
+constexpr auto kAssemblyFile = llvm::CGFT_AssemblyFile;
 #endif
 
 void init_llvm() {
@@ -206,6 +213,41 @@ class LoopEmitter {
   std::vector<llvm::MDNode*> scope_, noalias_;  // per operand
 };
 
+// Note [CRUCIBLE_DUMP]: with CRUCIBLE_DUMP=DIR, each kernel the backend compiles (not one
+// loaded from the kernel cache) leaves DIR/<symbol prefix>.program.txt (the pointwise program),
+// .ll (its LLVM IR after optimization) and .s (the machine code as assembly, from a copy of
+// the module, so the object file is made exactly as without the dump).
+Status dump_kernel(const std::string& dir, const std::string& prefix, const PointwiseProgram& program,
+                   const llvm::Module& m, llvm::TargetMachine& tm) {
+  auto fail = [&](const std::string& what) {
+    return bad_state("CRUCIBLE_DUMP=" + dir + ": " + what, "make the directory writable, or unset CRUCIBLE_DUMP");
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fail("cannot make the directory (" + ec.message() + ")");
+  const std::string base = dir + "/" + prefix;
+  auto write = [&](const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    return static_cast<bool>(out);
+  };
+  std::string ir;
+  llvm::raw_string_ostream irs(ir);
+  m.print(irs, nullptr);
+  irs.flush();
+  std::unique_ptr<llvm::Module> copy = llvm::CloneModule(m);
+  llvm::SmallVector<char, 0> asm_buf;
+  llvm::raw_svector_ostream as(asm_buf);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, as, nullptr, kAssemblyFile)) return fail("LLVM cannot emit assembly here");
+  pm.run(*copy);
+  if (!write(base + ".program.txt", program.text()) || !write(base + ".ll", ir) ||
+      !write(base + ".s", std::string(asm_buf.begin(), asm_buf.end())))
+    return fail("cannot write " + base + ".{program.txt,ll,s}");
+  return ok_status();
+}
+
 }  // namespace
 
 const CpuTarget& host_target() {
@@ -251,6 +293,9 @@ Result<std::string> compile_pointwise(const PointwiseProgram& program, const std
   pb.crossRegisterProxies(lam, fam, cgam, mam);
   llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
   mpm.run(m, mam);
+  if (const char* dir = std::getenv("CRUCIBLE_DUMP"); dir != nullptr && *dir != '\0') {
+    CRUCIBLE_RETURN_IF_ERROR(dump_kernel(dir, prefix, program, m, *tm));
+  }
 
   llvm::SmallVector<char, 0> buf;
   llvm::raw_svector_ostream os(buf);
