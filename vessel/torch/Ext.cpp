@@ -727,6 +727,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["eager_stretches"] = r.eager_stretches;
     d["variant"] = r.variant;
     d["switches"] = r.switches;
+    d["stale"] = r.stale;
     return d;
   });
   m.def("plan_check", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {

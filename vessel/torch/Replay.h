@@ -88,8 +88,9 @@ bool forms_same_path(std::int64_t form_a, std::int64_t form_b);
 // During a sync-point call (begun by the crucible::sync_start op): the optimizer with index
 // `tag` is about to step; if the plan's next ops are that step's and may run natively, runs
 // them (the sources' values in `scalars`) and returns true; else false (the step runs eagerly
-// and its ops are matched).
-bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars);
+// and its ops are matched). guards_ok: per plan the call got, whether the optimizers' state
+// still is what it was recorded from (the step runs eagerly where the current plan's is not).
+bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars, const std::vector<bool>& guards_ok);
 // Excludes (paused) or readmits the recording key on the calling thread; returns whether it
 // was excluded. Python's own reads during a sync-point call (the optimizer sources' step
 // counters) are not the step's ops.
@@ -101,6 +102,7 @@ struct SyncResult {
   std::vector<std::string> eager_stretches;  // why a backward() or step() of the call ran eagerly
   std::size_t variant = 0;                   // the plan (of those sync_start got) the call ended on
   std::size_t switches = 0;                  // times it moved to another plan at a branch
+  bool stale = false;                        // an optimizer step ran eagerly: its plan's guard failed
 };
 // Ends the thread's sync-point call (also after the step raised).
 SyncResult sync_end();

@@ -61,6 +61,7 @@ struct SyncRun {
   std::string miss;                 // why the op being matched does not match the current plan
   std::size_t matched = 0, native_ops = 0, native_segments = 0;
   std::vector<std::string> eager_stretches;  // why a marked stretch ran eagerly
+  bool stale = false;  // a guard said the optimizers' state is not what the plan was recorded from
   detail::Capture capture;
   bool key_was_on = false;
 };
@@ -503,11 +504,15 @@ void sync_match_one(replay::SyncRun& run, const c10::OperatorHandle& op, const s
 }
 }  // namespace detail
 
-bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars) {
+bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars, const std::vector<bool>& guards_ok) {
   using namespace replay;
   SyncRun* run = t_sync.get();
   if (run == nullptr || run->failed) return false;
   const std::string what = "optimizer " + std::to_string(tag) + " step(): ";
+  if (run->current >= guards_ok.size() || !guards_ok[run->current]) {
+    run->stale = true;
+    return eager_stretch(*run, what + "the optimizer's hyperparameters or state changed since the plan was recorded");
+  }
   const std::int64_t m = mark_here(*run, Form::Mark::OptimizerStep, tag);
   if (m < 0) return eager_stretch(*run, what + "the plan has no such step at op " + std::to_string(run->k));
   const Plan::Segment& seg = run->plan->segments[static_cast<std::size_t>(m)];
@@ -545,6 +550,7 @@ SyncResult sync_end() {
               ? "the step ran " + std::to_string(run->k) + " of its plan's " + std::to_string(run->f->ops.size()) + " ops"
               : "";
   r.variant = run->current;
+  r.stale = run->stale;
   r.switches = run->switches;
   for (const auto& p : run->variants) p->busy.store(false);
   return r;

@@ -96,6 +96,11 @@ CAUSES = {   # name: (loop, cause when it fails today)
     "rmsprop-foreach": (P(0, opt="rmsprop", opt_kw=(("foreach", True), ("lr", 0.01))), FOREACH_STEP),
     "adagrad-foreach": (P(0, opt="adagrad", opt_kw=(("foreach", True), ("lr", 0.05))), FOREACH_STEP),
     "adadelta-foreach": (P(0, opt="adadelta", opt_kw=(("foreach", True), ("lr", 1.0))), FOREACH_STEP),
+    # Found by the long run (seed 355): two paths (a random flip) each with its own sync-point
+    # plan, a scheduler inside the step; the second path's plan was checked with the first's
+    # guard and stepped with a stale learning rate.
+    "random-path-with-steplr-inside": (P(355, calls=9, sched="step", sched_kw=STEP_LR, sched_inside=True,
+                                         aug="random"), SCHED),
 }
 # Causes that fail on today's crucible.compile (all of them): take a name off when it passes.
 CAUSES_FAILING = set()   # causes whose regression test still fails

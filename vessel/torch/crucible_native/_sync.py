@@ -43,8 +43,8 @@ def _optimizer_types():
 
 class Hooks:
     """mode "capture": record marks; "sync": run marked stretches natively where the plan can.
-    step_ok(opt) (sync): whether the optimizer's state still is what the plan was recorded
-    from (its guard); scalars(): the sources' values for the coming step."""
+    step_ok() (sync): per plan of the step, whether the state still is what that plan was
+    recorded from (its guard); scalars(): the sources' values for the coming step."""
 
     def __init__(self, mode, optimizers, step_ok=None, scalars=None):
         self.mode = mode
@@ -124,9 +124,7 @@ class Hooks:
             if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or \
                     oo._global_optimizer_pre_hooks or oo._global_optimizer_post_hooks:
                 why = "the optimizer has step hooks"
-            elif not self.step_ok(opt):
-                why = "the optimizer's hyperparameters or state changed since the plan was recorded"
-            elif _ext.sync_optimizer(tag, self._scalars()):
+            elif _ext.sync_optimizer(tag, self._scalars(), self.step_ok()):
                 if getattr(orig, "_wrapped_by_lr_sched", False):
                     opt._opt_called = True   # what the scheduler's wrapper of step() records
                 return None

@@ -238,15 +238,32 @@ class _StateGuard:
                 if isinstance(d, dict):
                     snap(d, lambda k, v: I)
         self._hyper = hyper
+        self._parts = (keys, dicts, lists)
         self._native = _ext.StateGuard(keys, dicts, lists)
         self.ok = self._native.ok
+
+    def without(self, lifted):
+        """This guard, as of the same moment, with the hyperparameters in `lifted` (id(param
+        group) -> names) no longer checked."""
+        if not lifted:
+            return self
+        keys, dicts, lists = self._parts
+        X = self.IGNORE
+        dicts = [(d, [(k, v, X if k in lifted.get(id(d), ()) else m) for k, v, m in entries])
+                 for d, entries in dicts]
+        g = object.__new__(_StateGuard)
+        g._hyper = [(d, k, v) for d, k, v in self._hyper if k not in lifted.get(id(d), ())]
+        g._parts = (keys, dicts, lists)
+        g._native = _ext.StateGuard(keys, dicts, lists)
+        g.ok = g._native.ok
+        return g
 
 
 class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
-                 "cap_hyper", "variants", "var_forms", "capture_left", "searches")
+                 "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -272,6 +289,8 @@ class _Entry:
         # recorded calls not yet paired, the calls still to record to find a new path, and how
         # many such searches ran.
         self.variants, self.var_forms, self.capture_left, self.searches = [], [], 0, 0
+        self.guards = []       # per recorded form: the state guard as its call began
+        self.var_guards = []   # per plan of another path: its guard (e.guard is the first path's)
 
 
 class CompiledStep:
@@ -408,9 +427,10 @@ class CompiledStep:
         e.hypers, e.sync_misses = [], 0
         for p in e.variants:
             _ext.plan_release(p)
-        for f, _ in e.var_forms:
+        for f, *_ in e.var_forms:
             _ext.form_release(f)
         e.variants, e.var_forms, e.capture_left, e.searches = [], [], 0, 0
+        e.guards, e.var_guards = [], []
 
     def _refuse(self, e, why, causes=None):
         import warnings
@@ -601,6 +621,7 @@ class CompiledStep:
         e.srcs.append(e.cap_srcs)
         e.form_closures.append(e.cap_closures)
         e.hypers.append(e.cap_hyper)
+        e.guards.append(e.cap_guard)
         if len(e.forms) >= 2:
             self._build(e)
         return result
@@ -662,14 +683,16 @@ class CompiledStep:
                 e.srcs.pop(0)
                 e.form_closures.pop(0)
                 e.hypers.pop(0)
+                e.guards.pop(0)
             return
         e.plan = plan
+        guard = e.guards[ib].without(self._lifted_between(e.hypers[ia], e.hypers[ib]))
         for i, f in enumerate(e.forms):
             if i in (ia, ib):
                 _ext.form_release(f)
             else:   # another path: paired later with a call that takes it too
-                e.var_forms.append((f, e.srcs[i]))
-        e.forms, e.srcs, e.hypers = [], [], e.hypers[-1:]
+                e.var_forms.append((f, e.srcs[i], e.hypers[i], e.guards[i]))
+        e.forms, e.srcs, e.hypers, e.guards = [], [], [], []
         e.closures, e.form_closures = e.cap_closures, []
         if e.mode is None:
             e.mode = "replay"
@@ -686,7 +709,7 @@ class CompiledStep:
                 "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
                 CrucibleWarning, stacklevel=3)
         if e.mode == "sync":
-            e.guard = e.cap_guard
+            e.guard = guard
             e.sync_misses = 0
         else:
             e.guard, e.py = e.cap_guard, e.cap_py
@@ -721,8 +744,10 @@ class CompiledStep:
         optimizer steps run natively where everything before them matched."""
         st = self._stats
         st["sync_calls"] += 1
-        patched, sources = e.patched, self._sources
-        hooks = _Hooks("sync", self._optimizers(), step_ok=lambda opt: e.guard.ok(),
+        patched = e.patched or any(_ext.plan_info(p)["patches"] > 0 for p in e.variants)
+        sources = self._sources
+        guards = [e.guard] + e.var_guards
+        hooks = _Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
                        scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [])
         self._sync_start([e.plan] + e.variants, tensors)
         try:
@@ -735,6 +760,8 @@ class CompiledStep:
             e.replans_idle = 0
         if r["eager_stretches"]:
             self.last_sync_eager = r["eager_stretches"][0]
+        if r["stale"]:
+            hooks.eager_steps.append(r["eager_stretches"][-1])
         if r["matched"] and not hooks.eager_steps:
             e.sync_misses = 0
             return result
@@ -773,7 +800,7 @@ class CompiledStep:
         if any(_ext.plan_same_path(p, form) for p in [e.plan] + e.variants):
             _ext.form_release(form)
             return result
-        for i, (other, srcs) in enumerate(e.var_forms):
+        for i, (other, srcs, hyper, _) in enumerate(e.var_forms):
             if not _ext.forms_same_path(other, form):
                 continue
             try:
@@ -781,13 +808,14 @@ class CompiledStep:
             except RuntimeError:
                 continue
             e.variants.append(plan)
+            e.var_guards.append(e.cap_guard.without(self._lifted_between(hyper, e.cap_hyper)))
             e.var_forms.pop(i)
             _ext.form_release(other)
             _ext.form_release(form)
             e.capture_left, e.sync_misses = 0, 0
             self._count("plans_built")
             return result
-        e.var_forms.append((form, e.cap_srcs))
+        e.var_forms.append((form, e.cap_srcs, e.cap_hyper, e.cap_guard))
         if len(e.var_forms) > _VARIANT_CAPTURES:
             _ext.form_release(e.var_forms.pop(0)[0])
         return result
@@ -847,11 +875,8 @@ class CompiledStep:
         e.cap_hyper = hyper
         if self._mode == "sync":
             e.mode, e.mode_why = "sync", "mode=\"sync\""
-        if e.mode == "sync" and e.hypers:
-            # The plan's constants are this call's: its guard holds the hyperparameters as the
-            # call begins, except those that differ from the first recorded call's (fed from
-            # the sources, or taken from each call).
-            lifted = self._lifted_between(e.hypers[0], hyper)
+        # A sync-point plan's guard is this one less the hyperparameters its two recorded calls
+        # disagreed on (_build); a whole-step plan's, this one as it is.
         e.cap_guard = _StateGuard(self._guard_objs, e.lifted if lifted is None else lifted)
         watch = _Watch(self._fn, self._guard_extra, (args, kwargs))
         try:
