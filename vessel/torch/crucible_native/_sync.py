@@ -1,20 +1,29 @@
-"""Marks and native stretches of a compiled step's backward() and optimizer steps (Note
-[Sync-point execution] in vessel/torch/Sync.cpp, "Sync-point mode" in misc/CRUCIBLE.md).
+"""Sync-point execution on the Python side (Note [Sync-point execution] in vessel/torch/Sync.cpp;
+misc/CRUCIBLE.md, "Replay (crucible.compile)").
 
-While a call is captured, `Hooks("capture", ...)` marks where backward() and each guarded
-optimizer's step() ran (crucible::capture_mark). While a sync-point call runs, `Hooks("sync",
-...)` offers each of them to the plan instead: the plan runs its recorded stretch natively when
-everything before it matched and nothing Python would run inside it; otherwise the engine or
-the optimizer's own Python runs, and its ops are matched like the others.
+`Hooks` marks and offers the stretches of a call: while a call is recorded, `Hooks("capture",
+...)` marks where backward() and each guarded optimizer's step() ran (crucible::capture_mark);
+while a sync-point call runs, `Hooks("sync", ...)` offers each of them to the plan instead: the
+plan runs its recorded stretch natively when everything before it matched and nothing Python
+would run inside it; otherwise the engine or the optimizer's own Python runs, and its ops are
+matched like the others. The hooks are installed for one call on the calling thread's behalf:
+torch.autograd's _engine_run_backward (module-wide, passed through for every other thread and
+call) and the step attribute of each guarded optimizer instance.
 
-The hooks are installed for one call on the calling thread's behalf: torch.autograd's
-_engine_run_backward (module-wide, passed through for every other thread and call) and the
-step attribute of each guarded optimizer instance."""
+`SyncPoint` is CompiledStep's side of it: a sync-point call against the plans of every path the
+step takes, the search for the plan of a new path, and each plan's guard."""
 from __future__ import annotations
 
 import threading
 
 from ._native import ext as _ext
+
+MAX_IDLE_REPLANS = 3   # plans of one signature dropped with no plan run between them before it runs eagerly
+MAX_SYNC_MISSES = 3    # sync-point calls in a row that left their plan before it is recorded again
+MAX_VARIANTS = 3       # plans of other paths a sync-point signature keeps besides its first
+VARIANT_CAPTURES = 4   # calls recorded, after a call that left every plan, to find the path it took
+MAX_VARIANT_SEARCHES = 4
+_MISSING = object()
 
 _tls = threading.local()
 _install_lock = threading.Lock()
@@ -140,3 +149,113 @@ class Hooks:
             return self.scalars()
         finally:
             _ext.sync_set_paused(was)
+
+
+class SyncPoint:
+    """CompiledStep's sync-point calls (a mixin: the state is CompiledStep's and its _Entry's)."""
+
+    def _sync_call(self, e, args, kwargs, tensors):
+        """A call of a sync-point plan (Note [Sync-point execution], vessel/torch/Sync.cpp): the
+        step's Python runs; its ops are matched against the plan, and its backward() and
+        optimizer steps run natively where everything before them matched."""
+        st = self._stats
+        st["sync_calls"] += 1
+        patched = e.patched or any(_ext.plan_info(p)["patches"] > 0 for p in e.variants)
+        sources = self._sources
+        guards = [e.guard] + e.var_guards
+        hooks = Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
+                       scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [])
+        self._sync_start([e.plan] + e.variants, tensors)
+        try:
+            with hooks:
+                result = self._fn(*args, **kwargs)
+        finally:
+            r = _ext.sync_end()
+        if r["native_segments"]:
+            st["sync_native"] += 1
+            e.replans_idle = 0
+        if r["eager_stretches"]:
+            self.last_sync_eager = r["eager_stretches"][0]
+        if r["stale"]:
+            hooks.eager_steps.append(r["eager_stretches"][-1])
+        if r["matched"] and not hooks.eager_steps:
+            e.sync_misses = 0
+            return result
+        if not r["matched"]:
+            st["sync_mismatches"] += 1
+            self.last_sync_mismatch = r["why"]
+            if len(e.variants) < MAX_VARIANTS and e.searches < MAX_VARIANT_SEARCHES:
+                # another path: record the next calls until two take it, and keep its plan
+                e.searches += 1
+                e.capture_left = VARIANT_CAPTURES
+                return result
+        else:
+            self.last_sync_mismatch = hooks.eager_steps[0]
+        e.sync_misses += 1
+        if e.sync_misses >= MAX_SYNC_MISSES:   # the plan no longer fits the step: record it again
+            self._count("replans")
+            self.last_replan = self.last_sync_mismatch
+            e.replans_idle += 1
+            idle = e.replans_idle
+            self._drop(e)
+            e.seen = self._warmup
+            if idle >= MAX_IDLE_REPLANS:
+                self._refuse(e, f"its sync-point plan was dropped {idle} times with no call running natively in "
+                                f"between (the step takes another path too often); the last time: "
+                                f"{self.last_replan}")
+        return result
+
+
+    def _capture_variant(self, e, args, kwargs, tensors):
+        """A recorded call of a sync-point signature whose last call left every plan it has: the
+        path it takes, when no plan has it, is kept until a second call takes it too, and the
+        two give that path's plan."""
+        e.capture_left -= 1
+        result, form, _ = self._capture(e, args, kwargs, tensors)
+        if form is None:
+            return result
+        if any(_ext.plan_same_path(p, form) for p in [e.plan] + e.variants):
+            _ext.form_release(form)
+            return result
+        for i, (other, srcs, hyper, _) in enumerate(e.var_forms):
+            if not _ext.forms_same_path(other, form):
+                continue
+            try:
+                plan = _ext.plan_build_sync(other, form, srcs, e.cap_srcs)
+            except RuntimeError:
+                continue
+            e.variants.append(plan)
+            e.var_guards.append(e.cap_guard.without(self._lifted_between(hyper, e.cap_hyper)))
+            e.var_forms.pop(i)
+            _ext.form_release(other)
+            _ext.form_release(form)
+            e.capture_left, e.sync_misses = 0, 0
+            self._count("plans_built")
+            return result
+        e.var_forms.append((form, e.cap_srcs, e.cap_hyper, e.cap_guard))
+        if len(e.var_forms) > VARIANT_CAPTURES:
+            _ext.form_release(e.var_forms.pop(0)[0])
+        return result
+
+
+    def _lifted_between(self, h0, h1):
+        """id(param group) -> the hyperparameters of recognized optimizers that differed between
+        the two recorded calls of a sync-point plan (h0, h1: ScalarSources.hyperparameters() as
+        each began). The plan was built from calls that disagreed on them, so it feeds every
+        scalar they make from the sources or takes it from the call: they are not guarded."""
+        lifted = {}
+        if not h0 or not h1:
+            return lifted
+        for opt, gs0, gs1 in zip(self._sources.optimizers(), h0, h1):
+            for g, a, b in zip(opt.param_groups, gs0, gs1):
+                ks = set()
+                for k in set(a) | set(b):
+                    try:
+                        same = bool(a.get(k, _MISSING) == b.get(k, _MISSING))
+                    except (RuntimeError, TypeError, ValueError):
+                        same = False
+                    if not same:
+                        ks.add(k)
+                if ks:
+                    lifted[id(g)] = ks
+        return lifted
