@@ -641,10 +641,8 @@ std::int64_t match_source(const Form& b, std::size_t k, const std::string& arg, 
 // a's (same metadata: a loaded optimizer state, a replaced parameter) is accepted and listed.
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
                           const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
-                          const std::vector<at::Tensor>* a_exts = nullptr,
-                          std::vector<std::uint32_t>* rebind = nullptr,
-                          std::vector<std::uint64_t>* live_args = nullptr,
-                          std::vector<std::uint32_t>* live_exts = nullptr) {
+                          const std::vector<at::Tensor>* a_exts, std::vector<std::uint32_t>* rebind,
+                          std::vector<std::uint64_t>* live_args, std::vector<std::uint32_t>* live_exts) {
   // live_args/live_exts (a sync-point plan): a scalar or a tensor made by Python that differs
   // with no source is taken from each call instead of refusing the plan.
   const char* eager = " Crucible never guesses a value: this step runs eagerly.";
@@ -1093,7 +1091,7 @@ void form_release(std::int64_t id) {
   r.forms.erase(id);
 }
 
-namespace {
+namespace replay {
 void snapshot_exts(Plan& p) {
   p.ext_snap.clear();
   for (const at::Tensor& t : p.run_exts) {
@@ -1177,15 +1175,47 @@ ContentHash plan_key(const Form& f, const std::vector<Patch>& patches) {
   }
   return hash_ops(f.ops, &sig, {f.tail_sig, masked_exts});
 }
-}  // namespace
 
-std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
-                        const std::vector<ScalarSource>& sources_b) {
-  const auto t0 = std::chrono::steady_clock::now();
+std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
+    std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+    const std::vector<ScalarSource>& sources_b) {
   auto a = get_form(form_a);
   auto b = get_form(form_b);
   if (sources_a.size() != sources_b.size())
     throw std::runtime_error("crucible: scalar sources of the two recorded calls differ in number");
+  return {std::move(a), std::move(b)};
+}
+
+std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
+                               const ContentHash& key, const std::vector<ScalarSource>& sources_b) {
+  auto p = std::make_shared<Plan>();
+  p->key = key;
+  p->patches = std::move(patches);
+  for (std::size_t e = 0; e < a.exts.size(); ++e)
+    if (a.exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
+      p->constants.push_back(static_cast<std::uint32_t>(e));
+  p->form = std::move(b);
+  index_patches(*p);
+  snapshot_exts(*p);
+  p->build_sources = sources_b;
+  return p;
+}
+
+std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::time_point t0) {
+  p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  const std::int64_t id = r.next++;
+  r.plans.emplace(id, std::move(p));
+  ++r.counters.plan_builds;
+  return id;
+}
+}  // namespace replay
+
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                        const std::vector<ScalarSource>& sources_b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [a, b] = forms_of(form_a, form_b, sources_a, sources_b);
   std::vector<Patch> patches;
   const std::string diff = compare_forms(*a, *b, &sources_a, &sources_b, &patches);
   if (!diff.empty()) throw std::runtime_error(diff);
@@ -1211,180 +1241,7 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
       }
     }
   }
-  auto p = std::make_shared<Plan>();
-  p->form = b;
-  p->key = key;
-  p->patches = std::move(patches);
-  index_patches(*p);
-  snapshot_exts(*p);
-  p->build_sources = sources_b;
-  for (std::size_t e = 0; e < a->exts.size(); ++e)
-    if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
-      p->constants.push_back(static_cast<std::uint32_t>(e));
-  p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> g(r.mu);
-  const std::int64_t id = r.next++;
-  r.plans.emplace(id, std::move(p));
-  ++r.counters.plan_builds;
-  return id;
-}
-
-namespace {
-bool may_draw_random_op(const OpT& o) {
-  static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
-                                  "poisson", "exponential", "geometric", "cauchy", "log_normal",
-                                  "random", "rrelu", "gamma", "binomial", "dirichlet"};
-  const std::string& name = o.op.schema().name();
-  for (const char* r : kRandom)
-    if (name.find(r) != std::string::npos) return true;
-  return false;
-}
-
-// Which marked stretches of a sync-point plan may run natively, and why not (Note [Sync-point
-// execution], Sync.cpp).
-void plan_segments(Plan& p) {
-  const Form& f = *p.form;
-  p.slot_producer.assign(f.num_slots, -1);
-  for (std::size_t k = 0; k < f.ops.size(); ++k)
-    for (const OutT& o : f.ops[k].outs)
-      for (std::uint32_t s = o.slot; s < o.slot + o.count; ++s) p.slot_producer[s] = static_cast<std::int32_t>(k);
-  // Slot lifetimes counting the value reads (skip ops) as uses: a sync-point call's Python
-  // makes them, after the stretch that made the value may have run natively.
-  std::vector<long> last(f.num_slots, -1);
-  std::function<void(Ref, long)> use = [&](Ref r, long k) {
-    if (r.kind == Ref::Slot) last[r.idx] = std::max(last[r.idx], k);
-    else if (r.kind == Ref::View) use(f.views[r.idx].base, k);
-  };
-  for (std::size_t k = 0; k < f.ops.size(); ++k)
-    for (const ArgT& a : f.ops[k].args)
-      for (Ref r : a.refs) use(r, static_cast<long>(k));
-  for (Ref r : f.outputs) use(r, LONG_MAX);
-  for (const auto& g : f.grads) use(g.second, LONG_MAX);
-  for (const Form::Mark& m : f.marks) {
-    const long at = m.begin < f.ops.size() ? static_cast<long>(m.begin) : LONG_MAX;
-    for (Ref r : m.roots) use(r, at);
-    for (Ref r : m.seeds) use(r, at);
-    // read as the stretch ends: kept past its last op (m.end - 1)
-    for (const auto& g : m.grads_after) use(g.second, m.end < f.ops.size() ? static_cast<long>(m.end) : LONG_MAX);
-  }
-  p.sync_release.assign(f.ops.size(), {});
-  for (std::uint32_t s = 0; s < f.num_slots; ++s) {
-    const long at = last[s] >= 0 ? last[s] : p.slot_producer[s];
-    if (at >= 0 && at != LONG_MAX) p.sync_release[static_cast<std::size_t>(at)].push_back(s);
-  }
-  std::size_t first_live_op = f.ops.size();
-  for (std::uint64_t la : p.live_args) first_live_op = std::min<std::size_t>(first_live_op, la >> 32);
-  p.segments.clear();
-  std::uint32_t prev_end = 0;
-  for (const Form::Mark& m : f.marks) {
-    Plan::Segment seg;
-    auto refuse = [&](std::string why) {
-      if (seg.why.empty()) seg.why = std::move(why);
-    };
-    if (m.begin < prev_end || m.end < m.begin || m.end > f.ops.size()) refuse("it overlaps another marked stretch");
-    prev_end = std::max(prev_end, m.end);
-    if (m.kind == Form::Mark::Backward) {
-      if (first_live_op < m.begin)
-        refuse(describe_op(f.ops[first_live_op], first_live_op) + " takes a scalar Python computes anew each "
-               "call, and the backward's own copies of such scalars are not patch points");
-      if (m.roots.size() != 1) refuse("backward() was given several tensors");
-    }
-    for (const Patch& pt : p.patches) {
-      const std::size_t first = pt.ext >= 0 ? f.ext_use[static_cast<std::size_t>(pt.ext)].op : 0;
-      if (m.kind == Form::Mark::Backward && pt.ext >= 0 && first >= m.begin && first < m.end)
-        refuse("a Python number the plan patches is first read inside backward");
-    }
-    for (std::size_t k = m.begin; k < m.end && k < f.ops.size() && seg.why.empty(); ++k) {
-      const OpT& o = f.ops[k];
-      for (std::size_t i = 0; i < o.args.size(); ++i) {
-        if (p.live_args.contains(static_cast<std::uint64_t>(k) << 32 | i))
-          refuse(describe_op(o, k) + " argument '" + arg_name(o, i) + "' is a scalar Python computes anew each call");
-        for (Ref r : o.args[i].refs)
-          if (r.kind == Ref::Ext && p.live_ext[r.idx] != 0 && f.ext_use[r.idx].op >= m.begin)
-            refuse(describe_op(o, k) + " reads a tensor Python makes anew each call");
-      }
-      if (m.kind == Form::Mark::Backward && p.op_patch[k] >= 0)
-        refuse(describe_op(o, k) + " takes a scalar from the optimizer's sources inside backward");
-      if (m.kind == Form::Mark::Backward && !o.skip && may_draw_random_op(o))
-        refuse(describe_op(o, k) + " draws random numbers inside backward (activation checkpointing?)");
-      if (m.kind == Form::Mark::Backward && o.op.schema().name() == "aten::_local_scalar_dense")
-        refuse(describe_op(o, k) + " reads a tensor value inside backward");
-    }
-    seg.native = seg.why.empty();
-    p.segments.push_back(std::move(seg));
-  }
-}
-}  // namespace
-
-std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
-                             const std::vector<ScalarSource>& sources_b) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto a = get_form(form_a);
-  auto b = get_form(form_b);
-  if (sources_a.size() != sources_b.size())
-    throw std::runtime_error("crucible: scalar sources of the two recorded calls differ in number");
-  std::vector<Patch> patches;
-  std::vector<std::uint64_t> live_args;
-  std::vector<std::uint32_t> live_exts;
-  const std::string diff =
-      compare_forms(*a, *b, &sources_a, &sources_b, &patches, nullptr, nullptr, &live_args, &live_exts);
-  if (!diff.empty()) throw std::runtime_error(diff);
-  auto p = std::make_shared<Plan>();
-  p->form = b;
-  p->sync = true;
-  p->key = plan_key(*b, patches);
-  p->patches = std::move(patches);
-  index_patches(*p);
-  snapshot_exts(*p);
-  p->build_sources = sources_b;
-  p->live_ext.assign(b->exts.size(), 0);
-  for (std::uint32_t e : live_exts) p->live_ext[e] = 1;
-  for (std::size_t e = 0; e < a->exts.size(); ++e)
-    if (a->exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
-      p->constants.push_back(static_cast<std::uint32_t>(e));
-  p->live_args.insert(live_args.begin(), live_args.end());
-  plan_segments(*p);
-  // The .grad states at each backward() (not in the forms' content: a whole-step plan has no
-  // use for them) must agree too, or that backward() runs in the engine.
-  for (std::size_t m = 0; m < b->marks.size() && m < a->marks.size() && m < p->segments.size(); ++m) {
-    auto text = [](const Form::Mark& mk) {
-      std::string t;
-      for (const auto& g : mk.grad_pre) t += std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ",";
-      t += "|";
-      for (const auto& [e, ref] : mk.grads_after) t += std::to_string(e) + "=" + ref_text(ref) + ",";
-      return t;
-    };
-    if (p->segments[m].native && text(a->marks[m]) != text(b->marks[m])) {
-      p->segments[m].native = false;
-      p->segments[m].why = "the parameters' .grad were in other states at this backward() in the two recorded calls";
-    }
-  }
-  p->arena_state = Plan::Arena::Off;
-  p->arena_note = "a sync-point plan runs stretches of the step with PyTorch's allocator";
-  p->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  const std::int64_t id = r.next++;
-  r.plans.emplace(id, std::move(p));
-  ++r.counters.plan_builds;
-  return id;
-}
-
-bool plan_same_path(std::int64_t plan, std::int64_t form) {
-  auto p = get_plan(plan);
-  auto f = get_form(form);
-  BusyLock hold(*p);
-  std::vector<std::uint64_t> live_args;
-  std::vector<std::uint32_t> live_exts;
-  return compare_forms(*p->form, *f, nullptr, nullptr, nullptr, nullptr, nullptr, &live_args, &live_exts).empty();
-}
-
-bool forms_same_path(std::int64_t form_a, std::int64_t form_b) {
-  auto a = get_form(form_a);
-  auto b = get_form(form_b);
-  std::vector<std::uint64_t> live_args;
-  std::vector<std::uint32_t> live_exts;
-  return compare_forms(*a, *b, nullptr, nullptr, nullptr, nullptr, nullptr, &live_args, &live_exts).empty();
+  return register_plan(new_plan(*a, b, std::move(patches), key, sources_b), t0);
 }
 
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {

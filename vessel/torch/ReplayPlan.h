@@ -7,10 +7,12 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "Replay.h"
@@ -184,6 +186,30 @@ std::string describe_op(const OpT& o, std::size_t k);
 std::string dims(c10::IntArrayRef v);
 void const_text(const c10::IValue& v, std::string& out);
 std::shared_ptr<Plan> get_plan(std::int64_t id);
+std::shared_ptr<const Form> get_form(std::int64_t id);
+std::string ref_text(Ref r);
+// Does form b repeat form a (Replay.cpp)? "" when it does, else the first difference, for a
+// user. A scalar that differs and is fed by a source becomes a patch (into `patches`); with
+// live_args/live_exts (a sync-point plan) one with no source is taken from each call instead.
+// a_exts: the tensors to compare b's externals with (default a.exts); rebind: accept (and list)
+// persistent tensors that are other objects with the same metadata.
+std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
+                          const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
+                          const std::vector<at::Tensor>* a_exts = nullptr,
+                          std::vector<std::uint32_t>* rebind = nullptr,
+                          std::vector<std::uint64_t>* live_args = nullptr,
+                          std::vector<std::uint32_t>* live_exts = nullptr);
+// The content address of a form with its patch points masked.
+ContentHash plan_key(const Form& f, const std::vector<Patch>& patches);
+// The two forms of a plan build (their scalar sources must agree in number).
+std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
+    std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+    const std::vector<ScalarSource>& sources_b);
+// A plan of form b (a: the other recorded call, for the constants made afresh each call).
+std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
+                               const ContentHash& key, const std::vector<ScalarSource>& sources_b);
+// Puts a built plan in the registry (its build time from t0); returns its id.
+std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::time_point t0);
 // A plan tensor's value: `exts` are the externals a run uses, `slots` its intermediates.
 at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const std::vector<at::Tensor>& slots,
                     at::TensorList args, Ref r);
