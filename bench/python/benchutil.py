@@ -1,7 +1,10 @@
-"""Shared by the Python benchmarks: how they describe the machine in their saved results, and
-the MLP training step the Vessel benchmarks measure (vessel_overhead.py, callgrind/, perf/)."""
+"""Shared by the Python benchmarks: how they describe the machine in their saved results, how
+they save them, and the MLP training step the Vessel benchmarks measure (vessel_overhead.py,
+callgrind/, perf/)."""
+import json
 import os
 import platform
+import time
 
 
 def machine():
@@ -16,6 +19,23 @@ def machine():
     except OSError:
         pass
     return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def save_baseline(name, rows, text, notes=(), **meta):
+    """bench/baselines/<name>.json (the machine, torch, its threads, the date, `meta` and the
+    rows) and <name>.txt (a header line of the same, one line per note, then `text`)."""
+    import torch
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    d = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+         "date": time.strftime("%Y-%m-%d"), **meta, "rows": rows}
+    base = os.path.join(root, "bench", "baselines", name)
+    with open(base + ".json", "w") as f:
+        json.dump(d, f, indent=1)
+    with open(base + ".txt", "w") as f:
+        f.write(f"# {d['machine']}; torch {d['torch']}, {d['threads']} threads, {d['date']}\n")
+        for n in notes:
+            f.write(f"# {n}\n")
+        f.write(text + "\n")
 
 
 def make_mlp():

@@ -12,7 +12,6 @@ bench/baselines/replay_bench.{json,txt}.
     .venv/bin/python bench/python/replay_bench.py [--rounds 7] [--models mlp,transformer]
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -100,16 +99,8 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not a.no_save:
-        meta = {"machine": benchutil.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "rounds": a.rounds, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-        base = os.path.join(ROOT, "bench", "baselines", "replay_bench")
-        with open(base + ".json", "w") as f:
-            json.dump(meta, f, indent=1)
-        with open(base + ".txt", "w") as f:
-            f.write(f"# {meta['machine']}; torch {meta['torch']}, {meta['threads']} threads, {meta['date']}\n"
-                    f"# median per-step time over {a.rounds} alternating rounds; speedup = eager / compiled;\n"
-                    f"# ratio = plan arena / eager step's peak allocated bytes (calling thread)\n")
-            f.write(text + "\n")
+        benchutil.save_baseline("replay_bench", rows, text, [f"median per-step time over {a.rounds} alternating rounds; speedup = eager / compiled;",
+                                     "ratio = plan arena / eager step's peak allocated bytes (calling thread)"], rounds=a.rounds)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Writes bench/baselines/sync_bench.{json,txt}.
     .venv/bin/python bench/python/sync_bench.py [--rounds 7] [--models mlp,transformer]
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -20,7 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [os.path.join(ROOT, "vessel", "torch"), os.path.join(ROOT, "test", "record", "python"),
                 os.path.dirname(os.path.abspath(__file__))]
 
-import torch  # noqa: E402
 
 import benchutil  # noqa: E402
 import crucible_native as crucible  # noqa: E402
@@ -78,15 +76,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not a.no_save:
-        meta = {"machine": benchutil.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "rounds": a.rounds, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-        base = os.path.join(ROOT, "bench", "baselines", "sync_bench")
-        with open(base + ".json", "w") as f:
-            json.dump(meta, f, indent=1)
-        with open(base + ".txt", "w") as f:
-            f.write(f"# {meta['machine']}; torch {meta['torch']}, {meta['threads']} threads, {meta['date']}\n"
-                    f"# median per-step time over {a.rounds} alternating rounds; x = eager / mode\n")
-            f.write(text + "\n")
+        benchutil.save_baseline("sync_bench", rows, text, [f"median per-step time over {a.rounds} alternating rounds; x = eager / mode"], rounds=a.rounds)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,17 @@ class FormBuilder {
     f.outputs.push_back(resolve(t, f.ops.size(), j));
   }
 
+  // A gradient as the ops name it: a slot or a view of one (bound as .grad), an external or an
+  // argument (persistent: updated in place, nothing to bind), or none (no op of the call
+  // touched it).
+  Ref grad_ref(const at::Tensor& g) {
+    auto it = by_view_.find(view_key(g));
+    if (it != by_view_.end()) return it->second;
+    auto st = by_storage_.find(g.storage().unsafeGetStorageImpl());
+    if (st == by_storage_.end()) return Ref{};
+    return make_view(g, st->second);
+  }
+
   // The .grad of each parameter as a backward() mark ended (CaptureMark::grads_after), named as
   // the ops made so far name them; kept until add_marks makes the marks.
   void add_grads_after(const detail::CaptureMark& m) {
@@ -196,17 +207,8 @@ class FormBuilder {
       for (std::size_t e = 0; e < f.exts.size() && ext < 0; ++e)
         if (f.exts[e].unsafeGetTensorImpl() == impl) ext = static_cast<std::int64_t>(e);
       if (ext < 0) continue;
-      auto it = by_view_.find(view_key(g));
-      Ref r;
-      if (it != by_view_.end()) {
-        r = it->second;
-      } else {
-        auto st = by_storage_.find(g.storage().unsafeGetStorageImpl());
-        if (st == by_storage_.end()) continue;
-        r = make_view(g, st->second);
-      }
-      if (r.kind == Ref::Ext || r.kind == Ref::Arg) continue;  // persistent: updated in place
-      out.emplace_back(static_cast<std::uint32_t>(ext), r);
+      const Ref r = grad_ref(g);
+      if (r.kind == Ref::Slot || r.kind == Ref::View) out.emplace_back(static_cast<std::uint32_t>(ext), r);
     }
     std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });  // by external, not by address
     grads_after_.emplace(&m, std::move(out));
@@ -240,16 +242,8 @@ class FormBuilder {
       if (!p.requires_grad() || !p.is_leaf()) continue;
       const at::Tensor& g = p.grad();
       if (!g.defined() || g.layout() != at::kStrided || !g.has_storage()) continue;
-      auto it = by_view_.find(view_key(g));
-      Ref r;
-      if (it != by_view_.end()) {
-        r = it->second;
-      } else {
-        auto st = by_storage_.find(g.storage().unsafeGetStorageImpl());
-        if (st == by_storage_.end()) continue;  // a gradient no op of this call touched
-        r = make_view(g, st->second);
-      }
-      if (r.kind == Ref::Ext || r.kind == Ref::Arg) continue;  // persistent: updated in place
+      const Ref r = grad_ref(g);
+      if (r.kind != Ref::Slot && r.kind != Ref::View) continue;  // none: no op of the call touched it
       f.grads.emplace_back(static_cast<std::uint32_t>(e), r);
     }
   }
