@@ -21,6 +21,14 @@ def machine():
     return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
+def per_step(fn, iters):
+    """Seconds per call of fn over `iters` calls in a row."""
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
 def save_baseline(name, rows, text, notes=(), **meta):
     """bench/baselines/<name>.json (the machine, torch, its threads, the date, `meta` and the
     rows) and <name>.txt (a header line of the same, one line per note, then `text`)."""

@@ -119,11 +119,7 @@ def _break_reason(r):
     return (lines[0] + (f" ({expl.split('. ')[0].rstrip('.')})" if expl else ""))[:200] if lines else "?"
 
 
-def per_step(fn, iters):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
+per_step = benchutil.per_step
 
 
 def bench(name, rounds, iters, variants):

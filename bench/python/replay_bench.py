@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(ROOT, "vessel", "torch"), os.path.join(ROOT, "test", "record", "python"),
@@ -31,11 +30,7 @@ ITERS = {"mlp": 400, "cnn": 150, "transformer": 60, "resnet18": 6}
 TARGET = {"mlp": 3.0, "transformer": 1.5, "resnet18": 1.0}
 
 
-def per_step(fn, iters):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
+per_step = benchutil.per_step
 
 
 def bench(name, rounds):

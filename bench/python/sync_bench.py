@@ -13,7 +13,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(ROOT, "vessel", "torch"), os.path.join(ROOT, "test", "record", "python"),
@@ -28,11 +27,7 @@ ITERS = {"mlp": 300, "cnn": 100, "transformer": 40, "resnet18": 4, "efficientnet
 TARGET = {"mlp": 1.1, "transformer": 1.2}   # sync-point over eager (issue 31)
 
 
-def per_step(fn, iters):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
+per_step = benchutil.per_step
 
 
 def bench(name, rounds):
