@@ -223,7 +223,10 @@ bool check_ref(SyncRun& run, Ref r, const at::Tensor& t, bool bind) {
       if (!t.defined()) return false;
       if (run.bound[r.idx] != 0) return same_tensor(run.exts[r.idx], t);
       const at::Tensor& planned = run.plan->run_exts[r.idx];
-      const bool ok = takes_any_value(*run.plan, r.idx) ? same_meta(planned, t) : same_tensor(planned, t);
+      // requires_grad as recorded too: a parameter frozen (or thawed) since changes what
+      // autograd builds, and so the backward the plan would run, with the same ATen ops.
+      const bool ok = (takes_any_value(*run.plan, r.idx) ? same_meta(planned, t) : same_tensor(planned, t)) &&
+                      t.requires_grad() == run.plan->ext_snap[r.idx].requires_grad;
       if (ok && bind) {
         run.exts[r.idx] = t;
         run.bound[r.idx] = 1;

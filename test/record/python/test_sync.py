@@ -372,3 +372,29 @@ def test_a_step_that_alternates_between_two_paths_runs_both_natively():
     assert len(plans) == 2 and all(p["sync"] for p in plans), plans
     assert st["sync_native"] >= n - 12, st   # after the two paths are recorded, every call
     assert st["refusals"] == 0 and st["replans"] == 0, st
+
+
+def test_a_layer_frozen_between_calls_is_not_trained_by_the_plan():
+    """requires_grad_(False) on a parameter changes what autograd builds but not the forward's
+    ATen ops: the call leaves the plan (and records the new state) instead of running a
+    backward and an optimizer step that would still train the frozen layer."""
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        log = []
+        calls = {"n": 0}
+
+        def f(x, y):
+            calls["n"] += 1
+            if calls["n"] == 6:
+                m[0].weight.requires_grad_(False)
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            log.append(loss.item())
+            return loss
+        return f, m, opt, lambda: list(log)
+
+    eager, compiled, step, _ = twin_runs(make, n=14, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    assert step.stats()["sync_native"] >= 3, step.stats()
