@@ -206,6 +206,10 @@ struct CapturedOp {
   std::vector<c10::IValue> rets;
   bool grad_mode;
   Phase phase;
+  // The sizes of each tensor result (list elements in order) as the op returned it: an op
+  // later in the call may change a result's shape in place (transpose_, resize_), and the
+  // capture holds the tensor, not a copy.
+  std::vector<std::vector<std::int64_t>> ret_sizes;
 };
 // Where the step called backward() or an optimizer's step() during a captured call
 // (Form::Mark, ReplayPlan.h): ops [begin, end) ran inside it.

@@ -319,7 +319,16 @@ void capture_op(ThreadState& ts, const c10::OperatorHandle& op, std::vector<c10:
     sync_match(*ts.capture->sync, op, args, rets, phase);
     return;
   }
-  ts.capture->ops.push_back(CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase});
+  std::vector<std::vector<std::int64_t>> sizes;
+  for (const c10::IValue& r : rets) {
+    if (r.isTensor()) {
+      sizes.push_back(r.toTensor().defined() ? r.toTensor().sizes().vec() : std::vector<std::int64_t>{});
+    } else if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorList()) sizes.push_back(t.defined() ? t.sizes().vec() : std::vector<std::int64_t>{});
+    }
+  }
+  ts.capture->ops.push_back(
+      CapturedOp{op, std::move(args), std::move(rets), c10::GradMode::is_enabled(), phase, std::move(sizes)});
 }
 
 // Note [Lifted constants]: torch.tensor(data) makes its tensor with aten::empty, copies the

@@ -138,13 +138,42 @@ class FormBuilder {
     define(t, Ref{Ref::Arg, static_cast<std::uint32_t>(j)});
   }
 
+  // Note [Data-sized results]: ops whose result's size depends on tensor values. A whole-step
+  // plan would run the ops after one at the sizes of the recorded call (a backward's expand,
+  // a view's shape), so a step with one is not replayed whole; a sync-point call checks every
+  // result's size against the plan's instead (Sync.cpp).
+  static bool data_sized(const CapturedOp& cop) {
+    static const char* kNames[] = {"aten::nonzero", "aten::nonzero_static", "aten::masked_select",
+                                   "aten::_unique", "aten::_unique2", "aten::unique_dim",
+                                   "aten::unique_consecutive", "aten::unique_dim_consecutive",
+                                   "aten::bincount", "aten::histc", "aten::repeat_interleave",
+                                   "aten::masked_scatter", "aten::argwhere"};
+    const std::string& name = cop.op.schema().name();
+    for (const char* n : kNames)
+      if (name == n) return true;
+    if (name.rfind("aten::index", 0) != 0) return false;   // index.Tensor, index_put_: by a mask?
+    for (const c10::IValue& v : cop.args) {
+      if (!v.isList()) continue;
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined() &&
+            (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
+          return true;
+    }
+    return false;
+  }
+
   void add_op(CapturedOp& cop) {
     const std::size_t k = f.ops.size();
     OpT o(cop.op);
     o.grad_mode = cop.grad_mode;
     o.phase = cop.phase;
     o.skip = cop.op.schema().name() == "aten::_local_scalar_dense";
+    o.data_sized = data_sized(cop);
     for (std::size_t i = 0; i < cop.args.size(); ++i) o.args.push_back(make_arg(cop.args[i], o, k, i));
+    std::size_t sized = 0;  // the next entry of cop.ret_sizes
+    auto op_time_sizes = [&](const at::Tensor& t) {
+      return sized < cop.ret_sizes.size() ? cop.ret_sizes[sized++] : t.sizes().vec();
+    };
     for (std::size_t i = 0; i < cop.rets.size(); ++i) {
       const c10::IValue& r = cop.rets[i];
       OutT out;
@@ -157,6 +186,8 @@ class FormBuilder {
         const at::Tensor& t = r.toTensor();
         if (t.defined())
           slot_meta_[out.slot] = std::string(c10::toString(t.scalar_type())) + dims(t.sizes()) + dims(t.strides());
+        f.slot_sizes.resize(f.num_slots);
+        f.slot_sizes[out.slot] = op_time_sizes(t);
         slot_whole_[out.slot] = t.defined() && t.layout() == at::kStrided && t.has_storage() && t.storage_offset() == 0 &&
                                 t.is_non_overlapping_and_dense() &&
                                 t.storage().nbytes() == static_cast<std::size_t>(t.numel()) * t.element_size();
@@ -166,9 +197,11 @@ class FormBuilder {
         out.slot = f.num_slots;
         out.count = static_cast<std::uint32_t>(list.size());
         f.num_slots += out.count;
+        f.slot_sizes.resize(f.num_slots);
         for (std::size_t e = 0; e < list.size(); ++e) {
           const at::Tensor t = list.get(e);
           if (t.defined()) define(t, Ref{Ref::Slot, out.slot + static_cast<std::uint32_t>(e)});
+          f.slot_sizes[out.slot + e] = op_time_sizes(t);
         }
       }
       o.outs.push_back(out);
@@ -1213,6 +1246,11 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
   std::vector<Patch> patches;
   const std::string diff = compare_forms(*a, *b, &sources_a, &sources_b, &patches);
   if (!diff.empty()) throw std::runtime_error(diff);
+  for (std::size_t k = 0; k < b->ops.size(); ++k)   // Note [Data-sized results]
+    if (b->ops[k].data_sized)
+      throw std::runtime_error(describe_op(b->ops[k], k) + " makes a tensor whose size depends on tensor values; "
+                               "a whole-step plan would run the ops after it at the recorded sizes, so the "
+                               "step is not replayed whole");
   const ContentHash key = plan_key(*b, patches);
   Registry& r = registry();
   {

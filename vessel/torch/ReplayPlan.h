@@ -60,6 +60,7 @@ struct OpT {
   bool grad_mode = false;
   record::Phase phase = record::Phase::Forward;
   bool skip = false;                    // a pure read of a scalar for Python (.item())
+  bool data_sized = false;              // its result's size depends on tensor values (nonzero, a mask)
   std::vector<std::uint32_t> release;   // slots whose last use is this op
   std::vector<std::string> arg_sig;     // canonical text per argument (no data pointers)
   std::vector<std::uintptr_t> tensor_ptrs;  // data pointers of its tensor arguments when captured
@@ -107,6 +108,10 @@ struct Form {
   };
   std::vector<Mark> marks;
   std::uint32_t num_slots = 0;
+  // Per slot: the sizes the op that made it gave it when recorded (a sync-point call checks
+  // them: an op whose output size depends on data, nonzero or a boolean mask, takes the call
+  // off the plan when it differs).
+  std::vector<std::vector<std::int64_t>> slot_sizes;
   std::vector<ArgMeta> arg_meta;
   std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
   ContentHash hash;

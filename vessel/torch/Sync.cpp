@@ -578,6 +578,21 @@ void sync_match_one(replay::SyncRun& run, const c10::OperatorHandle& op, const s
       return set_miss(run, describe_op(o, k) + " argument '" + arg_name(o, i) + "' is not the tensor the plan wires there");
     }
   }
+  auto sized_as_recorded = [&](std::uint32_t slot, const at::Tensor& t) {
+    return !t.defined() || slot >= f.slot_sizes.size() || t.sizes() == c10::IntArrayRef(f.slot_sizes[slot]);
+  };
+  for (std::size_t i = 0; i < o.outs.size() && i < rets.size(); ++i) {  // sizes first: nothing bound on a miss
+    const OutT& out = o.outs[i];
+    if (out.kind == OutT::Tensor && rets[i].isTensor() && !sized_as_recorded(out.slot, rets[i].toTensor()))
+      return set_miss(run, describe_op(o, k) + " returned a tensor of sizes " + dims(rets[i].toTensor().sizes()) +
+                                "; the plan has " + dims(f.slot_sizes[out.slot]) + " (sizes that depend on data)");
+    if (out.kind == OutT::TensorList && rets[i].isTensorList()) {
+      const auto l = rets[i].toTensorList();
+      for (std::size_t e = 0; e < l.size() && e < out.count; ++e)
+        if (!sized_as_recorded(out.slot + static_cast<std::uint32_t>(e), l.get(e)))
+          return set_miss(run, describe_op(o, k) + " returned a tensor of other sizes than the plan's");
+    }
+  }
   for (std::size_t i = 0; i < o.outs.size() && i < rets.size(); ++i) {
     const OutT& out = o.outs[i];
     if (out.kind == OutT::Tensor && rets[i].isTensor()) {

@@ -398,3 +398,49 @@ def test_a_layer_frozen_between_calls_is_not_trained_by_the_plan():
     eager, compiled, step, _ = twin_runs(make, n=14, compile_kw={"mode": "auto"})
     assert_identical(eager, compiled)
     assert step.stats()["sync_native"] >= 3, step.stats()
+
+
+def test_an_op_whose_output_size_depends_on_data_takes_the_call_off_the_plan():
+    """A boolean mask selects a different number of elements each call: the same ops with the
+    same wiring, but the backward was recorded for other sizes."""
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+        seen = []
+
+        def f(x, y):
+            opt.zero_grad()
+            out = m(x)
+            picked = out[out > out.mean()]        # how many: depends on the values
+            seen.append(picked.numel())
+            loss = F.cross_entropy(out, y) + picked.square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: list(seen)
+
+    eager, compiled, step, _ = twin_runs(make, n=14, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    assert len(set(compiled[3])) > 1, compiled[3]   # the sizes did change
+
+
+def test_a_pure_step_with_a_data_sized_result_is_not_replayed_whole():
+    """Note [Data-sized results]: whole-step replay would run the backward at the recorded
+    sizes; such a step runs sync-point, and stays right whatever the mask selects."""
+    def make():
+        m, opt = mlp("SGD", momentum=0.9)
+
+        def f(x, y):
+            opt.zero_grad()
+            out = m(x)
+            loss = F.cross_entropy(out, y) + out[out > out.mean()].square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, _ = twin_runs(make, n=14, compile_kw={"mode": "auto"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert st["plan_runs"] == 0 and st["refusals"] == 0, st
+    modes = [e["mode_why"] for e in step.explain() if e["mode"] == "sync"]
+    assert modes and "depends on tensor values" in modes[0], step.explain()
