@@ -160,7 +160,7 @@ class SyncPoint:
         optimizer steps run natively where everything before them matched."""
         st = self._stats
         st["sync_calls"] += 1
-        patched = e.patched or any(_ext.plan_info(p)["patches"] > 0 for p in e.variants)
+        patched = e.patched   # any of the plans takes the sources' values (set as each is built)
         sources = self._sources
         guards = [e.guard] + e.var_guards
         hooks = Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
@@ -225,6 +225,7 @@ class SyncPoint:
             except RuntimeError:
                 continue
             e.variants.append(plan)
+            e.patched = e.patched or _ext.plan_info(plan)["patches"] > 0
             e.var_guards.append(e.cap_guard.without(self._lifted_between(hyper, e.cap_hyper)))
             e.var_forms.pop(i)
             _ext.form_release(other)
