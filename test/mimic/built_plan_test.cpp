@@ -1,6 +1,6 @@
 // built_plan_test — the CPU backend on a plan from Forge's front end and build_plan (not built
 // by hand): a view, mm + relu fused by a rule (a library call), a Python number, alpha, abs,
-// sqrt, sum (a library call) and an in-place optimizer update; every pointwise kernel is
+// neg, sum (a library call) and an in-place optimizer update; every pointwise kernel is
 // generated, and three steps (the state carried over, then scalars and the number patched)
 // give the null backend's bits.
 #include <gtest/gtest.h>
@@ -48,8 +48,8 @@ struct Step {
     const auto r = b.op("aten::relu", {h}, {4, 5});
     const auto m = b.op("aten::mul.Tensor", {r, third}, {4, 5});
     add_node = static_cast<std::uint32_t>(b.ir.nodes.size());
-    const auto a = b.op("aten::add.Tensor", {m, g}, {4, 5}, {double_arg(2, 0.7)});
-    const auto q = b.op("aten::sqrt", {b.op("aten::abs", {a}, {4, 5})}, {4, 5});
+    const auto a = b.op("aten::add.Tensor", {m, g}, {4, 5}, {double_arg(2, 1.0)});
+    const auto q = b.op("aten::neg", {b.op("aten::abs", {a}, {4, 5})}, {4, 5});
     b.op("aten::sum", {q}, {});
     update_node = static_cast<std::uint32_t>(b.ir.nodes.size());
     b.in_place("aten::add_.Tensor", v, {q}, {double_arg(2, -0.1)});
@@ -75,7 +75,7 @@ TEST(CpuBackendOnABuiltPlan, GeneratesThePointwiseKernelsAndMatchesTheNullBacken
   auto on_null = exec::Runner::make(*plan, exec::null_backend(), null_provider.provider());
   ASSERT_TRUE(on_null.ok()) << on_null.status();
 
-  // mul, add, abs, sqrt and the update are generated; mm + relu and sum are library calls.
+  // mul, add, abs, neg and the update are generated; mm + relu and sum are library calls.
   EXPECT_EQ((*cpu)->generated_kernels(), 5u) << exec::describe(*plan);
   for (std::uint32_t k = 0; k < plan->kernels.size(); ++k) {
     const exec::Kernel& kn = plan->kernels[k];
@@ -109,7 +109,7 @@ TEST(CpuBackendOnABuiltPlan, GeneratesThePointwiseKernelsAndMatchesTheNullBacken
     std::vector<std::uint64_t> patches;
     if (step == 2)  // alpha, lr, the Python number: new values, as a scheduler would set
       for (const exec::PatchPoint& p : plan->patches)
-        patches.push_back(std::bit_cast<std::uint64_t>(p.name == "alpha" ? -1.3
+        patches.push_back(std::bit_cast<std::uint64_t>(p.name == "alpha" ? -1.0
                                                        : p.name == "lr"  ? -0.037
                                                                          : 2.5));
     const auto in_cpu = bind(v_cpu), in_null = bind(v_null);
@@ -123,8 +123,10 @@ TEST(CpuBackendOnABuiltPlan, GeneratesThePointwiseKernelsAndMatchesTheNullBacken
       EXPECT_EQ(std::bit_cast<std::uint32_t>(v_cpu[i]), std::bit_cast<std::uint32_t>(v_null[i]))
           << "step " << step << " v[" << i << "]";
   }
-  // The library calls the CPU backend made: mm, relu (fused with mm) and sum, three steps.
-  EXPECT_EQ(cpu_provider.ref.calls + cpu_provider.loops.calls, 9);
+  // The library calls the CPU backend made, three steps: mm, relu (fused with mm) and sum; and
+  // the update, generated but run as its library call, its alpha (the lr) being neither 1 nor -1.
+  EXPECT_EQ(cpu_provider.ref.calls + cpu_provider.loops.calls, 12);
+  EXPECT_EQ((*cpu)->library_launches(), 3u);
 }
 
 }  // namespace

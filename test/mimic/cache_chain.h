@@ -25,9 +25,9 @@ inline ChainSpec cache_chain() {
   return ChainSpec{"cache_chain",
                    {3, 1001},
                    {t, t},
-                   {st("aten::sub.Tensor", {0, 1}, {scalar_double(2, 0.75)}),
+                   {st("aten::sub.Tensor", {0, 1}, {scalar_double(2, -1.0)}),
                     st("aten::div.Scalar", {-1}, {scalar_double(1, 7.0)}), st("aten::abs", {-2}),
-                    st("aten::sqrt", {-3}), st("aten::neg", {-4}), st("aten::mul.Tensor", {-5, 0}),
+                    st("aten::div.Tensor", {-3, 1}), st("aten::neg", {-4}), st("aten::mul.Tensor", {-5, 0}),
                     st("aten::relu", {-6})}};
 }
 

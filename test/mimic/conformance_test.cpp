@@ -1,8 +1,5 @@
-// conformance_test — one table of elementwise chains run on every backend (null, cpu) against
-// the reference evaluated in plain loops: fixed rows for odd sizes (1, 3, 17, 1000003), empty
-// and 0-d tensors, broadcasting, non-contiguous and offset inputs, strided outputs with gaps,
-// Python numbers, scalar overloads, mixed float32/float64, in-place updates, split kernels and
-// a kernel that stays a library call; one row per covered op; then random chains. Inputs carry NaN,
+// conformance_test — the conformance table (conformance_rows.h) run on every backend (null, cpu)
+// against the reference evaluated in plain loops. Inputs carry NaN,
 // ±Inf, ±0, subnormals and huge values. Each row runs with its recorded scalars, then with every
 // scalar and Python number patched. Results must match bit for bit (any NaN matches any NaN).
 #include <gtest/gtest.h>
@@ -10,7 +7,7 @@
 #include <memory>
 #include <random>
 
-#include "chain_plan.h"
+#include "conformance_rows.h"
 #include "crucible/exec/NullBackend.h"
 #include "crucible/exec/Runner.h"
 #include "crucible/exec/VerifyPlan.h"
@@ -20,260 +17,6 @@ namespace crucible::mimic {
 namespace {
 
 using namespace test;
-
-TensorSpec f32(std::vector<std::int64_t> s, std::vector<std::int64_t> st = {},
-               std::int64_t off = 0) {
-  return TensorSpec{kF32, std::move(s), std::move(st), off, false, 0};
-}
-TensorSpec f64(std::vector<std::int64_t> s, std::vector<std::int64_t> st = {},
-               std::int64_t off = 0) {
-  return TensorSpec{kF64, std::move(s), std::move(st), off, false, 0};
-}
-TensorSpec number(double x) { return TensorSpec{kF64, {}, {}, 0, true, x}; }
-StepSpec step(std::string op, std::vector<int> in, std::vector<record::ScalarRecord> sc = {},
-              std::int8_t out = kF32) {
-  StepSpec s;
-  s.op = std::move(op);
-  s.in = std::move(in);
-  s.scalars = std::move(sc);
-  s.out_dtype = out;
-  return s;
-}
-constexpr int prev(int s) { return -(s + 1); }  // the output of step s
-
-// mul(a, b) -> add(., c, alpha) -> relu -> sqrt over `shape`, in dtype dt.
-ChainSpec mul_add_relu_sqrt(std::string name, std::vector<std::int64_t> shape, std::int8_t dt) {
-  TensorSpec t{dt, shape, {}, 0, false, 0};
-  return ChainSpec{std::move(name),
-                   shape,
-                   {t, t, t},
-                   {step("aten::mul.Tensor", {0, 1}, {}, dt),
-                    step("aten::add.Tensor", {prev(0), 2}, {scalar_double(2, 0.5)}, dt),
-                    step("aten::relu", {prev(1)}, {}, dt), step("aten::sqrt", {prev(2)}, {}, dt)}};
-}
-
-std::vector<ChainSpec> fixed_rows() {
-  std::vector<ChainSpec> r;
-  r.push_back({"add_17",
-               {17},
-               {f32({17}), f32({17})},
-               {step("aten::add.Tensor", {0, 1}, {scalar_int(2, 1)})}});
-  for (std::int64_t n : {1, 3, 17, 1000003})
-    r.push_back(mul_add_relu_sqrt("chain_f32_" + std::to_string(n), {n}, kF32));
-  r.push_back(mul_add_relu_sqrt("chain_f64_1000003", {1000003}, kF64));
-  {
-    ChainSpec c = mul_add_relu_sqrt("chain_split_3x17", {3, 17}, kF32);
-    c.split = true;
-    r.push_back(c);
-  }
-  {
-    ChainSpec c = mul_add_relu_sqrt("chain_escaping_3x17", {3, 17}, kF32);
-    c.steps[0].escape = c.steps[2].escape = true;
-    r.push_back(c);
-  }
-  r.push_back(
-      {"broadcast_row_col_transposed",
-       {5, 7},
-       {f32({5, 1}), f32({7}), f32({5, 7}, {1, 5})},
-       {step("aten::sub.Tensor", {0, 1}, {scalar_double(2, 2.5)}), step("aten::abs", {prev(0)}),
-        step("aten::div.Tensor", {prev(1), 2}), step("aten::neg", {prev(2)})}});
-  r.push_back({"python_numbers",
-               {4, 9},
-               {f32({4, 9}), number(0.1), number(3.0)},
-               {step("aten::mul.Tensor", {0, 1}),
-                step("aten::add.Tensor", {prev(0), 2}, {scalar_int(2, 1)}),
-                step("aten::div.Tensor", {prev(1), 1})}});
-  r.push_back(
-      {"scalar_overloads",
-       {33},
-       {f32({33})},
-       {step("aten::add.Scalar", {0}, {scalar_double(1, 0.3), scalar_int(2, 2)}),
-        step("aten::mul.Scalar", {prev(0)}, {scalar_double(1, -1.7)}),
-        step("aten::div.Scalar", {prev(1)}, {scalar_int(1, 3)}),
-        step("aten::sub.Scalar", {prev(2)}, {scalar_double(1, 0.1), scalar_double(2, 0.7)})}});
-  r.push_back({"mixed_dtypes",
-               {4, 6},
-               {f32({4, 6}), f64({4, 6}), f64({}), f32({6})},
-               {step("aten::add.Tensor", {0, 1}, {scalar_double(2, 0.3)}, kF64),
-                step("aten::mul.Tensor", {prev(0), 2}, {}, kF64),
-                step("aten::mul.Tensor", {3, 2}, {}, kF32),  // a 0-d float64 does not promote
-                step("aten::sub.Tensor", {prev(2), prev(1)}, {scalar_int(2, 1)}, kF64)}});
-  r.push_back({"sgd_momentum_in_place",
-               {8, 13},
-               {f32({8, 13}), f32({8, 13}), f32({8, 13})},  // buf, grad, param
-               {step("aten::mul_.Scalar", {0}, {scalar_double(1, 0.9)}),
-                step("aten::add_.Tensor", {prev(0), 1}, {scalar_int(2, 1)}),
-                step("aten::add_.Tensor", {2, prev(1)}, {scalar_double(2, -0.01)})}});
-  {
-    ChainSpec c{
-        "strided_output_with_gaps_offset_input",
-        {5, 7},
-        {f32({5, 7}, {9, 1}, 3), f64({7, 5}, {5, 1})},
-        {step("aten::relu", {0}), step("aten::add.Tensor", {prev(0), 0}, {scalar_int(2, 1)})}};
-    c.inputs[1] = f32({5, 7}, {1, 5});
-    c.steps[1].out_strides = {16, 1};
-    c.steps[0].out_strides = {1, 5};
-    c.steps[0].escape = true;
-    r.push_back(c);
-  }
-  r.push_back(
-      {"empty_0x5",
-       {0, 5},
-       {f32({0, 5}), f32({5})},
-       {step("aten::add.Tensor", {0, 1}, {scalar_int(2, 1)}), step("aten::neg", {prev(0)})}});
-  r.push_back({"empty_3x0", {3, 0}, {f64({3, 0})}, {step("aten::sqrt", {0}, {}, kF64)}});
-  r.push_back({"zero_d",
-               {},
-               {f32({}), f32({})},
-               {step("aten::div.Tensor", {0, 1}), step("aten::relu", {prev(0)})}});
-  r.push_back({"unary_f64_specials",
-               {257},
-               {f64({257})},
-               {step("aten::neg", {0}, {}, kF64), step("aten::relu", {prev(0)}, {}, kF64),
-                step("aten::abs", {0}, {}, kF64), step("aten::sqrt", {prev(2)}, {}, kF64),
-                step("aten::sub.Tensor", {prev(3), prev(1)}, {scalar_int(2, 1)}, kF64)}});
-  {
-    ChainSpec c{
-        "exp_stays_a_library_call",
-        {19},
-        {f32({19}), f32({19})},
-        {step("aten::exp", {0}), step("aten::add.Tensor", {prev(0), 1}, {scalar_int(2, 1)})}};
-    c.covered = false;
-    r.push_back(c);
-  }
-  return r;
-}
-
-// One row per op the CPU backend covers (covered_pointwise_ops): [3, 17] with a broadcast
-// [17] second operand, its scalar operands and alpha, in place where the op is.
-std::vector<ChainSpec> one_op_rows() {
-  std::vector<ChainSpec> r;
-  for (const std::string& op : covered_pointwise_ops()) {
-    OpInfo info{};
-    EXPECT_TRUE(op_info(op, &info)) << op << " has no reference";
-    StepSpec s = step(op, info.tensor_inputs == 2 ? std::vector<int>{0, 1} : std::vector<int>{0});
-    if (info.other_arg >= 0) s.scalars.push_back(scalar_double(1, 0.3));
-    if (info.alpha_arg >= 0)
-      s.scalars.push_back(info.other_arg >= 0 ? scalar_int(2, 2) : scalar_double(2, 0.7));
-    r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});
-  }
-  return r;
-}
-
-// Random chains: ranks 1-4, sizes from {1, 2, 3, 5, 7, 17}, broadcast and permuted inputs with
-// gaps and offsets, permuted outputs, Python numbers, in-place steps, split kernels.
-std::vector<ChainSpec> random_rows(int count, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto coin = [&](int pct) { return static_cast<int>(rng() % 100) < pct; };
-  auto pick = [&](auto n) { return static_cast<std::size_t>(rng() % n); };
-  const std::int64_t dims[] = {1, 2, 3, 5, 7, 17};
-  const char* binary[] = {"aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
-                          "aten::div.Tensor"};
-  const char* unary[] = {"aten::neg", "aten::abs", "aten::relu", "aten::sqrt"};
-  auto permuted = [&](const std::vector<std::int64_t>& sizes, bool gap) {
-    std::vector<std::size_t> order(sizes.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::int64_t> st(sizes.size());
-    std::int64_t s = 1;
-    for (std::size_t i = order.size(); i-- > 0;) {
-      st[order[i]] = s;
-      s *= sizes[order[i]] + (gap && i == order.size() - 1 ? 2 : 0);
-    }
-    return st;
-  };
-  std::vector<ChainSpec> rows;
-  for (int row = 0; row < count; ++row) {
-    ChainSpec c;
-    c.name = "random_" + std::to_string(row);
-    const std::size_t rank = 1 + pick(4);
-    for (std::size_t d = 0; d < rank; ++d) c.shape.push_back(dims[pick(6)]);
-    const std::size_t ninputs = 1 + pick(3);
-    for (std::size_t i = 0; i < ninputs; ++i) {
-      TensorSpec t;
-      t.dtype = coin(20) ? kF64 : kF32;
-      t.sizes = c.shape;
-      if (i > 0 && coin(50)) {
-        for (std::int64_t& s : t.sizes)
-          if (coin(35)) s = 1;
-        if (coin(30) && t.sizes.size() > 1) t.sizes.erase(t.sizes.begin());
-      }
-      if (coin(50)) t.strides = permuted(t.sizes, coin(40));
-      t.offset = coin(30) ? static_cast<std::int64_t>(pick(5)) : 0;
-      c.inputs.push_back(t);
-    }
-    if (coin(30)) c.inputs.push_back(number(coin(50) ? 0.25 : -3.5));
-    auto full = [&](int x) {  // an operand of the full shape, writable in place
-      if (x < 0) return true;
-      const TensorSpec& t = c.inputs[x];
-      return !t.wrapped && t.sizes == c.shape;
-    };
-    std::vector<std::int8_t> out_dtype;
-    auto dtype_of = [&](int x) { return x >= 0 ? c.inputs[x].dtype : out_dtype[-(x + 1)]; };
-    auto tier_of = [&](int x) {
-      if (x < 0) return c.shape.empty() ? 1 : 0;
-      return c.inputs[x].wrapped ? 2 : c.inputs[x].sizes.empty() ? 1 : 0;
-    };
-    const std::size_t nsteps = 1 + pick(5);
-    for (std::size_t s = 0; s < nsteps; ++s) {
-      const int first =
-          s > 0 && coin(70) ? prev(static_cast<int>(s) - 1) : static_cast<int>(pick(ninputs));
-      StepSpec st;
-      if (coin(45)) {
-        st.op = unary[pick(4)];
-        st.in = {first};
-      } else {
-        st.op = binary[pick(4)];
-        const int second = s > 0 && coin(30) ? prev(static_cast<int>(pick(s)))
-                                             : static_cast<int>(pick(c.inputs.size()));
-        st.in = {first, second};
-        if (st.op == std::string("aten::add.Tensor") || st.op == std::string("aten::sub.Tensor"))
-          st.scalars.push_back(coin(50) ? scalar_int(2, 1)
-                                        : scalar_double(2, coin(50) ? 0.5 : -1.3));
-      }
-      std::vector<Operand> ops;
-      for (int x : st.in) ops.push_back({dtype_of(x), tier_of(x)});
-      st.out_dtype = compute_dtype(ops);
-      if (coin(20) && full(first) && tier_of(first) == 0) {  // in place on its first operand
-        st.op = st.op.find('.') == std::string::npos
-                    ? st.op + "_"
-                    : st.op.substr(0, st.op.find('.')) + "_" + st.op.substr(st.op.find('.'));
-        st.out_dtype = dtype_of(first);
-      } else if (coin(20)) {
-        st.out_strides = permuted(c.shape, false);
-      }
-      st.escape = coin(30);
-      out_dtype.push_back(st.out_dtype);
-      c.steps.push_back(st);
-    }
-    c.split = coin(30);
-    rows.push_back(std::move(c));
-  }
-  return rows;
-}
-
-// A value for a patched scalar or Python number: changed, still of the recorded kind.
-record::ScalarRecord patched(record::ScalarRecord r) {
-  if (r.kind == record::ScalarKind::Double)
-    r.bits = std::bit_cast<std::uint64_t>(std::bit_cast<double>(r.bits) * 1.5 + 0.25);
-  else
-    r.bits = static_cast<std::uint64_t>(static_cast<std::int64_t>(r.bits) + 2);
-  return r;
-}
-
-struct Dtypes {
-  std::vector<std::int8_t> inputs, outputs;  // per binding
-};
-Dtypes binding_dtypes(const ChainSpec& c, const BuiltPlan& bp) {
-  Dtypes d;
-  d.inputs.resize(bp.input_bytes.size());
-  d.outputs.resize(bp.output_bytes.size());
-  for (std::size_t i = 0; i < c.inputs.size(); ++i)
-    if (bp.input_slot_of[i] != UINT32_MAX) d.inputs[bp.input_slot_of[i]] = c.inputs[i].dtype;
-  for (std::size_t s = 0; s < c.steps.size(); ++s)
-    if (bp.step_output_binding[s] >= 0) d.outputs[bp.step_output_binding[s]] = c.steps[s].out_dtype;
-  return d;
-}
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
@@ -297,8 +40,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     auto runner = exec::Runner::make(bp.plan, make_backend(&cpu), provider.provider());
     ASSERT_TRUE(runner.ok()) << runner.status();
     if (cpu) {
-      const std::uint32_t want = c.covered ? static_cast<std::uint32_t>(bp.plan.kernels.size()) : 0;
-      EXPECT_EQ(cpu->generated_kernels(), want);
+      EXPECT_EQ(cpu->generated_kernels(), coverable_kernels(bp.plan));
       for (const CpuKernelState& k : cpu->kernels())
         if (k.generated)
           EXPECT_EQ(k.recipe->determinism, forge::Determinism::BitexactStrict);
@@ -357,6 +99,50 @@ TEST_P(Conformance, EveryCoveredOp) {
 TEST_P(Conformance, RandomChains) {
   std::uint64_t seed = 100;
   for (const ChainSpec& c : random_rows(60, 0x5eed)) run_row(c, seed++);
+}
+
+// A generated add runs with alpha 1 and -1; with any other alpha (a patch) the launch runs its
+// calls as library calls (ATen rounds a + alpha*b differently across its loop), and says so.
+TEST(CpuBackendAlpha, AnAlphaOtherThanOneRunsAsLibraryCalls) {
+  const ChainSpec c{"alpha",
+                    {3, 17},
+                    {f32({3, 17}), f32({3, 17})},
+                    {step("aten::add.Tensor", {0, 1}, {scalar_double(2, 1.0)}),
+                     step("aten::relu", {prev(0)})}};
+  const BuiltPlan bp = build_chain_plan(c);
+  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  LoopProvider provider;
+  auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_EQ((*cpu)->generated_kernels(), 1u);
+  std::mt19937_64 rng(3);
+  std::uint64_t launches = 0;
+  for (double alpha : {1.0, -1.0, 0.3, 2.0, 1.0}) {
+    SCOPED_TRACE(alpha);
+    RunBuffers b;
+    for (std::uint64_t bytes : bp.input_bytes) {
+      b.inputs.emplace_back(bytes, 0);
+      fill_random(b.inputs.back(), kF32, rng);
+    }
+    for (std::uint64_t bytes : bp.output_bytes) b.outputs.emplace_back(bytes, 0);
+    RunBuffers expect = b;
+    std::vector<record::ScalarRecord> scalars = bp.plan.scalars;
+    scalars[0] = scalar_double(2, alpha);
+    reference_run(c, bp, expect, scalars, {});
+    std::vector<void*> ins, outs;
+    for (auto& x : b.inputs) ins.push_back(x.data());
+    for (auto& x : b.outputs) outs.push_back(x.data());
+    const int calls_before = provider.calls;
+    const std::vector<std::uint64_t> patches{std::bit_cast<std::uint64_t>(alpha)};
+    ASSERT_TRUE((*runner)->run(exec::RunArgs{ins, outs, patches}).ok());
+    const bool unit = alpha == 1.0 || alpha == -1.0;
+    launches += unit ? 0 : 1;
+    EXPECT_EQ((*cpu)->library_launches(), launches);
+    EXPECT_EQ(provider.calls - calls_before, unit ? 0 : 2);
+    for (std::size_t i = 0; i < b.outputs.size(); ++i)
+      EXPECT_EQ(first_difference(expect.outputs[i], b.outputs[i], kF32), -1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("null", "cpu"),

@@ -51,6 +51,9 @@ class CpuBackend {
   const CacheStats& stats() const { return stats_; }
   std::span<const CpuKernelState> kernels() const { return states_; }
   std::uint32_t generated_kernels() const;
+  // Launches of generated kernels run as library calls instead, because an alpha was not 1 or
+  // -1 in that run (Note [Pointwise programs]).
+  std::uint64_t library_launches() const { return library_launches_; }
 
  private:
   struct Prepared;
@@ -64,6 +67,7 @@ class CpuBackend {
   std::vector<CpuKernelState> states_;
   std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls
   CacheStats stats_;
+  std::uint64_t library_launches_ = 0;
 };
 
 }  // namespace crucible::mimic

@@ -15,6 +15,7 @@ struct CpuBackend::Prepared {
   std::vector<std::int64_t> elem_bytes;  // per operand
   std::vector<std::uint32_t> param_scalar;
   std::vector<std::int8_t> param_dtype;
+  std::vector<std::uint32_t> unit_params;  // alpha: the code gives ATen's bits at +-1 only
   std::int64_t numel = 0;
   bool contig = false;
   // Strided: the iteration's dims of size > 1 with mergeable neighbours merged, innermost
@@ -45,6 +46,14 @@ std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
   const float f =
       r.kind == record::ScalarKind::Double ? static_cast<float>(d) : static_cast<float>(i);
   return std::bit_cast<std::uint32_t>(f);
+}
+
+// The parameter, as passed, is 1 or -1.
+bool is_unit(std::uint64_t bits, std::int8_t dt) {
+  const double v = dt == dtype::kFloat64
+                       ? std::bit_cast<double>(bits)
+                       : static_cast<double>(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+  return v == 1.0 || v == -1.0;
 }
 
 }  // namespace
@@ -120,6 +129,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     p->elem_bytes.push_back(o.dtype == dtype::kFloat64 ? 8 : 4);
   p->param_scalar = pk.param_scalar;
   p->param_dtype = pk.program.params;
+  p->unit_params = pk.unit_params;
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
 
@@ -180,6 +190,11 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   for (std::size_t j = 0; j < p->params.size(); ++j)
     p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
+  for (std::uint32_t j : p->unit_params)
+    if (!is_unit(p->params[j], p->param_dtype[j])) {  // Note [Pointwise programs]: alpha
+      ++b->library_launches_;
+      return exec::default_run_kernel(self, launch);
+    }
   if (p->contig) {
     p->fns->contig(p->base.data(), p->numel, p->params.data());
     return ok_status();

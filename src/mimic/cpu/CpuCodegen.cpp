@@ -188,8 +188,6 @@ class LoopEmitter {
         return b_.CreateFNeg(a);
       case PwOp::Abs:
         return b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, a);
-      case PwOp::Sqrt:
-        return b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, a);
       case PwOp::Relu: {
         llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
         return b_.CreateSelect(b_.CreateFCmpOLT(a, zero), zero, a);

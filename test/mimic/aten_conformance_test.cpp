@@ -1,0 +1,294 @@
+// aten_conformance_test — the conformance table (conformance_rows.h) against ATen itself: each
+// row's plan runs on the null backend with the ATen provider (Note [ATen provider]), and that
+// is the reference for
+//  - the CPU backend (its generated kernels, library calls through the same provider): a
+//    BITEXACT_STRICT kernel gives ATen's bits or is not generated;
+//  - the plain-loop reference that conformance_test checks every backend against, so that
+//    test's oracle is ATen's arithmetic too (where it means to be: not for sqrt, nor for an
+//    alpha other than 1 or -1, which the CPU backend leaves to ATen).
+// Inputs carry NaN, ±Inf, ±0, subnormals and huge values; each row runs with its recorded
+// scalars, then with every scalar and Python number patched. Bit for bit, any NaN matching any
+// NaN.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+
+#include "AtenProvider.h"
+#include "crucible/core/ContentHash.h"
+#include "conformance_rows.h"
+#include "crucible/exec/NullBackend.h"
+#include "crucible/exec/Runner.h"
+#include "crucible/exec/VerifyPlan.h"
+#include "crucible/mimic/CpuBackend.h"
+
+namespace crucible::mimic {
+namespace {
+
+using namespace test;
+
+struct Patches {
+  std::vector<record::ScalarRecord> scalars;
+  std::vector<double> numbers;
+  std::vector<std::uint64_t> bits;  // what Runner::run takes
+};
+
+Patches patches_for(const ChainSpec& c, const BuiltPlan& bp, bool patch) {
+  Patches p;
+  p.scalars = bp.plan.scalars;
+  for (const TensorSpec& t : c.inputs)
+    if (t.wrapped) p.numbers.push_back(t.value);
+  if (patch) {
+    for (record::ScalarRecord& s : p.scalars) s = patched(s), p.bits.push_back(s.bits);
+    for (double& x : p.numbers)
+      x = x * -2.0 + 0.5, p.bits.push_back(std::bit_cast<std::uint64_t>(x));
+  }
+  return p;
+}
+
+Status run(exec::Runner& r, RunBuffers& b, const Patches& p) {
+  std::vector<void*> ins, outs;
+  for (auto& x : b.inputs) ins.push_back(x.data());
+  for (auto& x : b.outputs) outs.push_back(x.data());
+  return r.run(exec::RunArgs{ins, outs, p.bits});
+}
+
+double element(const std::vector<char>& b, std::int8_t dt, std::int64_t i) {
+  if (dt == kF64) {
+    double x;
+    std::memcpy(&x, b.data() + i * 8, 8);
+    return x;
+  }
+  float x;
+  std::memcpy(&x, b.data() + i * 4, 4);
+  return x;
+}
+
+// `what`'s buffers against ATen's, binding by binding.
+void expect_same(const RunBuffers& aten, const RunBuffers& got, const Dtypes& dts,
+                 std::string_view what, const exec::ExecutionPlan& plan) {
+  auto check = [&](const std::vector<char>& a, const std::vector<char>& g, std::int8_t dt,
+                   const char* kind, std::size_t i) {
+    const std::int64_t d = first_difference(a, g, dt);
+    if (d < 0) return;
+    ADD_FAILURE() << what << ": " << kind << " binding " << i << " element " << d << " is "
+                  << std::hexfloat << element(g, dt, d) << ", ATen's is " << element(a, dt, d)
+                  << std::defaultfloat << "\n" << exec::describe(plan);
+  };
+  for (std::size_t i = 0; i < got.inputs.size(); ++i)
+    check(aten.inputs[i], got.inputs[i], dts.inputs[i], "input", i);
+  for (std::size_t i = 0; i < got.outputs.size(); ++i)
+    check(aten.outputs[i], got.outputs[i], dts.outputs[i], "output", i);
+}
+
+std::string ops_of(const ChainSpec& c) {
+  std::string s = c.name + ":";
+  for (const StepSpec& st : c.steps) s += " " + st.op;
+  return s;
+}
+
+// Whether each step of the row is an ATen call: its output has the shape ATen gives it (its
+// operands' broadcast; an in-place step's first operand). The table also holds chains whose
+// unary steps broadcast a smaller operand to the chain's shape, which the CPU backend's
+// semantics allow and no ATen program records.
+bool aten_shaped(const ChainSpec& c) {
+  auto shape_of = [&](int x) { return x >= 0 ? c.inputs[x].sizes : c.shape; };
+  for (const StepSpec& st : c.steps) {
+    std::vector<std::int64_t> b;
+    for (int x : st.in) {
+      if (x >= 0 && c.inputs[x].wrapped) continue;  // a Python number: 0-d
+      const std::vector<std::int64_t> s = shape_of(x);
+      if (s.size() > b.size()) b.insert(b.begin(), s.size() - b.size(), 1);
+      for (std::size_t i = 0; i < s.size(); ++i) {
+        std::int64_t& d = b[b.size() - s.size() + i];
+        d = d == 1 ? s[i] : d;
+      }
+    }
+    const bool in_place = st.op.find("_.") != std::string::npos || st.op.back() == '_';
+    if (b != c.shape || (in_place && shape_of(st.in[0]) != c.shape)) return false;
+  }
+  return true;
+}
+
+// Whether the plain-loop reference is meant to give ATen's bits for this run: it computes sqrt as
+// IEEE sqrt and `a + alpha*b` with two roundings, which ATen does not (Note [Pointwise
+// programs]; the CPU backend leaves both to ATen).
+bool loops_are_aten(const ChainSpec& c, const std::vector<record::ScalarRecord>& scalars) {
+  std::size_t i = 0;
+  for (const StepSpec& st : c.steps) {
+    if (st.op.find("sqrt") != std::string::npos) return false;
+    const bool alpha_op = st.op.starts_with("aten::add") || st.op.starts_with("aten::sub");
+    for (std::size_t k = 0; k < st.scalars.size(); ++k, ++i) {
+      const record::ScalarRecord& r = scalars[i];
+      if (!alpha_op || r.arg_index != 2) continue;
+      const double v = r.kind == record::ScalarKind::Double
+                           ? std::bit_cast<double>(r.bits)
+                           : static_cast<double>(static_cast<std::int64_t>(r.bits));
+      if (v != 1.0 && v != -1.0) return false;
+    }
+  }
+  return true;
+}
+
+void run_row(const ChainSpec& c, std::uint64_t seed) {
+  SCOPED_TRACE(ops_of(c));
+  const BuiltPlan bp = build_chain_plan(c);
+  ASSERT_TRUE(exec::verify_plan(bp.plan).ok()) << exec::verify_plan(bp.plan);
+  const Dtypes dts = binding_dtypes(c, bp);
+  vessel::AtenProvider aten_ref, aten_lib;
+  auto reference = exec::Runner::make(bp.plan, exec::null_backend(), aten_ref.provider());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto generated = exec::Runner::make(bp.plan, (*cpu)->backend(), aten_lib.provider());
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  EXPECT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+  std::mt19937_64 rng(seed);
+  for (int patch = 0; patch < 2; ++patch) {
+    SCOPED_TRACE(patch ? "patched" : "recorded");
+    RunBuffers initial;
+    for (std::size_t i = 0; i < bp.input_bytes.size(); ++i) {
+      initial.inputs.emplace_back(std::max<std::uint64_t>(bp.input_bytes[i], 8), 0);
+      fill_random(initial.inputs.back(), dts.inputs[i], rng);
+    }
+    for (std::uint64_t bytes : bp.output_bytes)
+      initial.outputs.emplace_back(std::max<std::uint64_t>(bytes, 8), char{0x5a});
+    const Patches p = patches_for(c, bp, patch != 0);
+    RunBuffers aten = initial, gen = initial, loops = initial;
+    const Status st = run(**reference, aten, p);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(aten_ref.stats().copied, 0u) << "every covered op has an out= overload or is in place";
+    const Status sg = run(**generated, gen, p);
+    ASSERT_TRUE(sg.ok()) << sg;
+    expect_same(aten, gen, dts, "the cpu backend", bp.plan);
+    if (loops_are_aten(c, p.scalars)) {
+      reference_run(c, bp, loops, p.scalars, p.numbers);
+      expect_same(aten, loops, dts, "the plain-loop reference", bp.plan);
+    }
+  }
+}
+
+TEST(AtenConformance, FixedRows) {
+  std::uint64_t seed = 1;
+  for (const ChainSpec& c : fixed_rows()) {
+    EXPECT_TRUE(aten_shaped(c)) << c.name;
+    run_row(c, seed++);
+  }
+}
+
+TEST(AtenConformance, EveryCoveredOp) {
+  std::uint64_t seed = 50;
+  for (const ChainSpec& c : one_op_rows()) run_row(c, seed++);
+}
+
+TEST(AtenConformance, RandomChains) {
+  std::uint64_t seed = 100;
+  int run = 0;
+  for (const ChainSpec& c : random_rows(200, 0x5eed))
+    if (aten_shaped(c)) run_row(c, seed++), ++run;
+  EXPECT_GE(run, 60) << "random chains that are ATen programs";
+}
+
+// The provider itself: an operator this torch lacks and an argument the records cannot give
+// back are errors that name them; a functional operator with no out= overload is computed and
+// copied into place.
+TEST(AtenProvider, RefusesWhatItCannotRun) {
+  vessel::AtenProvider p;
+  exec::LibraryCall lc;
+  lc.op = "aten::no_such_operator_anywhere";
+  Status st = p.call(lc);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("no operator aten::no_such_operator_anywhere"),
+            std::string::npos)
+      << st;
+
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  const std::int64_t sizes[1] = {4}, strides[1] = {1};
+  exec::TensorArg in{x, dtype::kFloat32, false, sizes, strides, 0, 0, 0};
+  exec::TensorArg out{y, dtype::kFloat32, false, sizes, strides, 0, 0, 1};
+  lc.op = "aten::add.Tensor";  // `other` (argument 1) has no tensor
+  lc.inputs = std::span<const exec::TensorArg>(&in, 1);
+  lc.outputs = std::span<const exec::TensorArg>(&out, 1);
+  st = p.call(lc);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("argument 'other'"), std::string::npos) << st;
+
+  // gelu(approximate="tanh"): the string comes back from its hash.
+  record::ScalarRecord s;
+  s.kind = record::ScalarKind::String;
+  s.arg_index = 1;
+  s.bits = hash64("tanh");
+  lc.op = "aten::gelu";
+  lc.scalars = std::span<const record::ScalarRecord>(&s, 1);
+  st = p.call(lc);
+  ASSERT_TRUE(st.ok()) << st;
+  for (int i = 0; i < 4; ++i) {
+    const float v = x[i];
+    const float want = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+    EXPECT_NEAR(y[i], want, 1e-5f) << i;
+  }
+  s.bits = hash64("a string nobody records");
+  st = p.call(lc);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("argument 'approximate'"), std::string::npos) << st;
+}
+
+// Lists, optional and boolean arguments come back from their records: sum over int[] dims with
+// keepdim and no dtype, and cat of a Tensor[]; both through their out= overloads.
+TEST(AtenProvider, ListsOptionalsAndTensorLists) {
+  vessel::AtenProvider p;
+  auto rec = [](record::ScalarKind k, std::uint16_t arg, std::uint64_t bits, std::uint32_t aux = 0) {
+    record::ScalarRecord r;
+    r.kind = k;
+    r.arg_index = arg;
+    r.bits = bits;
+    r.aux = aux;
+    return r;
+  };
+  using record::ScalarKind;
+  float x[6] = {1, 2, 3, 4, 5, 6}, s[2] = {};
+  const std::int64_t xs[2] = {2, 3}, xst[2] = {3, 1}, ss[1] = {2}, sst[1] = {1};
+  const exec::TensorArg in{x, dtype::kFloat32, false, xs, xst, 0, 0, 0};
+  const exec::TensorArg out{s, dtype::kFloat32, false, ss, sst, 0, 0, 1};
+  const record::ScalarRecord sum_args[] = {rec(ScalarKind::ListBegin, 1, 0, 1),
+                                           rec(ScalarKind::Int, 1, 1), rec(ScalarKind::Bool, 2, 0),
+                                           rec(ScalarKind::None, 3, 0)};
+  exec::LibraryCall lc;
+  lc.op = "aten::sum.dim_IntList";
+  lc.inputs = std::span<const exec::TensorArg>(&in, 1);
+  lc.outputs = std::span<const exec::TensorArg>(&out, 1);
+  lc.scalars = sum_args;
+  Status st = p.call(lc);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(s[0], 6.0f);
+  EXPECT_EQ(s[1], 15.0f);
+
+  float a[2] = {1, 2}, b[3] = {3, 4, 5}, y[6] = {};
+  const std::int64_t as[1] = {2}, bs[1] = {3}, ys[1] = {5}, one[1] = {1};
+  const exec::TensorArg ins[2] = {{a, dtype::kFloat32, false, as, one, 0, 0, 0},
+                                  {b, dtype::kFloat32, false, bs, one, 0, 1, 1}};
+  const exec::TensorArg cat_out{y, dtype::kFloat32, false, ys, one, 0, 0, 2};
+  const record::ScalarRecord cat_args[] = {rec(ScalarKind::TensorList, 0, 0, 2),
+                                           rec(ScalarKind::Int, 1, 0)};
+  lc.op = "aten::cat";
+  lc.inputs = ins;
+  lc.outputs = std::span<const exec::TensorArg>(&cat_out, 1);
+  lc.scalars = cat_args;
+  st = p.call(lc);
+  ASSERT_TRUE(st.ok()) << st;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(y[i], static_cast<float>(i + 1)) << i;
+  EXPECT_EQ(p.stats().out_variant, 2u);
+
+  // An output placed with other sizes than ATen gives the result is an error, not a resize.
+  const std::int64_t wrong[1] = {6};
+  const exec::TensorArg bad_out{y, dtype::kFloat32, false, wrong, one, 0, 0, 2};
+  lc.outputs = std::span<const exec::TensorArg>(&bad_out, 1);
+  st = p.call(lc);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("has sizes [5] in ATen, the plan placed [6]"),
+            std::string::npos)
+      << st;
+}
+
+}  // namespace
+}  // namespace crucible::mimic

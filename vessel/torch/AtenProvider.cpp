@@ -1,0 +1,413 @@
+// AtenProvider.cpp — see AtenProvider.h.
+//
+// Note [ATen provider]
+// A library call of the exec stage names its operator ("aten::add.Tensor"), its tensors (memory
+// the runner placed: inputs and outputs, each with sizes, strides, dtype and the schema position
+// it had when recorded) and its scalar arguments as the trace recorded them (ScalarRecords,
+// patches applied). The provider rebuilds the operator's argument stack from the schema:
+//  - each tensor becomes an at::Tensor over the placed memory (at::from_blob: no copy, no
+//    ownership); a Python number keeps its wrapped-number flag, so type promotion is ATen's;
+//  - each other argument is read back from its records by the schema's type (int, float, bool,
+//    Scalar, int[], dtype, device, optional, lists of tensors); a string was recorded as its
+//    hash, so only the schema's default or one of the strings in kKnownStrings is accepted;
+//    a generator only when none was given. An argument the records do not give back in full is
+//    an error naming it, never a guess.
+// The provider allocates nothing the plan did not place, where ATen lets it:
+//  - an operator that writes its arguments (`add_`, an out= overload) is called as recorded; its
+//    results must be the placed outputs;
+//  - a functional operator runs through its out= overload (found once per operator: the same
+//    arguments, by name and type, followed by one out argument per result), writing into the
+//    placed outputs. ATen's out= kernels compute with the same loops as the functional ones;
+//  - an operator with no out= overload computes its result, which is copied into place
+//    (`stats().copied` counts these calls).
+// Calls run below Autograd (the wrapped memory is never part of a graph) and with the recording
+// key excluded, so a provider used while a step is recorded adds nothing to the trace.
+#include "AtenProvider.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/InferenceMode.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "Capture.h"
+#include "crucible/core/ContentHash.h"
+
+namespace crucible::vessel {
+
+using record::ScalarKind;
+using record::ScalarRecord;
+
+namespace {
+
+// Strings that ATen operators take as enum-like arguments; the trace keeps only their hash.
+constexpr std::array<std::string_view, 22> kKnownStrings = {
+    "none",    "tanh",     "floor",    "trunc",     "mean",     "sum",      "reflect",  "replicate",
+    "constant", "circular", "linear",  "bilinear",  "bicubic",  "trilinear", "nearest", "nearest-exact",
+    "area",    "zeros",    "border",   "reflection", "left",    "right"};
+
+std::string op_text(std::string_view op) { return std::string(op); }
+
+}  // namespace
+
+struct AtenProvider::Resolved {
+  c10::OperatorHandle op;
+  std::optional<c10::OperatorHandle> out;  // the out= overload of a functional operator
+  bool writes_arguments = false;           // in place or out=: called as recorded
+  explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
+};
+
+namespace {
+
+// Whether `out` is `functional`'s out= overload: the same arguments (name and type) followed by
+// one out argument per result.
+bool is_out_overload(const c10::FunctionSchema& functional, const c10::FunctionSchema& out) {
+  const auto& fa = functional.arguments();
+  const auto& oa = out.arguments();
+  const std::size_t nret = functional.returns().size();
+  if (nret == 0 || oa.size() != fa.size() + nret || out.returns().size() != nret) return false;
+  for (std::size_t i = 0; i < fa.size(); ++i)
+    if (fa[i].name() != oa[i].name() || *fa[i].type() != *oa[i].type()) return false;
+  for (std::size_t i = fa.size(); i < oa.size(); ++i)
+    if (!oa[i].is_out() || oa[i].type()->kind() != c10::TypeKind::TensorType) return false;
+  for (const c10::Argument& r : functional.returns())
+    if (r.type()->kind() != c10::TypeKind::TensorType) return false;
+  return true;
+}
+
+bool writes_arguments(const c10::FunctionSchema& s) {
+  for (const c10::Argument& a : s.arguments())
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
+  return false;
+}
+
+// The records of one argument: its kind and the element records that follow a ListBegin.
+struct ArgRecords {
+  const ScalarRecord* first = nullptr;
+  std::span<const ScalarRecord> elems;  // a list's elements
+};
+
+Status arg_error(std::string_view op, const c10::Argument& a, std::string_view what) {
+  return unsupported(op_text(op) + " argument '" + a.name() + "' (" + a.type()->str() + "): " +
+                         std::string(what),
+                     "this call cannot be run through ATen from the recorded arguments");
+}
+
+double as_double(const ScalarRecord& r) {
+  if (r.kind == ScalarKind::Int) return static_cast<double>(static_cast<std::int64_t>(r.bits));
+  double d;
+  std::memcpy(&d, &r.bits, 8);
+  return d;
+}
+
+Result<c10::Scalar> scalar_of(const ScalarRecord* r, std::string_view op, const c10::Argument& a) {
+  switch (r->kind) {
+    case ScalarKind::Int: return c10::Scalar(static_cast<std::int64_t>(r->bits));
+    case ScalarKind::Double: return c10::Scalar(as_double(*r));
+    case ScalarKind::Bool: return c10::Scalar(r->bits != 0);
+    case ScalarKind::ComplexReal: {
+      const ScalarRecord& im = r[1];
+      return c10::Scalar(c10::complex<double>(as_double(*r), as_double(im)));
+    }
+    default: return arg_error(op, a, "the record is not a number");
+  }
+}
+
+// One non-tensor value of schema type `t` from its record(s).
+Result<c10::IValue> value_of(const c10::TypePtr& t, const ScalarRecord* r,
+                             std::span<const ScalarRecord> elems, std::string_view op,
+                             const c10::Argument& a) {
+  if (r->kind == ScalarKind::None) {
+    if (t->kind() == c10::TypeKind::OptionalType || t->kind() == c10::TypeKind::NoneType)
+      return c10::IValue();
+    return arg_error(op, a, "recorded as None for a type that is not optional");
+  }
+  const c10::TypePtr inner =
+      t->kind() == c10::TypeKind::OptionalType ? t->castRaw<c10::OptionalType>()->getElementType() : t;
+  switch (inner->kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      if (r->kind != ScalarKind::Int) return arg_error(op, a, "the record is not an integer");
+      return c10::IValue(static_cast<std::int64_t>(r->bits));
+    case c10::TypeKind::FloatType:
+      if (r->kind != ScalarKind::Double && r->kind != ScalarKind::Int)
+        return arg_error(op, a, "the record is not a number");
+      return c10::IValue(as_double(*r));
+    case c10::TypeKind::BoolType:
+      if (r->kind != ScalarKind::Bool) return arg_error(op, a, "the record is not a bool");
+      return c10::IValue(r->bits != 0);
+    case c10::TypeKind::NumberType: {
+      auto s = scalar_of(r, op, a);
+      if (!s.ok()) return s.status();
+      return c10::IValue(*s);
+    }
+    case c10::TypeKind::StringType: {
+      if (r->kind != ScalarKind::String) return arg_error(op, a, "the record is not a string");
+      if (a.default_value() && a.default_value()->isString() &&
+          hash64(a.default_value()->toStringRef()) == r->bits)
+        return *a.default_value();
+      for (std::string_view s : kKnownStrings)
+        if (hash64(s) == r->bits) return c10::IValue(std::string(s));
+      return arg_error(op, a, "the trace keeps only the string's hash, and it is none of the strings this provider knows");
+    }
+    case c10::TypeKind::DeviceObjType: {
+      if (r->kind != ScalarKind::Device) return arg_error(op, a, "the record is not a device");
+      if ((r->bits >> 8) != static_cast<std::uint64_t>(DeviceKind::CPU))
+        return arg_error(op, a, "only CPU devices are run by this provider");
+      return c10::IValue(c10::Device(c10::DeviceType::CPU));
+    }
+    case c10::TypeKind::ListType: {
+      if (r->kind != ScalarKind::ListBegin) return arg_error(op, a, "the record is not a list");
+      const c10::TypePtr el = inner->castRaw<c10::ListType>()->getElementType();
+      if (elems.size() != r->aux) return arg_error(op, a, "the list's elements are not all recorded");
+      switch (el->kind()) {
+        case c10::TypeKind::IntType:
+        case c10::TypeKind::SymIntType: {
+          std::vector<std::int64_t> v;
+          for (const ScalarRecord& e : elems) {
+            if (e.kind != ScalarKind::Int) return arg_error(op, a, "an element is not an integer");
+            v.push_back(static_cast<std::int64_t>(e.bits));
+          }
+          return c10::IValue(v);
+        }
+        case c10::TypeKind::FloatType: {
+          std::vector<double> v;
+          for (const ScalarRecord& e : elems) v.push_back(as_double(e));
+          return c10::IValue(v);
+        }
+        case c10::TypeKind::BoolType: {
+          c10::List<bool> v;
+          for (const ScalarRecord& e : elems) v.push_back(e.bits != 0);
+          return c10::IValue(v);
+        }
+        default: return arg_error(op, a, "a list of this element type is not run by this provider");
+      }
+    }
+    case c10::TypeKind::GeneratorType:
+      return arg_error(op, a, "a generator was given (only the default generator is replayed)");
+    default: return arg_error(op, a, "this argument type is not run by this provider");
+  }
+}
+
+at::Tensor wrap(const exec::TensorArg& t) {
+  const auto dtype = static_cast<c10::ScalarType>(t.dtype);
+  at::Tensor x = at::from_blob(t.data, c10::IntArrayRef(t.sizes.data(), t.sizes.size()),
+                               c10::IntArrayRef(t.strides.data(), t.strides.size()),
+                               at::TensorOptions().dtype(dtype).device(at::kCPU));
+  if (t.wrapped_number) x.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return x;
+}
+
+const exec::TensorArg* find_tensor(std::span<const exec::TensorArg> ts, std::uint32_t arg,
+                                   std::uint32_t list_index) {
+  for (const exec::TensorArg& t : ts)
+    if (t.arg_index == arg && t.list_index == list_index) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+AtenProvider::AtenProvider() = default;
+AtenProvider::~AtenProvider() = default;
+
+exec::Provider AtenProvider::provider() {
+  return exec::Provider{this, [](void* self, const exec::LibraryCall& c) {
+                          return static_cast<AtenProvider*>(self)->call(c);
+                        }};
+}
+
+Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op) {
+  const std::string key(op);
+  if (auto it = ops_.find(key); it != ops_.end()) return it->second.get();
+  const std::size_t colons = key.find("::");
+  const std::size_t dot = key.find('.', colons == std::string::npos ? 0 : colons + 2);
+  const std::string name = key.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : key.substr(dot + 1);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  auto h = dispatcher.findSchema(c10::OperatorName(name, overload));
+  if (!h)
+    return unsupported("this torch has no operator " + key,
+                       "the plan was recorded with another torch: record the step again");
+  auto r = std::make_unique<Resolved>(*h);
+  const c10::FunctionSchema& s = h->schema();
+  r->writes_arguments = writes_arguments(s);
+  if (!r->writes_arguments) {
+    for (const c10::OperatorName& n : dispatcher.getAllOpNames()) {
+      if (n.name != name || n.overload_name == overload) continue;
+      auto oh = dispatcher.findSchema(n);
+      if (oh && is_out_overload(s, oh->schema())) {
+        r->out = *oh;
+        break;
+      }
+    }
+  }
+  const Resolved* out = r.get();
+  ops_.emplace(key, std::move(r));
+  return out;
+}
+
+Status AtenProvider::call(const exec::LibraryCall& c) {
+  auto resolved = resolve(c.op);
+  if (!resolved.ok()) return resolved.status();
+  const Resolved& rop = **resolved;
+  const c10::FunctionSchema& schema = rop.op.schema();
+  const auto& args = schema.arguments();
+
+  // The records of each argument, in order: a ListBegin takes the `aux` records after it.
+  std::vector<ArgRecords> recs(args.size());
+  for (std::size_t i = 0; i < c.scalars.size(); ++i) {
+    const ScalarRecord& r = c.scalars[i];
+    if (r.arg_index >= args.size())
+      return invalid_input(op_text(c.op) + ": a scalar record for argument " +
+                               std::to_string(r.arg_index) + " of " + std::to_string(args.size()),
+                           "the plan does not match this torch's schema: record the step again");
+    if (recs[r.arg_index].first == nullptr) recs[r.arg_index].first = &r;
+    if (r.kind == ScalarKind::ListBegin) {
+      const std::size_t n = std::min<std::size_t>(r.aux, c.scalars.size() - i - 1);
+      // Elements that are tensors are in the tensors, not here: only records of this argument.
+      std::size_t k = 0;
+      while (k < n && c.scalars[i + 1 + k].arg_index == r.arg_index) ++k;
+      recs[r.arg_index].elems = c.scalars.subspan(i + 1, k);
+      i += k;
+    } else if (r.kind == ScalarKind::ComplexReal) {
+      ++i;  // its ComplexImag
+    }
+  }
+
+  try {
+    torch::jit::Stack stack;
+    stack.reserve(args.size() + c.outputs.size());
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const c10::Argument& a = args[i];
+      const c10::TypePtr& t = a.type();
+      const c10::TypePtr inner =
+          t->kind() == c10::TypeKind::OptionalType ? t->castRaw<c10::OptionalType>()->getElementType() : t;
+      const ArgRecords& ar = recs[i];
+      if (inner->kind() == c10::TypeKind::TensorType) {
+        if (const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), 0)) {
+          stack.emplace_back(wrap(*x));
+        } else if (t->kind() == c10::TypeKind::OptionalType) {
+          stack.emplace_back();
+        } else {
+          return arg_error(c.op, a, "no tensor was placed for it");
+        }
+        continue;
+      }
+      const c10::TypePtr elem = inner->kind() == c10::TypeKind::ListType
+                                    ? inner->castRaw<c10::ListType>()->getElementType()
+                                    : nullptr;
+      const bool optional_elems = elem && elem->kind() == c10::TypeKind::OptionalType;
+      const c10::TypePtr elem_inner =
+          optional_elems ? elem->castRaw<c10::OptionalType>()->getElementType() : elem;
+      if (elem_inner && elem_inner->kind() == c10::TypeKind::TensorType) {
+        // Tensor[] or Tensor?[]: the length is in the TensorList / ListBegin record.
+        if (ar.first == nullptr || (ar.first->kind != ScalarKind::TensorList &&
+                                    ar.first->kind != ScalarKind::ListBegin))
+          return arg_error(c.op, a, "the list's length is not recorded");
+        if (optional_elems) {
+          c10::List<std::optional<at::Tensor>> l;
+          for (std::uint32_t k = 0; k < ar.first->aux; ++k) {
+            const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), k);
+            l.push_back(x ? std::optional<at::Tensor>(wrap(*x)) : std::nullopt);
+          }
+          stack.emplace_back(l);
+        } else {
+          std::vector<at::Tensor> l;
+          for (std::uint32_t k = 0; k < ar.first->aux; ++k) {
+            const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), k);
+            if (x == nullptr) return arg_error(c.op, a, "an element's tensor was not placed");
+            l.push_back(wrap(*x));
+          }
+          stack.emplace_back(l);
+        }
+        continue;
+      }
+      if (ar.first == nullptr) {
+        if (a.default_value()) {
+          stack.push_back(*a.default_value());
+          continue;
+        }
+        return arg_error(c.op, a, "it was not recorded and has no default");
+      }
+      auto v = value_of(t, ar.first, ar.elems, c.op, a);
+      if (!v.ok()) return v.status();
+      stack.push_back(std::move(*v));
+    }
+
+    std::vector<at::Tensor> outs;
+    for (std::size_t k = 0; k < schema.returns().size(); ++k) {
+      const exec::TensorArg* o = find_tensor(c.outputs, static_cast<std::uint32_t>(k), 0);
+      outs.push_back(o ? wrap(*o) : at::Tensor());
+    }
+
+    c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ++stats_.calls;
+    if (rop.writes_arguments) {
+      ++stats_.in_place;
+      rop.op.callBoxed(stack);
+      for (std::size_t k = 0; k < outs.size() && k < stack.size(); ++k) {
+        if (!outs[k].defined() || !stack[k].isTensor()) continue;
+        if (stack[k].toTensor().data_ptr() != outs[k].data_ptr())
+          return bad_state(op_text(c.op) + " result " + std::to_string(k) +
+                               " is not the memory the plan placed for it",
+                           "the plan's aliasing does not match this operator: report it");
+      }
+    } else if (rop.out) {
+      ++stats_.out_variant;
+      for (const at::Tensor& o : outs) {
+        if (!o.defined())
+          return bad_state(op_text(c.op) + ": a result has no placed memory",
+                           "the plan must place every result of a call: report it");
+        stack.emplace_back(o);
+      }
+      rop.out->callBoxed(stack);
+      // An out= kernel resizes an output of other sizes (ATen warns and goes on): the result
+      // would not be where the plan reads it.
+      for (std::size_t k = 0; k < outs.size(); ++k) {
+        const exec::TensorArg* o = find_tensor(c.outputs, static_cast<std::uint32_t>(k), 0);
+        if (o != nullptr && !std::equal(o->sizes.begin(), o->sizes.end(), outs[k].sizes().begin(),
+                                        outs[k].sizes().end()))
+          return bad_state(op_text(c.op) + " result " + std::to_string(k) + " has sizes " +
+                               c10::str(outs[k].sizes()) + " in ATen, the plan placed " +
+                               c10::str(c10::IntArrayRef(o->sizes.data(), o->sizes.size())),
+                           "the plan does not match this operator's shapes: record the step again");
+      }
+    } else {
+      ++stats_.copied;
+      rop.op.callBoxed(stack);
+      for (std::size_t k = 0; k < outs.size(); ++k) {
+        if (!outs[k].defined()) continue;
+        if (k >= stack.size() || !stack[k].isTensor())
+          return bad_state(op_text(c.op) + " result " + std::to_string(k) + " is not a tensor",
+                           "the plan does not match this operator: report it");
+        const at::Tensor& r = stack[k].toTensor();
+        if (r.sizes() != outs[k].sizes() || r.scalar_type() != outs[k].scalar_type())
+          return bad_state(op_text(c.op) + " result " + std::to_string(k) + " has sizes " +
+                               c10::str(r.sizes()) + " " + c10::toString(r.scalar_type()) +
+                               ", the plan placed " + c10::str(outs[k].sizes()) + " " +
+                               c10::toString(outs[k].scalar_type()),
+                           "the plan was recorded for other shapes: record the step again");
+        outs[k].copy_(r);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
+                         "the plan's call does not run on these tensors");
+  } catch (const std::exception& e) {
+    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
+                         "the plan's call does not run on these tensors");
+  }
+  return ok_status();
+}
+
+}  // namespace crucible::vessel
