@@ -18,8 +18,9 @@
 //  - a functional operator runs through its out= overload (found once per operator: the same
 //    arguments, by name and type, followed by one out argument per result), writing into the
 //    placed outputs. ATen's out= kernels compute with the same loops as the functional ones;
-//  - an operator with no out= overload computes its result, which is copied into place
-//    (`stats().copied` counts these calls).
+//  - an operator with no out= overload, or a call with a result the plan does not place (one
+//    convolution_backward's output_mask leaves undefined), computes its results, and the placed
+//    ones are copied into place (`stats().copied` counts these calls).
 // Calls run below Autograd (the wrapped memory is never part of a graph) and with the recording
 // key excluded, so a provider used while a step is recorded adds nothing to the trace.
 #include "AtenProvider.h"
@@ -362,14 +363,10 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
                                " is not the memory the plan placed for it",
                            "the plan's aliasing does not match this operator: report it");
       }
-    } else if (rop.out) {
+    } else if (rop.out && std::all_of(outs.begin(), outs.end(),
+                                      [](const at::Tensor& o) { return o.defined(); })) {
       ++stats_.out_variant;
-      for (const at::Tensor& o : outs) {
-        if (!o.defined())
-          return bad_state(op_text(c.op) + ": a result has no placed memory",
-                           "the plan must place every result of a call: report it");
-        stack.emplace_back(o);
-      }
+      for (const at::Tensor& o : outs) stack.emplace_back(o);
       rop.out->callBoxed(stack);
       // An out= kernel resizes an output of other sizes (ATen warns and goes on): the result
       // would not be where the plan reads it.

@@ -1,0 +1,131 @@
+"""The exec stage on recorded training steps: a step the Vessel recorded, planned through Forge
+(trace -> IR001 -> the cpu-avx2 rules -> IR002 -> execution plan) and run on the null backend
+with the ATen provider (every kernel as ATen calls on memory the plan placed), from the step's
+inputs as they were before it, gives eager's bits: parameters, optimizer state, gradients and
+the loss."""
+import os
+
+import pytest
+import torch
+
+import crucible_native as crucible
+import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RULES = os.path.join(ROOT, "rules")
+
+
+def storage_bytes(t):
+    """The whole storage behind `t`, as a uint8 tensor sharing it."""
+    s = t.untyped_storage()
+    u = torch.empty(0, dtype=torch.uint8)
+    u.set_(s, 0, (s.nbytes(),))
+    return u
+
+
+def state_tensors(s):
+    """Every tensor a step reads or writes that Python holds: parameters, their gradients,
+    buffers (batch norm's running statistics), the optimizer's state."""
+    out = list(s.model.buffers())
+    for p in s.model.parameters():
+        out.append(p)
+        if p.grad is not None:
+            out.append(p.grad)
+    for st in s.opt.state.values():
+        out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def names(s):
+    """A name for each storage the step's state uses, for messages."""
+    n = {}
+    for k, p in s.model.named_parameters():
+        n[crucible.storage_id(p)] = k
+        if p.grad is not None:
+            n[crucible.storage_id(p.grad)] = k + ".grad"
+    for k, b in s.model.named_buffers():
+        n[crucible.storage_id(b)] = k
+    for i, st in enumerate(s.opt.state.values()):
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                n[crucible.storage_id(v)] = f"opt.state[{i}].{k}"
+    return n
+
+
+def snapshot(tensors):
+    """Each tensor's storage bytes by storage id, taken with the recording paused (the copies
+    are not part of the step)."""
+    on = crucible.is_enabled()
+    crucible.disable()
+    try:
+        return {crucible.storage_id(t): storage_bytes(t).clone() for t in tensors}
+    finally:
+        if on:
+            crucible.enable()
+
+
+# Not efficientnet: its detected iteration does not begin where a step does (it reads storages
+# that the step before it made inside its backward), so the plan has inputs no Python object holds.
+@pytest.mark.parametrize("name", models.MODELS + ["transformer2"])
+def test_a_recorded_step_run_through_its_plan_gives_eager_bits(name):
+    s = models.make(name)
+    crucible.track_modules(s.model)
+    batch = s.x.shape[0]
+    steps = []  # per step: its inputs' bytes before, the state's bytes after, the loss
+    try:
+        for i in range(4):
+            # A batch of its own per step: its storage id says which step the plan covers.
+            torch.manual_seed(100 + i)
+            s.x = torch.randn_like(s.x) if s.x.is_floating_point() else torch.randint_like(s.x, 0, 50)
+            s.y = torch.randint_like(s.y, 0, 10)
+            crucible.mark_inputs(s.x, s.y)
+            before = snapshot(state_tensors(s) + [s.x, s.y])
+            rng = torch.get_rng_state()
+            crucible.enable()
+            loss = s.step()
+            crucible.disable()
+            crucible.flush()
+            after_tensors = state_tensors(s) + [loss]
+            steps.append({"x": crucible.storage_id(s.x), "before": before, "rng": rng,
+                          "after": snapshot(after_tensors), "loss": crucible.storage_id(loss)})
+    finally:
+        crucible.disable()
+    assert batch == s.x.shape[0]
+
+    # What Python holds after each step escapes: the loss and the gradients.
+    held = [sid for st in steps for sid in st["after"]]
+    plan = crucible._ext.exec_plan(crucible.trace(), RULES, escaping=held)
+    input_ids = [sid for sid, _ in plan.inputs]
+    step = next((st for st in steps if st["x"] in input_ids), None)
+    assert step is not None, f"the plan reads no step's batch: inputs {input_ids}"
+
+    ins, outs, memory = [], [], {}
+    for sid, nbytes in plan.inputs:
+        assert sid in step["before"], (
+            f"input storage {sid} ({nbytes} B) is not a tensor Python holds\n{plan.describe()}")
+        buf = step["before"][sid].clone()
+        assert buf.numel() >= nbytes
+        memory[sid] = buf
+        ins.append(buf.data_ptr())
+    for sid, nbytes in plan.outputs:
+        buf = torch.zeros(max(nbytes, 1), dtype=torch.uint8)
+        memory[sid] = buf
+        outs.append(buf.data_ptr())
+    # Dropout draws from the default generator: from the state the step began with, the plan's
+    # random ops draw what the step drew.
+    torch.set_rng_state(step["rng"])
+    stats = plan.run(ins, outs)
+    assert stats["calls"] > 0
+
+    compared, differ = 0, []
+    for sid, want in step["after"].items():
+        assert sid in memory, f"storage {sid}, held after the step, is not bound\n{plan.describe()}"
+        got = memory[sid][:want.numel()]
+        if not torch.equal(got, want):
+            differ.append(f"{names(s).get(sid, 'the loss')} (storage {sid}): "
+                          f"{(got != want).sum().item()} of {want.numel()} bytes")
+        compared += 1
+    assert not differ, "differ from eager's: " + "; ".join(differ)
+    assert step["loss"] in memory, f"the loss ({step['loss']}) is an output of the plan\n{plan.describe()}"
+    params = sum(1 for _ in s.model.parameters())
+    assert compared >= params + 1, f"compared {compared} storages for {params} parameters"
