@@ -17,15 +17,8 @@
 #include <memory>
 #include <mutex>
 
-#include "AtenProvider.h"
 #include "Dispatch.h"
 #include "Replay.h"
-#include "crucible/exec/BuildPlan.h"
-#include "crucible/exec/NullBackend.h"
-#include "crucible/exec/Runner.h"
-#include "crucible/forge/Ir001.h"
-#include "crucible/forge/Passes.h"
-#include "crucible/forge/Rules.h"
 #include "crucible/core/ScalarType.h"
 #include "crucible/record/Recorder.h"
 #include "crucible/graph/Analysis.h"
@@ -424,53 +417,6 @@ void configure_plan(std::uint64_t budget, std::uint64_t alignment, bool check_on
   if (!check_only) g_plan_options = opt;
 }
 
-// A recorded step's execution plan (the exec stage: trace -> IR001 -> Forge's front end ->
-// IR002 -> plan), run on the null backend with the ATen provider (Note [ATen provider]). What
-// the tests of the plan stage on recorded steps use; crucible.compile's replay does not yet.
-struct ExecPlanHandle {
-  forge::ExprPool pool;
-  exec::SteppedPlan sp;
-  vessel::AtenProvider provider;
-  std::unique_ptr<exec::Runner> runner;
-};
-
-// `escaping`: storages whose values Python holds after the step (the loss, the gradients), which
-// escape beside the IR's live-out values.
-std::unique_ptr<ExecPlanHandle> exec_plan(const Trace& t, const std::string& rules_dir,
-                                          const std::string& hardware, int thread,
-                                          const std::vector<std::uint64_t>& escaping) {
-  auto rules = forge::load_rules_dir(rules_dir, hardware);
-  check(rules.status());
-  auto it = graph::analyze_latest_iteration(t, thread);
-  check(it.status());
-  auto h = std::make_unique<ExecPlanHandle>();
-  auto ir = forge::build_ir001(t, (*it)->ops(), h->pool);
-  check(ir.status());
-  auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
-  check(fe.status());
-  exec::PlanOptions opt;
-  opt.escaping.emplace();
-  for (std::uint32_t v = 0; v < fe->ir.values.size(); ++v) {
-    const forge::Value& val = fe->ir.values[v];
-    const bool held = val.producer != forge::kNoNode &&
-                      std::find(escaping.begin(), escaping.end(), val.storage) != escaping.end();
-    if (val.live_out || held) opt.escaping->push_back(v);
-  }
-  auto plan = exec::build_plan(fe->ir, fe->plan, opt);
-  check(plan.status());
-  h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
-  auto r = exec::Runner::make(h->sp.plan, exec::null_backend(), h->provider.provider());
-  check(r.status());
-  h->runner = std::move(*r);
-  return h;
-}
-
-py::list bindings(const exec::ExecutionPlan& p, const std::vector<std::uint32_t>& slots) {
-  py::list l;
-  for (std::uint32_t s : slots) l.append(py::make_tuple(p.slots[s].storage, p.slots[s].bytes));
-  return l;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_crucible_ext, m) {
@@ -708,35 +654,6 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("start_pipeline", [] { (void)global_pipeline(); });
   m.def("configure_plan", &configure_plan, py::arg("budget"), py::arg("alignment"), py::arg("check_only") = false);
   m.def("pipeline_reuse", [](bool on) { global_pipeline().set_reuse(on); }, py::arg("on"));
-  py::class_<ExecPlanHandle>(m, "ExecPlan")
-      .def_property_readonly("inputs",  // (recorded storage id, bytes) per input binding
-                             [](const ExecPlanHandle& h) { return bindings(h.sp.plan, h.sp.plan.inputs); })
-      .def_property_readonly("outputs",
-                             [](const ExecPlanHandle& h) { return bindings(h.sp.plan, h.sp.plan.outputs); })
-      .def("describe", [](const ExecPlanHandle& h) { return exec::describe(h.sp.plan); })
-      .def("run",  // the storages' base addresses, in binding order
-           [](ExecPlanHandle& h, const std::vector<std::uintptr_t>& inputs,
-              const std::vector<std::uintptr_t>& outputs) {
-             std::vector<void*> in, out;
-             for (std::uintptr_t a : inputs) in.push_back(reinterpret_cast<void*>(a));
-             for (std::uintptr_t a : outputs) out.push_back(reinterpret_cast<void*>(a));
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = h.runner->run(exec::RunArgs{in, out, {}});
-             }
-             check(st);
-             const vessel::AtenProviderStats& s = h.provider.stats();
-             py::dict d;
-             d["calls"] = s.calls;
-             d["in_place"] = s.in_place;
-             d["out_variant"] = s.out_variant;
-             d["copied"] = s.copied;
-             return d;
-           });
-  m.def("exec_plan", &exec_plan, py::arg("trace"), py::arg("rules_dir"),
-        py::arg("hardware") = "cpu-avx2", py::arg("thread") = -1,
-        py::arg("escaping") = std::vector<std::uint64_t>{});
   m.def("export_graph", [](const Trace& t, const std::string& path, int thread) {
     auto r = graph::analyze_latest_iteration(t, thread);
     check(r.status());

@@ -87,8 +87,8 @@ def check_build(info: dict, d: str, torch_version: str) -> None:
                           f"load into the torch they were built against: {_rebuild_hint(d)}")
 
 
-def load():
-    """Imports and returns _crucible_ext, after the checks above."""
+def load(module="_crucible_ext"):
+    """Imports and returns the native module (_crucible_ext), after the checks above."""
     installed = _installed_dir()
     d = installed or build_dir()
     lib = d if installed else os.path.join(d, "lib")
@@ -106,10 +106,10 @@ def load():
     import importlib
     try:
         if installed:
-            return importlib.import_module(__name__.rpartition(".")[0] + "._crucible_ext")
+            return importlib.import_module(__name__.rpartition(".")[0] + "." + module)
         if lib not in sys.path:
             sys.path.insert(0, lib)
-        return importlib.import_module("_crucible_ext")
+        return importlib.import_module(module)
     except ImportError as e:
         hint = _rebuild_hint(d)
         raise ImportError(f"crucible_native: cannot load the extension from {lib}: {e}. "
@@ -117,3 +117,13 @@ def load():
 
 
 ext = load()
+_exec = None
+
+
+def load_exec():
+    """_crucible_exec (the exec stage and Mimic's CPU backend on recorded steps, ExecExt.cpp),
+    imported on first use: it loads LLVM, which the rest of crucible_native does not need."""
+    global _exec
+    if _exec is None:
+        _exec = load("_crucible_exec")
+    return _exec
