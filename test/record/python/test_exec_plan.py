@@ -121,8 +121,8 @@ def test_a_recorded_step_run_through_its_plan_gives_eager_bits(name, backend):
     assert stats["calls"] > 0
     if backend == "cpu" and name.startswith("transformer"):
         # Its standalone pointwise kernels (the attention scaling, gradient accumulations) run as
-        # generated code; the rest
-        # (GEMMs, norms, softmax, the optimizer's multi-shape group) stay library calls.
+        # generated code; the rest (GEMMs, norms, softmax, the optimizer's multi-shape group)
+        # stay library calls.
         assert stats["generated_kernels"] > 0, plan.kernels()
 
     compared, differ = 0, []
