@@ -1,18 +1,26 @@
 // PlanCommand.cpp — `crucible plan TRACE` and `crucible venn TRACE`: Forge's front end on the
-// last steady iteration of a recorded trace, printed for a hardware class.
+// last steady iteration of a recorded trace, printed for a hardware class. For a CPU class,
+// `plan` also builds the execution plan and prepares Mimic's CPU backend on it: per kernel,
+// generated or a library call (and why), its recipe and where its code came from (the kernel
+// cache: memory, disk, compiled).
 //
 //   crucible plan [--hardware cpu-avx2|h200] [--rules DIR] [--infer] [--allow-differs ID]...
 //                 [--setting KEY=VALUE]... [--budget-us N] [--json] TRACE
 //   crucible venn [--hardware ...] [--rules DIR] [--json] TRACE
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "Command.h"
+#include "crucible/exec/BuildPlan.h"
 #include "crucible/forge/Ir001.h"
 #include "crucible/forge/Passes.h"
 #include "crucible/forge/Report.h"
 #include "crucible/graph/Analysis.h"
+#include "crucible/mimic/CpuBackend.h"
 #include "crucible/record/TraceFile.h"
 
 namespace crucible::cli {
@@ -115,6 +123,72 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
   return -1;
 }
 
+// The CPU backend on the step's execution plan, appended to the report: a line per kernel that
+// does work (views have no calls) and the totals. An error (a plan that cannot be built, a
+// kernel cache that cannot be opened) is the section's content, not the command's failure.
+void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) {
+  nlohmann::json j;
+  std::string text = "\nMimic CPU backend (execution plan kernels):\n";
+  auto fail = [&](const Status& st) {
+    j = {{"backend", "cpu"}, {"error", std::string(st.message())}};
+    text += "  not prepared: " + std::string(st.message()) + "\n";
+  };
+  auto plan = exec::build_plan(fe.ir, fe.plan);
+  auto cpu = plan.ok() ? mimic::CpuBackend::make() : Result<std::unique_ptr<mimic::CpuBackend>>(plan.status());
+  Status st = cpu.ok() ? ok_status() : cpu.status();
+  exec::Backend b;
+  if (st.ok()) {
+    b = (*cpu)->backend();
+    st = b.prepare(b.self, *plan);
+  }
+  if (!st.ok()) {
+    fail(st);
+  } else {
+    std::uint32_t generated = 0, library = 0;
+    nlohmann::json kernels = nlohmann::json::array();
+    for (std::uint32_t k = 0; k < plan->kernels.size(); ++k) {
+      const exec::Kernel& kn = plan->kernels[k];
+      if (kn.call_count == 0) continue;
+      const mimic::CpuKernelState& s = (*cpu)->kernels()[k];
+      std::string ops;  // the first few, for the text
+      for (std::uint32_t c = kn.call_begin; c < kn.call_begin + std::min(kn.call_count, 6u); ++c)
+        ops += (ops.empty() ? "" : " ") + plan->op_names[plan->calls[c].op];
+      if (kn.call_count > 6) ops += " ... (" + std::to_string(kn.call_count) + " calls)";
+      // The lowering's refusal, less what the section already says ("kernel K is not a
+      // pointwise chain ...: " and "; it runs as library calls").
+      std::string why = s.why;
+      if (const std::size_t at = why.find("generates: "); at != std::string::npos) why.erase(0, at + 11);
+      if (const std::size_t at = why.rfind("; it runs as library calls"); at != std::string::npos) why.erase(at);
+      nlohmann::json e = {{"kernel", k}, {"group", kn.group}, {"generated", s.generated}, {"ops", ops}};
+      char line[96];
+      if (s.generated) {
+        ++generated;
+        const std::string_view rn = forge::recipe_name(s.recipe);
+        e["recipe"] = rn.empty() ? forge::recipe_text(*s.recipe) : std::string(rn);
+        e["cache"] = std::string(s.cache);
+        std::snprintf(line, sizeof line, "  kernel %-4u group %-4u generated  %-10s ", k, kn.group,
+                      std::string(s.cache).c_str());
+        text += line + ops + "  [" + e["recipe"].get<std::string>() + "]\n";
+      } else {
+        ++library;
+        e["why"] = why;
+        std::snprintf(line, sizeof line, "  kernel %-4u group %-4u library    ", k, kn.group);
+        text += line + ops + "\n      " + why + "\n";
+      }
+      kernels.push_back(std::move(e));
+    }
+    text += "  " + std::to_string(generated) + " generated, " + std::to_string(library) +
+            " library calls\n";
+    j = {{"backend", "cpu"}, {"generated", generated}, {"library", library}, {"kernels", kernels}};
+  }
+  r->text += text;
+  if (!r->json.empty()) {
+    nlohmann::json report = nlohmann::json::parse(r->json);
+    report["mimic"] = std::move(j);
+    r->json = report.dump(2);
+  }
+}
+
 // Both commands: parse, run the front end, print the report (text or --json).
 int run_report(std::string_view path, Args args, bool plan) {
   PlanArgs a;
@@ -124,7 +198,8 @@ int run_report(std::string_view path, Args args, bool plan) {
   const forge::Hardware* hw = nullptr;
   forge::FrontEndResult fe;
   if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
-  const forge::PlanReport r = plan ? forge::plan_report(fe, rules, *hw) : forge::venn_report(fe, *hw);
+  forge::PlanReport r = plan ? forge::plan_report(fe, rules, *hw) : forge::venn_report(fe, *hw);
+  if (plan && a.hardware.starts_with("cpu")) add_backend_section(fe, &r);
   std::fputs((a.json ? r.json : r.text).c_str(), stdout);
   if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
   return kExitOk;

@@ -146,3 +146,45 @@ def test_an_iteration_with_ops_after_a_drop_is_planned_with_a_warning(tmp_path):
     assert int(m.group(1)) == sum(len(g["nodes"]) for g in groups), "every op of the iteration is flagged"
     digest = [line for line in clean.stdout.splitlines() if line.startswith("plan digest")]
     assert digest and digest[0] in r.stdout.splitlines(), "the plan itself is of the same ops"
+
+
+# The ops the CPU backend generates (misc/MIMIC.md, Coverage): what a generated kernel may hold.
+COVERED = {f"aten::{b}{ip}.{o}" for b in ("add", "sub", "mul", "div") for ip in ("", "_")
+           for o in ("Tensor", "Scalar")} | {f"aten::{u}{ip}" for u in ("neg", "abs", "relu")
+                                              for ip in ("", "_")} | {
+    "aten::subtract.Tensor", "aten::multiply.Tensor", "aten::divide.Tensor", "aten::negative"}
+
+
+def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(tmp_path):
+    env = dict(os.environ, CRUCIBLE_CACHE_DIR=str(tmp_path))
+
+    def mimic():
+        r = subprocess.run([CLI, "plan", "--json", trace("transformer")], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["mimic"]
+
+    first, second = mimic(), mimic()
+    assert first["backend"] == "cpu"
+    ks = first["kernels"]
+    assert first["generated"] == sum(k["generated"] for k in ks) > 0
+    assert first["library"] == sum(not k["generated"] for k in ks) > 0
+    assert len({k["kernel"] for k in ks}) == len(ks)
+    for k in ks:
+        ops = k["ops"].split(" ... ")[0].split()
+        if k["generated"]:
+            assert set(ops) <= COVERED, k
+            assert k["recipe"] == "f32_strict" and k["cache"] == "compiled", k
+        else:
+            assert k["why"], k
+    # A second process finds every generated kernel in the disk cache, and plans the same.
+    assert [k["cache"] for k in second["kernels"] if k["generated"]] == ["disk"] * first["generated"]
+    assert [(k["kernel"], k["generated"]) for k in second["kernels"]] == \
+        [(k["kernel"], k["generated"]) for k in ks]
+    r = run("plan", trace("transformer"))
+    assert f"{first['generated']} generated, {first['library']} library calls" in r.stdout
+
+
+def test_plan_for_a_gpu_class_has_no_cpu_backend_section():
+    d = plan_json("--hardware", "h200", trace("mlp"))
+    assert "mimic" not in d

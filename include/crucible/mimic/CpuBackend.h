@@ -35,6 +35,9 @@ struct CpuKernelState {
   bool generated = false;
   const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
   std::string why;                                 // a library call: why it is not generated
+  // generated: where its code came from — "memory" (this process had it), "disk" (the kernel
+  // cache's second level), "compiled"
+  std::string_view cache;
 };
 
 class CpuBackend {

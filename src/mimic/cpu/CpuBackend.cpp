@@ -119,8 +119,12 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   bool any_f64 = false;
   for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
   const forge::NumericalRecipe* recipe = strict_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32);
+  const CacheStats before = stats_;
   auto fns = get_pointwise(pk.program, forge::recipe_text(*recipe), disk_.get(), &stats_);
   if (!fns.ok()) return fns.status();
+  states_[k].cache = stats_.compiled != before.compiled     ? "compiled"
+                     : stats_.disk_hits != before.disk_hits ? "disk"
+                                                            : "memory";
 
   auto p = std::make_unique<Prepared>();
   p->fns = std::move(*fns);
