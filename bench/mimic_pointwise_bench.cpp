@@ -76,7 +76,7 @@ int main() {
                st("aten::add.Tensor", {-1, 2}, {test::scalar_double(2, 1.0)}),
                st("aten::relu", {-2}), st("aten::neg", {-3})};
     const test::BuiltPlan bp = test::build_chain_plan(c);
-    auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
+    auto cpu = CpuBackend::make(CpuBackendOptions::memory_only());
     test::LoopProvider provider;
     auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
     if (!runner.ok()) {

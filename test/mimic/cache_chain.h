@@ -60,7 +60,7 @@ inline Result<CacheStats> run_chain_on_cpu(const ChainSpec& c, const CpuBackendO
 
 // cache_chain on a CpuBackend caching under `dir`.
 inline Result<CacheStats> run_cache_chain(const std::string& dir, bool* correct) {
-  return run_chain_on_cpu(cache_chain(), CpuBackendOptions{.disk_cache = true, .cache_dir = dir}, correct);
+  return run_chain_on_cpu(cache_chain(), CpuBackendOptions::with_cache_dir(dir), correct);
 }
 
 }  // namespace crucible::mimic::test

@@ -160,12 +160,14 @@ TEST(KernelCache, ProcessesStartedTogetherShareOneDirectory) {
 TEST(KernelCache, ADirectoryThatCannotBeMadeIsAnErrorThatSaysWhatToSet) {
   const std::string file = fresh_dir("not_a_dir");
   spit(file, "a file where the cache directory should go");
-  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = true, .cache_dir = file});
+  auto cpu = CpuBackend::make(CpuBackendOptions::with_cache_dir(file));
   ASSERT_FALSE(cpu.ok());
   EXPECT_NE(cpu.status().message().find(file), std::string_view::npos) << cpu.status();
   EXPECT_NE(cpu.status().message().find("CRUCIBLE_CACHE_DIR"), std::string_view::npos)
       << cpu.status();
-  auto without_disk = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = file});
+  CpuBackendOptions no_disk = CpuBackendOptions::with_cache_dir(file);
+  no_disk.disk_cache = false;
+  auto without_disk = CpuBackend::make(no_disk);
   EXPECT_TRUE(without_disk.ok()) << without_disk.status();
   fs::remove(file);
 }

@@ -126,6 +126,18 @@ inline std::vector<ChainSpec> fixed_rows() {
                {step("aten::neg", {0}, {}, kF64), step("aten::relu", {prev(0)}, {}, kF64),
                 step("aten::abs", {0}, {}, kF64), step("aten::div.Tensor", {prev(2), 0}, {}, kF64),
                 step("aten::sub.Tensor", {prev(3), prev(1)}, {scalar_int(2, 1)}, kF64)}});
+  // alpha other than +-1 without broadcast inputs: rounded as ATen rounds it, float32 and float64,
+  // over sizes ATen splits between threads (Note [ATen's alpha rounding]).
+  r.push_back({"alpha_ranges_f32_1000003",
+               {1000003},
+               {f32({1000003}), f32({1000003})},
+               {step("aten::add.Tensor", {0, 1}, {scalar_double(2, 0.3)}),
+                step("aten::sub.Tensor", {prev(0), 1}, {scalar_double(2, 0.7)})}});
+  r.push_back({"alpha_ranges_f64_65537",
+               {65537},
+               {f64({65537}), f64({65537})},
+               {step("aten::sub_.Tensor", {0, 1}, {scalar_double(2, -1.3)}, kF64),
+                step("aten::mul.Tensor", {prev(0), 1}, {}, kF64)}});
   r.push_back(
       {"exp_stays_a_library_call",
        {19},

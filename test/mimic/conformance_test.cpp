@@ -18,12 +18,20 @@ namespace {
 
 using namespace test;
 
+// Backends: "null"; the CPU backend with ATen's alpha rounded once ("cpu", as ATen's AVX2 and
+// AVX-512 kernels) and twice ("cpu_twice", as its default kernels), the loop provider and the
+// reference rounding as the backend does (Note [ATen's alpha rounding]).
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
+  AlphaRounding rounding() const {
+    return GetParam() == "cpu_twice" ? AlphaRounding::Twice : AlphaRounding::Once;
+  }
   // The backend for one Runner; `cpu` is set when it is the CPU backend.
   exec::Backend make_backend(std::unique_ptr<CpuBackend>* cpu) {
     if (GetParam() == "null") return exec::null_backend();
-    auto b = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
+    CpuBackendOptions o = CpuBackendOptions::memory_only();
+    o.alpha_rounding = rounding();
+    auto b = CpuBackend::make(o);
     EXPECT_TRUE(b.ok()) << b.status();
     *cpu = std::move(*b);
     return (*cpu)->backend();
@@ -37,6 +45,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     const Dtypes dts = binding_dtypes(c, bp);
     std::unique_ptr<CpuBackend> cpu;
     LoopProvider provider;
+    provider.rounding = rounding();
     auto runner = exec::Runner::make(bp.plan, make_backend(&cpu), provider.provider());
     ASSERT_TRUE(runner.ok()) << runner.status();
     if (cpu) {
@@ -68,7 +77,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
           x = x * -2.0 + 0.5, patches.push_back(std::bit_cast<std::uint64_t>(x));
       }
       RunBuffers expect = initial, got = initial;
-      reference_run(c, bp, expect, scalars, numbers);
+      reference_run(c, bp, expect, scalars, numbers, rounding());
       std::vector<void*> ins, outs;
       for (auto& b : got.inputs) ins.push_back(b.data());
       for (auto& b : got.outputs) outs.push_back(b.data());
@@ -101,51 +110,60 @@ TEST_P(Conformance, RandomChains) {
   for (const ChainSpec& c : random_rows(60, 0x5eed)) run_row(c, seed++);
 }
 
-// A generated add runs with alpha 1 and -1; with any other alpha (a patch) the launch runs its
-// calls as library calls (ATen rounds a + alpha*b differently across its loop), and says so.
-TEST(CpuBackendAlpha, AnAlphaOtherThanOneRunsAsLibraryCalls) {
-  const ChainSpec c{"alpha",
-                    {3, 17},
-                    {f32({3, 17}), f32({3, 17})},
-                    {step("aten::add.Tensor", {0, 1}, {scalar_double(2, 1.0)}),
-                     step("aten::relu", {prev(0)})}};
-  const BuiltPlan bp = build_chain_plan(c);
-  auto cpu = CpuBackend::make(CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  LoopProvider provider;
-  auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  ASSERT_EQ((*cpu)->generated_kernels(), 1u);
-  std::mt19937_64 rng(3);
-  std::uint64_t launches = 0;
-  for (double alpha : {1.0, -1.0, 0.3, 2.0, 1.0}) {
-    SCOPED_TRACE(alpha);
-    RunBuffers b;
-    for (std::uint64_t bytes : bp.input_bytes) {
-      b.inputs.emplace_back(bytes, 0);
-      fill_random(b.inputs.back(), kF32, rng);
+// Where ATen rounds a + alpha*b once, any alpha runs as generated code on contiguous operands
+// with no broadcast input to the add; with a broadcast input (a [17] row against [3, 17]), whose
+// rounding ATen varies by element, an alpha other than 1 or -1 runs the kernel's calls as
+// library calls, and the backend counts it.
+TEST(CpuBackendAlpha, AnyAlphaWithoutBroadcastElseLibraryCalls) {
+  for (const bool broadcast : {false, true}) {
+    SCOPED_TRACE(broadcast ? "broadcast" : "same sizes");
+    ChainSpec c{"alpha",
+                {3, 17},
+                {f32({3, 17}), f32({3, 17})},
+                {step("aten::add.Tensor", {0, 1}, {scalar_double(2, 1.0)}),
+                 step("aten::relu", {prev(0)})}};
+    if (broadcast) c.inputs[1] = f32({17});
+    const BuiltPlan bp = build_chain_plan(c);
+    CpuBackendOptions o = CpuBackendOptions::memory_only();
+    o.alpha_rounding = AlphaRounding::Once;
+    auto cpu = CpuBackend::make(o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    LoopProvider provider;
+    provider.rounding = AlphaRounding::Once;
+    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    ASSERT_EQ((*cpu)->generated_kernels(), 1u);
+    std::mt19937_64 rng(3);
+    std::uint64_t launches = 0;
+    for (double alpha : {1.0, -1.0, 0.3, 2.0, 1.0}) {
+      SCOPED_TRACE(alpha);
+      RunBuffers b;
+      for (std::uint64_t bytes : bp.input_bytes) {
+        b.inputs.emplace_back(bytes, 0);
+        fill_random(b.inputs.back(), kF32, rng);
+      }
+      for (std::uint64_t bytes : bp.output_bytes) b.outputs.emplace_back(bytes, 0);
+      RunBuffers expect = b;
+      std::vector<record::ScalarRecord> scalars = bp.plan.scalars;
+      scalars[0] = scalar_double(2, alpha);
+      reference_run(c, bp, expect, scalars, {}, AlphaRounding::Once);
+      std::vector<void*> ins, outs;
+      for (auto& x : b.inputs) ins.push_back(x.data());
+      for (auto& x : b.outputs) outs.push_back(x.data());
+      const int calls_before = provider.calls;
+      const std::vector<std::uint64_t> patches{std::bit_cast<std::uint64_t>(alpha)};
+      ASSERT_TRUE((*runner)->run(exec::RunArgs{ins, outs, patches}).ok());
+      const bool library = broadcast && alpha != 1.0 && alpha != -1.0;
+      launches += library ? 1 : 0;
+      EXPECT_EQ((*cpu)->library_launches(), launches);
+      EXPECT_EQ(provider.calls - calls_before, library ? 2 : 0);
+      for (std::size_t i = 0; i < b.outputs.size(); ++i)
+        EXPECT_EQ(first_difference(expect.outputs[i], b.outputs[i], kF32), -1);
     }
-    for (std::uint64_t bytes : bp.output_bytes) b.outputs.emplace_back(bytes, 0);
-    RunBuffers expect = b;
-    std::vector<record::ScalarRecord> scalars = bp.plan.scalars;
-    scalars[0] = scalar_double(2, alpha);
-    reference_run(c, bp, expect, scalars, {});
-    std::vector<void*> ins, outs;
-    for (auto& x : b.inputs) ins.push_back(x.data());
-    for (auto& x : b.outputs) outs.push_back(x.data());
-    const int calls_before = provider.calls;
-    const std::vector<std::uint64_t> patches{std::bit_cast<std::uint64_t>(alpha)};
-    ASSERT_TRUE((*runner)->run(exec::RunArgs{ins, outs, patches}).ok());
-    const bool unit = alpha == 1.0 || alpha == -1.0;
-    launches += unit ? 0 : 1;
-    EXPECT_EQ((*cpu)->library_launches(), launches);
-    EXPECT_EQ(provider.calls - calls_before, unit ? 0 : 2);
-    for (std::size_t i = 0; i < b.outputs.size(); ++i)
-      EXPECT_EQ(first_difference(expect.outputs[i], b.outputs[i], kF32), -1);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("null", "cpu"),
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("null", "cpu", "cpu_twice"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

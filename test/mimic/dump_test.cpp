@@ -52,7 +52,7 @@ TEST(Dump, EachCompiledKernelLeavesItsProgramIrAndAssembly) {
   bool correct = false;
   {
     DumpEnv env(dir + "/nested");
-    auto st = test::run_chain_on_cpu(dump_chain("dump_chain_a", "aten::div.Tensor", {-3, 0}), CpuBackendOptions{.disk_cache = false, .cache_dir = {}}, &correct);
+    auto st = test::run_chain_on_cpu(dump_chain("dump_chain_a", "aten::div.Tensor", {-3, 0}), CpuBackendOptions::memory_only(), &correct);
     ASSERT_TRUE(st.ok()) << st.status();
     EXPECT_EQ(st->compiled, 1u);
   }
@@ -84,7 +84,7 @@ TEST(Dump, ADirectoryThatCannotBeMadeIsAnErrorNamingTheVariable) {
   bool correct = false;
   {
     DumpEnv env(file + "/sub");
-    auto st = test::run_chain_on_cpu(dump_chain("dump_chain_b", "aten::relu"), CpuBackendOptions{.disk_cache = false, .cache_dir = {}}, &correct);
+    auto st = test::run_chain_on_cpu(dump_chain("dump_chain_b", "aten::relu"), CpuBackendOptions::memory_only(), &correct);
     ASSERT_FALSE(st.ok());
     EXPECT_NE(st.status().message().find("CRUCIBLE_DUMP="), std::string_view::npos) << st.status();
     EXPECT_NE(st.status().message().find("unset CRUCIBLE_DUMP"), std::string_view::npos) << st.status();

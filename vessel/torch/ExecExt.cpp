@@ -74,7 +74,7 @@ std::unique_ptr<ExecPlanHandle> exec_plan(const record::Trace& t, const std::str
   h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
   exec::Backend b = exec::null_backend();
   if (backend == "cpu") {  // no disk cache: a test's kernels stay out of the user's cache
-    auto cpu = mimic::CpuBackend::make(mimic::CpuBackendOptions{.disk_cache = false, .cache_dir = {}});
+    auto cpu = mimic::CpuBackend::make(mimic::CpuBackendOptions::memory_only());
     check(cpu.status());
     h->cpu = std::move(*cpu);
     b = h->cpu->backend();

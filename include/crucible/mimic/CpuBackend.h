@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,10 +26,31 @@
 
 namespace crucible::mimic {
 
+enum class AlphaRounding : std::uint8_t { Unknown = 0, Twice = 1, Once = 2 };
+
 struct CpuBackendOptions {
   bool disk_cache = true;
   std::string cache_dir;  // empty: default_cache_dir(), under it "mimic-cpu"
+  // How ATen rounds `a + alpha*b` in this process (Note [ATen's alpha rounding],
+  // CpuBackend.cpp); unset: aten_alpha_rounding().
+  std::optional<AlphaRounding> alpha_rounding;
+
+  static CpuBackendOptions memory_only() {  // no disk cache
+    CpuBackendOptions o;
+    o.disk_cache = false;
+    return o;
+  }
+  static CpuBackendOptions with_cache_dir(std::string dir) {
+    CpuBackendOptions o;
+    o.cache_dir = std::move(dir);
+    return o;
+  }
 };
+
+// How ATen's kernels here round `a + alpha*b`, as ATen picks its CPU kernels: Once with its AVX2
+// and AVX-512 kernels (x86-64 with AVX2 and FMA), Twice with its default kernels (no AVX2+FMA,
+// or ATEN_CPU_CAPABILITY=default), Unknown off x86-64.
+AlphaRounding aten_alpha_rounding();
 
 // What prepare decided for one plan kernel.
 struct CpuKernelState {
@@ -66,6 +88,7 @@ class CpuBackend {
   Status prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k);
 
   std::unique_ptr<ObjectCache> disk_;
+  AlphaRounding alpha_rounding_ = AlphaRounding::Unknown;
   const exec::ExecutionPlan* plan_ = nullptr;
   std::vector<CpuKernelState> states_;
   std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls

@@ -5,12 +5,15 @@
 //   void P_contig(char* const* ptrs, int64_t n, const uint64_t* params)
 //     every operand is contiguous over the n elements, or broadcast (its one element);
 //   void P_strided(char* const* ptrs, const int64_t* strides, int64_t n, const uint64_t* params)
-//     operand k's element i is at ptrs[k] + i * strides[k] elements.
+//     operand k's element i is at ptrs[k] + i * strides[k] elements;
+//   void P_contig_fused(...), as P_contig: only for a program with AddScaled/SubScaled, which it
+//     rounds once (llvm.fma) where the two others round twice (Note [Pointwise programs]).
 // ptrs[k] is operand k's element 0; params[j] holds parameter j in its dtype (a float in the
 // low 4 bytes). Operands are distinct memory (Note [Pointwise programs]).
 //
 // Floating point: no fast-math flags, FP-op fusion Strict (no FMA contraction), so each
-// instruction is the one IEEE operation the program names (BITEXACT_STRICT).
+// instruction is the one IEEE operation the program names (BITEXACT_STRICT); the only fused
+// multiply-adds are the explicit llvm.fma of P_contig_fused.
 #pragma once
 
 #include <cstdint>

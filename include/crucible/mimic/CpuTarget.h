@@ -25,7 +25,7 @@ bool runs_on(std::string_view features, const CpuTarget& host);
 
 // The kernel cache key: what is computed and everything that changes the machine code.
 struct CpuKernelKey {
-  std::string text;  // "mimic-cpu/2 content=... recipe=... triple=... cpu=... features=..."
+  std::string text;  // "mimic-cpu/3 content=... recipe=... triple=... cpu=... features=..."
   ContentHash hash;  // of text
 };
 CpuKernelKey cpu_kernel_key(const ContentHash& content, std::string_view recipe,

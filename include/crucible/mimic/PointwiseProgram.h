@@ -19,14 +19,15 @@
 // operation is one IEEE-754 operation rounded to nearest in its dtype, in call order, with no
 // contraction (a*b+c is two roundings) and no reassociation. relu(x) = x < 0 ? +0 : x (NaN and
 // -0 pass through, as ATen's clamp_min(x, 0)); abs clears and neg flips the sign bit.
-// add/sub with alpha are a + (alpha*b) and a - (alpha*b), generated for alpha = 1 or -1 only:
-// ATen rounds `a + alpha*b` once (fmadd) in its vectorized loop body and twice in the loop's
-// scalar tail (measured on torch 2.13, AVX-512 and AVX2 kernels), so which elements round once
-// depends on its loop structure; both agree when alpha*b is exact for every b, which holds for
-// +-1. The alpha parameters are listed (`unit_params`): a launch whose alpha is another value
-// runs the kernel as library calls. sqrt is not generated: ATen's is not IEEE sqrt (one ulp
-// away on about 0.7 % of random float32 and float64 inputs, in its vectorized and its default
-// kernels alike), so no generated kernel gives its bits.
+// add/sub with alpha are AddScaled/SubScaled, `a + alpha*b` (sub: alpha negated), which ATen
+// rounds once or twice depending on its kernels and on broadcasting (Note [ATen's alpha
+// rounding], CpuBackend.cpp). A program with them has a third loop: P_contig and P_strided round
+// twice (a + (alpha*b)), P_contig_fused once (fma); the backend picks the one that gives ATen's
+// bits, or runs the calls as library calls. Where alpha*b is exact for every b (alpha 1 or -1)
+// both roundings agree. The alpha parameters are listed (`unit_params`).
+// sqrt is not generated: ATen's is not IEEE sqrt (one ulp away on about 0.7 % of random float32
+// and float64 inputs, in its vectorized and its default kernels alike), so no generated kernel
+// gives its bits.
 #pragma once
 
 #include <cstdint>
@@ -50,15 +51,17 @@ enum class PwOp : std::uint8_t {
   Neg = 7,
   Abs = 8,
   Relu = 9,    // a = instruction
-  Store = 10,  // a = instruction, b = operand
-  kCount = 11,
+  Store = 10,      // a = instruction, b = operand
+  AddScaled = 11,  // a + c*b: a, b, c = instructions (c: alpha), rounded as the loop says
+  SubScaled = 12,  // a - c*b, as a + (-c)*b
+  kCount = 13,
 };
 const char* pw_op_name(PwOp op) noexcept;
 
 struct PwInst {
   PwOp op = PwOp::Load;
   std::int8_t dtype = -1;  // of the result (Store: of the operand)
-  std::uint16_t a = 0, b = 0;
+  std::uint16_t a = 0, b = 0, c = 0;
 };
 
 struct PwOperand {
@@ -74,6 +77,7 @@ struct PointwiseProgram {
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
+  bool scaled() const;       // has AddScaled/SubScaled: a fused contiguous loop exists
 };
 
 // How a program binds to one plan kernel: the plan tensor whose element 0 is each operand's
@@ -84,7 +88,7 @@ struct PointwiseKernel {
   std::vector<std::uint32_t> operand_tensor;       // per operand
   std::vector<std::vector<std::int64_t>> strides;  // per operand, in elements, one per dim
   std::vector<std::uint32_t> param_scalar;         // per parameter: index in plan.scalars
-  std::vector<std::uint32_t> unit_params;  // parameters (alpha) the code is exact for at +-1 only
+  std::vector<std::uint32_t> unit_params;  // the alpha parameters (of AddScaled/SubScaled)
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside

@@ -1,5 +1,19 @@
 // CpuBackend.cpp — prepare lowers and compiles the covered kernels; run_kernel launches them
 // over the plan's memory, or sends the kernel's calls to the provider (CpuBackend.h).
+//
+// Note [ATen's alpha rounding]
+// ATen's add/sub compute a + alpha*b (sub: alpha negated). Measured on torch 2.13's AVX-512 and
+// AVX2 kernels, element by element against both roundings: an op whose inputs all have the
+// output's sizes (any layout, dtypes mixed or not) rounds it once at every element — its
+// vectorized loop uses vec::fmadd, and the compiler contracted its scalar loop too. An op with a
+// broadcast input (a 0-d tensor or Python number, a [3, 1] against [3, 28]) rounds once at some
+// elements and twice at others, in a pattern set by how the compiler vectorized ATen's scalar
+// loop. ATen's default kernels (no AVX2+FMA) round twice everywhere. So a kernel whose alpha is
+// 1 or -1 (alpha*b exact: both roundings agree) runs its code; another alpha runs
+// P_contig_fused where ATen rounds once (contiguous operands, no broadcast input to a scaled
+// op), P_contig or P_strided where it rounds twice, and the kernel's calls as library calls
+// otherwise (CpuBackend::library_launches). aten_conformance_test checks this against ATen.
+
 #include "crucible/mimic/CpuBackend.h"
 
 #include <bit>
@@ -15,7 +29,9 @@ struct CpuBackend::Prepared {
   std::vector<std::int64_t> elem_bytes;  // per operand
   std::vector<std::uint32_t> param_scalar;
   std::vector<std::int8_t> param_dtype;
-  std::vector<std::uint32_t> unit_params;  // alpha: the code gives ATen's bits at +-1 only
+  std::vector<std::uint32_t> unit_params;  // alpha parameters
+  // No scaled op has a broadcast input (Note [ATen's alpha rounding]).
+  bool scaled_unbroadcast = false;
   std::int64_t numel = 0;
   bool contig = false;
   // Strided: the iteration's dims of size > 1 with mergeable neighbours merged, innermost
@@ -48,6 +64,27 @@ std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
   return std::bit_cast<std::uint32_t>(f);
 }
 
+// Whether every input of the kernel's add/sub calls has its call's output size (none is
+// broadcast).
+bool unbroadcast(const exec::ExecutionPlan& plan, const exec::Kernel& k) {
+  auto numel = [&](std::uint32_t tensor) {
+    std::int64_t n = 1;
+    for (std::int64_t s : plan.sizes(plan.tensors[tensor])) n *= s;
+    return n;
+  };
+  for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count; ++c) {
+    const exec::Call& call = plan.calls[c];
+    const std::string& op = plan.op_names[call.op];
+    if (!op.starts_with("aten::add") && !op.starts_with("aten::sub")) continue;
+    const std::int64_t out = numel(plan.outputs_of(call)[0].tensor);
+    for (const exec::Arg& a : plan.inputs_of(call))
+      if (numel(a.tensor) != out || plan.sizes(plan.tensors[a.tensor]).size() !=
+                                        plan.sizes(plan.tensors[plan.outputs_of(call)[0].tensor]).size())
+        return false;
+  }
+  return true;
+}
+
 // The parameter, as passed, is 1 or -1.
 bool is_unit(std::uint64_t bits, std::int8_t dt) {
   const double v = dt == dtype::kFloat64
@@ -60,6 +97,7 @@ bool is_unit(std::uint64_t bits, std::int8_t dt) {
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::make(CpuBackendOptions options) {
   std::unique_ptr<CpuBackend> b(new CpuBackend());
+  b->alpha_rounding_ = options.alpha_rounding ? *options.alpha_rounding : aten_alpha_rounding();
   if (options.disk_cache) {
     std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
     if (dir.empty())
@@ -134,6 +172,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   p->param_scalar = pk.param_scalar;
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;
+  p->scaled_unbroadcast = unbroadcast(plan, plan.kernels[k]);
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
 
@@ -182,6 +221,14 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   return ok_status();
 }
 
+AlphaRounding aten_alpha_rounding() {
+  const CpuTarget& host = host_target();
+  if (host.triple.rfind("x86_64", 0) != 0) return AlphaRounding::Unknown;
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  if (cap != nullptr && std::string_view(cap) == "default") return AlphaRounding::Twice;
+  return runs_on("+avx2,+fma", host) ? AlphaRounding::Once : AlphaRounding::Twice;
+}
+
 Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
   auto* b = static_cast<CpuBackend*>(self);
   if (launch.plan != b->plan_)
@@ -194,11 +241,16 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   for (std::size_t j = 0; j < p->params.size(); ++j)
     p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
-  for (std::uint32_t j : p->unit_params)
-    if (!is_unit(p->params[j], p->param_dtype[j])) {  // Note [Pointwise programs]: alpha
-      ++b->library_launches_;
-      return exec::default_run_kernel(self, launch);
+  bool unit = true;
+  for (std::uint32_t j : p->unit_params) unit = unit && is_unit(p->params[j], p->param_dtype[j]);
+  if (!unit && b->alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
+    if (b->alpha_rounding_ == AlphaRounding::Once && p->contig && p->scaled_unbroadcast) {
+      p->fns->contig_fused(p->base.data(), p->numel, p->params.data());
+      return ok_status();
     }
+    ++b->library_launches_;
+    return exec::default_run_kernel(self, launch);
+  }
   if (p->contig) {
     p->fns->contig(p->base.data(), p->numel, p->params.data());
     return ok_status();

@@ -76,8 +76,9 @@ CpuTarget detect_host() {
 // One generated function: a loop over n elements, contiguous or strided.
 class LoopEmitter {
  public:
-  LoopEmitter(const PointwiseProgram& p, llvm::Module& m, bool contig)
-      : p_(p), m_(m), ctx_(m.getContext()), b_(ctx_), contig_(contig) {}
+  // fused: AddScaled/SubScaled round once (llvm.fma), else twice (fmul, fadd).
+  LoopEmitter(const PointwiseProgram& p, llvm::Module& m, bool contig, bool fused = false)
+      : p_(p), m_(m), ctx_(m.getContext()), b_(ctx_), contig_(contig), fused_(fused) {}
 
   void emit(const std::string& name, const CpuTarget& target) {
     auto* i64 = llvm::Type::getInt64Ty(ctx_);
@@ -192,6 +193,14 @@ class LoopEmitter {
         llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
         return b_.CreateSelect(b_.CreateFCmpOLT(a, zero), zero, a);
       }
+      case PwOp::AddScaled:
+      case PwOp::SubScaled: {
+        llvm::Value* alpha = vals_[in.c];
+        if (in.op == PwOp::SubScaled) alpha = b_.CreateFNeg(alpha);  // ATen: add with -alpha
+        if (fused_)
+          return b_.CreateIntrinsic(llvm::Intrinsic::fma, {type(in.dtype)}, {vals_[in.b], alpha, a});
+        return b_.CreateFAdd(a, b_.CreateFMul(alpha, vals_[in.b]));
+      }
       case PwOp::Store:
         return scoped(b_.CreateStore(a, address(in.b, idx)), in.b);
       case PwOp::Param:
@@ -206,6 +215,7 @@ class LoopEmitter {
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   bool contig_;
+  bool fused_;
   llvm::Function* fn_ = nullptr;
   std::vector<llvm::Value*> bases_, strides_, vals_;
   std::vector<llvm::MDNode*> scope_, noalias_;  // per operand
@@ -273,6 +283,7 @@ Result<std::string> compile_pointwise(const PointwiseProgram& program, const std
   m.setDataLayout(tm->createDataLayout());
   LoopEmitter(program, m, true).emit(prefix + "_contig", target);
   LoopEmitter(program, m, false).emit(prefix + "_strided", target);
+  if (program.scaled()) LoopEmitter(program, m, true, true).emit(prefix + "_contig_fused", target);
   std::string verify_msg;
   llvm::raw_string_ostream vs(verify_msg);
   if (llvm::verifyModule(m, &vs))

@@ -45,7 +45,8 @@ Result<void*> lookup(llvm::orc::LLJIT& lljit, const std::string& name) {
 }
 
 // Links `object` into the process and finds its two entry points.
-Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix) {
+Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix,
+                               bool fused) {
   if (!j.lljit) {
     auto made = llvm::orc::LLJITBuilder().create();
     if (!made)
@@ -63,6 +64,11 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
   CompiledPointwise r;
   r.contig = reinterpret_cast<ContigFn>(*c);
   r.strided = reinterpret_cast<StridedFn>(*s);
+  if (fused) {
+    auto f = lookup(*j.lljit, prefix + "_contig_fused");
+    if (!f.ok()) return f.status();
+    r.contig_fused = reinterpret_cast<ContigFn>(*f);
+  }
   return r;
 }
 
@@ -114,7 +120,7 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
       }
   }
   const auto t = Clock::now();
-  auto linked = link(j, object, prefix);
+  auto linked = link(j, object, prefix, program.scaled());
   if (!linked.ok()) return linked.status();
   linked->key = key.text;
   stats->load_seconds += seconds_since(t);

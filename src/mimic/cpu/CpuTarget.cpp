@@ -8,7 +8,7 @@ namespace crucible::mimic {
 namespace {
 
 // The backend version: bump it whenever the generated code changes for the same program.
-constexpr std::string_view kKeyVersion = "mimic-cpu/2";
+constexpr std::string_view kKeyVersion = "mimic-cpu/3";
 
 std::set<std::string_view> enabled(std::string_view features) {
   std::set<std::string_view> r;

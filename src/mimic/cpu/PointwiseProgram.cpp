@@ -14,8 +14,8 @@ namespace crucible::mimic {
 namespace {
 
 constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
-    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store"};
-static_assert(kOpNames.size() == 11, "one name per PwOp");
+    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled"};
+static_assert(kOpNames.size() == 13, "one name per PwOp");
 
 // The covered ops: what each computes, how many tensor inputs it has, and where its scalar
 // arguments sit in the schema (other: the second operand of a .Scalar overload; alpha).
@@ -160,9 +160,11 @@ class Lowering {
     return true;
   }
 
-  std::uint16_t emit(PwOp op, std::int8_t dt, std::uint32_t a = 0, std::uint32_t b = 0) {
-    out_.program.insts.push_back(
-        PwInst{op, dt, static_cast<std::uint16_t>(a), static_cast<std::uint16_t>(b)});
+  std::uint16_t emit(PwOp op, std::int8_t dt, std::uint32_t a = 0, std::uint32_t b = 0,
+                     std::uint32_t c = 0) {
+    out_.program.insts.push_back(PwInst{op, dt, static_cast<std::uint16_t>(a),
+                                        static_cast<std::uint16_t>(b),
+                                        static_cast<std::uint16_t>(c)});
     return static_cast<std::uint16_t>(out_.program.insts.size() - 1);
   }
   std::uint32_t operand(const Key& k, std::uint32_t ti, bool write) {
@@ -250,9 +252,10 @@ class Lowering {
         auto al = param(c, *alpha, compute);
         if (!al.ok()) return al.status();
         out_.unit_params.push_back(out_.program.insts[*al].a);
-        b = emit(PwOp::Mul, compute, *al, b);
+        r = emit(row->op == PwOp::Sub ? PwOp::SubScaled : PwOp::AddScaled, compute, vals[0], b, *al);
+      } else {
+        r = emit(row->op, compute, vals[0], b);
       }
-      r = emit(row->op, compute, vals[0], b);
     } else {
       r = emit(row->op, compute, vals[0]);
     }
@@ -313,12 +316,12 @@ const char* pw_op_name(PwOp op) noexcept {
 
 ContentHash PointwiseProgram::hash() const {
   ContentHasher h;
-  h.update_string("mimic.pointwise.v2");
+  h.update_string("mimic.pointwise.v3");
   h.update_u64(insts.size());
   for (const PwInst& i : insts)
     h.update_u64(std::uint64_t{static_cast<std::uint8_t>(i.op)} |
                  std::uint64_t{static_cast<std::uint8_t>(i.dtype)} << 8 | std::uint64_t{i.a} << 16 |
-                 std::uint64_t{i.b} << 32);
+                 std::uint64_t{i.b} << 32 | std::uint64_t{i.c} << 48);
   h.update_u64(operands.size());
   for (const PwOperand& o : operands)
     h.update_u64(std::uint64_t{static_cast<std::uint8_t>(o.dtype)} |
@@ -351,6 +354,11 @@ std::string PointwiseProgram::text() const {
       case PwOp::Div:
         s += " %" + std::to_string(in.a) + ", %" + std::to_string(in.b);
         break;
+      case PwOp::AddScaled:
+      case PwOp::SubScaled:
+        s += " %" + std::to_string(in.a) + ", %" + std::to_string(in.b) + " * %" +
+             std::to_string(in.c);
+        break;
       default:
         s += " %" + std::to_string(in.a);
         break;
@@ -358,6 +366,12 @@ std::string PointwiseProgram::text() const {
     s += "\n";
   }
   return s;
+}
+
+bool PointwiseProgram::scaled() const {
+  for (const PwInst& i : insts)
+    if (i.op == PwOp::AddScaled || i.op == PwOp::SubScaled) return true;
+  return false;
 }
 
 Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel) {
