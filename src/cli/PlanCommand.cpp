@@ -1,8 +1,8 @@
 // PlanCommand.cpp — `crucible plan TRACE` and `crucible venn TRACE`: Forge's front end on the
 // last steady iteration of a recorded trace, printed for a hardware class. For a CPU class,
 // `plan` also builds the execution plan and prepares Mimic's CPU backend on it: per kernel,
-// generated or a library call (and why), its recipe and where its code came from (the kernel
-// cache: memory, disk, compiled).
+// generated, partly generated or library calls (and why), its recipe and where its code came
+// from (the kernel cache: memory, disk, compiled).
 //
 //   crucible plan [--hardware cpu-avx2|h200] [--rules DIR] [--infer] [--allow-differs ID]...
 //                 [--setting KEY=VALUE]... [--budget-us N] [--json] TRACE
@@ -159,7 +159,9 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
       std::string why = s.why;
       if (const std::size_t at = why.find("generates: "); at != std::string::npos) why.erase(0, at + 11);
       if (const std::size_t at = why.rfind("; it runs as library calls"); at != std::string::npos) why.erase(at);
-      nlohmann::json e = {{"kernel", k}, {"group", kn.group}, {"generated", s.generated}, {"ops", ops}};
+      nlohmann::json e = {{"kernel", k},          {"group", kn.group},
+                          {"generated", s.generated}, {"calls", kn.call_count},
+                          {"generated_calls", s.generated_calls}, {"ops", ops}};
       char line[96];
       if (s.generated) {
         ++generated;
@@ -172,14 +174,22 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
       } else {
         ++library;
         e["why"] = why;
-        std::snprintf(line, sizeof line, "  kernel %-4u group %-4u library    ", k, kn.group);
+        char part[32];
+        std::snprintf(part, sizeof part, "partly %u/%u", s.generated_calls, kn.call_count);
+        std::snprintf(line, sizeof line, "  kernel %-4u group %-4u %-10s ", k, kn.group,
+                      s.generated_calls > 0 ? part : "library");
         text += line + ops + "\n      " + why + "\n";
       }
       kernels.push_back(std::move(e));
     }
-    text += "  " + std::to_string(generated) + " generated, " + std::to_string(library) +
-            " library calls\n";
-    j = {{"backend", "cpu"}, {"generated", generated}, {"library", library}, {"kernels", kernels}};
+    std::uint32_t calls = 0, generated_calls = 0;
+    for (const mimic::CpuKernelState& s : (*cpu)->kernels()) generated_calls += s.generated_calls;
+    for (const exec::Kernel& kn : plan->kernels) calls += kn.call_count;
+    text += "  " + std::to_string(generated) + " kernels generated, " + std::to_string(library) +
+            " not (or partly); " + std::to_string(generated_calls) + " of " +
+            std::to_string(calls) + " calls generated\n";
+    j = {{"backend", "cpu"},         {"generated", generated}, {"library", library},
+         {"generated_calls", generated_calls}, {"calls", calls}, {"kernels", kernels}};
   }
   r->text += text;
   if (!r->json.empty()) {

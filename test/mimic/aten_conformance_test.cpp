@@ -152,6 +152,9 @@ void run_row(const ChainSpec& c, std::uint64_t seed) {
   auto generated = exec::Runner::make(bp.plan, (*cpu)->backend(), aten_lib.provider());
   ASSERT_TRUE(generated.ok()) << generated.status();
   EXPECT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+  std::uint32_t generated_calls = 0;
+  for (const CpuKernelState& k : (*cpu)->kernels()) generated_calls += k.generated_calls;
+  EXPECT_EQ(generated_calls, covered_calls(bp.plan));
   std::mt19937_64 rng(seed);
   for (int patch = 0; patch < 2; ++patch) {
     SCOPED_TRACE(patch ? "patched" : "recorded");

@@ -542,6 +542,13 @@ inline std::uint32_t coverable_kernels(const exec::ExecutionPlan& p) {
   return n;
 }
 
+// The plan's calls of covered ops: the CPU backend generates each (Note [Kernel runs]).
+inline std::uint32_t covered_calls(const exec::ExecutionPlan& p) {
+  std::uint32_t n = 0;
+  for (const exec::Call& c : p.calls) n += covers_op(p.op_names[c.op]) ? 1 : 0;
+  return n;
+}
+
 // Performs each covered op (and aten::sqrt, aten::exp) over any strides, in plain loops.
 struct LoopProvider {
   int calls = 0;

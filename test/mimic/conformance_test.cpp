@@ -50,6 +50,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(runner.ok()) << runner.status();
     if (cpu) {
       EXPECT_EQ(cpu->generated_kernels(), coverable_kernels(bp.plan));
+      std::uint32_t generated_calls = 0;
+      for (const CpuKernelState& k : cpu->kernels()) generated_calls += k.generated_calls;
+      EXPECT_EQ(generated_calls, covered_calls(bp.plan));
       for (const CpuKernelState& k : cpu->kernels())
         if (k.generated)
           EXPECT_EQ(k.recipe->determinism, forge::Determinism::BitexactStrict);

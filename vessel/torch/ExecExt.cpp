@@ -101,12 +101,12 @@ PYBIND11_MODULE(_crucible_exec, m) {
       .def_property_readonly("outputs",
                              [](const ExecPlanHandle& h) { return bindings(h.sp.plan, h.sp.plan.outputs); })
       .def("describe", [](const ExecPlanHandle& h) { return exec::describe(h.sp.plan); })
-      .def("kernels",  // per plan kernel on the cpu backend: (generated, why not)
+      .def("kernels",  // per plan kernel on the cpu backend: (generated, generated calls, why not)
            [](const ExecPlanHandle& h) {
              py::list l;
              if (h.cpu)
                for (const mimic::CpuKernelState& k : h.cpu->kernels())
-                 l.append(py::make_tuple(k.generated, k.why));
+                 l.append(py::make_tuple(k.generated, k.generated_calls, k.why));
              return l;
            })
       .def("run",  // the storages' base addresses, in binding order
@@ -128,6 +128,10 @@ PYBIND11_MODULE(_crucible_exec, m) {
              d["out_variant"] = s.out_variant;
              d["copied"] = s.copied;
              d["generated_kernels"] = h.cpu ? h.cpu->generated_kernels() : 0u;
+             std::uint32_t generated_calls = 0;
+             if (h.cpu)
+               for (const mimic::CpuKernelState& k : h.cpu->kernels()) generated_calls += k.generated_calls;
+             d["generated_calls"] = generated_calls;
              d["library_launches"] = h.cpu ? h.cpu->library_launches() : std::uint64_t{0};
              return d;
            });

@@ -26,6 +26,8 @@
 
 namespace crucible::mimic {
 
+struct Generated;  // a run's generated code (CpuBackend.cpp)
+
 enum class AlphaRounding : std::uint8_t { Unknown = 0, Twice = 1, Once = 2 };
 
 struct CpuBackendOptions {
@@ -54,9 +56,10 @@ AlphaRounding aten_alpha_rounding();
 
 // What prepare decided for one plan kernel.
 struct CpuKernelState {
-  bool generated = false;
+  bool generated = false;             // every call of the kernel runs generated code
+  std::uint32_t generated_calls = 0;  // the calls that do (Note [Kernel runs], CpuBackend.cpp)
   const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
-  std::string why;                                 // a library call: why it is not generated
+  std::string why;  // not every call generated: why the first library call is not
   // generated: where its code came from — "memory" (this process had it), "disk" (the kernel
   // cache's second level), "compiled"
   std::string_view cache;
@@ -85,7 +88,12 @@ class CpuBackend {
   CpuBackend() = default;
   static Status prepare(void* self, const exec::ExecutionPlan& plan);
   static Status run_kernel(void* self, const exec::KernelLaunch& launch);
+  struct GeneratedRun;
   Status prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k);
+  Result<std::unique_ptr<GeneratedRun>> generate(const exec::ExecutionPlan& plan, std::uint32_t k,
+                                                 std::uint32_t begin, std::uint32_t count,
+                                                 std::string_view* cache);
+  bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
 
   std::unique_ptr<ObjectCache> disk_;
   AlphaRounding alpha_rounding_ = AlphaRounding::Unknown;

@@ -96,6 +96,16 @@ struct PointwiseKernel {
 // shape, aliasing views of written memory).
 Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel);
 
+// Calls [call_begin, call_begin + call_count) of the kernel as one program: a part of a kernel
+// whose calls do not all share one iteration shape or are not all covered (Note [Kernel runs],
+// CpuBackend.cpp). An intermediate a call outside the range reads is stored.
+Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
+                                              std::uint32_t kernel, std::uint32_t call_begin,
+                                              std::uint32_t call_count);
+
+// Whether lower_pointwise covers op ("aten::add.Tensor").
+bool covers_op(std::string_view op);
+
 // The ops lower_pointwise covers ("aten::add.Tensor", ...), for reports and tests.
 std::vector<std::string> covered_pointwise_ops();
 

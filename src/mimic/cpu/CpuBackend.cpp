@@ -14,6 +14,16 @@
 // op), P_contig or P_strided where it rounds twice, and the kernel's calls as library calls
 // otherwise (CpuBackend::library_launches). aten_conformance_test checks this against ATen.
 
+// Note [Kernel runs]
+// A plan kernel (an IR002 group) may hold calls the backend does not generate (a GEMM, a
+// reduction) beside pointwise ones, and pointwise calls of several iteration shapes (an
+// optimizer's group over every parameter). prepare splits a kernel's calls into runs: each
+// maximal stretch of consecutive covered calls whose outputs have one size is lowered as one
+// program (lower_pointwise_calls), every other call is a run of library calls, and a stretch
+// the lowering refuses becomes library calls too. run_kernel runs the runs in call order. A
+// value a later run reads is stored by the run that makes it (the plan gives every value
+// memory). CpuKernelState says whether every call of the kernel is generated, how many are, and
+// why the first call that is not is not.
 #include "crucible/mimic/CpuBackend.h"
 
 #include <bit>
@@ -23,7 +33,8 @@
 
 namespace crucible::mimic {
 
-struct CpuBackend::Prepared {
+// The generated code of one run and what a launch of it needs.
+struct Generated {
   std::shared_ptr<const CompiledPointwise> fns;
   std::vector<std::uint32_t> operand_tensor;
   std::vector<std::int64_t> elem_bytes;  // per operand
@@ -42,6 +53,20 @@ struct CpuBackend::Prepared {
   std::vector<char*> base, ptrs;
   std::vector<std::int64_t> inner, index;
   std::vector<std::uint64_t> params;
+};
+
+struct Run {
+  std::uint32_t call_begin = 0, call_count = 0;
+  std::unique_ptr<Generated> gen;  // null: library calls
+};
+
+struct CpuBackend::Prepared {
+  std::vector<Run> runs;  // in call order
+};
+
+struct CpuBackend::GeneratedRun {
+  std::unique_ptr<Generated> code;
+  const forge::NumericalRecipe* recipe = nullptr;
 };
 
 namespace {
@@ -64,15 +89,15 @@ std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
   return std::bit_cast<std::uint32_t>(f);
 }
 
-// Whether every input of the kernel's add/sub calls has its call's output size (none is
-// broadcast).
-bool unbroadcast(const exec::ExecutionPlan& plan, const exec::Kernel& k) {
+// Whether every input of the add/sub calls [begin, begin + count) has its call's output size
+// (none is broadcast).
+bool unbroadcast(const exec::ExecutionPlan& plan, std::uint32_t begin, std::uint32_t count) {
   auto numel = [&](std::uint32_t tensor) {
     std::int64_t n = 1;
     for (std::int64_t s : plan.sizes(plan.tensors[tensor])) n *= s;
     return n;
   };
-  for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count; ++c) {
+  for (std::uint32_t c = begin; c < begin + count; ++c) {
     const exec::Call& call = plan.calls[c];
     const std::string& op = plan.op_names[call.op];
     if (!op.starts_with("aten::add") && !op.starts_with("aten::sub")) continue;
@@ -147,12 +172,58 @@ Status CpuBackend::prepare(void* self, const exec::ExecutionPlan& plan) {
 }
 
 Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k) {
-  auto lowered = lower_pointwise(plan, k);
-  if (!lowered.ok()) {
-    if (lowered.status().code() != absl::StatusCode::kUnimplemented) return lowered.status();
-    states_[k].why = std::string(lowered.status().message());
-    return ok_status();
+  const exec::Kernel& kn = plan.kernels[k];
+  CpuKernelState& state = states_[k];
+  auto prepared = std::make_unique<Prepared>();
+  auto library = [&](std::uint32_t begin, std::uint32_t count, std::string why) {
+    if (state.why.empty()) state.why = std::move(why);
+    if (!prepared->runs.empty() && !prepared->runs.back().gen &&
+        prepared->runs.back().call_begin + prepared->runs.back().call_count == begin) {
+      prepared->runs.back().call_count += count;
+    } else {
+      prepared->runs.push_back(Run{begin, count, nullptr});
+    }
+  };
+  std::string_view cache;
+  auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
+  for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
+    const exec::Call& call = plan.calls[c];
+    if (!covers_op(plan.op_names[call.op]) || call.out_count != 1) {  // the lowering says why
+      auto refused = lower_pointwise_calls(plan, k, c, 1);
+      library(c, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
+      ++c;
+      continue;
+    }
+    std::uint32_t end = c + 1;
+    while (end < kn.call_begin + kn.call_count && covers_op(plan.op_names[plan.calls[end].op]) &&
+           plan.calls[end].out_count == 1 && std::ranges::equal(sizes_of(end), sizes_of(c)))
+      ++end;
+    auto gen = generate(plan, k, c, end - c, &cache);
+    if (!gen.ok()) {
+      if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
+      library(c, end - c, std::string(gen.status().message()));
+    } else {
+      if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
+      state.generated_calls += end - c;
+      prepared->runs.push_back(Run{c, end - c, std::move((*gen)->code)});
+    }
+    c = end;
   }
+  state.generated = kn.call_count > 0 && state.generated_calls == kn.call_count;
+  state.cache = cache;
+  if (state.generated) state.why.clear();
+  if (kn.call_count == 0) state.why = "kernel " + std::to_string(k) + " has no calls";
+  prepared_[k] = std::move(prepared);
+  return ok_status();
+}
+
+// One run's program, compiled or found in the kernel cache; `cache` keeps the coldest source
+// among a kernel's runs (compiled over disk over memory).
+Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
+    const exec::ExecutionPlan& plan, std::uint32_t k, std::uint32_t begin, std::uint32_t count,
+    std::string_view* cache) {
+  auto lowered = lower_pointwise_calls(plan, k, begin, count);
+  if (!lowered.ok()) return lowered.status();
   const PointwiseKernel& pk = *lowered;
   bool any_f64 = false;
   for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
@@ -160,11 +231,13 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   const CacheStats before = stats_;
   auto fns = get_pointwise(pk.program, forge::recipe_text(*recipe), disk_.get(), &stats_);
   if (!fns.ok()) return fns.status();
-  states_[k].cache = stats_.compiled != before.compiled     ? "compiled"
-                     : stats_.disk_hits != before.disk_hits ? "disk"
-                                                            : "memory";
+  const std::string_view source = stats_.compiled != before.compiled     ? "compiled"
+                                  : stats_.disk_hits != before.disk_hits ? "disk"
+                                                                         : "memory";
+  if (cache->empty() || source == "compiled" || (source == "disk" && *cache == "memory"))
+    *cache = source;
 
-  auto p = std::make_unique<Prepared>();
+  auto p = std::make_unique<Generated>();
   p->fns = std::move(*fns);
   p->operand_tensor = pk.operand_tensor;
   for (const PwOperand& o : pk.program.operands)
@@ -172,7 +245,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   p->param_scalar = pk.param_scalar;
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;
-  p->scaled_unbroadcast = unbroadcast(plan, plan.kernels[k]);
+  p->scaled_unbroadcast = unbroadcast(plan, begin, count);
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
 
@@ -215,10 +288,10 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   p->inner.resize(nops);
   p->index.resize(p->sizes.size());
   p->params.resize(p->param_scalar.size());
-  states_[k].generated = true;
-  states_[k].recipe = recipe;
-  prepared_[k] = std::move(p);
-  return ok_status();
+  auto r = std::make_unique<GeneratedRun>();
+  r->code = std::move(p);
+  r->recipe = recipe;
+  return r;
 }
 
 AlphaRounding aten_alpha_rounding() {
@@ -233,9 +306,19 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
   auto* b = static_cast<CpuBackend*>(self);
   if (launch.plan != b->plan_)
     return bad_state("the CPU backend was prepared for another plan", "one CpuBackend per Runner");
-  Prepared* p = b->prepared_[launch.kernel].get();
-  if (p == nullptr) return exec::default_run_kernel(self, launch);
-  if (p->numel == 0) return ok_status();
+  for (Run& r : b->prepared_[launch.kernel]->runs) {
+    if (r.gen && b->launch_generated(*r.gen, launch)) continue;
+    for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c)
+      CRUCIBLE_RETURN_IF_ERROR(launch.library_call(launch.runner, c));
+  }
+  return ok_status();
+}
+
+// Runs `g` over this launch's memory; false when its alpha needs the library calls instead
+// (Note [ATen's alpha rounding]).
+bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch) {
+  Generated* p = &g;
+  if (p->numel == 0) return true;
   const std::size_t nops = p->base.size();
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
@@ -243,17 +326,17 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
     p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
   bool unit = true;
   for (std::uint32_t j : p->unit_params) unit = unit && is_unit(p->params[j], p->param_dtype[j]);
-  if (!unit && b->alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
-    if (b->alpha_rounding_ == AlphaRounding::Once && p->contig && p->scaled_unbroadcast) {
+  if (!unit && alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
+    if (alpha_rounding_ == AlphaRounding::Once && p->contig && p->scaled_unbroadcast) {
       p->fns->contig_fused(p->base.data(), p->numel, p->params.data());
-      return ok_status();
+      return true;
     }
-    ++b->library_launches_;
-    return exec::default_run_kernel(self, launch);
+    ++library_launches_;
+    return false;
   }
   if (p->contig) {
     p->fns->contig(p->base.data(), p->numel, p->params.data());
-    return ok_status();
+    return true;
   }
   const std::size_t nd = p->sizes.size();  // >= 1: a single element is contiguous
   for (std::size_t o = 0; o < nops; ++o) p->inner[o] = p->strides[o * nd + nd - 1];
@@ -273,7 +356,7 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
     }
     if (d == static_cast<std::size_t>(-1)) break;
   }
-  return ok_status();
+  return true;
 }
 
 }  // namespace crucible::mimic

@@ -77,17 +77,19 @@ struct Key {
 
 class Lowering {
  public:
-  Lowering(const exec::ExecutionPlan& p, std::uint32_t k) : p_(p), k_(p.kernels[k]), index_(k) {}
+  // Calls [begin, begin + count) of kernel k.
+  Lowering(const exec::ExecutionPlan& p, std::uint32_t k, std::uint32_t begin, std::uint32_t count)
+      : p_(p), begin_(begin), count_(count), index_(k) {}
 
   Result<PointwiseKernel> run() {
-    if (k_.call_count == 0) return refuse("it has no calls");
-    const exec::Call& first = p_.calls[k_.call_begin];
+    if (count_ == 0) return refuse("it has no calls");
+    const exec::Call& first = p_.calls[begin_];
     if (first.out_count != 1)
       return refuse("its first call has " + n(first.out_count) + " outputs");
     const exec::TensorRef& out0 = p_.tensors[p_.outputs_of(first)[0].tensor];
     const auto s = p_.sizes(out0);
     out_.shape.assign(s.begin(), s.end());
-    for (std::uint32_t c = k_.call_begin; c < k_.call_begin + k_.call_count; ++c) {
+    for (std::uint32_t c = begin_; c < begin_ + count_; ++c) {
       // Instruction, operand and parameter ids are 16 bits; one call adds at most 10
       // instructions (2 loads, 2 conversions, 2 parameters, alpha, the op, a conversion, a store).
       if (out_.program.insts.size() + 10 > kMaxInsts)
@@ -274,7 +276,7 @@ class Lowering {
     const exec::TensorRef& t = p_.tensors[ti];
     const exec::Slot& s = p_.slots[t.slot];
     if (s.kind != exec::SlotKind::Arena) return true;
-    if (s.first < k_.call_begin || s.last >= k_.call_begin + k_.call_count) return true;
+    if (s.first < begin_ || s.last >= begin_ + count_) return true;
     for (std::uint32_t r : p_.results)
       if (p_.tensors[r].slot == t.slot) return true;
     return false;
@@ -299,7 +301,7 @@ class Lowering {
     bool write;
   };
   const exec::ExecutionPlan& p_;
-  const exec::Kernel& k_;
+  std::uint32_t begin_, count_;
   std::uint32_t index_;
   PointwiseKernel out_;
   std::map<Key, std::uint32_t> operands_;
@@ -379,7 +381,27 @@ Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::ui
     return invalid_input(
         "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
         "name a kernel of the plan");
-  return Lowering(plan, kernel).run();
+  return Lowering(plan, kernel, plan.kernels[kernel].call_begin, plan.kernels[kernel].call_count)
+      .run();
+}
+
+Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
+                                              std::uint32_t kernel, std::uint32_t call_begin,
+                                              std::uint32_t call_count) {
+  if (kernel >= plan.kernels.size())
+    return invalid_input(
+        "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
+        "name a kernel of the plan");
+  const exec::Kernel& k = plan.kernels[kernel];
+  if (call_begin < k.call_begin || call_begin + call_count > k.call_begin + k.call_count)
+    return invalid_input("calls [" + std::to_string(call_begin) + ", " +
+                             std::to_string(call_begin + call_count) + ") are not in kernel " +
+                             std::to_string(kernel),
+                         "name calls of the kernel");
+  return Lowering(plan, kernel, call_begin, call_count).run();
+}
+
+bool covers_op(std::string_view op) { return find_op(op) != nullptr;
 }
 
 std::vector<std::string> covered_pointwise_ops() {
