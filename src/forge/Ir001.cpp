@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "IrEdit.h"
 #include "crucible/core/Contract.h"
@@ -177,6 +178,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
   ir.pool = &pool;
   ir.module_paths = t.module_paths;
   std::map<ValueKey, std::uint32_t> current;  // newest value for each key
+  std::unordered_map<std::uint64_t, std::uint32_t> written;  // storage -> the newest value an op wrote
   std::vector<std::int64_t> op_bytes;  // the current op's tensors' bytes, checked (tensor_bytes)
   std::size_t op_base = 0;             // its first tensor's index in t
   auto make_value = [&](const record::TensorMeta& m) {
@@ -238,13 +240,44 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
       if (!bytes.ok()) return bytes.status();
       op_bytes.push_back(*bytes);
     }
-    const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
     for (const record::TensorMeta& m : t.inputs(op)) {
       n.input_args.push_back(ArgPosition{m.arg_index, m.list_index});
       if (m.storage_id != 0) {
         auto it = current.find(key_of(m));
         if (it != current.end()) {
           n.inputs.push_back(it->second);
+          continue;
+        }
+        // Note [Unrecorded views]: a storage this iteration wrote, read at the version it
+        // wrote but through a geometry no op produced (the base of a view written in place:
+        // autograd's as_strided scatter writes a view, then reads the whole buffer). Its
+        // contents are the write's: a view node of the written value stands for the read
+        // (no call; the plan places it in the same storage), not an external input.
+        auto w = written.find(m.storage_id);
+        if (w != written.end() && ir.values[w->second].version == m.version) {
+          Node view;
+          view.op = "aten::as_strided";
+          const OpClass vc = classify_op(view.op);
+          view.kind = vc.kind;
+          view.opaque_reason = vc.reason;
+          view.phase = e.phase;
+          view.module_id = e.module_id;
+          view.grad_mode = n.grad_mode;
+          view.trace_op = op;
+          view.input_args.push_back(ArgPosition{0, 0});
+          view.output_args.push_back(ArgPosition{0, 0});
+          view.inputs.push_back(w->second);
+          view.alias_of = w->second;
+          Value v = make_value(m);
+          v.is_view = true;
+          v.producer = static_cast<std::uint32_t>(ir.nodes.size());
+          v.producer_output = 0;
+          const auto vid = static_cast<std::uint32_t>(ir.values.size());
+          ir.values.push_back(std::move(v));
+          current[key_of(m)] = vid;
+          view.outputs.push_back(vid);
+          ir.nodes.push_back(std::move(view));
+          n.inputs.push_back(vid);
           continue;
         }
       }
@@ -257,6 +290,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
       if (m.storage_id != 0) current[key_of(m)] = vid;
       n.inputs.push_back(vid);
     }
+    const std::uint32_t id = static_cast<std::uint32_t>(ir.nodes.size());
     std::uint32_t k = 0;
     for (const record::TensorMeta& m : t.outputs(op)) {
       n.output_args.push_back(ArgPosition{m.arg_index, m.list_index});
@@ -265,7 +299,7 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
       v.producer_output = k++;
       const auto vid = static_cast<std::uint32_t>(ir.values.size());
       ir.values.push_back(std::move(v));
-      if (m.storage_id != 0) current[key_of(m)] = vid;
+      if (m.storage_id != 0) current[key_of(m)] = vid, written[m.storage_id] = vid;
       n.outputs.push_back(vid);
     }
     ir.nodes.push_back(std::move(n));

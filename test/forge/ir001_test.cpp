@@ -88,6 +88,37 @@ TEST(Ir001, InPlaceWriteMakesANewVersion) {
   EXPECT_EQ(ir->values[ir->nodes[1].inputs[0]].producer, 0u);  // add_ read version 0, from relu
 }
 
+// Note [Unrecorded views]: autograd's as_strided scatter makes a buffer (new_zeros), writes a
+// view of it in place (copy_) and reads the whole buffer at the written version through a
+// geometry no op produced. That read is a view of the write, not an external input: a
+// synthesized view node reads the copy_'s output.
+TEST(Ir001, AWrittenStorageReadThroughAnotherGeometryIsAViewOfTheWrite) {
+  Builder b;
+  b.trace.externals[1] = record::ExternalKind::Input;
+  b.op("aten::new_zeros", {{1, 0, {2, 8}}}, {{2, 0, {16}}});
+  b.op("aten::as_strided", {{2, 0, {16}}}, {{2, 0, {2, 8}, 6, 0, true}});
+  b.op("aten::copy_", {{2, 0, {2, 8}, 6, 0, true}, {1, 0, {2, 8}}}, {{2, 1, {2, 8}, 6, 0, true}});
+  b.trace.ops.back().flags |= record::op_flag::kMutable;
+  b.op("aten::neg", {{2, 1, {16}}}, {{3, 0, {16}}});  // the buffer, at the written version
+  ExprPool pool;
+  auto ir = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ir.ok()) << ir.status();
+  ASSERT_TRUE(verify(*ir).ok()) << verify(*ir);
+  ASSERT_EQ(ir->nodes.size(), 5u);
+  const Node& view = ir->nodes[3];
+  EXPECT_EQ(view.op, "aten::as_strided");
+  EXPECT_EQ(view.kind, CKernel::View);
+  EXPECT_EQ(ir->values[view.inputs[0]].producer, 2u);  // the copy_'s output
+  const std::uint32_t read = ir->nodes[4].inputs[0];
+  EXPECT_EQ(ir->values[read].producer, 3u);
+  EXPECT_TRUE(ir->values[read].is_view);
+  for (const Value& v : ir->values) {  // storage 2 is made in the iteration: no external value
+    if (v.storage == 2) {
+      EXPECT_NE(v.producer, kNoNode);
+    }
+  }
+}
+
 TEST(Ir001, UnknownOpIsOpaqueWithAReasonOrRefusedWhenStrict) {
   Builder b;
   b.op("myns::frobnicate", {{1, 0, {4}}}, {{2, 0, {4}}});

@@ -43,21 +43,32 @@ struct ExecPlanHandle {
   std::unique_ptr<exec::Runner> runner;
 };
 
-// The latest detected iteration of `t` on `thread`, planned with the rules `hardware` in
-// `rules_dir`. `escaping`: storages whose values Python holds after the step (the loss, the
-// gradients), which escape beside the IR's live-out values.
+// The ops [begin, end) of `t` (a step, as its caller counted them), or else the latest
+// detected iteration on `thread`, planned with the rules `hardware` in `rules_dir`.
+// `escaping`: storages whose values Python holds after the step (the loss, the gradients),
+// which escape beside the IR's live-out values.
 std::unique_ptr<ExecPlanHandle> exec_plan(const record::Trace& t, const std::string& rules_dir,
                                           const std::string& hardware, int thread,
                                           const std::vector<std::uint64_t>& escaping,
-                                          const std::string& backend) {
+                                          const std::string& backend, std::int64_t begin,
+                                          std::int64_t end) {
   if (backend != "null" && backend != "cpu")
     throw py::value_error("exec_plan: backend must be \"null\" or \"cpu\", not \"" + backend + "\"");
   auto rules = forge::load_rules_dir(rules_dir, hardware);
   check(rules.status());
-  auto it = graph::analyze_latest_iteration(t, thread);
-  check(it.status());
+  std::vector<std::size_t> ops;
+  if (begin >= 0) {
+    if (end < begin || static_cast<std::uint64_t>(end) > t.ops.size())
+      throw py::value_error("exec_plan: ops [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") are not in the trace's " + std::to_string(t.ops.size()) + " ops");
+    for (std::int64_t i = begin; i < end; ++i) ops.push_back(static_cast<std::size_t>(i));
+  } else {
+    auto it = graph::analyze_latest_iteration(t, thread);
+    check(it.status());
+    ops = (*it)->ops();
+  }
   auto h = std::make_unique<ExecPlanHandle>();
-  auto ir = forge::build_ir001(t, (*it)->ops(), h->pool);
+  auto ir = forge::build_ir001(t, ops, h->pool);
   check(ir.status());
   auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
   check(fe.status());
@@ -137,5 +148,6 @@ PYBIND11_MODULE(_crucible_exec, m) {
            });
   m.def("exec_plan", &exec_plan, py::arg("trace"), py::arg("rules_dir"),
         py::arg("hardware") = "cpu-avx2", py::arg("thread") = -1,
-        py::arg("escaping") = std::vector<std::uint64_t>{}, py::arg("backend") = "null");
+        py::arg("escaping") = std::vector<std::uint64_t>{}, py::arg("backend") = "null",
+        py::arg("begin") = -1, py::arg("end") = -1);
 }
