@@ -215,7 +215,8 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
     result_values.push_back(v);
   }
 
-  // Slots.
+  // Slots, placed live over whole kernels (Note [Kernel lifetimes]).
+  const auto spans = kernel_spans(p);
   std::map<std::uint64_t, std::uint32_t> slot_of;
   std::vector<graph::Lifetime> lifetimes;
   std::vector<std::uint32_t> arena_slots;
@@ -252,7 +253,8 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
         return invalid_input("build_plan: the step's tensors add up to more than 2^62 bytes",
                              "record the step again");
       arena_total += s.bytes;
-      lifetimes.push_back({s.bytes, s.first, s.last});
+      lifetimes.push_back({s.bytes, s.first < spans.size() ? spans[s.first].first : s.first,
+                           s.last < spans.size() ? spans[s.last].second : s.last});
       arena_slots.push_back(static_cast<std::uint32_t>(p.slots.size()));
     }
     slot_of[key] = static_cast<std::uint32_t>(p.slots.size());

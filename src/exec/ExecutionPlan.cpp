@@ -57,4 +57,15 @@ std::string describe(const ExecutionPlan& p) {
   return out;
 }
 
+std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const ExecutionPlan& plan) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> span(plan.calls.size());
+  for (std::uint32_t c = 0; c < span.size(); ++c) span[c] = {c, c};
+  for (const Kernel& k : plan.kernels) {
+    if (k.call_count == 0) continue;
+    for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count && c < span.size(); ++c)
+      span[c] = {k.call_begin, k.call_begin + k.call_count - 1};
+  }
+  return span;
+}
+
 }  // namespace crucible::exec

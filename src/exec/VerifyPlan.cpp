@@ -95,7 +95,9 @@ Status verify_plan(const ExecutionPlan& p) {
                              std::to_string(ncalls) + " calls",
                          "kernels run every call once, in order");
 
-  // Slots: kinds, alignment, bounds; bindings.
+  // Slots: kinds, alignment, bounds; bindings. Overlap is checked over whole kernels (Note
+  // [Kernel lifetimes]).
+  const auto spans = kernel_spans(p);
   const auto nslots = static_cast<std::uint32_t>(p.slots.size());
   std::vector<graph::Lifetime> lifetimes;
   std::vector<std::uint64_t> offsets;
@@ -123,7 +125,11 @@ Status verify_plan(const ExecutionPlan& p) {
                                  std::to_string(p.arena_bytes) + " bytes",
                              kFix);
       // A Constant is written before the run: it is live from the first call.
-      lifetimes.push_back({sl.bytes, sl.kind == SlotKind::Constant ? 0 : sl.first, sl.last});
+      lifetimes.push_back({sl.bytes,
+                           sl.kind == SlotKind::Constant ? 0
+                           : sl.first < spans.size()     ? spans[sl.first].first
+                                                         : sl.first,
+                           sl.last < spans.size() ? spans[sl.last].second : sl.last});
       offsets.push_back(sl.offset);
       placed_slot.push_back(s);
       if (sl.kind == SlotKind::Constant && !element_size(sl.dtype).ok())
@@ -153,7 +159,7 @@ Status verify_plan(const ExecutionPlan& p) {
   if (auto pair = graph::overlapping_pair(lifetimes, offsets))
     return invalid_input(slot_text(p, placed_slot[pair->first]) + " and " +
                              slot_text(p, placed_slot[pair->second]) +
-                             " are live at one call and overlap in the arena",
+                             " are live in one kernel and overlap in the arena",
                          "this is a planner bug: report it with the step");
 
   // Tensors inside their slots.

@@ -152,7 +152,8 @@ def test_an_iteration_with_ops_after_a_drop_is_planned_with_a_warning(tmp_path):
 COVERED = {f"aten::{b}{ip}.{o}" for b in ("add", "sub", "mul", "div") for ip in ("", "_")
            for o in ("Tensor", "Scalar")} | {f"aten::{u}{ip}" for u in ("neg", "abs", "relu")
                                               for ip in ("", "_")} | {
-    "aten::subtract.Tensor", "aten::multiply.Tensor", "aten::divide.Tensor", "aten::negative"}
+    "aten::subtract.Tensor", "aten::multiply.Tensor", "aten::divide.Tensor", "aten::negative",
+    "aten::threshold_backward"}
 
 
 def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(tmp_path):

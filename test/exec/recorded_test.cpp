@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,30 @@ TEST(RecordedModels, PlansVerifyAndRunOnTheNullBackend) {
     const Status st = (*runner)->run(RunArgs{in, out, {}});
     EXPECT_TRUE(st.ok()) << model << ": " << st;
     EXPECT_EQ(own.calls, static_cast<int>(p.calls.size())) << model;
+    // Note [Kernel lifetimes]: the arena slots one kernel touches are disjoint memory, so a
+    // backend may run its calls fused.
+    int kernels_checked = 0;
+    for (std::uint32_t k = 0; k < p.kernels.size(); ++k) {
+      const Kernel& kn = p.kernels[k];
+      std::set<std::uint32_t> touched;
+      for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count; ++c)
+        for (std::uint32_t a = p.calls[c].in_begin;
+             a < p.calls[c].in_begin + p.calls[c].in_count + p.calls[c].out_count; ++a) {
+          const std::uint32_t sl = p.tensors[p.args[a].tensor].slot;
+          if (p.slots[sl].kind == SlotKind::Arena) touched.insert(sl);
+        }
+      kernels_checked += touched.size() > 1 ? 1 : 0;
+      for (std::uint32_t x : touched)
+        for (std::uint32_t y : touched)
+          if (x < y) {
+            const Slot& a = p.slots[x];
+            const Slot& b = p.slots[y];
+            EXPECT_TRUE(a.offset + a.bytes <= b.offset || b.offset + b.bytes <= a.offset)
+                << model << ": kernel " << k << " touches slots " << x << " and " << y
+                << ", which share arena memory";
+          }
+    }
+    EXPECT_GT(kernels_checked, 0) << model;
     std::printf(
         "%-16s %4zu nodes %4zu kernels %4zu calls %3u views  %3zu in %3zu out  arena %9llu B of "
         "%9llu\n",

@@ -90,7 +90,7 @@ inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF64 ? 8 : 4; }
 
 // ---- the elementwise semantics, shared by the reference and the provider ----
 
-enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp };
+enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward };
 struct OpInfo {
   Fn fn;
   int tensor_inputs;
@@ -118,6 +118,10 @@ inline bool op_info(std::string name, OpInfo* info) {
                       {"aten::neg", Fn::Neg, 1, false},   {"aten::abs", Fn::Abs, 1, false},
                       {"aten::relu", Fn::Relu, 1, false}, {"aten::sqrt", Fn::Sqrt, 1, false},
                       {"aten::exp", Fn::Exp, 1, false}};
+  if (base == "aten::threshold_backward") {  // (grad_output, self, threshold)
+    *info = OpInfo{Fn::ThresholdBackward, 2, 2, -1};
+    return true;
+  }
   for (const Row& r : rows)
     if (base == r.n) {
       *info = OpInfo{r.f, scalar ? 1 : r.arity, scalar ? 1 : -1, r.alpha ? 2 : -1};
@@ -154,6 +158,8 @@ T apply(Fn f, T a, T b) {
       return std::sqrt(a);
     case Fn::Exp:
       return std::exp(a);
+    case Fn::ThresholdBackward:  // handled in compute
+      break;
   }
   return a;
 }
@@ -196,6 +202,10 @@ T compute(Fn f, const std::vector<double>& in_as_read, const std::vector<std::in
     return in_dtype[i] == kF64 ? static_cast<T>(in_as_read[i])
                                : static_cast<T>(static_cast<float>(in_as_read[i]));
   };
+  if (f == Fn::ThresholdBackward) {  // self <= threshold ? +0 : grad (NaN self: grad)
+    const T t = scalar_as<T>(*scalar_at(scalars, info.other_arg));
+    return conv(1) <= t ? T(0) : conv(0);
+  }
   T a = conv(0);
   T b = T(0);
   if (info.tensor_inputs == 2) b = conv(1);

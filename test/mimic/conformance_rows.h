@@ -138,6 +138,20 @@ inline std::vector<ChainSpec> fixed_rows() {
                {f64({65537}), f64({65537})},
                {step("aten::sub_.Tensor", {0, 1}, {scalar_double(2, -1.3)}, kF64),
                 step("aten::mul.Tensor", {prev(0), 1}, {}, kF64)}});
+  // relu's backward after a relu: threshold 0, where the forward's zeros and -0 meet NaN grads.
+  r.push_back({"relu_backward",
+               {4, 33},
+               {f32({4, 33}), f32({4, 33})},  // x, grad
+               {step("aten::relu", {0}),
+                step("aten::threshold_backward", {1, prev(0)}, {scalar_int(2, 0)}),
+                step("aten::mul.Tensor", {prev(1), 0})}});
+  // avg-pool's backward into relu's: a gradient read through an expand (zero strides), divided,
+  // then thresholded by the forward's output.
+  r.push_back({"expanded_mean_backward_then_threshold",
+               {4, 16, 4, 4},
+               {f32({4, 16, 4, 4}, {16, 1, 0, 0}), f32({4, 16, 4, 4})},
+               {step("aten::div.Scalar", {0}, {scalar_int(1, 16)}),
+                step("aten::threshold_backward", {prev(0), 1}, {scalar_int(2, 0)})}});
   r.push_back(
       {"exp_stays_a_library_call",
        {19},
@@ -163,7 +177,10 @@ inline std::vector<ChainSpec> one_op_rows() {
     OpInfo info{};
     EXPECT_TRUE(op_info(op, &info)) << op << " has no reference";
     StepSpec s = step(op, info.tensor_inputs == 2 ? std::vector<int>{0, 1} : std::vector<int>{0});
-    if (info.other_arg >= 0) s.scalars.push_back(scalar_double(1, 0.3));
+    if (info.fn == Fn::ThresholdBackward)
+      s.scalars.push_back(scalar_double(2, 0.25));
+    else if (info.other_arg >= 0)
+      s.scalars.push_back(scalar_double(1, 0.3));
     if (info.alpha_arg >= 0)
       s.scalars.push_back(info.other_arg >= 0 ? scalar_int(2, -1) : scalar_double(2, 1.0));
     r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});

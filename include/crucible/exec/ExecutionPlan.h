@@ -23,13 +23,18 @@
 //   patches   scalars and constants the caller sets each run (a learning rate)
 //
 // A slot's lifetime is [first, last], the first and last call that touch it; an Arena slot's
-// first call writes it (produces it). Two Arena or Constant slots live at one call never overlap.
+// first call writes it (produces it). Note [Kernel lifetimes]: two Arena or Constant slots live
+// in one kernel never overlap — a slot is placed as live from the first call of the kernel of
+// its first call to the last call of the kernel of its last call — because a backend may run a
+// kernel's calls fused, element by element (the CPU backend's generated loops): a slot an early
+// call of a kernel reads must not share memory with one a later call of it writes.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "crucible/core/CKernel.h"
 #include "crucible/forge/Ir002.h"
@@ -135,5 +140,9 @@ struct ExecutionPlan {
 
 // One line per kernel, call and slot: what a plan holds, for messages and debugging.
 std::string describe(const ExecutionPlan& plan);
+
+// Per call, the first and last call of its kernel (Note [Kernel lifetimes]); calls no kernel
+// covers are their own span.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const ExecutionPlan& plan);
 
 }  // namespace crucible::exec

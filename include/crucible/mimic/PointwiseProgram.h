@@ -18,7 +18,9 @@
 // Semantics (BITEXACT_STRICT: ATen's bits, checked against ATen by aten_conformance_test): each
 // operation is one IEEE-754 operation rounded to nearest in its dtype, in call order, with no
 // contraction (a*b+c is two roundings) and no reassociation. relu(x) = x < 0 ? +0 : x (NaN and
-// -0 pass through, as ATen's clamp_min(x, 0)); abs clears and neg flips the sign bit.
+// -0 pass through, as ATen's clamp_min(x, 0)); abs clears and neg flips the sign bit;
+// threshold_backward(grad, self, t) is self <= t ? +0 : grad (a NaN self passes grad), as ATen's
+// threshold kernel blends.
 // add/sub with alpha are AddScaled/SubScaled, `a + alpha*b` (sub: alpha negated), which ATen
 // rounds once or twice depending on its kernels and on broadcasting (Note [ATen's alpha
 // rounding], CpuBackend.cpp). A program with them has a third loop: P_contig and P_strided round
@@ -54,7 +56,8 @@ enum class PwOp : std::uint8_t {
   Store = 10,      // a = instruction, b = operand
   AddScaled = 11,  // a + c*b: a, b, c = instructions (c: alpha), rounded as the loop says
   SubScaled = 12,  // a - c*b, as a + (-c)*b
-  kCount = 13,
+  ThresholdBwd = 13,  // a <= c ? +0 : b (threshold_backward: a = self, b = grad, c = threshold)
+  kCount = 14,
 };
 const char* pw_op_name(PwOp op) noexcept;
 

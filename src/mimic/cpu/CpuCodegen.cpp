@@ -201,6 +201,10 @@ class LoopEmitter {
           return b_.CreateIntrinsic(llvm::Intrinsic::fma, {type(in.dtype)}, {vals_[in.b], alpha, a});
         return b_.CreateFAdd(a, b_.CreateFMul(alpha, vals_[in.b]));
       }
+      case PwOp::ThresholdBwd: {  // ordered <=: a NaN self passes the gradient
+        llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
+        return b_.CreateSelect(b_.CreateFCmpOLE(a, vals_[in.c]), zero, vals_[in.b]);
+      }
       case PwOp::Store:
         return scoped(b_.CreateStore(a, address(in.b, idx)), in.b);
       case PwOp::Param:

@@ -14,11 +14,13 @@ namespace crucible::mimic {
 namespace {
 
 constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
-    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled"};
-static_assert(kOpNames.size() == 13, "one name per PwOp");
+    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled",
+    "thresholdbwd"};
+static_assert(kOpNames.size() == 14, "one name per PwOp");
 
 // The covered ops: what each computes, how many tensor inputs it has, and where its scalar
-// arguments sit in the schema (other: the second operand of a .Scalar overload; alpha).
+// arguments sit in the schema (other: the second operand of a .Scalar overload, or
+// threshold_backward's threshold; alpha).
 struct OpRow {
   std::string_view name;
   PwOp op;
@@ -26,7 +28,8 @@ struct OpRow {
   std::int8_t other_arg;  // -1: none
   std::int8_t alpha_arg;  // -1: none
 };
-constexpr std::array<OpRow, 26> kOps{{
+constexpr std::array<OpRow, 27> kOps{{
+    {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
     {"aten::add.Scalar", PwOp::Add, 1, 1, 2},
@@ -54,7 +57,7 @@ constexpr std::array<OpRow, 26> kOps{{
     {"aten::divide.Tensor", PwOp::Div, 2, -1, -1},
     {"aten::negative", PwOp::Neg, 1, -1, -1},
 }};
-static_assert(kOps.size() == 26, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 27, "the covered-op table is data: update the count");
 
 const OpRow* find_op(std::string_view name) {
   for (const OpRow& r : kOps)
@@ -248,7 +251,9 @@ class Lowering {
       vals.push_back(*v);
     }
     std::uint16_t r = 0;
-    if (vals.size() == 2) {
+    if (row->op == PwOp::ThresholdBwd) {  // inputs (grad, self), then the threshold
+      r = emit(PwOp::ThresholdBwd, compute, vals[1], vals[0], vals[2]);
+    } else if (vals.size() == 2) {
       std::uint16_t b = vals[1];
       if (auto alpha = scalar_at(call, row->alpha_arg)) {
         auto al = param(c, *alpha, compute);
@@ -360,6 +365,10 @@ std::string PointwiseProgram::text() const {
       case PwOp::SubScaled:
         s += " %" + std::to_string(in.a) + ", %" + std::to_string(in.b) + " * %" +
              std::to_string(in.c);
+        break;
+      case PwOp::ThresholdBwd:
+        s += " %" + std::to_string(in.a) + " <= %" + std::to_string(in.c) + " ? 0 : %" +
+             std::to_string(in.b);
         break;
       default:
         s += " %" + std::to_string(in.a);
