@@ -25,27 +25,14 @@ import torch  # noqa: E402
 import benchutil  # noqa: E402
 import crucible_native as crucible  # noqa: E402
 import models  # noqa: E402
+from stepstate import state_tensors, storage_bytes  # noqa: E402
 
 ITERS = {"mlp": 300, "cnn": 100, "transformer": 40, "resnet18": 4, "efficientnet": 6}
 RULES = os.path.join(ROOT, "rules")
 
 
-def storage_bytes(t):
-    s = t.untyped_storage()
-    u = torch.empty(0, dtype=torch.uint8)
-    u.set_(s, 0, (s.nbytes(),))
-    return u
-
-
 def held_tensors(s):
-    out = list(s.model.buffers()) + [s.x, s.y]
-    for p in s.model.parameters():
-        out.append(p)
-        if p.grad is not None:
-            out.append(p.grad)
-    for st in s.opt.state.values():
-        out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    return out
+    return state_tensors(s) + [s.x, s.y]
 
 
 def plans(name):

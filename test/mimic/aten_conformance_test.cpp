@@ -27,32 +27,6 @@ namespace {
 
 using namespace test;
 
-struct Patches {
-  std::vector<record::ScalarRecord> scalars;
-  std::vector<double> numbers;
-  std::vector<std::uint64_t> bits;  // what Runner::run takes
-};
-
-Patches patches_for(const ChainSpec& c, const BuiltPlan& bp, bool patch) {
-  Patches p;
-  p.scalars = bp.plan.scalars;
-  for (const TensorSpec& t : c.inputs)
-    if (t.wrapped) p.numbers.push_back(t.value);
-  if (patch) {
-    for (record::ScalarRecord& s : p.scalars) s = patched(s), p.bits.push_back(s.bits);
-    for (double& x : p.numbers)
-      x = x * -2.0 + 0.5, p.bits.push_back(std::bit_cast<std::uint64_t>(x));
-  }
-  return p;
-}
-
-Status run(exec::Runner& r, RunBuffers& b, const Patches& p) {
-  std::vector<void*> ins, outs;
-  for (auto& x : b.inputs) ins.push_back(x.data());
-  for (auto& x : b.outputs) outs.push_back(x.data());
-  return r.run(exec::RunArgs{ins, outs, p.bits});
-}
-
 double element(const std::vector<char>& b, std::int8_t dt, std::int64_t i) {
   if (dt == kF64) {
     double x;
@@ -152,19 +126,11 @@ void run_row(const ChainSpec& c, std::uint64_t seed) {
   auto generated = exec::Runner::make(bp.plan, (*cpu)->backend(), aten_lib.provider());
   ASSERT_TRUE(generated.ok()) << generated.status();
   EXPECT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
-  std::uint32_t generated_calls = 0;
-  for (const CpuKernelState& k : (*cpu)->kernels()) generated_calls += k.generated_calls;
-  EXPECT_EQ(generated_calls, covered_calls(bp.plan));
+  EXPECT_EQ(generated_call_count(**cpu), covered_calls(bp.plan));
   std::mt19937_64 rng(seed);
   for (int patch = 0; patch < 2; ++patch) {
     SCOPED_TRACE(patch ? "patched" : "recorded");
-    RunBuffers initial;
-    for (std::size_t i = 0; i < bp.input_bytes.size(); ++i) {
-      initial.inputs.emplace_back(std::max<std::uint64_t>(bp.input_bytes[i], 8), 0);
-      fill_random(initial.inputs.back(), dts.inputs[i], rng);
-    }
-    for (std::uint64_t bytes : bp.output_bytes)
-      initial.outputs.emplace_back(std::max<std::uint64_t>(bytes, 8), char{0x5a});
+    const RunBuffers initial = initial_buffers(bp, dts, rng);
     const Patches p = patches_for(c, bp, patch != 0);
     RunBuffers aten = initial, gen = initial, loops = initial;
     const Status st = run(**reference, aten, p);

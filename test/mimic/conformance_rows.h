@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chain_plan.h"
+#include "crucible/exec/Runner.h"
 #include "crucible/mimic/CpuBackend.h"
 
 namespace crucible::mimic::test {
@@ -302,6 +303,54 @@ inline Dtypes binding_dtypes(const ChainSpec& c, const BuiltPlan& bp) {
   for (std::size_t s = 0; s < c.steps.size(); ++s)
     if (bp.step_output_binding[s] >= 0) d.outputs[bp.step_output_binding[s]] = c.steps[s].out_dtype;
   return d;
+}
+
+
+// Each run's starting buffers: inputs random (NaN, ±Inf, ±0, subnormals, huge), outputs 0x5a.
+inline RunBuffers initial_buffers(const BuiltPlan& bp, const Dtypes& dts, std::mt19937_64& rng) {
+  RunBuffers b;
+  for (std::size_t i = 0; i < bp.input_bytes.size(); ++i) {
+    b.inputs.emplace_back(std::max<std::uint64_t>(bp.input_bytes[i], 8), 0);
+    fill_random(b.inputs.back(), dts.inputs[i], rng);
+  }
+  for (std::uint64_t bytes : bp.output_bytes)
+    b.outputs.emplace_back(std::max<std::uint64_t>(bytes, 8), char{0x5a});
+  return b;
+}
+
+// The calls the CPU backend generates, over every kernel.
+inline std::uint32_t generated_call_count(const CpuBackend& cpu) {
+  std::uint32_t n = 0;
+  for (const CpuKernelState& k : cpu.kernels()) n += k.generated_calls;
+  return n;
+}
+
+// A run's scalars and Python numbers: as recorded, or each patched (and the bits Runner::run
+// takes for the patch points).
+struct Patches {
+  std::vector<record::ScalarRecord> scalars;
+  std::vector<double> numbers;
+  std::vector<std::uint64_t> bits;  // what Runner::run takes
+};
+
+inline Patches patches_for(const ChainSpec& c, const BuiltPlan& bp, bool patch) {
+  Patches p;
+  p.scalars = bp.plan.scalars;
+  for (const TensorSpec& t : c.inputs)
+    if (t.wrapped) p.numbers.push_back(t.value);
+  if (patch) {
+    for (record::ScalarRecord& s : p.scalars) s = patched(s), p.bits.push_back(s.bits);
+    for (double& x : p.numbers)
+      x = x * -2.0 + 0.5, p.bits.push_back(std::bit_cast<std::uint64_t>(x));
+  }
+  return p;
+}
+
+inline Status run(exec::Runner& r, RunBuffers& b, const Patches& p) {
+  std::vector<void*> ins, outs;
+  for (auto& x : b.inputs) ins.push_back(x.data());
+  for (auto& x : b.outputs) outs.push_back(x.data());
+  return r.run(exec::RunArgs{ins, outs, p.bits});
 }
 
 }  // namespace crucible::mimic::test

@@ -50,9 +50,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(runner.ok()) << runner.status();
     if (cpu) {
       EXPECT_EQ(cpu->generated_kernels(), coverable_kernels(bp.plan));
-      std::uint32_t generated_calls = 0;
-      for (const CpuKernelState& k : cpu->kernels()) generated_calls += k.generated_calls;
-      EXPECT_EQ(generated_calls, covered_calls(bp.plan));
+      EXPECT_EQ(generated_call_count(*cpu), covered_calls(bp.plan));
       for (const CpuKernelState& k : cpu->kernels())
         if (k.generated)
           EXPECT_EQ(k.recipe->determinism, forge::Determinism::BitexactStrict);
@@ -62,29 +60,11 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     std::mt19937_64 rng(seed);
     for (int patch = 0; patch < 2; ++patch) {
       SCOPED_TRACE(patch ? "patched" : "recorded");
-      RunBuffers initial;
-      for (std::size_t i = 0; i < bp.input_bytes.size(); ++i) {
-        initial.inputs.emplace_back(std::max<std::uint64_t>(bp.input_bytes[i], 8), 0);
-        fill_random(initial.inputs.back(), dts.inputs[i], rng);
-      }
-      for (std::uint64_t bytes : bp.output_bytes)
-        initial.outputs.emplace_back(std::max<std::uint64_t>(bytes, 8), char{0x5a});
-      std::vector<record::ScalarRecord> scalars = bp.plan.scalars;
-      std::vector<double> numbers;
-      for (const TensorSpec& t : c.inputs)
-        if (t.wrapped) numbers.push_back(t.value);
-      std::vector<std::uint64_t> patches;
-      if (patch) {
-        for (record::ScalarRecord& s : scalars) s = patched(s), patches.push_back(s.bits);
-        for (double& x : numbers)
-          x = x * -2.0 + 0.5, patches.push_back(std::bit_cast<std::uint64_t>(x));
-      }
+      const RunBuffers initial = initial_buffers(bp, dts, rng);
+      const Patches p = patches_for(c, bp, patch != 0);
       RunBuffers expect = initial, got = initial;
-      reference_run(c, bp, expect, scalars, numbers, rounding());
-      std::vector<void*> ins, outs;
-      for (auto& b : got.inputs) ins.push_back(b.data());
-      for (auto& b : got.outputs) outs.push_back(b.data());
-      const Status st = (*runner)->run(exec::RunArgs{ins, outs, patches});
+      reference_run(c, bp, expect, p.scalars, p.numbers, rounding());
+      const Status st = run(**runner, got, p);
       ASSERT_TRUE(st.ok()) << st;
       for (std::size_t i = 0; i < got.inputs.size(); ++i)
         EXPECT_EQ(first_difference(expect.inputs[i], got.inputs[i], dts.inputs[i]), -1)

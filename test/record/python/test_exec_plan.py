@@ -11,30 +11,10 @@ import torch
 
 import crucible_native as crucible
 import models
+from stepstate import state_tensors, storage_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RULES = os.path.join(ROOT, "rules")
-
-
-def storage_bytes(t):
-    """The whole storage behind `t`, as a uint8 tensor sharing it."""
-    s = t.untyped_storage()
-    u = torch.empty(0, dtype=torch.uint8)
-    u.set_(s, 0, (s.nbytes(),))
-    return u
-
-
-def state_tensors(s):
-    """Every tensor a step reads or writes that Python holds: parameters, their gradients,
-    buffers (batch norm's running statistics), the optimizer's state."""
-    out = list(s.model.buffers())
-    for p in s.model.parameters():
-        out.append(p)
-        if p.grad is not None:
-            out.append(p.grad)
-    for st in s.opt.state.values():
-        out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    return out
 
 
 def names(s):
