@@ -42,6 +42,15 @@ using detail::CapturedOp;
 using detail::kKey;
 using detail::thread_state;
 
+bool may_draw_random(std::string_view name) {
+  static constexpr std::string_view kRandom[] = {
+      "rand",        "bernoulli", "normal", "uniform", "dropout", "multinomial", "poisson",
+      "exponential", "geometric", "cauchy", "log_normal", "random", "rrelu", "gamma",
+      "binomial",    "dirichlet"};
+  for (std::string_view r : kRandom)
+    if (name.find(r) != std::string_view::npos) return true;
+  return false;
+}
 
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& s = op.schema();
@@ -396,14 +405,8 @@ class FormBuilder {
   // (profiler handles, unused views) does not run in the plan. Random ops always run: they
   // advance the generator exactly as eager does.
   // Also kept: checks (_assert_async and friends), which have no results but must run.
-  static bool may_draw_random(const std::string& name) {
-    if (name.find("assert") != std::string::npos) return true;
-    static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
-                                    "poisson", "exponential", "geometric", "cauchy", "log_normal",
-                                    "random", "rrelu", "gamma", "binomial", "dirichlet"};
-    for (const char* r : kRandom)
-      if (name.find(r) != std::string::npos) return true;
-    return false;
+  static bool must_run(const std::string& name) {
+    return name.find("assert") != std::string::npos || replay::may_draw_random(name);
   }
 
   // Note [Gradient copies]: AccumulateGrad takes a new gradient over as the parameter's .grad
@@ -485,7 +488,7 @@ class FormBuilder {
     }
     for (std::size_t k = f.ops.size(); k-- > 0;) {
       OpT& o = f.ops[k];
-      if (o.skip || o.op.schema().is_mutable() || may_draw_random(o.op.schema().name())) continue;
+      if (o.skip || o.op.schema().is_mutable() || must_run(o.op.schema().name())) continue;
       bool used = false;
       for (const OutT& out : o.outs)
         for (std::uint32_t s = out.slot; s < out.slot + out.count; ++s) used |= uses[s] > 0;

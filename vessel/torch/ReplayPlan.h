@@ -186,6 +186,9 @@ class BusyLock {
 };
 
 std::string op_name(const c10::OperatorHandle& op);
+// Whether an op of this name may draw from a random generator (rand*, bernoulli, dropout,
+// normal, ...): it must run (a plan never drops it) and Python may see its draws.
+bool may_draw_random(std::string_view name);
 std::string arg_name(const OpT& o, std::size_t i);
 std::string describe_op(const OpT& o, std::size_t k);
 std::string dims(c10::IntArrayRef v);

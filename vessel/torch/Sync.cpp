@@ -67,15 +67,7 @@ struct SyncRun {
 };
 
 namespace {
-bool may_draw_random_op(const OpT& o) {
-  static const char* kRandom[] = {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
-                                  "poisson", "exponential", "geometric", "cauchy", "log_normal",
-                                  "random", "rrelu", "gamma", "binomial", "dirichlet"};
-  const std::string& name = o.op.schema().name();
-  for (const char* r : kRandom)
-    if (name.find(r) != std::string::npos) return true;
-  return false;
-}
+bool may_draw_random_op(const OpT& o) { return may_draw_random(o.op.schema().name()); }
 
 // Which marked stretches of a sync-point plan may run natively, and why not (Note [Sync-point
 // execution], Sync.cpp).
