@@ -4,7 +4,8 @@
 // [ATen provider]). A module of its own because it links LLVM (the CPU backend), which
 // _crucible_ext, imported by every user of crucible_native, does not need; crucible_native
 // loads it on first use (_native.load_exec), after _crucible_ext, which registers Trace.
-// crucible.compile's replay does not use it yet.
+// crucible.compile(step, backend="null" | "cpu") runs its whole-step plans through the same
+// stage (attach_exec, Note [Exec replay]).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,16 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "AtenProvider.h"
-#include "crucible/exec/BuildPlan.h"
-#include "crucible/exec/NullBackend.h"
-#include "crucible/exec/Runner.h"
-#include "crucible/forge/Ir001.h"
-#include "crucible/forge/Passes.h"
-#include "crucible/forge/Rules.h"
+#include "ExecReplay.h"
 #include "crucible/graph/Analysis.h"
-#include "crucible/mimic/CpuBackend.h"
-#include "crucible/record/Trace.h"
 
 namespace py = pybind11;
 using namespace crucible;
@@ -35,13 +28,7 @@ void check(const Status& s) {
   throw std::runtime_error(std::string(s.message()));
 }
 
-struct ExecPlanHandle {
-  forge::ExprPool pool;
-  exec::SteppedPlan sp;
-  vessel::AtenProvider provider;
-  std::unique_ptr<mimic::CpuBackend> cpu;  // backend "cpu": Mimic's generated kernels
-  std::unique_ptr<exec::Runner> runner;
-};
+using ExecPlanHandle = vessel::ExecStep;
 
 // The ops [begin, end) of `t` (a step, as its caller counted them), or else the latest
 // detected iteration on `thread`, planned with the rules `hardware` in `rules_dir`.
@@ -52,10 +39,6 @@ std::unique_ptr<ExecPlanHandle> exec_plan(const record::Trace& t, const std::str
                                           const std::vector<std::uint64_t>& escaping,
                                           const std::string& backend, std::int64_t begin,
                                           std::int64_t end) {
-  if (backend != "null" && backend != "cpu")
-    throw py::value_error("exec_plan: backend must be \"null\" or \"cpu\", not \"" + backend + "\"");
-  auto rules = forge::load_rules_dir(rules_dir, hardware);
-  check(rules.status());
   std::vector<std::size_t> ops;
   if (begin >= 0) {
     if (end < begin || static_cast<std::uint64_t>(end) > t.ops.size())
@@ -67,33 +50,15 @@ std::unique_ptr<ExecPlanHandle> exec_plan(const record::Trace& t, const std::str
     check(it.status());
     ops = (*it)->ops();
   }
-  auto h = std::make_unique<ExecPlanHandle>();
-  auto ir = forge::build_ir001(t, ops, h->pool);
-  check(ir.status());
-  auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
-  check(fe.status());
-  exec::PlanOptions opt;
-  opt.escaping.emplace();
-  for (std::uint32_t v = 0; v < fe->ir.values.size(); ++v) {
-    const forge::Value& val = fe->ir.values[v];
-    const bool held = val.producer != forge::kNoNode &&
-                      std::find(escaping.begin(), escaping.end(), val.storage) != escaping.end();
-    if (val.live_out || held) opt.escaping->push_back(v);
-  }
-  auto plan = exec::build_plan(fe->ir, fe->plan, opt);
-  check(plan.status());
-  h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
-  exec::Backend b = exec::null_backend();
-  if (backend == "cpu") {  // no disk cache: a test's kernels stay out of the user's cache
-    auto cpu = mimic::CpuBackend::make(mimic::CpuBackendOptions::memory_only());
-    check(cpu.status());
-    h->cpu = std::move(*cpu);
-    b = h->cpu->backend();
-  }
-  auto r = exec::Runner::make(h->sp.plan, b, h->provider.provider());
-  check(r.status());
-  h->runner = std::move(*r);
-  return h;
+  vessel::ExecStepOptions o;
+  o.rules_dir = rules_dir;
+  o.hardware = hardware;
+  o.backend = backend;
+  o.escaping = escaping;
+  o.memory_only_cache = true;  // a test's kernels stay out of the user's cache
+  auto h = vessel::plan_exec_step(t, ops, o);
+  check(h.status());
+  return std::move(*h);
 }
 
 py::list bindings(const exec::ExecutionPlan& p, const std::vector<std::uint32_t>& slots) {
@@ -139,13 +104,25 @@ PYBIND11_MODULE(_crucible_exec, m) {
              d["out_variant"] = s.out_variant;
              d["copied"] = s.copied;
              d["generated_kernels"] = h.cpu ? h.cpu->generated_kernels() : 0u;
-             std::uint32_t generated_calls = 0;
-             if (h.cpu)
-               for (const mimic::CpuKernelState& k : h.cpu->kernels()) generated_calls += k.generated_calls;
-             d["generated_calls"] = generated_calls;
+             d["generated_calls"] = h.generated_calls();
              d["library_launches"] = h.cpu ? h.cpu->library_launches() : std::uint64_t{0};
              return d;
            });
+  m.def(
+      "attach_exec",  // "" or why the plan keeps running its ATen ops
+      [](std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
+         const std::vector<std::uint64_t>& arg_storages, const std::string& rules_dir, const std::string& hardware,
+         const std::string& backend) {
+        if (backend != "null" && backend != "cpu")
+          throw py::value_error("attach_exec: backend must be \"null\" or \"cpu\", not \"" + backend + "\"");
+        vessel::ExecStepOptions o;
+        o.rules_dir = rules_dir;
+        o.hardware = hardware;
+        o.backend = backend;
+        return vessel::attach_exec(plan, t, begin, end, arg_storages, o);
+      },
+      py::arg("plan"), py::arg("trace"), py::arg("begin"), py::arg("end"), py::arg("arg_storages"),
+      py::arg("rules_dir"), py::arg("hardware") = "cpu-avx2", py::arg("backend") = "cpu");
   m.def("exec_plan", &exec_plan, py::arg("trace"), py::arg("rules_dir"),
         py::arg("hardware") = "cpu-avx2", py::arg("thread") = -1,
         py::arg("escaping") = std::vector<std::uint64_t>{}, py::arg("backend") = "null",

@@ -773,6 +773,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["segments"] = i.segments;
     d["live_args"] = i.live_args;
     d["live_exts"] = i.live_exts;
+    d["exec"] = i.exec;
+    d["exec_summary"] = i.exec_summary;
+    d["exec_note"] = i.exec_note;
     return d;
   });
   m.def("replay_counters", [] {

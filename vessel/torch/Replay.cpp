@@ -1008,7 +1008,8 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
   std::vector<at::Tensor>& slots = p->slots;
   slots.assign(f.num_slots, at::Tensor());
-  run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
+  if (p->exec != nullptr) p->exec->run(f, p->run_exts, slots, args, scalars);
+  else run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
   for (const auto& [e, r] : f.grads) {
     at::Tensor g = value_of(f, p->run_exts, slots, args, r);
     p->run_exts[e].mutable_grad() = std::move(g);
@@ -1319,6 +1320,11 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
   if (*added != 0) {
     index_patches(*p);
     p->key = plan_key(*p->form, p->patches);
+    if (p->exec != nullptr) {  // its patch points were mapped when it was built
+      p->exec.reset();
+      p->exec_note = "dropped: a hyperparameter became a patch point after the exec plan was built "
+                     "(the plan runs its ATen ops; crucible.compile records the step again after reset())";
+    }
   }
   for (std::uint32_t e : rebind) p->run_exts[e] = f->exts[e];
   snapshot_exts(*p);  // also takes in requires_grad or dtype changes the recorded call agreed with
@@ -1418,6 +1424,11 @@ PlanInfo plan_info(std::int64_t id) {
   }
   i.live_args = p->live_args.size();
   for (std::uint8_t x : p->live_ext) i.live_exts += x;
+  if (p->exec != nullptr) {
+    i.exec = p->exec->backend();
+    i.exec_summary = p->exec->summary();
+  }
+  i.exec_note = p->exec_note;
   return i;
 }
 

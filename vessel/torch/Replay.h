@@ -155,6 +155,9 @@ struct PlanInfo {
   bool sync = false;                       // a sync-point plan (plan_build_sync)
   std::vector<std::string> segments;       // its backward()/step() stretches: "native" or why not
   std::size_t live_args = 0, live_exts = 0;  // scalars and tensors taken from each call
+  // Note [Exec replay] (ReplayPlan.h): the exec stage's backend the plan runs on ("" when it
+  // runs its ops itself), what that plan holds, and why a plan asked to run there does not.
+  std::string exec, exec_summary, exec_note;
 };
 PlanInfo plan_info(std::int64_t plan);
 

@@ -123,8 +123,31 @@ struct Patch {
   std::uint32_t source = 0;
 };
 
+// Note [Exec replay]: a whole-step plan may run its ops through the exec stage instead of
+// run_range: the same captured call, recorded into the trace as well, planned through Forge
+// (trace -> IR001 -> front end -> IR002 -> ExecutionPlan) and run by an exec::Runner on a backend
+// (null: every kernel an ATen call through the ATen provider; cpu: Mimic's generated kernels
+// beside them). What the form knows stays the form's: the run's guard, the patch points'
+// values, the externals and arguments (bound by storage), the outputs and the .grad fields,
+// taken from the slots `run` fills. Implemented in ExecReplay.cpp (the _crucible_exec module,
+// which links LLVM); attached to a plan by crucible.compile(step, backend=...).
+struct ExecReplay {
+  virtual ~ExecReplay() = default;
+  // Runs the step: reads the externals `exts` and the arguments `args` in place, writes the
+  // persistent ones in place, and sets each slot an output or a .grad reads (directly or
+  // through a view) to a tensor on memory of its own. `scalars`: the sources' values (patch
+  // points). Throws c10::Error on failure, before anything ran when a binding does not fit.
+  virtual void run(const Form& f, const std::vector<at::Tensor>& exts, std::vector<at::Tensor>& slots,
+                   at::TensorList args, at::ArrayRef<double> scalars) = 0;
+  // "null" or "cpu", and what the plan holds: kernels, calls, generated calls, cache.
+  virtual std::string backend() const = 0;
+  virtual std::string summary() const = 0;
+};
+
 struct Plan {
   std::shared_ptr<const Form> form;
+  std::shared_ptr<ExecReplay> exec;        // Note [Exec replay]; null: run_range
+  std::string exec_note;                   // why a plan asked to run through the exec stage does not
   std::vector<Patch> patches;              // scalar patch points, fed from sources each run
   std::vector<std::int32_t> op_patch;      // per op: first index into patches, or -1
   std::vector<ScalarSource> build_sources; // the sources' values during the call the form is of

@@ -22,6 +22,25 @@ _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
 _MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
 _MODES = ("auto", "replay", "sync")
+# What runs a whole-step plan's ops (Note [Exec replay], vessel/torch/ReplayPlan.h): the plan
+# itself ("replay": its ATen ops in order), or the exec stage's plan of the same call, built
+# through Forge, on the null backend (every kernel an ATen call on memory the plan placed) or on
+# Mimic's CPU backend (generated kernels where they give ATen's bits, ATen calls elsewhere).
+_BACKENDS = ("replay", "null", "cpu")
+
+
+def _rules_dir() -> str:
+    """Forge's rules: CRUCIBLE_RULES_DIR, the installed package's copy, or the source tree's."""
+    import os
+    env = os.environ.get("CRUCIBLE_RULES_DIR")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "rules"), os.path.join(here, "..", "..", "..", "rules")):
+        if os.path.isfile(os.path.join(d, "base.toml")):
+            return os.path.normpath(d)
+    raise CrucibleError("crucible.compile(backend=...): Forge's rules (base.toml) are neither in the package "
+                        "nor in the source tree; set CRUCIBLE_RULES_DIR to the repository's rules/ directory")
 
 
 class _Unsupported(Exception):
@@ -259,7 +278,8 @@ class _Entry:
     __slots__ = ("plan", "forms", "srcs", "spec", "seen", "refused", "guard", "lifted", "patched", "attempts",
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
-                 "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards")
+                 "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
+                 "exec_ranges", "cap_range")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -286,6 +306,9 @@ class _Entry:
         # many such searches ran.
         self.variants, self.var_forms, self.capture_left, self.searches = [], [], 0, 0
         self.guards = []       # per recorded form: the state guard as its call began
+        # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
+        # arguments' storage ids (the exec stage plans the call from the trace)
+        self.exec_ranges, self.cap_range = {}, None
         self.var_guards = []   # per plan of another path: its guard (e.guard is the first path's)
 
 
@@ -302,13 +325,16 @@ class CompiledStep(_SyncPoint):
     from the function: bound self, closure, globals; or passed as guard=): a replaced
     parameter, a loaded optimizer state, train()/eval() or a changed hyperparameter makes
     the step record again. Intermediates live in one static arena per plan, planned from the
-    plan's first run (arena=False: PyTorch's allocator throughout). verify_every=N re-records every N-th plan call eagerly and compares;
+    plan's first run (arena=False: PyTorch's allocator throughout). backend="null" or "cpu"
+    runs a whole-step plan's ops through the exec stage (the call planned through Forge; "cpu":
+    Mimic's generated kernels where they give ATen's bits); plans() says whether it does and why
+    not. verify_every=N re-records every N-th plan call eagerly and compares;
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument."""
 
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
-                 mode: str = "auto"):
+                 mode: str = "auto", backend: str = "replay"):
         if not callable(fn):
             raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
         if not isinstance(mode, str):
@@ -316,6 +342,12 @@ class CompiledStep(_SyncPoint):
         if mode not in _MODES:
             raise CrucibleValueError(f"crucible.compile: mode must be one of {', '.join(_MODES)}, got {mode!r}")
         self._mode = mode
+        if not isinstance(backend, str):
+            raise CrucibleTypeError(f"crucible.compile: backend must be a string, got {type(backend).__name__}")
+        if backend not in _BACKENDS:
+            raise CrucibleValueError(f"crucible.compile: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+        self._backend = backend
+        self._rules = _rules_dir() if backend != "replay" else None
         verify_every = _nonnegative_int("compile", "verify_every", verify_every)
         warmup = _nonnegative_int("compile", "warmup", warmup)
         if not isinstance(arena, bool):
@@ -427,6 +459,7 @@ class CompiledStep(_SyncPoint):
             _ext.form_release(f)
         e.variants, e.var_forms, e.capture_left, e.searches = [], [], 0, 0
         e.guards, e.var_guards = [], []
+        e.exec_ranges = {}
 
     def _refuse(self, e, why, causes=None):
         import warnings
@@ -613,6 +646,8 @@ class CompiledStep(_SyncPoint):
                 self._refuse(e, why)
                 return result
         e.spec = spec
+        if e.cap_range is not None:
+            e.exec_ranges[form] = e.cap_range
         e.forms.append(form)
         e.srcs.append(e.cap_srcs)
         e.form_closures.append(e.cap_closures)
@@ -694,6 +729,9 @@ class CompiledStep(_SyncPoint):
             e.mode = "replay"
         if e.mode == "replay" and not self._arena:
             _ext.plan_set_arena(e.plan, False)
+        if self._backend != "replay":
+            self._attach_exec(e, b)
+        e.exec_ranges = {}
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         if not self._guard_objs and not self._nothing_guarded_warned:
             import warnings
@@ -711,6 +749,20 @@ class CompiledStep(_SyncPoint):
             e.guard, e.py = e.cap_guard, e.cap_py
         e.attempts = 0
         self._count("plans_built")
+
+    def _attach_exec(self, e, form):
+        """backend "null"/"cpu": the plan's ops run through the exec stage, planned from the
+        recorded call `form` is of (Note [Exec replay]); where that cannot be, the plan runs its
+        ATen ops, and a CrucibleWarning and plans()' exec_note say why."""
+        import warnings
+        from ._native import load_exec
+        rng = e.exec_ranges.get(form)
+        begin, end, sids = rng if rng is not None else (0, 0, [])
+        why = load_exec().attach_exec(e.plan, _recording.trace(), begin, end, sids, self._rules,
+                                      "cpu-avx2", self._backend)
+        if why:
+            warnings.warn(f"crucible.compile(backend={self._backend!r}): this plan runs its ATen ops in order, "
+                          f"not through the exec stage: {why}", CrucibleWarning, stacklevel=4)
 
     def _params(self):
         import torch
@@ -776,8 +828,14 @@ class CompiledStep(_SyncPoint):
         except RuntimeError as err:   # another thread is capturing: this call is not captured
             self.last_refusal = str(err)
             return self._fn(*args, **kwargs), None, None
+        # backend "null"/"cpu": the call is recorded into the trace as well, where the exec stage
+        # plans it from (its ops are those the trace gained during the call)
+        to_trace = self._backend != "replay" and self._mode != "sync" and e.mode != "sync"
+        if to_trace:
+            _recording.flush()
+            first = _ext.stats()["total"]
         try:
-            _ext.capture_start(not _recording.is_enabled())
+            _ext.capture_start(not to_trace and not _recording.is_enabled())
         except RuntimeError as err:   # e.g. under torch.autocast: nothing can be recorded
             watch.stop()
             self._refuse(e, str(err))
@@ -790,6 +848,10 @@ class CompiledStep(_SyncPoint):
             raise
         _ext.capture_stop()
         watch.stop()
+        e.cap_range = None
+        if to_trace:
+            _recording.flush()
+            e.cap_range = (first, _ext.stats()["total"], [_recording.storage_id(t) for t in tensors])
         e.cap_srcs = self._sources.values(False, hyper) if self._has_sources else []
         problems = watch.finish()
         if problems and self._mode != "replay" and e.mode != "replay":
@@ -912,10 +974,11 @@ class CompiledStep(_SyncPoint):
         return result
 
 
-def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto"):
+def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto",
+            backend: str = "replay"):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
-    kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode)
+    kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode, backend=backend)
     if fn is None:
         return lambda f: CompiledStep(f, **kw)
     return CompiledStep(fn, **kw)

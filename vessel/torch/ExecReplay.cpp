@@ -1,0 +1,324 @@
+// ExecReplay.cpp — recorded steps through the exec stage (ExecReplay.h), and Note [Exec replay]
+// (ReplayPlan.h): crucible.compile's whole-step plans run by an exec::Runner.
+#include "ExecReplay.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <map>
+
+#include "Dispatch.h"
+#include "ReplayPlan.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "crucible/exec/NullBackend.h"
+#include "crucible/forge/Ir001.h"
+#include "crucible/forge/Passes.h"
+#include "crucible/forge/Rules.h"
+
+namespace crucible::vessel {
+
+std::uint32_t ExecStep::generated_calls() const {
+  std::uint32_t n = 0;
+  if (cpu)
+    for (const mimic::CpuKernelState& k : cpu->kernels()) n += k.generated_calls;
+  return n;
+}
+
+Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::span<const std::size_t> ops,
+                                                 const ExecStepOptions& o,
+                                                 std::vector<bool>* constant_patched) {
+  if (o.backend != "null" && o.backend != "cpu")
+    return invalid_input("exec: backend must be \"null\" or \"cpu\", not \"" + o.backend + "\"",
+                         "pass backend=\"null\" (ATen calls) or \"cpu\" (Mimic's generated kernels)");
+  auto rules = forge::load_rules_dir(o.rules_dir, o.hardware);
+  if (!rules.ok()) return rules.status();
+  auto h = std::make_unique<ExecStep>();
+  auto ir = forge::build_ir001(t, ops, h->pool);
+  if (!ir.ok()) return ir.status();
+  auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
+  if (!fe.ok()) return fe.status();
+  const forge::Ir001& g = fe->ir;
+  const absl::flat_hash_set<std::uint64_t> held(o.escaping.begin(), o.escaping.end());
+  exec::PlanOptions opt;
+  opt.escaping.emplace();
+  absl::flat_hash_set<std::uint64_t> written;
+  for (std::uint32_t v = 0; v < g.values.size(); ++v) {
+    const forge::Value& val = g.values[v];
+    if (val.producer == forge::kNoNode) continue;
+    written.insert(val.storage);
+    if (val.live_out || held.contains(val.storage)) opt.escaping->push_back(v);
+  }
+  for (const ExecStepOptions::ArgPatch& ap : o.scalar_patches) {
+    const std::string name = ap.trace_op < t.ops.size() ? t.schema_name(t.ops[ap.trace_op].schema_hash) : "";
+    bool found = false;
+    for (std::uint32_t n = 0; n < g.nodes.size() && !found; ++n) {
+      const forge::Node& node = g.nodes[n];
+      if (node.trace_op != ap.trace_op || node.op != name) continue;
+      for (std::uint32_t s = 0; s < node.scalars.size() && !found; ++s)
+        if (node.scalars[s].arg_index == ap.arg && node.scalars[s].kind == record::ScalarKind::Double) {
+          opt.scalar_patches.push_back({n, s, name + " argument " + std::to_string(ap.arg)});
+          found = true;
+        }
+    }
+    if (!found)
+      return invalid_input("exec: the patched argument " + std::to_string(ap.arg) + " of trace op " +
+                               std::to_string(ap.trace_op) + " (" + name +
+                               ") is no floating-point scalar of a planned call",
+                           "patch only double arguments of ops the plan runs");
+  }
+  if (constant_patched) constant_patched->assign(o.constant_patches.size(), false);
+  for (std::size_t i = 0; i < o.constant_patches.size(); ++i) {
+    const std::uint64_t sid = o.constant_patches[i];
+    if (written.contains(sid)) continue;  // an Input slot: bound, written in place by the caller
+    bool found = false;
+    for (std::uint32_t v = 0; v < g.values.size() && !found; ++v) {
+      const forge::Value& val = g.values[v];
+      if (val.storage != sid || val.producer != forge::kNoNode || !val.wrapped_number) continue;
+      bool read = false;  // a value no call reads is no Constant slot
+      for (const forge::Node& node : g.nodes)
+        read = read || std::find(node.inputs.begin(), node.inputs.end(), v) != node.inputs.end();
+      if (!read) continue;
+      opt.constant_patches.push_back({v, "Python number in storage " + std::to_string(sid)});
+      found = true;
+    }
+    if (constant_patched) (*constant_patched)[i] = found;
+  }
+  auto plan = exec::build_plan(g, fe->plan, opt);
+  if (!plan.ok()) return plan.status();
+  h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
+  exec::Backend b = exec::null_backend();
+  if (o.backend == "cpu") {
+    auto cpu = mimic::CpuBackend::make(o.memory_only_cache ? mimic::CpuBackendOptions::memory_only()
+                                                           : mimic::CpuBackendOptions{});
+    if (!cpu.ok()) return cpu.status();
+    h->cpu = std::move(*cpu);
+    b = h->cpu->backend();
+  }
+  auto r = exec::Runner::make(h->sp.plan, b, h->provider.provider());
+  if (!r.ok()) return r.status();
+  h->runner = std::move(*r);
+  return h;
+}
+
+namespace {
+
+using replay::Form;
+using replay::OutT;
+using replay::Ref;
+
+// A form slot an output or a .grad reads, made a tensor on the memory the exec plan wrote.
+struct SlotTensor {
+  std::uint32_t slot = 0;    // in the form
+  std::uint32_t exec = 0;    // the exec plan's slot of its storage (Input or Output)
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> sizes, strides;
+};
+
+class ExecReplayImpl final : public replay::ExecReplay {
+ public:
+  std::unique_ptr<ExecStep> step;
+  std::string backend_name;
+  std::vector<Ref> input_src;               // per input binding: the tensor whose storage it is
+  std::vector<SlotTensor> slot_tensors;
+  std::vector<std::uint32_t> patch_source;  // per exec patch point: the source feeding it
+
+  void run(const Form& f, const std::vector<at::Tensor>& exts, std::vector<at::Tensor>& slots,
+           at::TensorList args, at::ArrayRef<double> scalars) override {
+    const exec::ExecutionPlan& plan = step->sp.plan;
+    std::vector<c10::Storage> in_storage(input_src.size());
+    std::vector<void*> in(input_src.size()), out(plan.outputs.size());
+    for (std::size_t b = 0; b < input_src.size(); ++b) {
+      const at::Tensor t = replay::value_of(f, exts, slots, args, input_src[b]);
+      const exec::Slot& s = plan.slots[plan.inputs[b]];
+      TORCH_CHECK(t.defined() && t.has_storage() && t.storage().nbytes() >= s.bytes,
+                  "crucible plan: the tensor bound to the exec plan's input ", b, " (", replay::ref_text(input_src[b]),
+                  ") has ", t.defined() && t.has_storage() ? t.storage().nbytes() : 0, " bytes of storage, the plan reads ",
+                  s.bytes, "; crucible.compile's guard should have caught this: call step.reset()");
+      in_storage[b] = t.storage();
+      in[b] = in_storage[b].mutable_data();
+    }
+    std::vector<c10::Storage> out_storage(plan.outputs.size());
+    for (std::size_t b = 0; b < plan.outputs.size(); ++b) {
+      const std::uint64_t bytes = std::max<std::uint64_t>(plan.slots[plan.outputs[b]].bytes, 1);
+      out_storage[b] = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(bytes),
+                                    c10::GetCPUAllocator(), /*resizable=*/false);
+      out[b] = out_storage[b].mutable_data();
+    }
+    std::vector<std::uint64_t> bits(patch_source.size());
+    for (std::size_t i = 0; i < patch_source.size(); ++i) {
+      TORCH_CHECK(patch_source[i] < scalars.size(), "crucible plan: patch point ", i, " takes source ",
+                  patch_source[i], ", and the run has ", scalars.size(), " source values");
+      bits[i] = std::bit_cast<std::uint64_t>(scalars[patch_source[i]]);
+    }
+    const Status st = step->runner->run(exec::RunArgs{in, out, bits});
+    TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name, " backend): ", std::string(st.message()));
+    for (const SlotTensor& v : slot_tensors) {
+      const exec::Slot& s = plan.slots[v.exec];
+      c10::Storage storage = s.kind == exec::SlotKind::Input ? in_storage[s.binding] : out_storage[s.binding];
+      auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                       c10::scalarTypeToTypeMeta(v.dtype));
+      impl->set_sizes_and_strides(v.sizes, v.strides, v.offset);
+      slots[v.slot] = at::Tensor(std::move(impl));
+    }
+  }
+
+  std::string backend() const override { return backend_name; }
+
+  std::string summary() const override {
+    const exec::ExecutionPlan& p = step->sp.plan;
+    std::string s = std::to_string(p.kernels.size()) + " kernels, " + std::to_string(p.calls.size()) + " calls";
+    if (step->cpu) {
+      s += ", " + std::to_string(step->cpu->generated_kernels()) + " kernels generated, " +
+           std::to_string(step->generated_calls()) + " calls generated";
+      const mimic::CacheStats& c = step->cpu->stats();
+      s += " (compiled " + std::to_string(c.compiled) + ", from disk " + std::to_string(c.disk_hits) +
+           ", from memory " + std::to_string(c.memory_hits) + ")";
+    }
+    s += "; arena " + std::to_string(p.arena_bytes) + " bytes";
+    return s;
+  }
+};
+
+// The base tensor a ref stands on (through views).
+Ref base_of(const Form& f, Ref r) {
+  while (r.kind == Ref::View) r = f.views[r.idx].base;
+  return r;
+}
+
+std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, std::size_t end,
+                   const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options) {
+  const Form& f = *p.form;
+  if (p.sync) return "a sync-point plan runs its Python between its native stretches; it runs its ATen ops";
+  if (end < begin || end > t.ops.size())
+    return "the captured call's ops [" + std::to_string(begin) + ", " + std::to_string(end) +
+           ") are not in the trace's " + std::to_string(t.ops.size());
+  if (end - begin != f.ops.size())
+    return "the trace holds " + std::to_string(end - begin) + " ops of the captured call, the capture " +
+           std::to_string(f.ops.size()) + " (another thread recorded between them?)";
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    const std::string want = replay::op_name(f.ops[k].op), got = t.schema_name(t.ops[begin + k].schema_hash);
+    if (want != got)
+      return "op " + std::to_string(k) + " of the captured call is " + want + " and the trace's is " + got;
+  }
+  if (arg_storages.size() != f.arg_meta.size())
+    return "got " + std::to_string(arg_storages.size()) + " argument storages for " +
+           std::to_string(f.arg_meta.size()) + " tensor arguments";
+  // Where each storage comes from: a step argument, a persistent tensor (external), or a slot.
+  absl::flat_hash_map<std::uint64_t, Ref> source;
+  for (std::size_t j = 0; j < arg_storages.size(); ++j)
+    if (arg_storages[j] != 0) source.emplace(arg_storages[j], Ref{Ref::Arg, static_cast<std::uint32_t>(j)});
+  for (std::size_t e = 0; e < f.exts.size(); ++e)
+    if (f.exts[e].defined() && f.exts[e].has_storage())
+      source.emplace(storage_id(f.exts[e].storage()), Ref{Ref::Ext, static_cast<std::uint32_t>(e)});
+  // Each form slot's recorded tensor: op k's return i (element e of a list) is slot out.slot + e.
+  std::vector<std::int64_t> slot_meta(f.num_slots, -1);  // index in t.tensors
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    const auto outs = t.outputs(begin + k);
+    for (const record::TensorMeta& m : outs) {
+      if (m.arg_index >= f.ops[k].outs.size()) continue;
+      const OutT& o = f.ops[k].outs[m.arg_index];
+      if (o.kind == OutT::Ignore || m.list_index >= o.count) continue;
+      slot_meta[o.slot + m.list_index] = static_cast<std::int64_t>(t.tensor_index(&m));
+    }
+  }
+  // The slots an output or a .grad reads: their storages escape.
+  std::vector<std::uint32_t> needed;
+  auto need = [&](Ref r) {
+    r = base_of(f, r);
+    if (r.kind == Ref::Slot && std::find(needed.begin(), needed.end(), r.idx) == needed.end()) needed.push_back(r.idx);
+  };
+  for (Ref r : f.outputs) need(r);
+  for (const auto& g : f.grads) need(g.second);
+  ExecStepOptions o = options;
+  for (std::uint32_t s : needed) {
+    if (slot_meta[s] < 0) return "slot " + std::to_string(s) + ", an output or a gradient, is in no recorded op's results";
+    o.escaping.push_back(t.tensors[static_cast<std::size_t>(slot_meta[s])].storage_id);
+  }
+  // Patch points: a scalar argument, or a Python number the form holds as an external.
+  std::vector<std::uint32_t> scalar_sources, constant_sources;
+  for (const replay::Patch& pt : p.patches) {
+    if (pt.ext < 0) {
+      o.scalar_patches.push_back({begin + pt.op, pt.arg});
+      scalar_sources.push_back(pt.source);
+    } else {
+      const at::Tensor& x = f.exts[static_cast<std::size_t>(pt.ext)];
+      o.constant_patches.push_back(x.has_storage() ? storage_id(x.storage()) : 0);
+      constant_sources.push_back(pt.source);
+    }
+  }
+  std::vector<std::size_t> ops(end - begin);
+  for (std::size_t k = 0; k < ops.size(); ++k) ops[k] = begin + k;
+  std::vector<bool> constant_patched;
+  auto step = plan_exec_step(t, ops, o, &constant_patched);
+  if (!step.ok()) return "the exec stage could not plan the step: " + std::string(step.status().message());
+  auto impl = std::make_shared<ExecReplayImpl>();
+  impl->backend_name = options.backend;
+  impl->patch_source = scalar_sources;
+  for (std::size_t i = 0; i < constant_sources.size(); ++i)
+    if (constant_patched[i]) impl->patch_source.push_back(constant_sources[i]);
+  const exec::ExecutionPlan& plan = (*step)->sp.plan;
+  if (impl->patch_source.size() != plan.patches.size())
+    return "the exec plan has " + std::to_string(plan.patches.size()) + " patch points for " +
+           std::to_string(impl->patch_source.size()) + " of the form's";
+  for (std::uint32_t b = 0; b < plan.inputs.size(); ++b) {
+    const exec::Slot& s = plan.slots[plan.inputs[b]];
+    auto it = source.find(s.storage);
+    if (it == source.end())
+      return "the exec plan reads storage " + std::to_string(s.storage) + " (" + std::to_string(s.bytes) +
+             " bytes) from outside the step, and it is neither a step argument nor a persistent tensor of the plan";
+    impl->input_src.push_back(it->second);
+  }
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> exec_slot;
+  for (std::uint32_t s = 0; s < plan.slots.size(); ++s)
+    if (plan.slots[s].kind == exec::SlotKind::Input || plan.slots[s].kind == exec::SlotKind::Output)
+      exec_slot.emplace(plan.slots[s].storage, s);
+  for (std::uint32_t s : needed) {
+    const std::size_t ti = static_cast<std::size_t>(slot_meta[s]);
+    const record::TensorMeta& m = t.tensors[ti];
+    auto it = exec_slot.find(m.storage_id);
+    if (it == exec_slot.end())
+      return "slot " + std::to_string(s) + " (storage " + std::to_string(m.storage_id) +
+             "), an output or a gradient, has no memory of its own in the exec plan";
+    SlotTensor v;
+    v.slot = s;
+    v.exec = it->second;
+    v.dtype = static_cast<c10::ScalarType>(m.dtype);
+    v.offset = m.storage_offset;
+    const auto sz = t.sizes(ti), st = t.strides(ti);
+    v.sizes.assign(sz.begin(), sz.end());
+    v.strides.assign(st.begin(), st.end());
+    impl->slot_tensors.push_back(std::move(v));
+  }
+  impl->step = std::move(*step);
+  p.exec = std::move(impl);
+  return "";
+}
+
+}  // namespace
+
+std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
+                        const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options) {
+  std::shared_ptr<replay::Plan> p = replay::get_plan(plan);
+  replay::BusyLock hold(*p);
+  if (p->exec != nullptr && p->exec->backend() == options.backend) return "";  // a plan from the cache
+  p->exec.reset();
+  std::string why;
+  try {
+    why = attach(*p, t, begin, end, arg_storages, options);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  p->exec_note = why;
+  if (why.empty()) {  // the exec plan places the step's intermediates itself
+    p->arena_state = replay::Plan::Arena::Off;
+    p->arena_note = "the exec stage's plan places the step's intermediates in its own arena";
+  }
+  return why;
+}
+
+}  // namespace crucible::vessel
