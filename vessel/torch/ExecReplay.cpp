@@ -168,6 +168,9 @@ class ExecReplayImpl final : public replay::ExecReplay {
   }
 
   std::string backend() const override { return backend_name; }
+  std::size_t kernels() const override { return step->sp.plan.kernels.size(); }
+  std::size_t calls() const override { return step->sp.plan.calls.size(); }
+  std::size_t generated_calls() const override { return step->generated_calls(); }
 
   std::string summary() const override {
     const exec::ExecutionPlan& p = step->sp.plan;

@@ -776,6 +776,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["exec"] = i.exec;
     d["exec_summary"] = i.exec_summary;
     d["exec_note"] = i.exec_note;
+    d["exec_kernels"] = i.exec_kernels;
+    d["exec_calls"] = i.exec_calls;
+    d["exec_generated_calls"] = i.exec_generated_calls;
     return d;
   });
   m.def("replay_counters", [] {

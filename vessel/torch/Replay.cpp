@@ -1427,6 +1427,9 @@ PlanInfo plan_info(std::int64_t id) {
   if (p->exec != nullptr) {
     i.exec = p->exec->backend();
     i.exec_summary = p->exec->summary();
+    i.exec_kernels = p->exec->kernels();
+    i.exec_calls = p->exec->calls();
+    i.exec_generated_calls = p->exec->generated_calls();
   }
   i.exec_note = p->exec_note;
   return i;

@@ -142,6 +142,10 @@ struct ExecReplay {
   // "null" or "cpu", and what the plan holds: kernels, calls, generated calls, cache.
   virtual std::string backend() const = 0;
   virtual std::string summary() const = 0;
+  // Kernels and calls of the exec plan, and the calls generated code runs.
+  virtual std::size_t kernels() const = 0;
+  virtual std::size_t calls() const = 0;
+  virtual std::size_t generated_calls() const = 0;
 };
 
 struct Plan {

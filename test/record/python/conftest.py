@@ -9,6 +9,14 @@ sys.path.insert(0, os.path.join(ROOT, "vessel", "torch"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """Mimic's disk cache of generated kernels (crucible.compile(backend="cpu")) in a directory
+    of the test session's, never the user's."""
+    os.environ["CRUCIBLE_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def clean_recorder():
     import crucible_native as crucible

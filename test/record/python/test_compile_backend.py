@@ -1,0 +1,182 @@
+"""crucible.compile(step, backend="null" | "cpu"): a whole-step plan's ops run through the exec
+stage (the captured call planned through Forge: trace -> IR001 -> IR002 -> ExecutionPlan, run by
+the null backend's ATen calls or by Mimic's generated kernels beside them), and the step still
+gives eager's bits: losses, parameters, gradients and optimizer state, call after call, with a
+new batch each call and dropout drawing from the default generator."""
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import crucible_native as crucible
+import models
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def batch(s, i):
+    """Call i's batch for setup `s`: new values, the recorded shapes."""
+    g = torch.Generator().manual_seed(1000 + i)
+    x = (torch.randn(s.x.shape, generator=g) if s.x.is_floating_point()
+         else torch.randint(0, 50, s.x.shape, generator=g))
+    return x, torch.randint(0, 10, s.y.shape, generator=g)
+
+
+def step_of(s):
+    def step(x, y):
+        s.opt.zero_grad()
+        loss = s.loss(s.model(x), y)
+        loss.backward()
+        s.opt.step()
+        return loss
+    return step
+
+
+def state_of(s):
+    out = {}
+    for k, p in s.model.named_parameters():
+        out[k] = p
+        out[k + ".grad"] = p.grad
+    for k, b in s.model.named_buffers():
+        out[k] = b
+    for i, st in enumerate(s.opt.state.values()):
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                out[f"opt.state[{i}].{k}"] = v
+    return out
+
+
+def assert_same_state(got, want):
+    a, b = state_of(got), state_of(want)
+    assert a.keys() == b.keys()
+    differ = [k for k in a if (a[k] is None) != (b[k] is None) or (a[k] is not None and not torch.equal(a[k], b[k]))]
+    assert not differ, f"differ from eager: {differ[:5]}"
+
+
+def run_against_eager(name, backend, calls=8, before_call=None):
+    s, ref = models.make(name), models.make(name)
+    step = crucible.compile(step_of(s), backend=backend)
+    eager = step_of(ref)
+    for i in range(calls):
+        if before_call is not None:
+            before_call(i, s, ref)
+        x, y = batch(s, i)
+        torch.manual_seed(i)
+        got = step(x, y)
+        torch.manual_seed(i)
+        want = eager(x.clone(), y.clone())
+        assert torch.equal(got, want), f"call {i}: loss {got.item()} vs eager {want.item()}"
+    assert_same_state(s, ref)
+    return step
+
+
+@pytest.mark.parametrize("backend", ["null", "cpu"])
+@pytest.mark.parametrize("name", models.VESSEL_MODELS + ["transformer2"])
+def test_a_compiled_step_runs_through_the_exec_stage_with_eager_bits(name, backend):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", crucible.CrucibleWarning)  # no fallback to the replay's ops
+        step = run_against_eager(name, backend)
+    assert step.stats()["plan_runs"] >= 5
+    (plan,) = step.plans()
+    assert plan["exec"] == backend, plan["exec_note"]
+    assert plan["exec_note"] == ""
+    assert plan["exec_kernels"] > 0 and plan["exec_calls"] > 0
+    if backend == "cpu":
+        # Mimic's generated code runs the pointwise calls (activations, residual adds, the
+        # optimizer's updates); GEMMs, convolutions, norms and reductions stay ATen calls.
+        assert 0 < plan["exec_generated_calls"] < plan["exec_calls"], plan["exec_summary"]
+    else:
+        assert plan["exec_generated_calls"] == 0
+
+
+def test_a_learning_rate_change_leaves_the_exec_stage_openly_and_stays_eager_exact():
+    """A new learning rate becomes a patch point of the plan after the exec plan was built: the
+    plan then runs its own ATen ops (exec_note says why) and still gives eager's bits."""
+    def change(i, s, ref):
+        if i == 6:
+            for o in (s.opt, ref.opt):
+                o.param_groups[0]["lr"] = 0.02
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", crucible.CrucibleWarning)
+        step = run_against_eager("mlp", "cpu", calls=10, before_call=change)
+    (plan,) = step.plans()
+    assert step.stats()["hyper_learned"] >= 1
+    assert plan["exec"] == ""
+    assert plan["exec_note"].startswith("dropped: a hyperparameter became a patch point")
+
+
+def test_a_sync_point_plan_says_why_it_does_not_run_through_the_exec_stage():
+    s, ref = models.make("mlp"), models.make("mlp")
+    seen = []
+
+    def step(x, y):
+        s.opt.zero_grad()
+        loss = s.loss(s.model(x), y)
+        seen.append(1)  # a Python side effect: the step runs at sync points
+        loss.backward()
+        s.opt.step()
+        return loss
+
+    compiled = crucible.compile(step, backend="cpu", mode="sync")
+    eager = step_of(ref)
+    with pytest.warns(crucible.CrucibleWarning, match="sync-point"):
+        for i in range(6):
+            x, y = batch(s, i)
+            assert torch.equal(compiled(x, y), eager(x, y))
+    assert len(seen) == 6
+    assert_same_state(s, ref)
+    (plan,) = compiled.plans()
+    assert plan["sync"] and plan["exec"] == ""
+    assert "sync-point" in plan["exec_note"]
+
+
+def test_backend_must_be_known():
+    with pytest.raises(crucible.CrucibleValueError, match="backend must be one of replay, null, cpu"):
+        crucible.compile(lambda: None, backend="gpu")
+    with pytest.raises(crucible.CrucibleTypeError, match="backend must be a string"):
+        crucible.compile(lambda: None, backend=1)
+
+
+SECOND_PROCESS = r"""
+import json, sys, warnings
+sys.path.insert(0, sys.argv[1])
+import torch
+import crucible_native as crucible
+import models
+from test_compile_backend import batch, step_of
+s = models.make("transformer")
+step = crucible.compile(step_of(s), backend="cpu")
+with warnings.catch_warnings():
+    warnings.simplefilter("error", crucible.CrucibleWarning)
+    for i in range(4):
+        step(*batch(s, i))
+print(json.dumps(step.plans()[0]))
+"""
+
+
+def test_a_second_process_loads_every_kernel_from_the_disk_cache(tmp_path):
+    """Mimic's kernel cache across processes: the same step compiled in a new process compiles
+    nothing; every generated kernel comes from CRUCIBLE_CACHE_DIR."""
+    env = dict(os.environ, CRUCIBLE_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
+    plans = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", SECOND_PROCESS, HERE], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        plans.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    counts = []
+    for p in plans:
+        assert p["exec"] == "cpu", p["exec_note"]
+        m = re.search(r"compiled (\d+), from disk (\d+), from memory (\d+)", p["exec_summary"])
+        assert m, p["exec_summary"]
+        counts.append(tuple(int(g) for g in m.groups()))
+    (c1, d1, _), (c2, d2, _) = counts
+    assert c1 > 0 and d1 == 0, plans[0]["exec_summary"]
+    assert c2 == 0 and d2 == c1, plans[1]["exec_summary"]
