@@ -18,11 +18,18 @@
 //  - a functional operator runs through its out= overload (found once per operator: the same
 //    arguments, by name and type, followed by one out argument per result), writing into the
 //    placed outputs. ATen's out= kernels compute with the same loops as the functional ones;
+//  - an operator that only allocates (empty, empty_like, new_empty_strided, ...) does nothing:
+//    its result is placed, and its contents are unspecified in ATen too;
 //  - an operator with no out= overload, or a call with a result the plan does not place (one
 //    convolution_backward's output_mask leaves undefined), computes its results, and the placed
 //    ones are copied into place (`stats().copied` counts these calls).
 // Calls run below Autograd (the wrapped memory is never part of a graph) and with the recording
 // key excluded, so a provider used while a step is recorded adds nothing to the trace.
+// A plan runs the same calls every run, mostly on the same memory (the arena, the parameters):
+// per call the provider keeps its operator and its last argument stack, and a run whose call has
+// the same scalars and every tensor at the same address with the same geometry reuses them
+// (`stats().reused`); the geometry check also catches an operator that changed a tensor's
+// metadata in place. Wrapping the tensors anew each run was most of a small step's provider time.
 #include "AtenProvider.h"
 
 #include <ATen/ATen.h>
@@ -61,7 +68,17 @@ struct AtenProvider::Resolved {
   c10::OperatorHandle op;
   std::optional<c10::OperatorHandle> out;  // the out= overload of a functional operator
   bool writes_arguments = false;           // in place or out=: called as recorded
+  bool allocates_only = false;             // empty, empty_like, new_empty...: uninitialized memory
   explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
+};
+
+struct AtenProvider::CallCache {
+  const Resolved* rop = nullptr;
+  bool built = false;
+  std::vector<record::ScalarRecord> scalars;
+  std::vector<at::Tensor> in, out;  // parallel to the call's inputs and outputs
+  std::vector<at::Tensor> rets;     // the placed results by return position (undefined: none)
+  torch::jit::Stack args;           // the operator's arguments, before out= tensors
 };
 
 namespace {
@@ -215,6 +232,25 @@ const exec::TensorArg* find_tensor(std::span<const exec::TensorArg> ts, std::uin
   return nullptr;
 }
 
+// Whether the tensors wrapped for a call's previous run still are these: the same element 0,
+// sizes and strides (an undefined one stands for none).
+bool same_tensors(const std::vector<at::Tensor>& w, std::span<const exec::TensorArg> ts) {
+  if (w.size() != ts.size()) return false;
+  for (std::size_t k = 0; k < ts.size(); ++k) {
+    const at::Tensor& t = w[k];
+    const exec::TensorArg& a = ts[k];
+    if (!t.defined() || t.data_ptr() != a.data ||
+        !std::equal(a.sizes.begin(), a.sizes.end(), t.sizes().begin(), t.sizes().end()) ||
+        !std::equal(a.strides.begin(), a.strides.end(), t.strides().begin(), t.strides().end()))
+      return false;
+  }
+  return true;
+}
+
+bool same_scalars(const std::vector<ScalarRecord>& a, std::span<const ScalarRecord> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(ScalarRecord)) == 0);
+}
+
 }  // namespace
 
 AtenProvider::AtenProvider() = default;
@@ -241,6 +277,9 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
   auto r = std::make_unique<Resolved>(*h);
   const c10::FunctionSchema& s = h->schema();
   r->writes_arguments = writes_arguments(s);
+  for (std::string_view e : {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                             "aten::new_empty_strided"})
+    r->allocates_only = r->allocates_only || name == e;
   if (!r->writes_arguments) {
     for (const c10::OperatorName& n : dispatcher.getAllOpNames()) {
       if (n.name != name || n.overload_name == overload) continue;
@@ -257,10 +296,38 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
 }
 
 Status AtenProvider::call(const exec::LibraryCall& c) {
-  auto resolved = resolve(c.op);
-  if (!resolved.ok()) return resolved.status();
-  const Resolved& rop = **resolved;
+  CallCache* cc = nullptr;
+  if (c.plan != nullptr) {
+    if (cache_plan_ != c.plan) {
+      cache_.clear();
+      cache_.resize(c.plan->calls.size());
+      cache_plan_ = c.plan;
+    }
+    if (c.call < cache_.size()) {
+      if (!cache_[c.call]) cache_[c.call] = std::make_unique<CallCache>();
+      cc = cache_[c.call].get();
+    }
+  }
+  const Resolved* rp = cc != nullptr ? cc->rop : nullptr;
+  if (rp == nullptr) {
+    auto resolved = resolve(c.op);
+    if (!resolved.ok()) return resolved.status();
+    rp = *resolved;
+    if (cc != nullptr) cc->rop = rp;
+  }
+  const Resolved& rop = *rp;
   const c10::FunctionSchema& schema = rop.op.schema();
+  if (rop.allocates_only && !c.outputs.empty() && c.outputs.size() == schema.returns().size()) {
+    ++stats_.calls;  // its result's memory is placed, and what it holds is unspecified
+    ++stats_.allocations;
+    return ok_status();
+  }
+  if (cc != nullptr && cc->built && same_scalars(cc->scalars, c.scalars) && same_tensors(cc->in, c.inputs) &&
+      same_tensors(cc->out, c.outputs)) {
+    ++stats_.reused;
+    torch::jit::Stack stack = cc->args;
+    return invoke(c, rop, std::move(stack), cc->rets);
+  }
   const auto& args = schema.arguments();
 
   // The records of each argument, in order: a ListBegin takes the `aux` records after it.
@@ -284,8 +351,12 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     }
   }
 
+  // Every tensor wrapped once, in the call's order (the cache keeps them so).
+  std::vector<at::Tensor> in(c.inputs.size()), outs(c.outputs.size());
+  for (std::size_t k = 0; k < c.inputs.size(); ++k) in[k] = wrap(c.inputs[k]);
+  auto wrapped = [&](const exec::TensorArg* x) { return in[static_cast<std::size_t>(x - c.inputs.data())]; };
+  torch::jit::Stack stack;
   try {
-    torch::jit::Stack stack;
     stack.reserve(args.size() + c.outputs.size());
     for (std::size_t i = 0; i < args.size(); ++i) {
       const c10::Argument& a = args[i];
@@ -295,7 +366,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       const ArgRecords& ar = recs[i];
       if (inner->kind() == c10::TypeKind::TensorType) {
         if (const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), 0)) {
-          stack.emplace_back(wrap(*x));
+          stack.emplace_back(wrapped(x));
         } else if (t->kind() == c10::TypeKind::OptionalType) {
           stack.emplace_back();
         } else {
@@ -318,7 +389,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
           c10::List<std::optional<at::Tensor>> l;
           for (std::uint32_t k = 0; k < ar.first->aux; ++k) {
             const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), k);
-            l.push_back(x ? std::optional<at::Tensor>(wrap(*x)) : std::nullopt);
+            l.push_back(x ? std::optional<at::Tensor>(wrapped(x)) : std::nullopt);
           }
           stack.emplace_back(l);
         } else {
@@ -326,7 +397,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
           for (std::uint32_t k = 0; k < ar.first->aux; ++k) {
             const exec::TensorArg* x = find_tensor(c.inputs, static_cast<std::uint32_t>(i), k);
             if (x == nullptr) return arg_error(c.op, a, "an element's tensor was not placed");
-            l.push_back(wrap(*x));
+            l.push_back(wrapped(x));
           }
           stack.emplace_back(l);
         }
@@ -344,12 +415,33 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       stack.push_back(std::move(*v));
     }
 
-    std::vector<at::Tensor> outs;
-    for (std::size_t k = 0; k < schema.returns().size(); ++k) {
-      const exec::TensorArg* o = find_tensor(c.outputs, static_cast<std::uint32_t>(k), 0);
-      outs.push_back(o ? wrap(*o) : at::Tensor());
-    }
+  } catch (const c10::Error& e) {
+    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
+                         "the plan's call does not run on these tensors");
+  } catch (const std::exception& e) {
+    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
+                         "the plan's call does not run on these tensors");
+  }
+  // The results by return position.
+  std::vector<at::Tensor> rets(schema.returns().size());
+  for (std::size_t k = 0; k < c.outputs.size(); ++k) {
+    outs[k] = wrap(c.outputs[k]);
+    if (c.outputs[k].list_index == 0 && c.outputs[k].arg_index < rets.size()) rets[c.outputs[k].arg_index] = outs[k];
+  }
+  if (cc != nullptr) {
+    cc->built = true;
+    cc->scalars.assign(c.scalars.begin(), c.scalars.end());
+    cc->in = std::move(in);
+    cc->out = std::move(outs);
+    cc->rets = rets;
+    cc->args = stack;
+  }
+  return invoke(c, rop, std::move(stack), rets);
+}
 
+Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, torch::jit::Stack stack,
+                            const std::vector<at::Tensor>& outs) {
+  try {
     c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ++stats_.calls;

@@ -7,6 +7,10 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "crucible/core/Status.h"
 #include "crucible/exec/Backend.h"
@@ -18,6 +22,8 @@ struct AtenProviderStats {
   std::uint64_t in_place = 0;  // the operator writes its own arguments (add_, an out= overload)
   std::uint64_t out_variant = 0;  // a functional operator run through its out= overload
   std::uint64_t copied = 0;  // no out= overload: the result is computed, then copied into place
+  std::uint64_t allocations = 0;  // empty, new_empty_strided...: placed memory, nothing to run
+  std::uint64_t reused = 0;  // calls whose argument stack was kept from the call's previous run
 };
 
 class AtenProvider {
@@ -35,10 +41,17 @@ class AtenProvider {
   const AtenProviderStats& stats() const { return stats_; }
 
   struct Resolved;
+  struct CallCache;
 
  private:
   Result<const Resolved*> resolve(std::string_view op);
+  // Calls the operator on a built argument stack; `outs`: the placed results by return position.
+  Status invoke(const exec::LibraryCall& c, const Resolved& rop, std::vector<c10::IValue> stack,
+                const std::vector<at::Tensor>& outs);
   std::unordered_map<std::string, std::unique_ptr<Resolved>> ops_;
+  // Per call of the last plan: its operator and its last argument stack (Note [ATen provider]).
+  const exec::ExecutionPlan* cache_plan_ = nullptr;
+  std::vector<std::unique_ptr<CallCache>> cache_;
   AtenProviderStats stats_;
 };
 

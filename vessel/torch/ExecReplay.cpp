@@ -126,6 +126,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::vector<Ref> input_src;               // per input binding: the tensor whose storage it is
   std::vector<SlotTensor> slot_tensors;
   std::vector<std::uint32_t> patch_source;  // per exec patch point: the source feeding it
+  std::vector<c10::Storage> last_out;       // each output binding's memory in the last run
 
   void run(const Form& f, const std::vector<at::Tensor>& exts, std::vector<at::Tensor>& slots,
            at::TensorList args, at::ArrayRef<double> scalars) override {
@@ -142,11 +143,16 @@ class ExecReplayImpl final : public replay::ExecReplay {
       in_storage[b] = t.storage();
       in[b] = in_storage[b].mutable_data();
     }
-    std::vector<c10::Storage> out_storage(plan.outputs.size());
+    // An output's memory of the last run that nothing holds any more (Python dropped the
+    // .grad it was, zero_grad(set_to_none=True)) is used again: the plan writes an output before
+    // it reads it, and the same addresses let the ATen provider keep its calls' arguments.
+    std::vector<c10::Storage>& out_storage = last_out;
+    out_storage.resize(plan.outputs.size());
     for (std::size_t b = 0; b < plan.outputs.size(); ++b) {
       const std::uint64_t bytes = std::max<std::uint64_t>(plan.slots[plan.outputs[b]].bytes, 1);
-      out_storage[b] = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(bytes),
-                                    c10::GetCPUAllocator(), /*resizable=*/false);
+      if (!out_storage[b] || out_storage[b].use_count() != 1 || out_storage[b].nbytes() < bytes)
+        out_storage[b] = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(bytes),
+                                      c10::GetCPUAllocator(), /*resizable=*/false);
       out[b] = out_storage[b].mutable_data();
     }
     std::vector<std::uint64_t> bits(patch_source.size());
@@ -182,6 +188,11 @@ class ExecReplayImpl final : public replay::ExecReplay {
       s += " (compiled " + std::to_string(c.compiled) + ", from disk " + std::to_string(c.disk_hits) +
            ", from memory " + std::to_string(c.memory_hits) + ")";
     }
+    const AtenProviderStats& a = step->provider.stats();
+    s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) + ", in place " +
+         std::to_string(a.in_place) + ", copied " + std::to_string(a.copied) + ", allocations " +
+         std::to_string(a.allocations) + ", arguments kept " +
+         std::to_string(a.reused) + ")";
     s += "; arena " + std::to_string(p.arena_bytes) + " bytes";
     return s;
   }

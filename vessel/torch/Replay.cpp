@@ -1008,8 +1008,16 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
   std::vector<at::Tensor>& slots = p->slots;
   slots.assign(f.num_slots, at::Tensor());
-  if (p->exec != nullptr) p->exec->run(f, p->run_exts, slots, args, scalars);
-  else run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
+  if (p->exec != nullptr) {
+    // A .grad the step discards unread (zero_grad(set_to_none=True) at its start) is dropped
+    // before the run, as eager drops it before its backward: its memory can then serve the new
+    // gradient (ExecReplay's outputs of the last run) when nothing else holds it.
+    for (const Form::GradPre& gp : f.grad_pre)
+      if (gp.state == Form::GradPre::Unread) p->run_exts[gp.ext].mutable_grad().reset();
+    p->exec->run(f, p->run_exts, slots, args, scalars);
+  } else {
+    run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
+  }
   for (const auto& [e, r] : f.grads) {
     at::Tensor g = value_of(f, p->run_exts, slots, args, r);
     p->run_exts[e].mutable_grad() = std::move(g);
