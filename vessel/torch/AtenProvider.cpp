@@ -326,7 +326,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       same_tensors(cc->out, c.outputs)) {
     ++stats_.reused;
     torch::jit::Stack stack = cc->args;
-    return invoke(c, rop, std::move(stack), cc->rets);
+    return invoke(c, rop, std::move(stack), cc->rets, cc->out);
   }
   const auto& args = schema.arguments();
 
@@ -416,9 +416,11 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     }
 
   } catch (const c10::Error& e) {
+    error_ = std::current_exception();
     return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
                          "the plan's call does not run on these tensors");
   } catch (const std::exception& e) {
+    error_ = std::current_exception();
     return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
                          "the plan's call does not run on these tensors");
   }
@@ -432,15 +434,15 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     cc->built = true;
     cc->scalars.assign(c.scalars.begin(), c.scalars.end());
     cc->in = std::move(in);
-    cc->out = std::move(outs);
+    cc->out = outs;
     cc->rets = rets;
     cc->args = stack;
   }
-  return invoke(c, rop, std::move(stack), rets);
+  return invoke(c, rop, std::move(stack), rets, cc != nullptr ? cc->out : outs);
 }
 
 Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, torch::jit::Stack stack,
-                            const std::vector<at::Tensor>& outs) {
+                            const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed) {
   try {
     c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -474,25 +476,34 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     } else {
       ++stats_.copied;
       rop.op.callBoxed(stack);
-      for (std::size_t k = 0; k < outs.size(); ++k) {
-        if (!outs[k].defined()) continue;
-        if (k >= stack.size() || !stack[k].isTensor())
-          return bad_state(op_text(c.op) + " result " + std::to_string(k) + " is not a tensor",
-                           "the plan does not match this operator: report it");
-        const at::Tensor& r = stack[k].toTensor();
-        if (r.sizes() != outs[k].sizes() || r.scalar_type() != outs[k].scalar_type())
-          return bad_state(op_text(c.op) + " result " + std::to_string(k) + " has sizes " +
-                               c10::str(r.sizes()) + " " + c10::toString(r.scalar_type()) +
-                               ", the plan placed " + c10::str(outs[k].sizes()) + " " +
-                               c10::toString(outs[k].scalar_type()),
+      // Each placed result: a return, or an element of a returned list (unsafe_split).
+      for (std::size_t k = 0; k < c.outputs.size(); ++k) {
+        const exec::TensorArg& o = c.outputs[k];
+        const std::string which = op_text(c.op) + " result " + std::to_string(o.arg_index) +
+                                  (o.list_index ? "[" + std::to_string(o.list_index) + "]" : "");
+        at::Tensor r;
+        if (o.arg_index < stack.size() && stack[o.arg_index].isTensor() && o.list_index == 0) {
+          r = stack[o.arg_index].toTensor();
+        } else if (o.arg_index < stack.size() && stack[o.arg_index].isTensorList()) {
+          const auto l = stack[o.arg_index].toTensorList();
+          if (o.list_index < l.size()) r = l.get(o.list_index);
+        }
+        if (!r.defined())
+          return bad_state(which + " is not a tensor ATen returned", "the plan does not match this operator: report it");
+        const at::Tensor& to = placed[k];
+        if (r.sizes() != to.sizes() || r.scalar_type() != to.scalar_type())
+          return bad_state(which + " has sizes " + c10::str(r.sizes()) + " " + c10::toString(r.scalar_type()) +
+                               ", the plan placed " + c10::str(to.sizes()) + " " + c10::toString(to.scalar_type()),
                            "the plan was recorded for other shapes: record the step again");
-        outs[k].copy_(r);
+        to.copy_(r);
       }
     }
   } catch (const c10::Error& e) {
+    error_ = std::current_exception();
     return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
                          "the plan's call does not run on these tensors");
   } catch (const std::exception& e) {
+    error_ = std::current_exception();
     return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
                          "the plan's call does not run on these tensors");
   }

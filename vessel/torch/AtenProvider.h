@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <exception>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +41,10 @@ class AtenProvider {
   // trace does not hold in full, ATen's own error).
   Status call(const exec::LibraryCall& c);
   const AtenProviderStats& stats() const { return stats_; }
+  // The exception ATen raised in the last failed call (an index out of range: c10::IndexError),
+  // null when the last failure was the provider's own; taking it clears it. A caller that
+  // speaks to Python rethrows it, so the user gets eager's error type and message.
+  std::exception_ptr take_error() { return std::exchange(error_, nullptr); }
 
   struct Resolved;
   struct CallCache;
@@ -46,13 +52,15 @@ class AtenProvider {
  private:
   Result<const Resolved*> resolve(std::string_view op);
   // Calls the operator on a built argument stack; `outs`: the placed results by return position.
+  // `placed`: the placed results in the call's output order.
   Status invoke(const exec::LibraryCall& c, const Resolved& rop, std::vector<c10::IValue> stack,
-                const std::vector<at::Tensor>& outs);
+                const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed);
   std::unordered_map<std::string, std::unique_ptr<Resolved>> ops_;
   // Per call of the last plan: its operator and its last argument stack (Note [ATen provider]).
   const exec::ExecutionPlan* cache_plan_ = nullptr;
   std::vector<std::unique_ptr<CallCache>> cache_;
   AtenProviderStats stats_;
+  std::exception_ptr error_;
 };
 
 }  // namespace crucible::vessel

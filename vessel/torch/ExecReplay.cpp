@@ -161,7 +161,10 @@ class ExecReplayImpl final : public replay::ExecReplay {
                   patch_source[i], ", and the run has ", scalars.size(), " source values");
       bits[i] = std::bit_cast<std::uint64_t>(scalars[patch_source[i]]);
     }
+    step->provider.take_error();
     const Status st = step->runner->run(exec::RunArgs{in, out, bits});
+    if (!st.ok())  // ATen's own error (an index out of range) reaches Python as eager raises it
+      if (std::exception_ptr e = step->provider.take_error()) std::rethrow_exception(e);
     TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name, " backend): ", std::string(st.message()));
     for (const SlotTensor& v : slot_tensors) {
       const exec::Slot& s = plan.slots[v.exec];

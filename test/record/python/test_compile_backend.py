@@ -180,3 +180,42 @@ def test_a_second_process_loads_every_kernel_from_the_disk_cache(tmp_path):
     (c1, d1, _), (c2, d2, _) = counts
     assert c1 > 0 and d1 == 0, plans[0]["exec_summary"]
     assert c2 == 0 and d2 == c1, plans[1]["exec_summary"]
+
+
+LOOPS = range(0, 100, 3)   # every third loop of test_loop_fuzz.py's range: 34 loops
+
+
+@pytest.mark.parametrize("seed", LOOPS)
+def test_generated_loops_compiled_with_the_cpu_backend_match_eager(seed):
+    """The training-loop fuzzer (utils/python/crucible_loopgen.py) with backend="cpu": models,
+    optimizers, schedulers, side effects, exceptions and batch sizes as test_loop_fuzz.py
+    generates them; every difference from eager fails, and so does an exception eager did not
+    raise (or raised as another type)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "utils", "python"))
+    import crucible_loopgen as lg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", crucible.CrucibleWarning)
+        r = lg.check(lg.spec(seed), compile_kw={"backend": "cpu"})
+    if r.failed:
+        pytest.fail(r.report(), pytrace=False)
+
+
+def test_an_aten_error_in_a_plan_run_reaches_python_as_eager_raises_it():
+    """An embedding index out of range in a plan run raises IndexError with ATen's message, as
+    the eager step does, not an error of the plan's."""
+    emb = torch.nn.Embedding(10, 4)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+    def step(tok):
+        opt.zero_grad()
+        loss = emb(tok).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = crucible.compile(step, backend="cpu")
+    for _ in range(4):
+        compiled(torch.tensor([1, 2, 3]))
+    assert compiled.plans()[0]["exec"] == "cpu", compiled.plans()[0]["exec_note"]
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(torch.tensor([1, 2, 30]))
