@@ -39,6 +39,16 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
   auto h = std::make_unique<ExecStep>();
   auto ir = forge::build_ir001(t, ops, h->pool);
   if (!ir.ok()) return ir.status();
+  if (o.exact_escaping) {
+    const absl::flat_hash_set<std::uint64_t> held(o.escaping.begin(), o.escaping.end());
+    absl::flat_hash_set<std::uint64_t> outside;  // storages with a value from outside the step
+    for (const forge::Value& v : ir->values)
+      if (v.producer == forge::kNoNode) outside.insert(v.storage);
+    for (forge::Value& v : ir->values)
+      if (v.producer != forge::kNoNode && !outside.contains(v.storage)) v.live_out = held.contains(v.storage);
+    ir = forge::forward_fresh_copies(std::move(*ir));
+    if (!ir.ok()) return ir.status();
+  }
   auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
   if (!fe.ok()) return fe.status();
   const forge::Ir001& g = fe->ir;
@@ -252,6 +262,7 @@ std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, s
   for (Ref r : f.outputs) need(r);
   for (const auto& g : f.grads) need(g.second);
   ExecStepOptions o = options;
+  o.exact_escaping = true;  // a whole-step plan run shows Python its outputs and .grad fields only
   for (std::uint32_t s : needed) {
     if (slot_meta[s] < 0) return "slot " + std::to_string(s) + ", an output or a gradient, is in no recorded op's results";
     o.escaping.push_back(t.tensors[static_cast<std::size_t>(slot_meta[s])].storage_id);

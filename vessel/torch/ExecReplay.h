@@ -35,6 +35,11 @@ struct ExecStepOptions {
   // Storages whose values Python holds after the step (the loss, gradients): they escape
   // beside the IR's live-out values.
   std::vector<std::uint64_t> escaping;
+  // The caller knows everything Python can see after the step: a value of a storage the step
+  // makes escapes only when that storage is in `escaping` (by default also every value no node
+  // reads: a layer norm's mean, AccumulateGrad's copy of a gradient the caller binds uncopied),
+  // so the others stay in the arena and the nodes only they need are removed (forge::dce).
+  bool exact_escaping = false;
   // Scalars set each run: the Double scalar argument `arg` of the op recorded at trace index
   // `trace_op`, and the Python numbers (wrapped 0-d tensors) in storage `storage` the plan
   // holds as constants (one it binds as an input is written in place by its caller). The

@@ -51,6 +51,10 @@ struct PassContext {
 
 Result<Ir001> canonicalize(Ir001 ir, PassContext& ctx);
 Result<Ir001> dce(Ir001 ir, PassContext& ctx);
+// Note [Fresh copies] (CopyForward.cpp): AccumulateGrad's new_empty_strided + copy_ of a gradient
+// nothing else reads is removed, its readers reading the gradient itself. Not part of
+// run_front_end: only for a caller that binds the uncopied gradient (crucible.compile).
+Result<Ir001> forward_fresh_copies(Ir001 ir, std::size_t* forwarded = nullptr);
 Result<Ir001> cse(Ir001 ir, PassContext& ctx);
 // Multi-tensor groups from the horizontal rules (Note [Horizontal rules]); the nodes they hold
 // are seeded into fuse(). Errors: those of applicable_rules().
