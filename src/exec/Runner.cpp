@@ -89,6 +89,23 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
   std::size_t widest = 0;
   for (const Call& c : plan.calls) widest = std::max<std::size_t>(widest, c.in_count + c.out_count);
   r->call_args_.resize(widest);
+  r->slot_tensors_.resize(plan.slots.size());
+  r->slot_extent_.assign(plan.slots.size(), 0);
+  for (std::uint32_t t = 0; t < plan.tensors.size(); ++t) {
+    const TensorRef& tr = plan.tensors[t];
+    r->slot_tensors_[tr.slot].push_back(t);
+    // verify_plan checked that the tensor lies in its slot: offsets and strides are not negative
+    std::int64_t last = tr.offset;
+    bool empty = false;
+    const auto sizes = plan.sizes(tr), strides = plan.strides(tr);
+    for (std::size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] == 0) empty = true;
+      else last += (sizes[d] - 1) * strides[d];
+    }
+    if (!empty)
+      r->slot_extent_[tr.slot] = std::max<std::uint64_t>(
+          r->slot_extent_[tr.slot], static_cast<std::uint64_t>(last + 1) * *element_size(tr.dtype));
+  }
   return r;
 }
 
@@ -199,10 +216,45 @@ Status Runner::library_call(void* self, std::uint32_t c) {
   lc.outputs = std::span<const TensorArg>(args + call.in_count, call.out_count);
   lc.scalars = std::span<const record::ScalarRecord>(r->scalars_)
                    .subspan(call.scalar_begin, call.scalar_count);
+  lc.runner = r;
+  lc.adoptable = &Runner::adoptable;
+  lc.adopt = &Runner::adopt;
+  r->current_call_ = c;
   if (Status st = r->provider_.call(r->provider_.self, lc); !st.ok())
     return Status(st.code(), "call " + std::to_string(c) + " (" + std::string(lc.op) + ", node " +
                                  std::to_string(call.node) + "): " + std::string(st.message()));
   return ok_status();
+}
+
+bool Runner::adoptable(void* self, std::uint32_t output) {
+  auto* r = static_cast<Runner*>(self);
+  const ExecutionPlan& p = r->plan_;
+  const Call& call = p.calls[r->current_call_];
+  if (output >= call.out_count) return false;
+  const TensorRef& t = p.tensors[p.args[call.out_begin + output].tensor];
+  const Slot& s = p.slots[t.slot];
+  return s.kind == SlotKind::Arena && s.first == r->current_call_;
+}
+
+bool Runner::adopt(void* self, std::uint32_t output, void* data, std::uint64_t before,
+                   std::uint64_t after) {
+  auto* r = static_cast<Runner*>(self);
+  if (!adoptable(self, output) || data == nullptr) return false;
+  const ExecutionPlan& p = r->plan_;
+  const Call& call = p.calls[r->current_call_];
+  const TensorRef& out = p.tensors[p.args[call.out_begin + output].tensor];
+  const std::uint32_t slot = out.slot;
+  // The slot's byte 0 lies `off` bytes below the output's element 0; its tensors reach
+  // slot_extent_ bytes from there.
+  const auto off = static_cast<std::uint64_t>(out.offset) * static_cast<std::uint64_t>(*element_size(out.dtype));
+  if (off > before || r->slot_extent_[slot] > off + after) return false;
+  void* base = static_cast<std::byte*>(data) - off;
+  r->slot_base_[slot] = base;
+  for (std::uint32_t t : r->slot_tensors_[slot]) {
+    const TensorRef& tr = p.tensors[t];
+    r->tensor_data_[t] = static_cast<std::byte*>(base) + tr.offset * static_cast<std::int64_t>(*element_size(tr.dtype));
+  }
+  return true;
 }
 
 }  // namespace crucible::exec

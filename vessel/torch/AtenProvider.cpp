@@ -20,6 +20,12 @@
 //    placed outputs. ATen's out= kernels compute with the same loops as the functional ones;
 //  - an operator that only allocates (empty, empty_like, new_empty_strided, ...) does nothing:
 //    its result is placed, and its contents are unspecified in ATen too;
+//  - Note [Adopted results] (exec/Backend.h): where such a result is laid out as the plan placed
+//    it and its slot is the arena's, first written by this call, ATen's memory becomes the
+//    slot's for the run instead of being copied (`stats().adopted`); an out= overload with no CPU
+//    kernel of its own (ATen's generated wrapper: compute, then copy) is passed over for the
+//    functional operator when some output can be adopted (resnet18: convolution_backward,
+//    native_batch_norm_backward);
 //  - an operator with no out= overload, or a call with a result the plan does not place (one
 //    convolution_backward's output_mask leaves undefined), computes its results, and the placed
 //    ones are copied into place (`stats().copied` counts these calls).
@@ -69,6 +75,7 @@ struct AtenProvider::Resolved {
   std::optional<c10::OperatorHandle> out;  // the out= overload of a functional operator
   bool writes_arguments = false;           // in place or out=: called as recorded
   bool allocates_only = false;             // empty, empty_like, new_empty...: uninitialized memory
+  bool out_composite = false;              // its out= overload has no CPU kernel of its own
   explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -79,6 +86,7 @@ struct AtenProvider::CallCache {
   std::vector<at::Tensor> in, out;  // parallel to the call's inputs and outputs
   std::vector<at::Tensor> rets;     // the placed results by return position (undefined: none)
   torch::jit::Stack args;           // the operator's arguments, before out= tensors
+  std::vector<at::Tensor> adopted;  // results whose memory the runner adopted this run
 };
 
 namespace {
@@ -247,6 +255,14 @@ bool same_tensors(const std::vector<at::Tensor>& w, std::span<const exec::Tensor
   return true;
 }
 
+// Whether some placed output of the call may take ATen's own memory (Note [Adopted results]).
+bool any_adoptable(const exec::LibraryCall& c) {
+  if (c.adoptable == nullptr) return false;
+  for (std::uint32_t k = 0; k < c.outputs.size(); ++k)
+    if (c.adoptable(c.runner, k)) return true;
+  return false;
+}
+
 bool same_scalars(const std::vector<ScalarRecord>& a, std::span<const ScalarRecord> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(ScalarRecord)) == 0);
 }
@@ -286,6 +302,7 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
       auto oh = dispatcher.findSchema(n);
       if (oh && is_out_overload(s, oh->schema())) {
         r->out = *oh;
+        r->out_composite = !oh->hasKernelForDispatchKey(c10::DispatchKey::CPU);
         break;
       }
     }
@@ -326,7 +343,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       same_tensors(cc->out, c.outputs)) {
     ++stats_.reused;
     torch::jit::Stack stack = cc->args;
-    return invoke(c, rop, std::move(stack), cc->rets, cc->out);
+    return invoke(c, rop, std::move(stack), cc->rets, cc->out, &cc->adopted);
   }
   const auto& args = schema.arguments();
 
@@ -438,11 +455,12 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     cc->rets = rets;
     cc->args = stack;
   }
-  return invoke(c, rop, std::move(stack), rets, cc != nullptr ? cc->out : outs);
+  return invoke(c, rop, std::move(stack), rets, cc != nullptr ? cc->out : outs, cc != nullptr ? &cc->adopted : nullptr);
 }
 
 Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, torch::jit::Stack stack,
-                            const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed) {
+                            const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed,
+                            std::vector<at::Tensor>* keep) {
   try {
     c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -457,8 +475,8 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
                                " is not the memory the plan placed for it",
                            "the plan's aliasing does not match this operator: report it");
       }
-    } else if (rop.out && std::all_of(outs.begin(), outs.end(),
-                                      [](const at::Tensor& o) { return o.defined(); })) {
+    } else if (rop.out && std::all_of(outs.begin(), outs.end(), [](const at::Tensor& o) { return o.defined(); }) &&
+               !(rop.out_composite && any_adoptable(c))) {
       ++stats_.out_variant;
       for (const at::Tensor& o : outs) stack.emplace_back(o);
       rop.out->callBoxed(stack);
@@ -476,6 +494,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     } else {
       ++stats_.copied;
       rop.op.callBoxed(stack);
+      if (keep != nullptr) keep->clear();  // the last run's adopted results
       // Each placed result: a return, or an element of a returned list (unsafe_split).
       for (std::size_t k = 0; k < c.outputs.size(); ++k) {
         const exec::TensorArg& o = c.outputs[k];
@@ -495,6 +514,18 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
           return bad_state(which + " has sizes " + c10::str(r.sizes()) + " " + c10::toString(r.scalar_type()) +
                                ", the plan placed " + c10::str(to.sizes()) + " " + c10::toString(to.scalar_type()),
                            "the plan was recorded for other shapes: record the step again");
+        // Note [Adopted results]: ATen's own memory becomes the slot's when it is laid out as
+        // the plan placed it (no copy); it lives until this call runs again.
+        if (keep != nullptr && c.adopt != nullptr && r.strides() == to.strides() && r.has_storage() &&
+            r.storage().data() != nullptr) {
+          const std::uint64_t before = static_cast<std::uint64_t>(r.storage_offset()) * r.element_size();
+          const std::uint64_t total = r.storage().nbytes();
+          if (before <= total && c.adopt(c.runner, static_cast<std::uint32_t>(k), r.data_ptr(), before, total - before)) {
+            keep->push_back(r);
+            ++stats_.adopted;
+            continue;
+          }
+        }
         to.copy_(r);
       }
     }

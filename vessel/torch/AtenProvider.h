@@ -25,7 +25,8 @@ struct AtenProviderStats {
   std::uint64_t out_variant = 0;  // a functional operator run through its out= overload
   std::uint64_t copied = 0;  // no out= overload: the result is computed, then copied into place
   std::uint64_t allocations = 0;  // empty, new_empty_strided...: placed memory, nothing to run
-  std::uint64_t reused = 0;  // calls whose argument stack was kept from the call's previous run
+  std::uint64_t reused = 0;
+  std::uint64_t adopted = 0;  // results whose own memory became their slot's (no copy)  // calls whose argument stack was kept from the call's previous run
 };
 
 class AtenProvider {
@@ -54,7 +55,8 @@ class AtenProvider {
   // Calls the operator on a built argument stack; `outs`: the placed results by return position.
   // `placed`: the placed results in the call's output order.
   Status invoke(const exec::LibraryCall& c, const Resolved& rop, std::vector<c10::IValue> stack,
-                const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed);
+                const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed,
+                std::vector<at::Tensor>* keep);
   std::unordered_map<std::string, std::unique_ptr<Resolved>> ops_;
   // Per call of the last plan: its operator and its last argument stack (Note [ATen provider]).
   const exec::ExecutionPlan* cache_plan_ = nullptr;

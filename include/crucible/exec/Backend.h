@@ -35,6 +35,18 @@ struct TensorArg {
 
 // One library call: the op, its tensors (outputs already placed: the provider writes into
 // them, it allocates nothing) and its scalar arguments for this run (patches applied).
+//
+// Note [Adopted results]: a provider whose operator can only allocate its results (an operator
+// without an out= overload, or whose out= overload computes and then copies) may hand its own
+// memory over for an output instead of copying into the placed one: `adoptable(runner, k)` says
+// whether output k may be adopted (its slot is in the arena and this call writes it first, so no
+// call before read the placed memory), and `adopt(runner, k, data, before, after)` makes the
+// memory holding output k's element 0 at `data` (valid from `before` bytes below it to `after`
+// bytes from it, laid out with output k's recorded sizes and strides) the slot's for the rest of
+// this run; it returns false, changing nothing, when that memory does not hold the slot's
+// tensors where the plan puts them. The provider keeps the memory alive until the call runs
+// again.
+// Later calls (and generated kernels) see the slot there; the next run starts from the arena.
 struct LibraryCall {
   const ExecutionPlan* plan = nullptr;
   std::uint32_t call = 0;  // index in plan->calls
@@ -45,6 +57,10 @@ struct LibraryCall {
   std::span<const TensorArg> inputs;
   std::span<const TensorArg> outputs;
   std::span<const record::ScalarRecord> scalars;
+  void* runner = nullptr;  // for adoptable/adopt; null: no adoption
+  bool (*adoptable)(void* runner, std::uint32_t output) = nullptr;
+  bool (*adopt)(void* runner, std::uint32_t output, void* data, std::uint64_t before,
+                std::uint64_t after) = nullptr;
 };
 
 struct Provider {

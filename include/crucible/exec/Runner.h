@@ -50,6 +50,10 @@ class Runner {
  private:
   Runner(const ExecutionPlan& plan, Backend backend, Provider provider);
   static Status library_call(void* self, std::uint32_t call);
+  // Note [Adopted results] (Backend.h), for the call library_call is running.
+  static bool adoptable(void* self, std::uint32_t output);
+  static bool adopt(void* self, std::uint32_t output, void* data, std::uint64_t before,
+                    std::uint64_t after);
 
   const ExecutionPlan& plan_;
   Backend backend_;
@@ -58,7 +62,10 @@ class Runner {
   std::vector<void*> slot_base_;               // this run's base of every slot
   std::vector<void*> tensor_data_;             // this run's element 0 of every tensor
   std::vector<record::ScalarRecord> scalars_;  // this run's scalars
-  std::vector<TensorArg> call_args_;           // scratch: the tensors of one call
+  std::vector<TensorArg> call_args_;
+  std::uint32_t current_call_ = 0;                       // the call library_call runs
+  std::vector<std::vector<std::uint32_t>> slot_tensors_;  // per slot: its tensors
+  std::vector<std::uint64_t> slot_extent_;                // per slot: bytes its tensors reach           // scratch: the tensors of one call
 };
 
 }  // namespace crucible::exec
