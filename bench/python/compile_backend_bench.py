@@ -98,9 +98,8 @@ def main():
     os.environ["CRUCIBLE_CACHE_DIR"] = cache
     rows = [bench(m, a.rounds) for m in a.models.split(",")]
     # Plan build with the cpu backend: cold (an empty cache) and warm (its kernels on disk).
-    cold_dir = tempfile.mkdtemp(prefix="crucible-bench-cold-")
-    os.environ["CRUCIBLE_CACHE_DIR"] = cold_dir
     for r in rows:
+        os.environ["CRUCIBLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="crucible-bench-cold-")  # empty, per model
         r["first_three_calls_cold_s"], r["cold_summary"] = build_seconds(r["model"])
         r["first_three_calls_warm_s"], r["warm_summary"] = build_seconds(r["model"])
     lines = [f"{'model':<13} {'eager us':>10} {'replay':>8} {'null':>8} {'cpu':>8} {'cpu/replay':>10} "

@@ -121,6 +121,7 @@ Status Runner::run(const RunArgs& args) {
     return invalid_input("run: " + std::to_string(args.patches.size()) + " patch values for " +
                              std::to_string(p.patches.size()) + " patch points",
                          "give one value per patch point, or none to run the recorded values");
+  outputs_may_move_ = args.outputs_may_move;
   auto* arena = static_cast<std::byte*>(arena_);
   for (std::size_t s = 0; s < p.slots.size(); ++s) {
     const Slot& sl = p.slots[s];
@@ -233,7 +234,8 @@ bool Runner::adoptable(void* self, std::uint32_t output) {
   if (output >= call.out_count) return false;
   const TensorRef& t = p.tensors[p.args[call.out_begin + output].tensor];
   const Slot& s = p.slots[t.slot];
-  return s.kind == SlotKind::Arena && s.first == r->current_call_;
+  return (s.kind == SlotKind::Arena || (s.kind == SlotKind::Output && r->outputs_may_move_)) &&
+         s.first == r->current_call_;
 }
 
 bool Runner::adopt(void* self, std::uint32_t output, void* data, std::uint64_t before,
@@ -248,6 +250,8 @@ bool Runner::adopt(void* self, std::uint32_t output, void* data, std::uint64_t b
   // slot_extent_ bytes from there.
   const auto off = static_cast<std::uint64_t>(out.offset) * static_cast<std::uint64_t>(*element_size(out.dtype));
   if (off > before || r->slot_extent_[slot] > off + after) return false;
+  // An output's memory goes back to its caller, who finds its owner by where it starts.
+  if (p.slots[slot].kind == SlotKind::Output && off != before) return false;
   void* base = static_cast<std::byte*>(data) - off;
   r->slot_base_[slot] = base;
   for (std::uint32_t t : r->slot_tensors_[slot]) {

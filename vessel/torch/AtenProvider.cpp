@@ -269,6 +269,19 @@ bool same_scalars(const std::vector<ScalarRecord>& a, std::span<const ScalarReco
 
 }  // namespace
 
+c10::Storage AtenProvider::adopted_storage(const void* base) const {
+  for (const auto& cc : cache_)
+    if (cc)
+      for (const at::Tensor& t : cc->adopted)
+        if (t.has_storage() && t.storage().data() == base) return t.storage();
+  return c10::Storage();
+}
+
+void AtenProvider::release_adopted() {
+  for (const auto& cc : cache_)
+    if (cc) cc->adopted.clear();
+}
+
 AtenProvider::AtenProvider() = default;
 AtenProvider::~AtenProvider() = default;
 

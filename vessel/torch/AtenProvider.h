@@ -46,6 +46,12 @@ class AtenProvider {
   // null when the last failure was the provider's own; taking it clears it. A caller that
   // speaks to Python rethrows it, so the user gets eager's error type and message.
   std::exception_ptr take_error() { return std::exchange(error_, nullptr); }
+  // The storage of a result the runner adopted (Note [Adopted results]) whose memory starts at
+  // `base`; an empty Storage when none does.
+  c10::Storage adopted_storage(const void* base) const;
+  // Lets go of every adopted result (their memory is freed unless someone else holds it): for a
+  // caller whose run is over and who took the outputs it needs.
+  void release_adopted();
 
   struct Resolved;
   struct CallCache;

@@ -160,9 +160,11 @@ class ExecReplayImpl final : public replay::ExecReplay {
     out_storage.resize(plan.outputs.size());
     for (std::size_t b = 0; b < plan.outputs.size(); ++b) {
       const std::uint64_t bytes = std::max<std::uint64_t>(plan.slots[plan.outputs[b]].bytes, 1);
+      // From the default allocator, not through the replay arena's wrapper: these come and
+      // go with no regard to the run, which must allocate the same sequence every time.
       if (!out_storage[b] || out_storage[b].use_count() != 1 || out_storage[b].nbytes() < bytes)
         out_storage[b] = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(bytes),
-                                      c10::GetCPUAllocator(), /*resizable=*/false);
+                                      c10::GetDefaultCPUAllocator(), /*resizable=*/false);
       out[b] = out_storage[b].mutable_data();
     }
     std::vector<std::uint64_t> bits(patch_source.size());
@@ -172,18 +174,31 @@ class ExecReplayImpl final : public replay::ExecReplay {
       bits[i] = std::bit_cast<std::uint64_t>(scalars[patch_source[i]]);
     }
     step->provider.take_error();
-    const Status st = step->runner->run(exec::RunArgs{in, out, bits});
+    exec::RunArgs ra{in, out, bits};
+    ra.outputs_may_move = true;  // an output ATen allocated itself is taken over, not copied
+    const Status st = step->runner->run(ra);
     if (!st.ok())  // ATen's own error (an index out of range) reaches Python as eager raises it
       if (std::exception_ptr e = step->provider.take_error()) std::rethrow_exception(e);
     TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name, " backend): ", std::string(st.message()));
+    std::vector<c10::Storage> result(out_storage);
+    for (std::uint32_t b = 0; b < plan.outputs.size(); ++b) {
+      void* at = step->runner->output_data(b);
+      if (at == out[b]) continue;
+      result[b] = step->provider.adopted_storage(at);
+      TORCH_CHECK(result[b], "crucible plan (exec stage): output ", b, " moved to memory no adopted result owns; "
+                  "this is a bug: report it, and run the step with backend=\"replay\"");
+    }
     for (const SlotTensor& v : slot_tensors) {
       const exec::Slot& s = plan.slots[v.exec];
-      c10::Storage storage = s.kind == exec::SlotKind::Input ? in_storage[s.binding] : out_storage[s.binding];
+      c10::Storage storage = s.kind == exec::SlotKind::Input ? in_storage[s.binding] : result[s.binding];
       auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                        c10::scalarTypeToTypeMeta(v.dtype));
       impl->set_sizes_and_strides(v.sizes, v.strides, v.offset);
       slots[v.slot] = at::Tensor(std::move(impl));
     }
+    // Adopted intermediates die with the run (so the replay arena serves them in the next one);
+    // adopted outputs live on in the slots just made.
+    step->provider.release_adopted();
   }
 
   std::string backend() const override { return backend_name; }
@@ -342,10 +357,6 @@ std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t b
     why = e.what();
   }
   p->exec_note = why;
-  if (why.empty()) {  // the exec plan places the step's intermediates itself
-    p->arena_state = replay::Plan::Arena::Off;
-    p->arena_note = "the exec stage's plan places the step's intermediates in its own arena";
-  }
   return why;
 }
 

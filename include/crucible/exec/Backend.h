@@ -39,8 +39,9 @@ struct TensorArg {
 // Note [Adopted results]: a provider whose operator can only allocate its results (an operator
 // without an out= overload, or whose out= overload computes and then copies) may hand its own
 // memory over for an output instead of copying into the placed one: `adoptable(runner, k)` says
-// whether output k may be adopted (its slot is in the arena and this call writes it first, so no
-// call before read the placed memory), and `adopt(runner, k, data, before, after)` makes the
+// whether output k may be adopted (its slot is in the arena, or an output binding of a run whose
+// caller allows it, RunArgs::outputs_may_move, and this call writes it first, so no call before
+// read the placed memory), and `adopt(runner, k, data, before, after)` makes the
 // memory holding output k's element 0 at `data` (valid from `before` bytes below it to `after`
 // bytes from it, laid out with output k's recorded sizes and strides) the slot's for the rest of
 // this run; it returns false, changing nothing, when that memory does not hold the slot's

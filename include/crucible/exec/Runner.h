@@ -27,6 +27,9 @@ struct RunArgs {
   // One per patch point (plan.patches order), or empty to run the recorded values: a Scalar
   // patch's new ScalarRecord::bits; a Constant patch's value as IEEE-754 double bits.
   std::span<const std::uint64_t> patches;
+  // Note [Adopted results]: output bindings may be adopted too (a provider's own memory takes the
+  // place of the bound one); the caller reads where each output ended up from output_data().
+  bool outputs_may_move = false;
 };
 
 class Runner {
@@ -45,6 +48,8 @@ class Runner {
   Status run(const RunArgs& args);
 
   std::uint64_t arena_bytes() const { return plan_.arena_bytes; }
+  // After a run: where each output binding's memory is (the bound memory, or an adopted one).
+  void* output_data(std::uint32_t binding) const { return slot_base_[plan_.outputs[binding]]; }
   std::string_view backend_name() const { return backend_.name; }
 
  private:
@@ -64,6 +69,7 @@ class Runner {
   std::vector<record::ScalarRecord> scalars_;  // this run's scalars
   std::vector<TensorArg> call_args_;
   std::uint32_t current_call_ = 0;                       // the call library_call runs
+  bool outputs_may_move_ = false;                        // this run's RunArgs::outputs_may_move
   std::vector<std::vector<std::uint32_t>> slot_tensors_;  // per slot: its tensors
   std::vector<std::uint64_t> slot_extent_;                // per slot: bytes its tensors reach           // scratch: the tensors of one call
 };
