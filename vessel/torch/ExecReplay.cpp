@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -213,8 +214,11 @@ class ExecReplayImpl final : public replay::ExecReplay {
       s += ", " + std::to_string(step->cpu->generated_kernels()) + " kernels generated, " +
            std::to_string(step->generated_calls()) + " calls generated";
       const mimic::CacheStats& c = step->cpu->stats();
+      char secs[64];
+      std::snprintf(secs, sizeof secs, "; %.1f ms compiling, %.1f ms loading", c.compile_seconds * 1e3,
+                    c.load_seconds * 1e3);
       s += " (compiled " + std::to_string(c.compiled) + ", from disk " + std::to_string(c.disk_hits) +
-           ", from memory " + std::to_string(c.memory_hits) + ")";
+           ", from memory " + std::to_string(c.memory_hits) + secs + ")";
     }
     const AtenProviderStats& a = step->provider.stats();
     s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) + ", in place " +
