@@ -28,6 +28,7 @@ def installed(tmp_path_factory):
 def run_py(installed, code, cwd):
     env = {k: v for k, v in os.environ.items() if k not in ("CRUCIBLE_BUILD_DIR", "PYTHONPATH")}
     env["PYTHONPATH"] = installed
+    env["CRUCIBLE_CACHE_DIR"] = os.path.join(cwd, "kernel-cache")  # not the user's cache
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 
@@ -59,6 +60,9 @@ def test_the_installed_package_records_and_compiles(installed, tmp_path):
         for _ in range(6):
             assert torch.equal(step(x, y), compiled(x, y))
         assert compiled.stats()["plan_runs"] == 3, compiled.stats()
+        # the plan ran through the exec stage: the package carries Forge's rules and LLVM's module
+        plan = compiled.plans()[0]
+        assert plan["exec"] == "cpu" and plan["exec_generated_calls"] > 0, plan["exec_note"]
         print("ok")
         """, cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

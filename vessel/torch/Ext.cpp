@@ -740,6 +740,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   });
   m.def("plan_release", &vessel::plan_release);
   m.def("plan_set_arena", &vessel::plan_set_arena);
+  m.def("plan_set_exec_note", &vessel::plan_set_exec_note);
   m.def("alloc_measure_start", &vessel::alloc_measure_start);
   m.def("alloc_measure_stop", &vessel::alloc_measure_stop);
   m.def("plan_info", [](std::int64_t p) {

@@ -1340,6 +1340,12 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
   return "";
 }
 
+void plan_set_exec_note(std::int64_t id, const std::string& note) {
+  auto p = get_plan(id);
+  BusyLock hold(*p);
+  p->exec_note = note;
+}
+
 void plan_set_arena(std::int64_t id, bool on) {
   auto p = get_plan(id);
   BusyLock hold(*p);

@@ -108,6 +108,9 @@ struct SyncResult {
 SyncResult sync_end();
 // Arena on (the default; planned on the next run) or off.
 void plan_set_arena(std::int64_t plan, bool on);
+// Why the plan does not run through the exec stage (Note [Exec replay]), when the reason is not
+// the exec stage's own (its module or rules are missing): plan_info's exec_note.
+void plan_set_exec_note(std::int64_t plan, const std::string& note);
 
 // Bytes the calling thread allocates through PyTorch's CPU allocator between start and stop:
 // (peak live bytes, 64-aligned; number of allocations). For comparing an eager step with a

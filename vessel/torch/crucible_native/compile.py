@@ -27,6 +27,7 @@ _MODES = ("auto", "replay", "sync")
 # through Forge, on the null backend (every kernel an ATen call on memory the plan placed) or on
 # Mimic's CPU backend (generated kernels where they give ATen's bits, ATen calls elsewhere).
 _BACKENDS = ("replay", "null", "cpu")
+_DEFAULT_BACKEND = "cpu"
 
 
 def _rules_dir() -> str:
@@ -325,16 +326,18 @@ class CompiledStep(_SyncPoint):
     from the function: bound self, closure, globals; or passed as guard=): a replaced
     parameter, a loaded optimizer state, train()/eval() or a changed hyperparameter makes
     the step record again. Intermediates live in one static arena per plan, planned from the
-    plan's first run (arena=False: PyTorch's allocator throughout). backend="null" or "cpu"
-    runs a whole-step plan's ops through the exec stage (the call planned through Forge; "cpu":
-    Mimic's generated kernels where they give ATen's bits); plans() says whether it does and why
-    not. verify_every=N re-records every N-th plan call eagerly and compares;
+    plan's first run (arena=False: PyTorch's allocator throughout). A whole-step plan's ops run
+    through the exec stage (the call planned through Forge) on backend="cpu" (the default:
+    Mimic's generated kernels where they give ATen's bits, ATen calls elsewhere) or "null"
+    (ATen calls only); backend="replay" runs the captured ATen ops in order. plans() says
+    which ran and why a plan could not take the exec stage (then it runs its own ops; a
+    CrucibleWarning says so when backend= was passed). verify_every=N re-records every N-th plan call eagerly and compares;
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument."""
 
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
-                 mode: str = "auto", backend: str = "replay"):
+                 mode: str = "auto", backend: str = None):
         if not callable(fn):
             raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
         if not isinstance(mode, str):
@@ -342,12 +345,22 @@ class CompiledStep(_SyncPoint):
         if mode not in _MODES:
             raise CrucibleValueError(f"crucible.compile: mode must be one of {', '.join(_MODES)}, got {mode!r}")
         self._mode = mode
+        backend_asked = backend is not None
+        if backend is None:
+            backend = _DEFAULT_BACKEND
         if not isinstance(backend, str):
             raise CrucibleTypeError(f"crucible.compile: backend must be a string, got {type(backend).__name__}")
         if backend not in _BACKENDS:
             raise CrucibleValueError(f"crucible.compile: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         self._backend = backend
-        self._rules = _rules_dir() if backend != "replay" else None
+        self._backend_asked = backend_asked   # a fallback to the plan's own ops warns only when asked for
+        self._rules = None
+        if backend != "replay":
+            try:
+                self._rules = _rules_dir()
+            except CrucibleError:
+                if backend_asked:
+                    raise
         verify_every = _nonnegative_int("compile", "verify_every", verify_every)
         warmup = _nonnegative_int("compile", "warmup", warmup)
         if not isinstance(arena, bool):
@@ -459,7 +472,7 @@ class CompiledStep(_SyncPoint):
             _ext.form_release(f)
         e.variants, e.var_forms, e.capture_left, e.searches = [], [], 0, 0
         e.guards, e.var_guards = [], []
-        e.exec_ranges = {}
+        self._forget_captures(e)
 
     def _refuse(self, e, why, causes=None):
         import warnings
@@ -731,7 +744,7 @@ class CompiledStep(_SyncPoint):
             _ext.plan_set_arena(e.plan, False)
         if self._backend != "replay":
             self._attach_exec(e, b)
-        e.exec_ranges = {}
+        self._forget_captures(e)
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         if not self._guard_objs and not self._nothing_guarded_warned:
             import warnings
@@ -753,16 +766,32 @@ class CompiledStep(_SyncPoint):
     def _attach_exec(self, e, form):
         """backend "null"/"cpu": the plan's ops run through the exec stage, planned from the
         recorded call `form` is of (Note [Exec replay]); where that cannot be, the plan runs its
-        ATen ops, and a CrucibleWarning and plans()' exec_note say why."""
+        ATen ops, plans()' exec_note says why, and a CrucibleWarning too when the backend was
+        asked for."""
         import warnings
         from ._native import load_exec
         rng = e.exec_ranges.get(form)
         begin, end, sids = rng if rng is not None else (0, 0, [])
-        why = load_exec().attach_exec(e.plan, _recording.trace(), begin, end, sids, self._rules,
-                                      "cpu-avx2", self._backend)
-        if why:
+        try:
+            if self._rules is None:
+                self._rules = _rules_dir()
+            why = load_exec().attach_exec(e.plan, _recording.trace(), begin, end, sids, self._rules,
+                                          "cpu-avx2", self._backend)
+        except (CrucibleError, ImportError, OSError) as err:   # no rules, no LLVM module
+            why = f"the exec stage is not available: {err}"
+            _ext.plan_set_exec_note(e.plan, why)
+        if why and self._backend_asked:
             warnings.warn(f"crucible.compile(backend={self._backend!r}): this plan runs its ATen ops in order, "
                           f"not through the exec stage: {why}", CrucibleWarning, stacklevel=4)
+
+    def _forget_captures(self, e):
+        """The recorded calls an exec backend put into the trace leave it again when the trace
+        held nothing else (the thread was not recording before them): a compiled step does not
+        fill the trace of a program that never records. A trace that held other ops keeps them."""
+        firsts = [rng[0] for rng in e.exec_ranges.values()]
+        e.exec_ranges = {}
+        if firsts and min(firsts) == 0 and not _recording.is_enabled():
+            _ext.clear()
 
     def _params(self):
         import torch
@@ -830,7 +859,8 @@ class CompiledStep(_SyncPoint):
             return self._fn(*args, **kwargs), None, None
         # backend "null"/"cpu": the call is recorded into the trace as well, where the exec stage
         # plans it from (its ops are those the trace gained during the call)
-        to_trace = self._backend != "replay" and self._mode != "sync" and e.mode != "sync"
+        to_trace = (self._backend != "replay" and self._mode != "sync" and e.mode != "sync" and e.plan is None
+                    and not _recording.is_enabled())
         if to_trace:
             _recording.flush()
             first = _ext.stats()["total"]
@@ -975,7 +1005,7 @@ class CompiledStep(_SyncPoint):
 
 
 def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto",
-            backend: str = "replay"):
+            backend: str = None):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
     kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode, backend=backend)
