@@ -236,9 +236,11 @@ Ref base_of(const Form& f, Ref r) {
   return r;
 }
 
-std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, std::size_t end,
+std::string attach(replay::Plan& p, const Form& call, const record::Trace& t, std::size_t begin, std::size_t end,
                    const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options) {
   const Form& f = *p.form;
+  if (call.ops.size() != f.ops.size() || call.exts.size() != f.exts.size())
+    return "the recorded call does not have the plan's ops and persistent tensors";
   if (p.sync) return "a sync-point plan runs its Python between its native stretches; it runs its ATen ops";
   if (end < begin || end > t.ops.size())
     return "the captured call's ops [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -258,9 +260,9 @@ std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, s
   absl::flat_hash_map<std::uint64_t, Ref> source;
   for (std::size_t j = 0; j < arg_storages.size(); ++j)
     if (arg_storages[j] != 0) source.emplace(arg_storages[j], Ref{Ref::Arg, static_cast<std::uint32_t>(j)});
-  for (std::size_t e = 0; e < f.exts.size(); ++e)
-    if (f.exts[e].defined() && f.exts[e].has_storage())
-      source.emplace(storage_id(f.exts[e].storage()), Ref{Ref::Ext, static_cast<std::uint32_t>(e)});
+  for (std::size_t e = 0; e < call.exts.size(); ++e)  // the call's own tensors, as its trace ops name them
+    if (call.exts[e].defined() && call.exts[e].has_storage())
+      source.emplace(storage_id(call.exts[e].storage()), Ref{Ref::Ext, static_cast<std::uint32_t>(e)});
   // Each form slot's recorded tensor: op k's return i (element e of a list) is slot out.slot + e.
   std::vector<std::int64_t> slot_meta(f.num_slots, -1);  // index in t.tensors
   for (std::size_t k = 0; k < f.ops.size(); ++k) {
@@ -293,7 +295,7 @@ std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, s
       o.scalar_patches.push_back({begin + pt.op, pt.arg});
       scalar_sources.push_back(pt.source);
     } else {
-      const at::Tensor& x = f.exts[static_cast<std::size_t>(pt.ext)];
+      const at::Tensor& x = call.exts[static_cast<std::size_t>(pt.ext)];
       o.constant_patches.push_back(x.has_storage() ? storage_id(x.storage()) : 0);
       constant_sources.push_back(pt.source);
     }
@@ -349,14 +351,16 @@ std::string attach(replay::Plan& p, const record::Trace& t, std::size_t begin, s
 }  // namespace
 
 std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
-                        const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options) {
+                        const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options,
+                        std::int64_t form) {
   std::shared_ptr<replay::Plan> p = replay::get_plan(plan);
+  std::shared_ptr<const Form> call = form >= 0 ? replay::get_form(form) : nullptr;
   replay::BusyLock hold(*p);
   if (p->exec != nullptr && p->exec->backend() == options.backend) return "";  // a plan from the cache
   p->exec.reset();
   std::string why;
   try {
-    why = attach(*p, t, begin, end, arg_storages, options);
+    why = attach(*p, call ? *call : *p->form, t, begin, end, arg_storages, options);
   } catch (const std::exception& e) {
     why = e.what();
   }

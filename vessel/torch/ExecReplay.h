@@ -63,8 +63,11 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
 // Note [Exec replay]: runs crucible.compile's plan `plan` (a whole-step plan) through the exec
 // stage on `backend`, its captured call being ops [begin, end) of `t`; `arg_storages` are the
 // storage ids of the call's tensor arguments. Returns "" or why it cannot (also kept as the
-// plan's exec_note): the plan keeps running its ATen ops then.
+// plan's exec_note): the plan keeps running its ATen ops then. `form`: the captured call's form
+// when it is not the plan's own (a call recorded after the plan was built, which plan_update
+// found to repeat it: its externals name the storages of its trace ops); -1 for the plan's.
 std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
-                        const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options);
+                        const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options,
+                        std::int64_t form = -1);
 
 }  // namespace crucible::vessel

@@ -94,21 +94,24 @@ def test_a_compiled_step_runs_through_the_exec_stage_with_eager_bits(name, backe
         assert plan["exec_generated_calls"] == 0
 
 
-def test_a_learning_rate_change_leaves_the_exec_stage_openly_and_stays_eager_exact():
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_a_learning_rate_change_plans_the_exec_stage_again_and_stays_eager_exact(name):
     """A new learning rate becomes a patch point of the plan after the exec plan was built: the
-    plan then runs its own ATen ops (exec_note says why) and still gives eager's bits."""
+    call that learned it is planned through the exec stage again, with the new patch point, and
+    later calls (the rate changing again) still give eager's bits."""
     def change(i, s, ref):
-        if i == 6:
+        if i >= 6:
             for o in (s.opt, ref.opt):
-                o.param_groups[0]["lr"] = 0.02
+                o.param_groups[0]["lr"] = 0.02 / (i - 4)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", crucible.CrucibleWarning)
-        step = run_against_eager("mlp", "cpu", calls=10, before_call=change)
+        warnings.simplefilter("error", crucible.CrucibleWarning)
+        step = run_against_eager(name, "cpu", calls=11, before_call=change)
     (plan,) = step.plans()
     assert step.stats()["hyper_learned"] >= 1
-    assert plan["exec"] == ""
-    assert plan["exec_note"].startswith("dropped: a hyperparameter became a patch point")
+    assert plan["patches"] > 0
+    assert plan["exec"] == "cpu" and plan["exec_note"] == "", plan["exec_note"]
+    assert step.stats()["plan_runs"] >= 6
 
 
 def test_a_sync_point_plan_says_why_it_does_not_run_through_the_exec_stage():

@@ -763,20 +763,21 @@ class CompiledStep(_SyncPoint):
         e.attempts = 0
         self._count("plans_built")
 
-    def _attach_exec(self, e, form):
+    def _attach_exec(self, e, form, rng=None, own_form=False):
         """backend "null"/"cpu": the plan's ops run through the exec stage, planned from the
         recorded call `form` is of (Note [Exec replay]); where that cannot be, the plan runs its
         ATen ops, plans()' exec_note says why, and a CrucibleWarning too when the backend was
         asked for."""
         import warnings
         from ._native import load_exec
-        rng = e.exec_ranges.get(form)
+        if rng is None:
+            rng = e.exec_ranges.get(form)
         begin, end, sids = rng if rng is not None else (0, 0, [])
         try:
             if self._rules is None:
                 self._rules = _rules_dir()
             why = load_exec().attach_exec(e.plan, _recording.trace(), begin, end, sids, self._rules,
-                                          "cpu-avx2", self._backend)
+                                          "cpu-avx2", self._backend, form if own_form else -1)
         except (CrucibleError, ImportError, OSError) as err:   # no rules, no LLVM module
             why = f"the exec stage is not available: {err}"
             _ext.plan_set_exec_note(e.plan, why)
@@ -817,7 +818,7 @@ class CompiledStep(_SyncPoint):
             self._has_sources = bool(self._sources)
             self._param_list = self._params()
 
-    def _capture(self, e, args, kwargs, tensors, lifted=None):
+    def _capture(self, e, args, kwargs, tensors, lifted=None, for_exec=False):
         """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec),
         and leaves e.cap_guard and e.cap_srcs for the call (lifted: the hyperparameters the
         guard leaves to the sources; e.lifted when None)."""
@@ -827,9 +828,9 @@ class CompiledStep(_SyncPoint):
         # go on before the purity watch starts and come off after it finishes: they are part of
         # the state it sees before and after the call, not a change.
         with _Hooks("capture", self._optimizers()):
-            return self._capture_watched(e, args, kwargs, tensors, lifted)
+            return self._capture_watched(e, args, kwargs, tensors, lifted, for_exec)
 
-    def _capture_watched(self, e, args, kwargs, tensors, lifted):
+    def _capture_watched(self, e, args, kwargs, tensors, lifted, for_exec=False):
         self._count("captures")
         self._count("eager_calls")
         params = self._params()
@@ -859,8 +860,8 @@ class CompiledStep(_SyncPoint):
             return self._fn(*args, **kwargs), None, None
         # backend "null"/"cpu": the call is recorded into the trace as well, where the exec stage
         # plans it from (its ops are those the trace gained during the call)
-        to_trace = (self._backend != "replay" and self._mode != "sync" and e.mode != "sync" and e.plan is None
-                    and not _recording.is_enabled())
+        to_trace = (self._backend != "replay" and self._mode != "sync" and e.mode != "sync"
+                    and (e.plan is None or for_exec) and not _recording.is_enabled())
         if to_trace:
             _recording.flush()
             first = _ext.stats()["total"]
@@ -945,7 +946,7 @@ class CompiledStep(_SyncPoint):
         lifted = {g: set(ks) for g, ks in e.lifted.items()}
         for d, k in changed:   # if the plan takes them over, that group's value comes from the sources
             lifted.setdefault(id(d), set()).add(k)
-        result, form, spec = self._capture(e, args, kwargs, tensors, lifted)
+        result, form, spec = self._capture(e, args, kwargs, tensors, lifted, for_exec=True)
         if form is None:
             return result
         srcs = e.cap_srcs
@@ -957,6 +958,12 @@ class CompiledStep(_SyncPoint):
             why, _, rebound = _ext.plan_update(e.plan, form, srcs)   # (why, patches added, tensors rebound)
         else:
             why = "the step returned a different structure"
+        if not why and e.cap_range is not None and _ext.plan_info(e.plan)["exec"] == "":
+            # new patch points dropped the exec stage's plan: planned again from this call
+            self._attach_exec(e, form, rng=e.cap_range, own_form=True)
+        if e.cap_range is not None:
+            e.exec_ranges = {form: e.cap_range}
+            self._forget_captures(e)
         _ext.form_release(form)
         if why:
             import warnings

@@ -1,5 +1,6 @@
 """Crucible demo: record a real PyTorch training loop at the dispatcher, export it, read it back,
-then compile a training step and replay it from C++, bit-identical to eager.
+then compile a training step and replay it from C++ through the exec stage (Mimic's generated
+CPU kernels beside ATen calls), bit-identical to eager.
 
 Run through utils/bin/demo (which installs and builds everything first), or directly:
     PYTHONPATH=vessel/torch .venv/bin/python vessel/torch/examples/demo.py
@@ -157,8 +158,14 @@ def main():
           f"({info['ops']} kernel calls: forward, backward and AdamW in one C++ call; "
           f"{info['patches']} scalars patched each step: AdamW's step size, bias correction and decay), "
           f"{st['eager_calls']} eager (warm-up, 2 recorded, 1 that learned the changing learning rate)")
-    print(f"static arena {info['arena_bytes'] / 1024:.1f} KiB ({info['arena']}, {info['arena_runs']} runs "
-          f"served without an allocator call)")
+    if info["exec"]:
+        print(f"run through the exec stage on the {info['exec']} backend: {info['exec_kernels']} kernels, "
+              f"{info['exec_generated_calls']} of {info['exec_calls']} calls in code Mimic generated with LLVM, "
+              f"the rest ATen calls on memory the plan placed")
+    else:
+        print(f"the plan ran its own ATen ops: {info['exec_note']}")
+    print(f"static arena for ATen's own allocations {info['arena_bytes'] / 1024:.1f} KiB ({info['arena']}, "
+          f"{info['arena_runs']} runs served without an allocator call)")
     print(f"eager {et:.1f} us/step, compiled {ct:.1f} us/step (mean over all {n_steps}, warm-up included): "
           f"{et / ct:.2f}x")
     print(f"every loss and every parameter bit-identical to eager: {same}; final loss {float(cl[-1]):.6f}")
