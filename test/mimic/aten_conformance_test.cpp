@@ -135,7 +135,6 @@ void run_row(const ChainSpec& c, std::uint64_t seed) {
     RunBuffers aten = initial, gen = initial, loops = initial;
     const Status st = run(**reference, aten, p);
     ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(aten_ref.stats().copied, 0u) << "every covered op has an out= overload or is in place";
     const Status sg = run(**generated, gen, p);
     ASSERT_TRUE(sg.ok()) << sg;
     if (c.name.starts_with("alpha_ranges")) {  // any alpha, no broadcast: generated code ran

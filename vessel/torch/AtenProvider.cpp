@@ -28,7 +28,8 @@
 //    native_batch_norm_backward);
 //  - an operator with no out= overload, or a call with a result the plan does not place (one
 //    convolution_backward's output_mask leaves undefined), computes its results, and the placed
-//    ones are copied into place (`stats().copied` counts these calls).
+//    ones are copied into place (`stats().functional` counts these calls, `stats().copied` the
+//    results copied).
 // Calls run below Autograd (the wrapped memory is never part of a graph) and with the recording
 // key excluded, so a provider used while a step is recorded adds nothing to the trace.
 // A plan runs the same calls every run, mostly on the same memory (the arena, the parameters):
@@ -505,7 +506,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
                            "the plan does not match this operator's shapes: record the step again");
       }
     } else {
-      ++stats_.copied;
+      ++stats_.functional;
       rop.op.callBoxed(stack);
       if (keep != nullptr) keep->clear();  // the last run's adopted results
       // Each placed result: a return, or an element of a returned list (unsafe_split).
@@ -540,6 +541,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
           }
         }
         to.copy_(r);
+        ++stats_.copied;
       }
     }
   } catch (const c10::Error& e) {

@@ -23,7 +23,8 @@ struct AtenProviderStats {
   std::uint64_t calls = 0;
   std::uint64_t in_place = 0;  // the operator writes its own arguments (add_, an out= overload)
   std::uint64_t out_variant = 0;  // a functional operator run through its out= overload
-  std::uint64_t copied = 0;  // no out= overload: the result is computed, then copied into place
+  std::uint64_t functional = 0;  // the functional operator ran (no out= overload, or one not worth it)
+  std::uint64_t copied = 0;      // results of those copied into the placed memory (not adopted)
   std::uint64_t allocations = 0;  // empty, new_empty_strided...: placed memory, nothing to run
   std::uint64_t reused = 0;
   std::uint64_t adopted = 0;  // results whose own memory became their slot's (no copy)  // calls whose argument stack was kept from the call's previous run

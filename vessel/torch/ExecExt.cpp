@@ -102,7 +102,9 @@ PYBIND11_MODULE(_crucible_exec, m) {
              d["calls"] = s.calls;
              d["in_place"] = s.in_place;
              d["out_variant"] = s.out_variant;
+             d["functional"] = s.functional;
              d["copied"] = s.copied;
+             d["adopted"] = s.adopted;
              d["generated_kernels"] = h.cpu ? h.cpu->generated_kernels() : 0u;
              d["generated_calls"] = h.generated_calls();
              d["library_launches"] = h.cpu ? h.cpu->library_launches() : std::uint64_t{0};

@@ -222,7 +222,8 @@ class ExecReplayImpl final : public replay::ExecReplay {
     }
     const AtenProviderStats& a = step->provider.stats();
     s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) + ", in place " +
-         std::to_string(a.in_place) + ", copied " + std::to_string(a.copied) + ", allocations " +
+         std::to_string(a.in_place) + ", functional " + std::to_string(a.functional) + "; results copied " +
+         std::to_string(a.copied) + ", allocations " +
          std::to_string(a.allocations) + ", adopted " + std::to_string(a.adopted) + ", arguments kept " +
          std::to_string(a.reused) + ")";
     s += "; arena " + std::to_string(p.arena_bytes) + " bytes";
