@@ -270,6 +270,21 @@ bool same_scalars(const std::vector<ScalarRecord>& a, std::span<const ScalarReco
 
 }  // namespace
 
+Status AtenProvider::failure(std::string_view op) {
+  error_ = std::current_exception();
+  std::string what;
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "an exception of no known type";
+  }
+  return invalid_input(op_text(op) + " failed in ATen: " + what, "the plan's call does not run on these tensors");
+}
+
 c10::Storage AtenProvider::adopted_storage(const void* base) const {
   for (const auto& cc : cache_)
     if (cc)
@@ -446,14 +461,8 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       stack.push_back(std::move(*v));
     }
 
-  } catch (const c10::Error& e) {
-    error_ = std::current_exception();
-    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
-                         "the plan's call does not run on these tensors");
-  } catch (const std::exception& e) {
-    error_ = std::current_exception();
-    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
-                         "the plan's call does not run on these tensors");
+  } catch (...) {
+    return failure(c.op);
   }
   // The results by return position.
   std::vector<at::Tensor> rets(schema.returns().size());
@@ -544,14 +553,8 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
         ++stats_.copied;
       }
     }
-  } catch (const c10::Error& e) {
-    error_ = std::current_exception();
-    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what_without_backtrace(),
-                         "the plan's call does not run on these tensors");
-  } catch (const std::exception& e) {
-    error_ = std::current_exception();
-    return invalid_input(op_text(c.op) + " failed in ATen: " + e.what(),
-                         "the plan's call does not run on these tensors");
+  } catch (...) {
+    return failure(c.op);
   }
   return ok_status();
 }

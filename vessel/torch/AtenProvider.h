@@ -59,6 +59,8 @@ class AtenProvider {
 
  private:
   Result<const Resolved*> resolve(std::string_view op);
+  // Inside a catch handler: keeps the exception (take_error) and says which op failed how.
+  Status failure(std::string_view op);
   // Calls the operator on a built argument stack; `outs`: the placed results by return position.
   // `placed`: the placed results in the call's output order.
   Status invoke(const exec::LibraryCall& c, const Resolved& rop, std::vector<c10::IValue> stack,
