@@ -151,3 +151,50 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("null", "cpu",
 
 }  // namespace
 }  // namespace crucible::mimic
+
+namespace crucible::mimic {
+namespace {
+
+using namespace test;
+
+// Note [Split loops]: a long contiguous chain runs in parts on the worker pool; each part's
+// elements come out as in one loop. The chain has a Python number (a broadcast operand every
+// part reads whole) and an odd length (the last part ends inside a 64-element block).
+TEST(CpuBackendThreads, ALoopSplitOverThreadsGivesTheBitsOfOneLoop) {
+  const std::int64_t n = 1000003;
+  ChainSpec c{"split",
+              {n},
+              {f32({n}), f32({n}), number(0.7)},
+              {step("aten::mul.Tensor", {0, 1}),
+               step("aten::add.Tensor", {prev(0), 2}, {scalar_double(2, 1.0)}),
+               step("aten::relu", {prev(1)}), step("aten::neg", {prev(2)})}};
+  const BuiltPlan bp = build_chain_plan(c);
+  const Dtypes dts = binding_dtypes(c, bp);
+  std::mt19937_64 rng(11);
+  const RunBuffers initial = initial_buffers(bp, dts, rng);
+  std::vector<RunBuffers> results;
+  for (unsigned threads : {1u, 2u, 3u}) {
+    SCOPED_TRACE(threads);
+    CpuBackendOptions o = CpuBackendOptions::memory_only();
+    o.threads = threads;
+    auto cpu = CpuBackend::make(o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    LoopProvider provider;
+    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    ASSERT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+    RunBuffers b = initial;
+    ASSERT_TRUE(run(**runner, b, patches_for(c, bp, false)).ok());
+    results.push_back(std::move(b));
+  }
+  RunBuffers expect = initial;
+  reference_run(c, bp, expect, bp.plan.scalars, {0.7}, AlphaRounding::Once);
+  for (std::size_t r = 0; r < results.size(); ++r)
+    for (std::size_t o = 0; o < expect.outputs.size(); ++o) {
+      EXPECT_EQ(results[r].outputs[o], results[0].outputs[o]) << "threads run " << r << ", output " << o;
+      EXPECT_EQ(first_difference(results[r].outputs[o], expect.outputs[o], kF32), -1) << "output " << o;
+    }
+}
+
+}  // namespace
+}  // namespace crucible::mimic

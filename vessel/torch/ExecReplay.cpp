@@ -3,6 +3,7 @@
 #include "ExecReplay.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
@@ -103,8 +104,10 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
   h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
   exec::Backend b = exec::null_backend();
   if (o.backend == "cpu") {
-    auto cpu = mimic::CpuBackend::make(o.memory_only_cache ? mimic::CpuBackendOptions::memory_only()
-                                                           : mimic::CpuBackendOptions{});
+    mimic::CpuBackendOptions co = o.memory_only_cache ? mimic::CpuBackendOptions::memory_only()
+                                                      : mimic::CpuBackendOptions{};
+    co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
+    auto cpu = mimic::CpuBackend::make(co);
     if (!cpu.ok()) return cpu.status();
     h->cpu = std::move(*cpu);
     b = h->cpu->backend();

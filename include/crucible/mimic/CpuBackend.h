@@ -22,7 +22,9 @@
 #include "crucible/core/Status.h"
 #include "crucible/exec/Backend.h"
 #include "crucible/forge/NumericalRecipe.h"
+#include "crucible/mimic/CpuCodegen.h"
 #include "crucible/mimic/CpuJit.h"
+#include "crucible/mimic/WorkerPool.h"
 
 namespace crucible::mimic {
 
@@ -36,6 +38,10 @@ struct CpuBackendOptions {
   // How ATen rounds `a + alpha*b` in this process (Note [ATen's alpha rounding],
   // CpuBackend.cpp); unset: aten_alpha_rounding().
   std::optional<AlphaRounding> alpha_rounding;
+  // Threads for one large contiguous generated loop (Note [Split loops], CpuBackend.cpp); 0: the
+  // hardware's. The process shares one pool, sized by the first backend made (at least the
+  // hardware's threads); a backend uses at most its own count of them.
+  unsigned threads = 0;
 
   static CpuBackendOptions memory_only() {  // no disk cache
     CpuBackendOptions o;
@@ -94,6 +100,7 @@ class CpuBackend {
                                                  std::uint32_t begin, std::uint32_t count,
                                                  std::string_view* cache);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
+  void run_contig(Generated& g, ContigFn fn);
 
   std::unique_ptr<ObjectCache> disk_;
   AlphaRounding alpha_rounding_ = AlphaRounding::Unknown;
@@ -102,6 +109,8 @@ class CpuBackend {
   std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls
   CacheStats stats_;
   std::uint64_t library_launches_ = 0;
+  WorkerPool* pool_ = nullptr;  // Note [Split loops]
+  unsigned threads_ = 1;        // parts a loop may run in
 };
 
 }  // namespace crucible::mimic

@@ -26,8 +26,11 @@
 // why the first call that is not is not.
 #include "crucible/mimic/CpuBackend.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "crucible/core/ScalarType.h"
 
@@ -45,6 +48,7 @@ struct Generated {
   bool scaled_unbroadcast = false;
   std::int64_t numel = 0;
   bool contig = false;
+  std::vector<std::uint8_t> advance;  // per operand: 0 for a broadcast one (every part reads it whole)
   // Strided: the iteration's dims of size > 1 with mergeable neighbours merged, innermost
   // last, and each operand's strides over them (operand-major).
   std::vector<std::int64_t> sizes;
@@ -123,6 +127,9 @@ bool is_unit(std::uint64_t bits, std::int8_t dt) {
 Result<std::unique_ptr<CpuBackend>> CpuBackend::make(CpuBackendOptions options) {
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->alpha_rounding_ = options.alpha_rounding ? *options.alpha_rounding : aten_alpha_rounding();
+  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  b->threads_ = options.threads != 0 ? options.threads : hardware;
+  b->pool_ = &WorkerPool::shared(std::max(b->threads_, hardware));
   if (options.disk_cache) {
     std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
     if (dir.empty())
@@ -254,6 +261,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
   for (std::size_t d = 0; d < pk.shape.size(); ++d)
     if (pk.shape[d] > 1) dims.push_back(d);
   const std::size_t nops = pk.operand_tensor.size();
+  p->advance.resize(nops);
+  for (std::size_t o = 0; o < nops; ++o) p->advance[o] = pk.program.operands[o].broadcast ? 0 : 1;
   p->contig = true;
   for (std::size_t o = 0; o < nops && p->contig; ++o) {
     if (pk.program.operands[o].broadcast) continue;
@@ -314,6 +323,32 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
   return ok_status();
 }
 
+// Note [Split loops]: a contiguous generated loop of many elements runs in parts on the shared
+// worker pool, each part a range of whole 64-element blocks (every operand that is not
+// broadcast advanced to the part's first element). Each element is computed by the same code as
+// in one loop, so the bits are the same; below kSplitElements (ATen's grain for its pointwise
+// kernels, 32768, twice) waking a worker costs more than it saves. Strided loops run whole.
+constexpr std::int64_t kSplitElements = 65536;
+
+void CpuBackend::run_contig(Generated& g, ContigFn fn) {
+  const unsigned threads = pool_ != nullptr ? std::min(threads_, pool_->threads()) : 1;
+  if (threads < 2 || g.numel < kSplitElements) {
+    fn(g.base.data(), g.numel, g.params.data());
+    return;
+  }
+  const std::int64_t blocks = (g.numel + 63) / 64;
+  const auto parts = static_cast<unsigned>(std::min<std::int64_t>(threads, blocks));
+  pool_->run(parts, [&](unsigned i) {
+    const std::int64_t begin = std::min(g.numel, blocks * i / parts * 64);
+    const std::int64_t end = std::min(g.numel, blocks * (i + 1) / parts * 64);
+    if (end <= begin) return;
+    std::vector<char*> ptrs(g.base.size());
+    for (std::size_t o = 0; o < ptrs.size(); ++o)
+      ptrs[o] = g.base[o] + (g.advance[o] ? begin * g.elem_bytes[o] : 0);
+    fn(ptrs.data(), end - begin, g.params.data());
+  });
+}
+
 // Runs `g` over this launch's memory; false when its alpha needs the library calls instead
 // (Note [ATen's alpha rounding]).
 bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch) {
@@ -328,14 +363,14 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   for (std::uint32_t j : p->unit_params) unit = unit && is_unit(p->params[j], p->param_dtype[j]);
   if (!unit && alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
     if (alpha_rounding_ == AlphaRounding::Once && p->contig && p->scaled_unbroadcast) {
-      p->fns->contig_fused(p->base.data(), p->numel, p->params.data());
+      run_contig(*p, p->fns->contig_fused);
       return true;
     }
     ++library_launches_;
     return false;
   }
   if (p->contig) {
-    p->fns->contig(p->base.data(), p->numel, p->params.data());
+    run_contig(*p, p->fns->contig);
     return true;
   }
   const std::size_t nd = p->sizes.size();  // >= 1: a single element is contiguous
