@@ -1009,11 +1009,14 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   std::vector<at::Tensor>& slots = p->slots;
   slots.assign(f.num_slots, at::Tensor());
   if (p->exec != nullptr) {
-    // A .grad the step discards unread (zero_grad(set_to_none=True) at its start) is dropped
-    // before the run, as eager drops it before its backward: its memory can then serve the new
-    // gradient (ExecReplay's outputs of the last run) when nothing else holds it.
+    // A .grad the step discards unread (zero_grad(set_to_none=True) at its start) and replaces
+    // (a grad binding sets the new one after the run) is dropped before the run, as eager drops
+    // it before its backward: its memory can then serve the new gradient (ExecReplay's outputs
+    // of the last run) when nothing else holds it. One the step leaves alone stays.
     for (const Form::GradPre& gp : f.grad_pre)
-      if (gp.state == Form::GradPre::Unread) p->run_exts[gp.ext].mutable_grad().reset();
+      if (gp.state == Form::GradPre::Unread &&
+          std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
+        p->run_exts[gp.ext].mutable_grad().reset();
     p->exec->run(f, p->run_exts, slots, args, scalars);
   } else {
     run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import crucible_native as crucible
 import models
@@ -226,3 +227,46 @@ def test_an_aten_error_in_a_plan_run_reaches_python_as_eager_raises_it():
     assert compiled.plans()[0]["exec"] == "cpu", compiled.plans()[0]["exec_note"]
     with pytest.raises(IndexError, match="index out of range"):
         compiled(torch.tensor([1, 2, 30]))
+
+
+@pytest.mark.parametrize("backend", ["replay", "cpu"])
+@pytest.mark.parametrize("scenario", ["untouched", "discarded"])
+def test_a_gradient_the_step_leaves_alone_stays_and_one_it_discards_goes(backend, scenario):
+    """A parameter the step reads without a gradient (under no_grad), holding a .grad of an
+    earlier phase: a step that leaves that .grad alone keeps it, one that sets it to None drops
+    it — in plan runs as in eager (the exec stage drops a discarded .grad before a run only when
+    the run binds a new one)."""
+    def make():
+        torch.manual_seed(0)
+        holder = torch.nn.Module()
+        holder.m = torch.nn.Linear(4, 3)
+        holder.side = torch.nn.Parameter(torch.randn(3))
+        holder.side.grad = torch.full((3,), 7.0)
+        return holder, torch.optim.SGD(holder.m.parameters(), lr=0.1)
+
+    def step_of(holder, opt):
+        def step(x, y):
+            opt.zero_grad()
+            if scenario == "discarded":
+                holder.side.grad = None
+            with torch.no_grad():
+                bias = holder.side * 1.0
+            loss = F.cross_entropy(holder.m(x) + bias, y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    (he, oe), (hc, oc) = make(), make()
+    eager, compiled = step_of(he, oe), crucible.compile(step_of(hc, oc), backend=backend, guard=(hc, oc))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(7):
+        x, y = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
+        assert torch.equal(eager(x, y), compiled(x, y))
+    assert compiled.stats()["plan_runs"] >= 4
+    if scenario == "untouched":
+        assert torch.equal(hc.side.grad, he.side.grad)
+    else:
+        assert he.side.grad is None and hc.side.grad is None
+    for a, b in zip(he.m.parameters(), hc.m.parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad)
