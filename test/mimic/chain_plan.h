@@ -90,12 +90,12 @@ inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF64 ? 8 : 4; }
 
 // ---- the elementwise semantics, shared by the reference and the provider ----
 
-enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward };
+enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward, AddCMul, AddCDiv, Lerp };
 struct OpInfo {
   Fn fn;
   int tensor_inputs;
-  int other_arg;  // a .Scalar overload's second operand
-  int alpha_arg;
+  int other_arg;  // a .Scalar overload's second operand; lerp's weight
+  int alpha_arg;  // add/sub's alpha; addcmul's and addcdiv's value
 };
 inline bool op_info(std::string name, OpInfo* info) {
   const std::size_t dot = name.find('.');
@@ -120,6 +120,14 @@ inline bool op_info(std::string name, OpInfo* info) {
                       {"aten::exp", Fn::Exp, 1, false}};
   if (base == "aten::threshold_backward") {  // (grad_output, self, threshold)
     *info = OpInfo{Fn::ThresholdBackward, 2, 2, -1};
+    return true;
+  }
+  if (base == "aten::addcmul" || base == "aten::addcdiv") {  // (self, t1, t2, *, value)
+    *info = OpInfo{base == "aten::addcmul" ? Fn::AddCMul : Fn::AddCDiv, 3, -1, 3};
+    return true;
+  }
+  if (base == "aten::lerp" && scalar) {  // (self, end, weight)
+    *info = OpInfo{Fn::Lerp, 2, 2, -1};
     return true;
   }
   for (const Row& r : rows)
@@ -159,6 +167,9 @@ T apply(Fn f, T a, T b) {
     case Fn::Exp:
       return std::exp(a);
     case Fn::ThresholdBackward:  // handled in compute
+    case Fn::AddCMul:
+    case Fn::AddCDiv:
+    case Fn::Lerp:
       break;
   }
   return a;
@@ -205,6 +216,19 @@ T compute(Fn f, const std::vector<double>& in_as_read, const std::vector<std::in
   if (f == Fn::ThresholdBackward) {  // self <= threshold ? +0 : grad (NaN self: grad)
     const T t = scalar_as<T>(*scalar_at(scalars, info.other_arg));
     return conv(1) <= t ? T(0) : conv(0);
+  }
+  if (f == Fn::AddCMul || f == Fn::AddCDiv) {  // value*t1 first (Note [Pointwise programs])
+    const record::ScalarRecord* v = scalar_at(scalars, info.alpha_arg);
+    const T m = v != nullptr ? scalar_as<T>(*v) * conv(1) : conv(1);
+    if (f == Fn::AddCDiv) return conv(0) + ieee_div(m, conv(2));
+    return fused ? std::fma(m, conv(2), conv(0)) : conv(0) + m * conv(2);
+  }
+  if (f == Fn::Lerp) {  // ATen's lerp: the weight or the weight minus 1, from self or end
+    const T w = scalar_as<T>(*scalar_at(scalars, info.other_arg));
+    const T self = conv(0), end = conv(1), diff = end - self;
+    const bool small = std::fabs(w) < T(0.5);
+    const T coeff = small ? w : w - T(1), base = small ? self : end;
+    return fused ? std::fma(coeff, diff, base) : base + coeff * diff;
   }
   T a = conv(0);
   T b = T(0);

@@ -153,6 +153,34 @@ inline std::vector<ChainSpec> fixed_rows() {
                {f32({4, 16, 4, 4}, {16, 1, 0, 0}), f32({4, 16, 4, 4})},
                {step("aten::div.Scalar", {0}, {scalar_int(1, 16)}),
                 step("aten::threshold_backward", {prev(0), 1}, {scalar_int(2, 0)})}});
+  // AdamW's update of one parameter (torch.optim's single-tensor loop): decay, the two moments,
+  // the step through sqrt (a library call: not bit-exact), over sizes ATen splits between
+  // threads, float32 and float64.
+  for (auto [n, dt] : {std::pair<std::int64_t, std::int8_t>{1000003, kF32}, {17, kF32}, {65537, kF64}}) {
+    TensorSpec t{dt, {n}, {}, 0, false, 0};
+    ChainSpec c{"adamw_" + std::to_string(n) + (dt == kF64 ? "_f64" : "_f32"),
+                {n},
+                {t, t, t, t},  // param, grad, exp_avg, exp_avg_sq
+                {step("aten::mul_.Scalar", {0}, {scalar_double(1, 0.999)}, dt),
+                 step("aten::lerp_.Scalar", {2, 1}, {scalar_double(2, 0.1)}, dt),
+                 step("aten::mul_.Scalar", {3}, {scalar_double(1, 0.999)}, dt),
+                 step("aten::addcmul_", {prev(2), 1, 1}, {scalar_double(3, 0.001)}, dt),
+                 step("aten::sqrt", {prev(3)}, {}, dt),
+                 step("aten::div.Scalar", {prev(4)}, {scalar_double(1, 0.031)}, dt),
+                 step("aten::add_.Scalar", {prev(5)}, {scalar_double(1, 1e-8), scalar_int(2, 1)}, dt),
+                 step("aten::addcdiv_", {prev(0), prev(1), prev(6)}, {scalar_double(3, -0.01)}, dt)}};
+    r.push_back(c);
+  }
+  // lerp with a small weight and a large one (patched: 0.4 and 1.6), addcmul with its default
+  // value and an integer one, addcdiv's default value, out of place.
+  r.push_back({"lerp_addcmul_addcdiv_3x17",
+               {3, 17},
+               {f32({3, 17}), f32({3, 17}), f32({3, 17}, {1, 3})},
+               {step("aten::lerp.Scalar", {0, 1}, {scalar_double(2, 0.1)}),
+                step("aten::lerp.Scalar", {prev(0), 2}, {scalar_double(2, 0.9)}),
+                step("aten::addcmul", {prev(1), 0, 2}),
+                step("aten::addcmul", {prev(2), 1, prev(0)}, {scalar_int(3, 3)}),
+                step("aten::addcdiv", {prev(3), 2, 1})}});
   r.push_back(
       {"exp_stays_a_library_call",
        {19},
@@ -177,12 +205,16 @@ inline std::vector<ChainSpec> one_op_rows() {
   for (const std::string& op : covered_pointwise_ops()) {
     OpInfo info{};
     EXPECT_TRUE(op_info(op, &info)) << op << " has no reference";
-    StepSpec s = step(op, info.tensor_inputs == 2 ? std::vector<int>{0, 1} : std::vector<int>{0});
+    StepSpec s = step(op, info.tensor_inputs == 3   ? std::vector<int>{0, 1, 0}
+                          : info.tensor_inputs == 2 ? std::vector<int>{0, 1}
+                                                    : std::vector<int>{0});
     if (info.fn == Fn::ThresholdBackward)
       s.scalars.push_back(scalar_double(2, 0.25));
     else if (info.other_arg >= 0)
-      s.scalars.push_back(scalar_double(1, 0.3));
-    if (info.alpha_arg >= 0)
+      s.scalars.push_back(scalar_double(static_cast<std::uint16_t>(info.other_arg), 0.3));
+    if (info.fn == Fn::AddCMul || info.fn == Fn::AddCDiv)
+      s.scalars.push_back(scalar_double(3, 0.3));
+    else if (info.alpha_arg >= 0)
       s.scalars.push_back(info.other_arg >= 0 ? scalar_int(2, -1) : scalar_double(2, 1.0));
     r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});
   }

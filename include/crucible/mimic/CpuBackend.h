@@ -2,7 +2,8 @@
 // plan kernels it covers and library calls through the provider for the rest.
 //
 // Covered today: chains of elementwise float32/float64 calls (PointwiseProgram.h), with
-// broadcasting and any strides, compiled bit-exact (BITEXACT_STRICT). prepare() lowers every
+// broadcasting and any strides, compiled bit-exact (BITEXACT_STRICT), or within a stated bound
+// of ATen's bits with CpuBackendOptions::fast (ORDERED). prepare() lowers every
 // kernel, fetches each covered one from the kernel cache (CpuJit.h: memory, then disk, then
 // LLVM) and keeps what each launch needs; run_kernel picks the contiguous loop when every
 // operand is dense in the iteration order (or broadcast), else runs the strided loop over the
@@ -42,6 +43,9 @@ struct CpuBackendOptions {
   // hardware's. The process shares one pool, sized by the first backend made (at least the
   // hardware's threads); a backend uses at most its own count of them.
   unsigned threads = 0;
+  // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's
+  // bits but within a stated bound of them (sqrt; a + c*b rounded once where ATen rounds twice).
+  bool fast = false;
 
   static CpuBackendOptions memory_only() {  // no disk cache
     CpuBackendOptions o;
@@ -109,6 +113,7 @@ class CpuBackend {
   std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls
   CacheStats stats_;
   std::uint64_t library_launches_ = 0;
+  bool fast_ = false;
   WorkerPool* pool_ = nullptr;  // Note [Split loops]
   unsigned threads_ = 1;        // parts a loop may run in
 };

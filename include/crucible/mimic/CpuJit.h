@@ -22,7 +22,7 @@ namespace crucible::mimic {
 struct CompiledPointwise {
   ContigFn contig = nullptr;
   StridedFn strided = nullptr;
-  ContigFn contig_fused = nullptr;  // a program with AddScaled/SubScaled only
+  ContigFn contig_fused = nullptr;  // a program with AddScaled/SubScaled/Lerp only
   std::string key;  // the cache key's text
 };
 

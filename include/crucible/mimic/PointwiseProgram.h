@@ -27,9 +27,15 @@
 // twice (a + (alpha*b)), P_contig_fused once (fma); the backend picks the one that gives ATen's
 // bits, or runs the calls as library calls. Where alpha*b is exact for every b (alpha 1 or -1)
 // both roundings agree. The alpha parameters are listed (`unit_params`).
-// sqrt is not generated: ATen's is not IEEE sqrt (one ulp away on about 0.7 % of random float32
-// and float64 inputs, in its vectorized and its default kernels alike), so no generated kernel
-// gives its bits.
+// addcmul(self, t1, t2, value) is AddScaled(self, t2, value*t1): ATen rounds value*t1, then
+// self + that*t2 as it rounds an alpha. addcdiv is self + (value*t1)/t2, three roundings in
+// every ATen kernel. lerp.Scalar is Lerp, whose product ATen rounds into the sum as an alpha
+// (its vectorized loop uses fmadd on the weight or the weight minus 1; its scalar loop's
+// `end - (end-self)*(1-w)` is the same value rounded twice). Neither addcmul nor lerp has a
+// parameter that makes the roundings agree (`always_scaled`).
+// sqrt is not bit-exact: ATen's is not IEEE sqrt (one ulp away on about 0.7 % of random float32
+// and float64 inputs, in its vectorized and its default kernels alike: MKL's vector math), so
+// only numerics="fast" generates it.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +63,9 @@ enum class PwOp : std::uint8_t {
   AddScaled = 11,  // a + c*b: a, b, c = instructions (c: alpha), rounded as the loop says
   SubScaled = 12,  // a - c*b, as a + (-c)*b
   ThresholdBwd = 13,  // a <= c ? +0 : b (threshold_backward: a = self, b = grad, c = threshold)
-  kCount = 14,
+  Lerp = 14,  // lerp(a, b, c): |c| < 0.5 ? a + c*(b-a) : b + (c-1)*(b-a), rounded as the loop says
+  Sqrt = 15,  // IEEE sqrt (numerics="fast" only: not ATen's bits)
+  kCount = 16,
 };
 const char* pw_op_name(PwOp op) noexcept;
 
@@ -80,7 +88,7 @@ struct PointwiseProgram {
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
-  bool scaled() const;       // has AddScaled/SubScaled: a fused contiguous loop exists
+  bool scaled() const;  // has AddScaled/SubScaled/Lerp: a fused contiguous loop exists
 };
 
 // How a program binds to one plan kernel: the plan tensor whose element 0 is each operand's
@@ -92,24 +100,31 @@ struct PointwiseKernel {
   std::vector<std::vector<std::int64_t>> strides;  // per operand, in elements, one per dim
   std::vector<std::uint32_t> param_scalar;         // per parameter: index in plan.scalars
   std::vector<std::uint32_t> unit_params;  // the alpha parameters (of AddScaled/SubScaled)
+  // A product rounded into a sum whatever the parameters (addcmul, lerp): no alpha of 1 or -1
+  // makes both roundings agree.
+  bool always_scaled = false;
+  bool fast = false;  // lowered for numerics="fast" (Note [Fast numerics], CpuBackend.cpp)
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
 // the covered set, a dtype other than float32/float64, shapes that do not share one iteration
 // shape, aliasing views of written memory).
-Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel);
+// `fast`: also the ops only numerics="fast" generates (sqrt).
+Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel,
+                                        bool fast = false);
 
 // Calls [call_begin, call_begin + call_count) of the kernel as one program: a part of a kernel
 // whose calls do not all share one iteration shape or are not all covered (Note [Kernel runs],
 // CpuBackend.cpp). An intermediate a call outside the range reads is stored.
 Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                                               std::uint32_t kernel, std::uint32_t call_begin,
-                                              std::uint32_t call_count);
+                                              std::uint32_t call_count, bool fast = false);
 
-// Whether lower_pointwise covers op ("aten::add.Tensor").
-bool covers_op(std::string_view op);
+// Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
+bool covers_op(std::string_view op, bool fast = false);
 
-// The ops lower_pointwise covers ("aten::add.Tensor", ...), for reports and tests.
-std::vector<std::string> covered_pointwise_ops();
+// The ops lower_pointwise covers bit-exact ("aten::add.Tensor", ...), for reports and tests;
+// with `fast`, also the ones only numerics="fast" generates.
+std::vector<std::string> covered_pointwise_ops(bool fast = false);
 
 }  // namespace crucible::mimic

@@ -12,7 +12,18 @@
 // 1 or -1 (alpha*b exact: both roundings agree) runs its code; another alpha runs
 // P_contig_fused where ATen rounds once (contiguous operands, no broadcast input to a scaled
 // op), P_contig or P_strided where it rounds twice, and the kernel's calls as library calls
-// otherwise (CpuBackend::library_launches). aten_conformance_test checks this against ATen.
+// otherwise (CpuBackend::library_launches). addcmul and lerp round their product into the sum the
+// same way (measured the same way, float32 and float64, sizes 3 to 1000003), whatever their
+// value or weight. aten_conformance_test checks this against ATen.
+
+// Note [Fast numerics]
+// numerics="fast" (CpuBackendOptions::fast) generates two things bit-exact kernels leave to
+// ATen, each within a bound per operation that aten_conformance_test checks: sqrt, as IEEE sqrt
+// (ATen's is within 1 ulp of it), and `a + c*b` (add/sub with an alpha, addcmul, lerp) rounded
+// once in a contiguous loop and twice in a strided one whatever ATen does there (the two differ
+// by at most 1 ulp of c*b, after the rounding of c*b itself). Its kernels are pinned to an
+// ORDERED recipe (the same bits run after run on one machine, not ATen's) and cached apart from
+// the bit-exact ones.
 
 // Note [Kernel runs]
 // A plan kernel (an IR002 group) may hold calls the backend does not generate (a GEMM, a
@@ -44,6 +55,7 @@ struct Generated {
   std::vector<std::uint32_t> param_scalar;
   std::vector<std::int8_t> param_dtype;
   std::vector<std::uint32_t> unit_params;  // alpha parameters
+  bool always_scaled = false;              // addcmul, lerp: no alpha makes the roundings agree
   // No scaled op has a broadcast input (Note [ATen's alpha rounding]).
   bool scaled_unbroadcast = false;
   std::int64_t numel = 0;
@@ -75,8 +87,8 @@ struct CpuBackend::GeneratedRun {
 
 namespace {
 
-const forge::NumericalRecipe* strict_recipe(std::int8_t io) {
-  forge::NumericalRecipe r = *forge::recipe_by_name("f32_strict");
+const forge::NumericalRecipe* pinned_recipe(std::int8_t io, bool fast) {
+  forge::NumericalRecipe r = *forge::recipe_by_name(fast ? "f32_ordered" : "f32_strict");
   r.accum_dtype = r.io_dtype = io;
   return forge::intern_recipe(r);
 }
@@ -93,8 +105,8 @@ std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
   return std::bit_cast<std::uint32_t>(f);
 }
 
-// Whether every input of the add/sub calls [begin, begin + count) has its call's output size
-// (none is broadcast).
+// Whether every input of the calls [begin, begin + count) that round a product into a sum
+// (add/sub, addcmul, lerp) has its call's output size (none is broadcast).
 bool unbroadcast(const exec::ExecutionPlan& plan, std::uint32_t begin, std::uint32_t count) {
   auto numel = [&](std::uint32_t tensor) {
     std::int64_t n = 1;
@@ -104,7 +116,10 @@ bool unbroadcast(const exec::ExecutionPlan& plan, std::uint32_t begin, std::uint
   for (std::uint32_t c = begin; c < begin + count; ++c) {
     const exec::Call& call = plan.calls[c];
     const std::string& op = plan.op_names[call.op];
-    if (!op.starts_with("aten::add") && !op.starts_with("aten::sub")) continue;
+    if (!op.starts_with("aten::add") && !op.starts_with("aten::sub") &&
+        !op.starts_with("aten::lerp"))
+      continue;
+    if (op.starts_with("aten::addcdiv")) continue;
     const std::int64_t out = numel(plan.outputs_of(call)[0].tensor);
     for (const exec::Arg& a : plan.inputs_of(call))
       if (numel(a.tensor) != out || plan.sizes(plan.tensors[a.tensor]).size() !=
@@ -127,6 +142,7 @@ bool is_unit(std::uint64_t bits, std::int8_t dt) {
 Result<std::unique_ptr<CpuBackend>> CpuBackend::make(CpuBackendOptions options) {
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->alpha_rounding_ = options.alpha_rounding ? *options.alpha_rounding : aten_alpha_rounding();
+  b->fast_ = options.fast;
   const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
   b->threads_ = options.threads != 0 ? options.threads : hardware;
   b->pool_ = &WorkerPool::shared(std::max(b->threads_, hardware));
@@ -195,14 +211,14 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
-    if (!covers_op(plan.op_names[call.op]) || call.out_count != 1) {  // the lowering says why
-      auto refused = lower_pointwise_calls(plan, k, c, 1);
+    if (!covers_op(plan.op_names[call.op], fast_) || call.out_count != 1) {  // the lowering says why
+      auto refused = lower_pointwise_calls(plan, k, c, 1, fast_);
       library(c, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
       ++c;
       continue;
     }
     std::uint32_t end = c + 1;
-    while (end < kn.call_begin + kn.call_count && covers_op(plan.op_names[plan.calls[end].op]) &&
+    while (end < kn.call_begin + kn.call_count && covers_op(plan.op_names[plan.calls[end].op], fast_) &&
            plan.calls[end].out_count == 1 && std::ranges::equal(sizes_of(end), sizes_of(c)))
       ++end;
     auto gen = generate(plan, k, c, end - c, &cache);
@@ -229,12 +245,13 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
 Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
     const exec::ExecutionPlan& plan, std::uint32_t k, std::uint32_t begin, std::uint32_t count,
     std::string_view* cache) {
-  auto lowered = lower_pointwise_calls(plan, k, begin, count);
+  auto lowered = lower_pointwise_calls(plan, k, begin, count, fast_);
   if (!lowered.ok()) return lowered.status();
   const PointwiseKernel& pk = *lowered;
   bool any_f64 = false;
   for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
-  const forge::NumericalRecipe* recipe = strict_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32);
+  const forge::NumericalRecipe* recipe =
+      pinned_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32, fast_);
   const CacheStats before = stats_;
   auto fns = get_pointwise(pk.program, forge::recipe_text(*recipe), disk_.get(), &stats_);
   if (!fns.ok()) return fns.status();
@@ -252,6 +269,7 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
   p->param_scalar = pk.param_scalar;
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;
+  p->always_scaled = pk.always_scaled;
   p->scaled_unbroadcast = unbroadcast(plan, begin, count);
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
@@ -359,9 +377,13 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   for (std::size_t j = 0; j < p->params.size(); ++j)
     p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
-  bool unit = true;
+  bool unit = !p->always_scaled && !fast_;
   for (std::uint32_t j : p->unit_params) unit = unit && is_unit(p->params[j], p->param_dtype[j]);
-  if (!unit && alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
+  if (fast_ && p->contig) {  // Note [Fast numerics]
+    run_contig(*p, p->fns->contig_fused != nullptr ? p->fns->contig_fused : p->fns->contig);
+    return true;
+  }
+  if (!unit && !fast_ && alpha_rounding_ != AlphaRounding::Twice) {  // Note [ATen's alpha rounding]
     if (alpha_rounding_ == AlphaRounding::Once && p->contig && p->scaled_unbroadcast) {
       run_contig(*p, p->fns->contig_fused);
       return true;

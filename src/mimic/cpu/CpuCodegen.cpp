@@ -76,7 +76,7 @@ CpuTarget detect_host() {
 // One generated function: a loop over n elements, contiguous or strided.
 class LoopEmitter {
  public:
-  // fused: AddScaled/SubScaled round once (llvm.fma), else twice (fmul, fadd).
+  // fused: AddScaled/SubScaled/Lerp round once (llvm.fma), else twice (fmul, fadd).
   LoopEmitter(const PointwiseProgram& p, llvm::Module& m, bool contig, bool fused = false)
       : p_(p), m_(m), ctx_(m.getContext()), b_(ctx_), contig_(contig), fused_(fused) {}
 
@@ -201,6 +201,20 @@ class LoopEmitter {
           return b_.CreateIntrinsic(llvm::Intrinsic::fma, {type(in.dtype)}, {vals_[in.b], alpha, a});
         return b_.CreateFAdd(a, b_.CreateFMul(alpha, vals_[in.b]));
       }
+      case PwOp::Lerp: {  // ATen's is_lerp_weight_small: |w| < 0.5 (a NaN weight is not small)
+        llvm::Value* w = vals_[in.c];
+        llvm::Value* diff = b_.CreateFSub(vals_[in.b], a);
+        llvm::Value* small = b_.CreateFCmpOLT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, w),
+                                              llvm::ConstantFP::get(type(in.dtype), 0.5));
+        llvm::Value* coeff =
+            b_.CreateSelect(small, w, b_.CreateFSub(w, llvm::ConstantFP::get(type(in.dtype), 1.0)));
+        llvm::Value* base = b_.CreateSelect(small, a, vals_[in.b]);
+        if (fused_)
+          return b_.CreateIntrinsic(llvm::Intrinsic::fma, {type(in.dtype)}, {coeff, diff, base});
+        return b_.CreateFAdd(base, b_.CreateFMul(coeff, diff));
+      }
+      case PwOp::Sqrt:
+        return b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, a);
       case PwOp::ThresholdBwd: {  // ordered <=: a NaN self passes the gradient
         llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
         return b_.CreateSelect(b_.CreateFCmpOLE(a, vals_[in.c]), zero, vals_[in.b]);

@@ -15,20 +15,25 @@ namespace {
 
 constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
     "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled",
-    "thresholdbwd"};
-static_assert(kOpNames.size() == 14, "one name per PwOp");
+    "thresholdbwd", "lerp", "sqrt"};
+static_assert(kOpNames.size() == 16, "one name per PwOp");
 
 // The covered ops: what each computes, how many tensor inputs it has, and where its scalar
-// arguments sit in the schema (other: the second operand of a .Scalar overload, or
-// threshold_backward's threshold; alpha).
+// arguments sit in the schema (other: the second operand of a .Scalar overload,
+// threshold_backward's threshold or lerp's weight; alpha, or addcmul's and addcdiv's value).
+// addcmul and addcdiv are several instructions (Note [Pointwise programs]); `fast`: generated
+// only for numerics="fast".
+enum class Form : std::uint8_t { One, AddCMul, AddCDiv };
 struct OpRow {
   std::string_view name;
   PwOp op;
   std::uint8_t tensor_inputs;
   std::int8_t other_arg;  // -1: none
   std::int8_t alpha_arg;  // -1: none
+  Form form = Form::One;
+  bool fast = false;
 };
-constexpr std::array<OpRow, 27> kOps{{
+constexpr std::array<OpRow, 35> kOps{{
     {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
@@ -56,12 +61,20 @@ constexpr std::array<OpRow, 27> kOps{{
     {"aten::multiply.Tensor", PwOp::Mul, 2, -1, -1},
     {"aten::divide.Tensor", PwOp::Div, 2, -1, -1},
     {"aten::negative", PwOp::Neg, 1, -1, -1},
+    {"aten::addcmul", PwOp::AddScaled, 3, -1, 3, Form::AddCMul},
+    {"aten::addcmul_", PwOp::AddScaled, 3, -1, 3, Form::AddCMul},
+    {"aten::addcdiv", PwOp::Add, 3, -1, 3, Form::AddCDiv},
+    {"aten::addcdiv_", PwOp::Add, 3, -1, 3, Form::AddCDiv},
+    {"aten::lerp.Scalar", PwOp::Lerp, 2, 2, -1},
+    {"aten::lerp_.Scalar", PwOp::Lerp, 2, 2, -1},
+    {"aten::sqrt", PwOp::Sqrt, 1, -1, -1, Form::One, true},
+    {"aten::sqrt_", PwOp::Sqrt, 1, -1, -1, Form::One, true},
 }};
-static_assert(kOps.size() == 27, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 35, "the covered-op table is data: update the count");
 
-const OpRow* find_op(std::string_view name) {
+const OpRow* find_op(std::string_view name, bool fast) {
   for (const OpRow& r : kOps)
-    if (r.name == name) return &r;
+    if (r.name == name) return r.fast && !fast ? nullptr : &r;
   return nullptr;
 }
 
@@ -81,8 +94,11 @@ struct Key {
 class Lowering {
  public:
   // Calls [begin, begin + count) of kernel k.
-  Lowering(const exec::ExecutionPlan& p, std::uint32_t k, std::uint32_t begin, std::uint32_t count)
-      : p_(p), begin_(begin), count_(count), index_(k) {}
+  Lowering(const exec::ExecutionPlan& p, std::uint32_t k, std::uint32_t begin, std::uint32_t count,
+           bool fast)
+      : p_(p), begin_(begin), count_(count), index_(k), fast_(fast) {
+    out_.fast = fast;
+  }
 
   Result<PointwiseKernel> run() {
     if (count_ == 0) return refuse("it has no calls");
@@ -93,9 +109,9 @@ class Lowering {
     const auto s = p_.sizes(out0);
     out_.shape.assign(s.begin(), s.end());
     for (std::uint32_t c = begin_; c < begin_ + count_; ++c) {
-      // Instruction, operand and parameter ids are 16 bits; one call adds at most 10
-      // instructions (2 loads, 2 conversions, 2 parameters, alpha, the op, a conversion, a store).
-      if (out_.program.insts.size() + 10 > kMaxInsts)
+      // Instruction, operand and parameter ids are 16 bits; one call adds at most 12
+      // instructions (addcdiv: 3 loads, 3 conversions, its value, 3 ops, a conversion, a store).
+      if (out_.program.insts.size() + 12 > kMaxInsts)
         return refuse("it needs more than " + n(kMaxInsts) + " instructions");
       CRUCIBLE_RETURN_IF_ERROR(lower_call(c));
     }
@@ -209,10 +225,10 @@ class Lowering {
   Status lower_call(std::uint32_t c) {
     const exec::Call& call = p_.calls[c];
     const std::string& name = p_.op_names[call.op];
-    const OpRow* row = find_op(name);
+    const OpRow* row = find_op(name, fast_);
     if (row == nullptr && (name == "aten::sqrt" || name == "aten::sqrt_"))
-      return refuse_call(c, "is not generated: ATen's sqrt is not IEEE sqrt, so no generated "
-                            "kernel gives its bits");
+      return refuse_call(c, "is not generated bit-exact: ATen's sqrt is not IEEE sqrt, so no "
+                            "generated kernel gives its bits (numerics=\"fast\" generates it)");
     if (row == nullptr) return refuse_call(c, "is not a covered op");
     if (call.in_count != row->tensor_inputs || call.out_count != 1)
       return refuse_call(
@@ -251,8 +267,24 @@ class Lowering {
       vals.push_back(*v);
     }
     std::uint16_t r = 0;
-    if (row->op == PwOp::ThresholdBwd) {  // inputs (grad, self), then the threshold
+    if (row->form != Form::One) {  // (self, t1, t2): value*t1 first, as ATen
+      std::uint16_t m = vals[1];
+      if (auto value = scalar_at(call, row->alpha_arg)) {
+        auto v = param(c, *value, compute);
+        if (!v.ok()) return v.status();
+        m = emit(PwOp::Mul, compute, *v, vals[1]);
+      }
+      if (row->form == Form::AddCMul) {
+        r = emit(PwOp::AddScaled, compute, vals[0], vals[2], m);
+        out_.always_scaled = true;
+      } else {
+        r = emit(PwOp::Add, compute, vals[0], emit(PwOp::Div, compute, m, vals[2]));
+      }
+    } else if (row->op == PwOp::ThresholdBwd) {  // inputs (grad, self), then the threshold
       r = emit(PwOp::ThresholdBwd, compute, vals[1], vals[0], vals[2]);
+    } else if (row->op == PwOp::Lerp) {  // (self, end), then the weight
+      r = emit(PwOp::Lerp, compute, vals[0], vals[1], vals[2]);
+      out_.always_scaled = true;
     } else if (vals.size() == 2) {
       std::uint16_t b = vals[1];
       if (auto alpha = scalar_at(call, row->alpha_arg)) {
@@ -308,6 +340,7 @@ class Lowering {
   const exec::ExecutionPlan& p_;
   std::uint32_t begin_, count_;
   std::uint32_t index_;
+  bool fast_;
   PointwiseKernel out_;
   std::map<Key, std::uint32_t> operands_;
   std::map<Key, std::uint16_t> values_;  // the register holding each location's current value
@@ -370,6 +403,10 @@ std::string PointwiseProgram::text() const {
         s += " %" + std::to_string(in.a) + " <= %" + std::to_string(in.c) + " ? 0 : %" +
              std::to_string(in.b);
         break;
+      case PwOp::Lerp:
+        s += " %" + std::to_string(in.a) + ", %" + std::to_string(in.b) + ", w %" +
+             std::to_string(in.c);
+        break;
       default:
         s += " %" + std::to_string(in.a);
         break;
@@ -381,22 +418,24 @@ std::string PointwiseProgram::text() const {
 
 bool PointwiseProgram::scaled() const {
   for (const PwInst& i : insts)
-    if (i.op == PwOp::AddScaled || i.op == PwOp::SubScaled) return true;
+    if (i.op == PwOp::AddScaled || i.op == PwOp::SubScaled || i.op == PwOp::Lerp) return true;
   return false;
 }
 
-Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel) {
+Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::uint32_t kernel,
+                                        bool fast) {
   if (kernel >= plan.kernels.size())
     return invalid_input(
         "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
         "name a kernel of the plan");
-  return Lowering(plan, kernel, plan.kernels[kernel].call_begin, plan.kernels[kernel].call_count)
+  return Lowering(plan, kernel, plan.kernels[kernel].call_begin, plan.kernels[kernel].call_count,
+                  fast)
       .run();
 }
 
 Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                                               std::uint32_t kernel, std::uint32_t call_begin,
-                                              std::uint32_t call_count) {
+                                              std::uint32_t call_count, bool fast) {
   if (kernel >= plan.kernels.size())
     return invalid_input(
         "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
@@ -407,15 +446,15 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                              std::to_string(call_begin + call_count) + ") are not in kernel " +
                              std::to_string(kernel),
                          "name calls of the kernel");
-  return Lowering(plan, kernel, call_begin, call_count).run();
+  return Lowering(plan, kernel, call_begin, call_count, fast).run();
 }
 
-bool covers_op(std::string_view op) { return find_op(op) != nullptr;
-}
+bool covers_op(std::string_view op, bool fast) { return find_op(op, fast) != nullptr; }
 
-std::vector<std::string> covered_pointwise_ops() {
+std::vector<std::string> covered_pointwise_ops(bool fast) {
   std::vector<std::string> r;
-  for (const OpRow& o : kOps) r.emplace_back(o.name);
+  for (const OpRow& o : kOps)
+    if (fast || !o.fast) r.emplace_back(o.name);
   return r;
 }
 
