@@ -24,14 +24,15 @@ namespace {
 constexpr OpTableEntry k(std::string_view name, CKernel kind, std::uint8_t traits = 0) {
   return {name, kind, {}, traits};
 }
-constexpr OpTableEntry opaque(std::string_view name, std::string_view reason) {
-  return {name, CKernel::Opaque, reason, 0};
+constexpr OpTableEntry opaque(std::string_view name, std::string_view reason,
+                              std::uint8_t traits = 0) {
+  return {name, CKernel::Opaque, reason, traits};
 }
 using namespace op_trait;
 
 constexpr std::string_view kDataDependentShape =
     "output shape depends on the tensor's values, known only after the kernel ran on the device";
-constexpr std::string_view kHostRead =
+constexpr std::string_view kHostReadReason =
     "device-to-host read of a value that steers Python control flow: a synchronization point";
 constexpr std::string_view kAttention =
     "attention (two GEMMs around a softmax) as one op: no single kind covers it, so it runs as "
@@ -527,7 +528,8 @@ constexpr OpTableEntry kByKind[] = {
     opaque("aten::_linalg_svd", kFactorization),
     opaque("aten::_local_scalar_dense",
            "_local_scalar_dense (.item()): device-to-host read of a scalar, a synchronization "
-           "point whose value Python uses (AdamW reads its step count this way)"),
+           "point whose value Python uses (AdamW reads its step count this way)",
+           kHostRead),
     opaque("aten::_native_multi_head_attention", kAttention),
     opaque("aten::_scaled_dot_product_attention", kAttention),
     opaque("aten::_scaled_dot_product_efficient_attention", kAttention),
@@ -536,13 +538,13 @@ constexpr OpTableEntry kByKind[] = {
            "inference fast path: a whole encoder layer (attention, feed-forward GEMMs, layer "
            "norms) as one native op that the recording does not decompose"),
     opaque("aten::_unique2", kDataDependentShape),
-    opaque("aten::allclose", kHostRead),
+    opaque("aten::allclose", kHostReadReason, kHostRead),
     opaque("aten::argsort", "sort: a data-dependent permutation, no kernel kind covers it"),
     opaque("aten::bincount", kDataDependentShape),
-    opaque("aten::equal", kHostRead),
+    opaque("aten::equal", kHostReadReason, kHostRead),
     opaque("aten::gru", kRecurrent),
-    opaque("aten::is_nonzero", kHostRead),
-    opaque("aten::item", kHostRead),
+    opaque("aten::is_nonzero", kHostReadReason, kHostRead),
+    opaque("aten::item", kHostReadReason, kHostRead),
     opaque("aten::linalg_cholesky_ex", kFactorization),
     opaque("aten::linalg_eigh", kFactorization),
     opaque("aten::linalg_inv_ex", kFactorization),

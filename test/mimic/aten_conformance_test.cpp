@@ -68,6 +68,7 @@ std::string ops_of(const ChainSpec& c) {
 bool aten_shaped(const ChainSpec& c) {
   auto shape_of = [&](int x) { return x >= 0 ? c.inputs[x].sizes : c.shape; };
   for (const StepSpec& st : c.steps) {
+    if (host_read_step(st.op)) continue;
     std::vector<std::int64_t> b;
     for (int x : st.in) {
       if (x >= 0 && c.inputs[x].wrapped) continue;  // a Python number: 0-d

@@ -60,6 +60,9 @@ struct ChainSpec {
   bool split = false;  // one kernel per call (else one kernel for the chain)
 };
 
+// A step that reads its input to the host and has no output (op_trait::kHostRead).
+inline bool host_read_step(const std::string& op) { return op == "aten::_local_scalar_dense"; }
+
 inline record::ScalarRecord scalar_double(std::uint16_t arg, double x) {
   record::ScalarRecord r;
   r.kind = record::ScalarKind::Double;
@@ -414,6 +417,14 @@ inline BuiltPlan build_chain_plan(const ChainSpec& c) {
     call.in_count = static_cast<std::uint32_t>(st.in.size());
     call.out_begin = static_cast<std::uint32_t>(p.args.size());
     call.out_count = 1;
+    if (host_read_step(st.op)) {
+      call.out_count = 0;
+      b.step_output_binding.push_back(-1);
+      step_tensor.push_back(UINT32_MAX);  // no step reads it
+      call.scalar_begin = static_cast<std::uint32_t>(p.scalars.size());
+      p.calls.push_back(call);
+      continue;
+    }
     const bool in_place = st.op.find("_.") != std::string::npos || st.op.back() == '_';
     std::uint32_t out;
     if (in_place) {
@@ -532,6 +543,11 @@ inline void reference_run(const ChainSpec& c, const BuiltPlan& bp, RunBuffers& b
   std::size_t scalar_i = 0;
   for (std::size_t si = 0; si < c.steps.size(); ++si) {
     const StepSpec& st = c.steps[si];
+    if (host_read_step(st.op)) {  // nothing to compute
+      step_views.emplace_back();
+      step_ops.push_back({kF32, 0});
+      continue;
+    }
     OpInfo info{};
     ASSERT_TRUE(op_info(st.op, &info)) << st.op;
     std::vector<View> ins;
@@ -589,6 +605,7 @@ struct LoopProvider {
   AlphaRounding rounding = aten_alpha_rounding();
   Status call(const exec::LibraryCall& c) {
     ++calls;
+    if (host_read_step(std::string(c.op))) return ok_status();
     OpInfo info{};
     if (!op_info(std::string(c.op), &info))
       return unsupported("the loop provider has no " + std::string(c.op), "add it to op_info");

@@ -47,6 +47,24 @@ inline ChainSpec mul_add_relu_neg(std::string name, std::vector<std::int64_t> sh
                     step("aten::relu", {prev(1)}, {}, dt), step("aten::neg", {prev(2)}, {}, dt)}};
 }
 
+// AdamW's update of one parameter as torch.optim records it: step.item() (a host read) between
+// the moments and the step through sqrt.
+inline ChainSpec adamw_with_step_item(std::int64_t n) {
+  const TensorSpec t = f32({n});
+  return ChainSpec{"adamw_step_item_" + std::to_string(n),
+                   {n},
+                   {t, t, t, t, f32({})},  // param, grad, exp_avg, exp_avg_sq, step
+                   {step("aten::mul_.Scalar", {0}, {scalar_double(1, 0.999)}),
+                    step("aten::lerp_.Scalar", {2, 1}, {scalar_double(2, 0.1)}),
+                    step("aten::mul_.Scalar", {3}, {scalar_double(1, 0.999)}),
+                    step("aten::addcmul_", {prev(2), 1, 1}, {scalar_double(3, 0.001)}),
+                    step("aten::_local_scalar_dense", {4}),
+                    step("aten::sqrt", {prev(3)}),
+                    step("aten::div.Scalar", {prev(5)}, {scalar_double(1, 0.031)}),
+                    step("aten::add_.Scalar", {prev(6)}, {scalar_double(1, 1e-8), scalar_int(2, 1)}),
+                    step("aten::addcdiv_", {prev(0), prev(1), prev(7)}, {scalar_double(3, -0.01)})}};
+}
+
 inline std::vector<ChainSpec> fixed_rows() {
   std::vector<ChainSpec> r;
   r.push_back({"add_17",
@@ -171,6 +189,7 @@ inline std::vector<ChainSpec> fixed_rows() {
                  step("aten::addcdiv_", {prev(0), prev(1), prev(6)}, {scalar_double(3, -0.01)}, dt)}};
     r.push_back(c);
   }
+  r.push_back(adamw_with_step_item(1000));
   // lerp with a small weight and a large one (patched: 0.4 and 1.6), addcmul with its default
   // value and an integer one, addcdiv's default value, out of place.
   r.push_back({"lerp_addcmul_addcdiv_3x17",

@@ -114,17 +114,21 @@ PYBIND11_MODULE(_crucible_exec, m) {
       "attach_exec",  // "" or why the plan keeps running its ATen ops
       [](std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
          const std::vector<std::uint64_t>& arg_storages, const std::string& rules_dir, const std::string& hardware,
-         const std::string& backend, std::int64_t form) {
+         const std::string& backend, std::int64_t form, const std::string& numerics) {
         if (backend != "null" && backend != "cpu")
           throw py::value_error("attach_exec: backend must be \"null\" or \"cpu\", not \"" + backend + "\"");
+        if (numerics != "bitwise" && numerics != "fast")
+          throw py::value_error("attach_exec: numerics must be \"bitwise\" or \"fast\", not \"" + numerics + "\"");
         vessel::ExecStepOptions o;
         o.rules_dir = rules_dir;
         o.hardware = hardware;
         o.backend = backend;
+        o.fast = numerics == "fast";
         return vessel::attach_exec(plan, t, begin, end, arg_storages, o, form);
       },
       py::arg("plan"), py::arg("trace"), py::arg("begin"), py::arg("end"), py::arg("arg_storages"),
-      py::arg("rules_dir"), py::arg("hardware") = "cpu-avx2", py::arg("backend") = "cpu", py::arg("form") = -1);
+      py::arg("rules_dir"), py::arg("hardware") = "cpu-avx2", py::arg("backend") = "cpu", py::arg("form") = -1,
+      py::arg("numerics") = "bitwise");
   m.def("exec_plan", &exec_plan, py::arg("trace"), py::arg("rules_dir"),
         py::arg("hardware") = "cpu-avx2", py::arg("thread") = -1,
         py::arg("escaping") = std::vector<std::uint64_t>{}, py::arg("backend") = "null",

@@ -107,6 +107,7 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
     mimic::CpuBackendOptions co = o.memory_only_cache ? mimic::CpuBackendOptions::memory_only()
                                                       : mimic::CpuBackendOptions{};
     co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
+    co.fast = o.fast;
     auto cpu = mimic::CpuBackend::make(co);
     if (!cpu.ok()) return cpu.status();
     h->cpu = std::move(*cpu);
@@ -137,6 +138,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
  public:
   std::unique_ptr<ExecStep> step;
   std::string backend_name;
+  bool fast = false;
   std::vector<Ref> input_src;               // per input binding: the tensor whose storage it is
   std::vector<SlotTensor> slot_tensors;
   std::vector<std::uint32_t> patch_source;  // per exec patch point: the source feeding it
@@ -206,6 +208,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
   }
 
   std::string backend() const override { return backend_name; }
+  std::string numerics() const override { return fast ? "fast" : "bitwise"; }
   std::size_t kernels() const override { return step->sp.plan.kernels.size(); }
   std::size_t calls() const override { return step->sp.plan.calls.size(); }
   std::size_t generated_calls() const override { return step->generated_calls(); }
@@ -311,6 +314,7 @@ std::string attach(replay::Plan& p, const Form& call, const record::Trace& t, st
   if (!step.ok()) return "the exec stage could not plan the step: " + std::string(step.status().message());
   auto impl = std::make_shared<ExecReplayImpl>();
   impl->backend_name = options.backend;
+  impl->fast = options.fast;
   impl->patch_source = scalar_sources;
   for (std::size_t i = 0; i < constant_sources.size(); ++i)
     if (constant_patched[i]) impl->patch_source.push_back(constant_sources[i]);
@@ -360,7 +364,9 @@ std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t b
   std::shared_ptr<replay::Plan> p = replay::get_plan(plan);
   std::shared_ptr<const Form> call = form >= 0 ? replay::get_form(form) : nullptr;
   replay::BusyLock hold(*p);
-  if (p->exec != nullptr && p->exec->backend() == options.backend) return "";  // a plan from the cache
+  if (p->exec != nullptr && p->exec->backend() == options.backend &&
+      p->exec->numerics() == (options.fast ? "fast" : "bitwise"))
+    return "";  // a plan from the cache
   p->exec.reset();
   std::string why;
   try {

@@ -52,6 +52,8 @@ struct ExecStepOptions {
   std::vector<ArgPatch> scalar_patches;
   std::vector<std::uint64_t> constant_patches;
   bool memory_only_cache = false;  // the cpu backend's kernels stay out of the disk cache
+  // The cpu backend's numerics="fast" (Note [Fast numerics], CpuBackend.cpp); else bit-exact.
+  bool fast = false;
 };
 
 // Plans ops `ops` of `t`. Errors: the rules, IR001, the front end, build_plan, a patch that

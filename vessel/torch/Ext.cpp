@@ -775,6 +775,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["live_args"] = i.live_args;
     d["live_exts"] = i.live_exts;
     d["exec"] = i.exec;
+    d["exec_numerics"] = i.exec_numerics;
     d["exec_summary"] = i.exec_summary;
     d["exec_note"] = i.exec_note;
     d["exec_kernels"] = i.exec_kernels;

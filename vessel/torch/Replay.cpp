@@ -1443,6 +1443,7 @@ PlanInfo plan_info(std::int64_t id) {
   for (std::uint8_t x : p->live_ext) i.live_exts += x;
   if (p->exec != nullptr) {
     i.exec = p->exec->backend();
+    i.exec_numerics = p->exec->numerics();
     i.exec_summary = p->exec->summary();
     i.exec_kernels = p->exec->kernels();
     i.exec_calls = p->exec->calls();

@@ -160,7 +160,7 @@ struct PlanInfo {
   std::size_t live_args = 0, live_exts = 0;  // scalars and tensors taken from each call
   // Note [Exec replay] (ReplayPlan.h): the exec stage's backend the plan runs on ("" when it
   // runs its ops itself), what that plan holds, and why a plan asked to run there does not.
-  std::string exec, exec_summary, exec_note;
+  std::string exec, exec_numerics, exec_summary, exec_note;
   std::size_t exec_kernels = 0, exec_calls = 0, exec_generated_calls = 0;
 };
 PlanInfo plan_info(std::int64_t plan);

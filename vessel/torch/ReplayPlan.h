@@ -141,6 +141,7 @@ struct ExecReplay {
                    at::TensorList args, at::ArrayRef<double> scalars) = 0;
   // "null" or "cpu", and what the plan holds: kernels, calls, generated calls, cache.
   virtual std::string backend() const = 0;
+  virtual std::string numerics() const = 0;  // "bitwise" or "fast" (Note [Fast numerics])
   virtual std::string summary() const = 0;
   // Kernels and calls of the exec plan, and the calls generated code runs.
   virtual std::size_t kernels() const = 0;

@@ -24,6 +24,9 @@ inline constexpr std::uint8_t kCopy = 1;
 inline constexpr std::uint8_t kShapePreservingView = 2;
 // May return its input itself (to() to the same dtype, contiguous() of a contiguous tensor).
 inline constexpr std::uint8_t kMayReturnInput = 4;
+// Reads its inputs to the host and writes no tensor (item(), _local_scalar_dense, equal): it may
+// run earlier, as long as no call between writes what it reads.
+inline constexpr std::uint8_t kHostRead = 8;
 }  // namespace op_trait
 
 // Classification of one ATen op by its qualified name ("aten::addmm" or "aten::add.Tensor": the

@@ -68,6 +68,7 @@ AlphaRounding aten_alpha_rounding();
 struct CpuKernelState {
   bool generated = false;             // every call of the kernel runs generated code
   std::uint32_t generated_calls = 0;  // the calls that do (Note [Kernel runs], CpuBackend.cpp)
+  std::uint32_t generated_runs = 0;   // the generated programs they make up
   const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
   std::string why;  // not every call generated: why the first library call is not
   // generated: where its code came from — "memory" (this process had it), "disk" (the kernel
@@ -102,6 +103,7 @@ class CpuBackend {
   Status prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k);
   Result<std::unique_ptr<GeneratedRun>> generate(const exec::ExecutionPlan& plan, std::uint32_t k,
                                                  std::uint32_t begin, std::uint32_t count,
+                                                 std::span<const std::uint32_t> hoisted,
                                                  std::string_view* cache);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);

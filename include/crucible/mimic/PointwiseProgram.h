@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -115,10 +116,12 @@ Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::ui
 
 // Calls [call_begin, call_begin + call_count) of the kernel as one program: a part of a kernel
 // whose calls do not all share one iteration shape or are not all covered (Note [Kernel runs],
-// CpuBackend.cpp). An intermediate a call outside the range reads is stored.
+// CpuBackend.cpp). An intermediate a call outside the range reads is stored. `skip`: calls in
+// the range that run before it instead (host reads, Note [Kernel runs]), left out.
 Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                                               std::uint32_t kernel, std::uint32_t call_begin,
-                                              std::uint32_t call_count, bool fast = false);
+                                              std::uint32_t call_count, bool fast = false,
+                                              std::span<const std::uint32_t> skip = {});
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

@@ -31,7 +31,10 @@
 // optimizer's group over every parameter). prepare splits a kernel's calls into runs: each
 // maximal stretch of consecutive covered calls whose outputs have one size is lowered as one
 // program (lower_pointwise_calls), every other call is a run of library calls, and a stretch
-// the lowering refuses becomes library calls too. run_kernel runs the runs in call order. A
+// the lowering refuses becomes library calls too. A host read inside a stretch (AdamW's
+// step.item() between a parameter's moments and its update: op_trait::kHostRead, no output)
+// whose inputs no earlier call of the stretch writes runs as a library call just before it
+// instead of splitting it. run_kernel runs the runs in call order. A
 // value a later run reads is stored by the run that makes it (the plan gives every value
 // memory). CpuKernelState says whether every call of the kernel is generated, how many are, and
 // why the first call that is not is not.
@@ -43,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "crucible/core/OpTable.h"
 #include "crucible/core/ScalarType.h"
 
 namespace crucible::mimic {
@@ -74,6 +78,7 @@ struct Generated {
 struct Run {
   std::uint32_t call_begin = 0, call_count = 0;
   std::unique_ptr<Generated> gen;  // null: library calls
+  std::vector<std::uint32_t> hoisted;  // calls in the range run before it (Note [Kernel runs])
 };
 
 struct CpuBackend::Prepared {
@@ -218,17 +223,41 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
       continue;
     }
     std::uint32_t end = c + 1;
-    while (end < kn.call_begin + kn.call_count && covers_op(plan.op_names[plan.calls[end].op], fast_) &&
-           plan.calls[end].out_count == 1 && std::ranges::equal(sizes_of(end), sizes_of(c)))
-      ++end;
-    auto gen = generate(plan, k, c, end - c, &cache);
+    std::vector<std::uint32_t> hoisted;
+    std::vector<std::uint32_t> written;  // slots the stretch writes so far
+    auto write = [&](std::uint32_t call) {
+      for (const exec::Arg& a : plan.outputs_of(plan.calls[call])) written.push_back(plan.tensors[a.tensor].slot);
+    };
+    write(c);
+    while (end < kn.call_begin + kn.call_count) {
+      const exec::Call& e = plan.calls[end];
+      if (covers_op(plan.op_names[e.op], fast_) && e.out_count == 1 &&
+          std::ranges::equal(sizes_of(end), sizes_of(c))) {
+        write(end++);
+        continue;
+      }
+      const bool host_read = e.out_count == 0 &&
+                             (classify_op(plan.op_names[e.op]).traits & op_trait::kHostRead) != 0 &&
+                             std::ranges::none_of(plan.inputs_of(e), [&](const exec::Arg& a) {
+                               return std::ranges::find(written, plan.tensors[a.tensor].slot) != written.end();
+                             });
+      if (!host_read) break;
+      hoisted.push_back(end++);
+    }
+    while (!hoisted.empty() && hoisted.back() == end - 1) hoisted.pop_back(), --end;  // none after
+    auto gen = generate(plan, k, c, end - c, hoisted, &cache);
     if (!gen.ok()) {
       if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
       library(c, end - c, std::string(gen.status().message()));
     } else {
       if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
-      state.generated_calls += end - c;
-      prepared->runs.push_back(Run{c, end - c, std::move((*gen)->code)});
+      for (std::uint32_t h : hoisted) {
+        auto refused = lower_pointwise_calls(plan, k, h, 1, fast_);
+        library(h, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
+      }
+      state.generated_calls += end - c - static_cast<std::uint32_t>(hoisted.size());
+      ++state.generated_runs;
+      prepared->runs.push_back(Run{c, end - c, std::move((*gen)->code), hoisted});
     }
     c = end;
   }
@@ -244,8 +273,8 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
 // among a kernel's runs (compiled over disk over memory).
 Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
     const exec::ExecutionPlan& plan, std::uint32_t k, std::uint32_t begin, std::uint32_t count,
-    std::string_view* cache) {
-  auto lowered = lower_pointwise_calls(plan, k, begin, count, fast_);
+    std::span<const std::uint32_t> hoisted, std::string_view* cache) {
+  auto lowered = lower_pointwise_calls(plan, k, begin, count, fast_, hoisted);
   if (!lowered.ok()) return lowered.status();
   const PointwiseKernel& pk = *lowered;
   bool any_f64 = false;
@@ -336,7 +365,8 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
   for (Run& r : b->prepared_[launch.kernel]->runs) {
     if (r.gen && b->launch_generated(*r.gen, launch)) continue;
     for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c)
-      CRUCIBLE_RETURN_IF_ERROR(launch.library_call(launch.runner, c));
+      if (std::ranges::find(r.hoisted, c) == r.hoisted.end())
+        CRUCIBLE_RETURN_IF_ERROR(launch.library_call(launch.runner, c));
   }
   return ok_status();
 }

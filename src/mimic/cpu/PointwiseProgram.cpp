@@ -95,8 +95,8 @@ class Lowering {
  public:
   // Calls [begin, begin + count) of kernel k.
   Lowering(const exec::ExecutionPlan& p, std::uint32_t k, std::uint32_t begin, std::uint32_t count,
-           bool fast)
-      : p_(p), begin_(begin), count_(count), index_(k), fast_(fast) {
+           bool fast, std::span<const std::uint32_t> skip = {})
+      : p_(p), begin_(begin), count_(count), index_(k), fast_(fast), skip_(skip) {
     out_.fast = fast;
   }
 
@@ -109,6 +109,7 @@ class Lowering {
     const auto s = p_.sizes(out0);
     out_.shape.assign(s.begin(), s.end());
     for (std::uint32_t c = begin_; c < begin_ + count_; ++c) {
+      if (std::find(skip_.begin(), skip_.end(), c) != skip_.end()) continue;
       // Instruction, operand and parameter ids are 16 bits; one call adds at most 12
       // instructions (addcdiv: 3 loads, 3 conversions, its value, 3 ops, a conversion, a store).
       if (out_.program.insts.size() + 12 > kMaxInsts)
@@ -341,6 +342,7 @@ class Lowering {
   std::uint32_t begin_, count_;
   std::uint32_t index_;
   bool fast_;
+  std::span<const std::uint32_t> skip_;
   PointwiseKernel out_;
   std::map<Key, std::uint32_t> operands_;
   std::map<Key, std::uint16_t> values_;  // the register holding each location's current value
@@ -435,7 +437,8 @@ Result<PointwiseKernel> lower_pointwise(const exec::ExecutionPlan& plan, std::ui
 
 Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                                               std::uint32_t kernel, std::uint32_t call_begin,
-                                              std::uint32_t call_count, bool fast) {
+                                              std::uint32_t call_count, bool fast,
+                                              std::span<const std::uint32_t> skip) {
   if (kernel >= plan.kernels.size())
     return invalid_input(
         "kernel " + std::to_string(kernel) + " of " + std::to_string(plan.kernels.size()),
@@ -446,7 +449,7 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                              std::to_string(call_begin + call_count) + ") are not in kernel " +
                              std::to_string(kernel),
                          "name calls of the kernel");
-  return Lowering(plan, kernel, call_begin, call_count, fast).run();
+  return Lowering(plan, kernel, call_begin, call_count, fast, skip).run();
 }
 
 bool covers_op(std::string_view op, bool fast) { return find_op(op, fast) != nullptr; }

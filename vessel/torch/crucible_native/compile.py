@@ -28,6 +28,8 @@ _MODES = ("auto", "replay", "sync")
 # Mimic's CPU backend (generated kernels where they give ATen's bits, ATen calls elsewhere).
 _BACKENDS = ("replay", "null", "cpu")
 _DEFAULT_BACKEND = "cpu"
+# What the CPU backend may generate (Note [Fast numerics], src/mimic/cpu/CpuBackend.cpp).
+_NUMERICS = ("bitwise", "fast")
 
 
 def _rules_dir() -> str:
@@ -331,13 +333,17 @@ class CompiledStep(_SyncPoint):
     Mimic's generated kernels where they give ATen's bits, ATen calls elsewhere) or "null"
     (ATen calls only); backend="replay" runs the captured ATen ops in order. plans() says
     which ran and why a plan could not take the exec stage (then it runs its own ops; a
-    CrucibleWarning says so when backend= was passed). verify_every=N re-records every N-th plan call eagerly and compares;
+    CrucibleWarning says so when backend= was passed). numerics="bitwise" (the default) generates
+    only kernels that give ATen's bits; numerics="fast" also generates kernels within a stated
+    bound of them (IEEE sqrt, within 1 ulp of ATen's; a + c*b rounded once or twice where ATen
+    rounds the other way: misc/MIMIC.md), so a step differs from eager in its last bits and
+    runs more generated code (an Adam/AdamW update whole). verify_every=N re-records every N-th plan call eagerly and compares;
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument."""
 
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
-                 mode: str = "auto", backend: str = None):
+                 mode: str = "auto", backend: str = None, numerics: str = "bitwise"):
         if not callable(fn):
             raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
         if not isinstance(mode, str):
@@ -352,6 +358,16 @@ class CompiledStep(_SyncPoint):
             raise CrucibleTypeError(f"crucible.compile: backend must be a string, got {type(backend).__name__}")
         if backend not in _BACKENDS:
             raise CrucibleValueError(f"crucible.compile: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+        if not isinstance(numerics, str):
+            raise CrucibleTypeError(f"crucible.compile: numerics must be a string, got {type(numerics).__name__}")
+        if numerics not in _NUMERICS:
+            raise CrucibleValueError(f"crucible.compile: numerics must be one of {', '.join(_NUMERICS)}, "
+                                     f"got {numerics!r}")
+        if numerics == "fast" and backend != "cpu":
+            raise CrucibleValueError(f"crucible.compile: numerics='fast' changes what Mimic's CPU backend generates; "
+                                     f"backend={backend!r} generates nothing: use backend='cpu' (the default) "
+                                     f"or numerics='bitwise'")
+        self._numerics = numerics
         self._backend = backend
         self._backend_asked = backend_asked   # a fallback to the plan's own ops warns only when asked for
         self._rules = None
@@ -777,7 +793,8 @@ class CompiledStep(_SyncPoint):
             if self._rules is None:
                 self._rules = _rules_dir()
             why = load_exec().attach_exec(e.plan, _recording.trace(), begin, end, sids, self._rules,
-                                          "cpu-avx2", self._backend, form if own_form else -1)
+                                          "cpu-avx2", self._backend, form if own_form else -1,
+                                          self._numerics)
         except (CrucibleError, ImportError, OSError) as err:   # no rules, no LLVM module
             why = f"the exec stage is not available: {err}"
             _ext.plan_set_exec_note(e.plan, why)
@@ -1012,10 +1029,11 @@ class CompiledStep(_SyncPoint):
 
 
 def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto",
-            backend: str = None):
+            backend: str = None, numerics: str = "bitwise"):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
-    kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode, backend=backend)
+    kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode, backend=backend,
+              numerics=numerics)
     if fn is None:
         return lambda f: CompiledStep(f, **kw)
     return CompiledStep(fn, **kw)
