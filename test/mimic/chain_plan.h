@@ -89,7 +89,7 @@ inline std::int64_t numel(const std::vector<std::int64_t>& s) {
   for (std::int64_t x : s) n *= x;
   return n;
 }
-inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF64 ? 8 : 4; }
+inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF32 ? 4 : 8; }  // f64, int64
 
 // ---- the elementwise semantics, shared by the reference and the provider ----
 
@@ -213,7 +213,7 @@ T compute(Fn f, const std::vector<double>& in_as_read, const std::vector<std::in
           std::span<const record::ScalarRecord> scalars, const OpInfo& info, bool fused) {
   // Inputs were read in their own dtype (held exactly in a double); convert to T.
   auto conv = [&](std::size_t i) {
-    return in_dtype[i] == kF64 ? static_cast<T>(in_as_read[i])
+    return in_dtype[i] != kF32 ? static_cast<T>(in_as_read[i])  // float64, a Python int
                                : static_cast<T>(static_cast<float>(in_as_read[i]));
   };
   if (f == Fn::ThresholdBackward) {  // self <= threshold ? +0 : grad (NaN self: grad)
@@ -275,6 +275,11 @@ inline double read(const View& v, const std::vector<std::int64_t>& shape, std::i
     double x;
     std::memcpy(&x, p, 8);
     return x;
+  }
+  if (v.dtype == dtype::kInt64) {  // a Python int: exact in a double below 2^53
+    std::int64_t x;
+    std::memcpy(&x, p, 8);
+    return static_cast<double>(x);
   }
   float x;
   std::memcpy(&x, p, 4);
@@ -368,7 +373,7 @@ inline BuiltPlan build_chain_plan(const ChainSpec& c) {
     exec::Slot s;
     if (t.wrapped) {
       s.kind = exec::SlotKind::Constant;
-      s.dtype = kF64;
+      s.dtype = t.dtype;  // float64, or int64 for a Python int
       s.bytes = align;
       s.offset = p.arena_bytes;
       s.value = t.value;
@@ -389,7 +394,7 @@ inline BuiltPlan build_chain_plan(const ChainSpec& c) {
     const auto st = t.wrapped ? std::vector<std::int64_t>{}
                               : (t.strides.empty() ? contiguous_strides(t.sizes) : t.strides);
     input_tensor.push_back(add_tensor(static_cast<std::uint32_t>(p.slots.size() - 1),
-                                      t.wrapped ? kF64 : t.dtype,
+                                      t.dtype,
                                       t.wrapped ? std::vector<std::int64_t>{} : t.sizes, st,
                                       t.wrapped ? 0 : t.offset, t.wrapped));
   }

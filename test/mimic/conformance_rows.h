@@ -25,6 +25,9 @@ inline TensorSpec f64(std::vector<std::int64_t> s, std::vector<std::int64_t> st 
   return TensorSpec{kF64, std::move(s), std::move(st), off, false, 0};
 }
 inline TensorSpec number(double x) { return TensorSpec{kF64, {}, {}, 0, true, x}; }
+inline TensorSpec int_number(std::int64_t x) {  // a Python int
+  return TensorSpec{dtype::kInt64, {}, {}, 0, true, static_cast<double>(x)};
+}
 inline StepSpec step(std::string op, std::vector<int> in, std::vector<record::ScalarRecord> sc = {},
               std::int8_t out = kF32) {
   StepSpec s;
@@ -96,6 +99,14 @@ inline std::vector<ChainSpec> fixed_rows() {
                {step("aten::mul.Tensor", {0, 1}),
                 step("aten::add.Tensor", {prev(0), 2}, {scalar_int(2, 1)}),
                 step("aten::div.Tensor", {prev(1), 1})}});
+  // Python ints: AdamW's step += 1 on a 0-d float32 tensor, and a product and a quotient.
+  r.push_back({"python_int_in_place_0d", {}, {f32({}), int_number(1)},
+               {step("aten::add_.Tensor", {0, 1}, {scalar_int(2, 1)})}});
+  r.push_back({"python_ints",
+               {5, 7},
+               {f32({5, 7}), int_number(3), int_number(-7)},
+               {step("aten::mul.Tensor", {0, 1}), step("aten::div.Tensor", {prev(0), 2}),
+                step("aten::sub.Tensor", {prev(1), 1}, {scalar_int(2, 1)})}});
   r.push_back(
       {"scalar_overloads",
        {33},
@@ -387,12 +398,16 @@ struct Patches {
 inline Patches patches_for(const ChainSpec& c, const BuiltPlan& bp, bool patch) {
   Patches p;
   p.scalars = bp.plan.scalars;
+  std::vector<bool> is_int;
   for (const TensorSpec& t : c.inputs)
-    if (t.wrapped) p.numbers.push_back(t.value);
+    if (t.wrapped) p.numbers.push_back(t.value), is_int.push_back(t.dtype == dtype::kInt64);
   if (patch) {
     for (record::ScalarRecord& s : p.scalars) s = patched(s), p.bits.push_back(s.bits);
-    for (double& x : p.numbers)
-      x = x * -2.0 + 0.5, p.bits.push_back(std::bit_cast<std::uint64_t>(x));
+    for (std::size_t i = 0; i < p.numbers.size(); ++i) {
+      double& x = p.numbers[i];
+      x = x * -2.0 + (is_int[i] ? 1.0 : 0.5);  // an int stays an int
+      p.bits.push_back(std::bit_cast<std::uint64_t>(x));
+    }
   }
   return p;
 }

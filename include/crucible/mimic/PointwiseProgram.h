@@ -3,7 +3,8 @@
 //
 // Note [Pointwise programs]: every call of the kernel writes a tensor of one iteration shape
 // (the first call's output shape); each input broadcasts to it (right-aligned, size-1 dims).
-// The program is SSA over one element: loads of memory operands, runtime parameters (a call's
+// The program is SSA over one element: loads of memory operands (float32, float64, or a Python
+// int as a wrapped int64 number, converted to the compute dtype in one rounding as ATen does), runtime parameters (a call's
 // scalar arguments, patchable), arithmetic in the call's compute dtype (ATen's type promotion:
 // dimensioned tensors first, then 0-d tensors, then Python numbers; inputs converted to it,
 // the result converted to the output's dtype), and stores. A value an earlier call of the
@@ -52,7 +53,7 @@ namespace crucible::mimic {
 enum class PwOp : std::uint8_t {
   Load = 0,     // a = operand
   Param = 1,    // a = parameter
-  Convert = 2,  // a = instruction; to `dtype`
+  Convert = 2,  // a = instruction; to `dtype` (from float32, float64 or int64)
   Add = 3,
   Sub = 4,
   Mul = 5,

@@ -294,7 +294,7 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
   p->fns = std::move(*fns);
   p->operand_tensor = pk.operand_tensor;
   for (const PwOperand& o : pk.program.operands)
-    p->elem_bytes.push_back(o.dtype == dtype::kFloat64 ? 8 : 4);
+    p->elem_bytes.push_back(o.dtype == dtype::kFloat32 ? 4 : 8);  // float64, int64
   p->param_scalar = pk.param_scalar;
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;

@@ -156,6 +156,7 @@ class LoopEmitter {
 
  private:
   llvm::Type* type(std::int8_t dt) {
+    if (dt == dtype::kInt64) return llvm::Type::getInt64Ty(ctx_);
     return dt == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
   }
   llvm::Value* address(std::uint32_t k, llvm::Value* idx) {
@@ -175,6 +176,7 @@ class LoopEmitter {
       case PwOp::Load:
         return scoped(b_.CreateLoad(type(in.dtype), address(in.a, idx)), in.a);
       case PwOp::Convert:
+        if (p_.insts[in.a].dtype == dtype::kInt64) return b_.CreateSIToFP(a, type(in.dtype));
         return in.dtype == dtype::kFloat64 ? b_.CreateFPExt(a, type(in.dtype))
                                            : b_.CreateFPTrunc(a, type(in.dtype));
       case PwOp::Add:

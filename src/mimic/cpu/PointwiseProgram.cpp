@@ -153,9 +153,11 @@ class Lowering {
 
   Result<Key> key_of(std::uint32_t c, std::uint32_t ti, bool output) const {
     const exec::TensorRef& t = p_.tensors[ti];
-    if (!is_float(t.dtype))
+    // A Python int (a wrapped int64 number) is read and converted, as ATen converts it.
+    const bool int_number = !output && (t.flags & exec::kWrappedNumber) && t.dtype == dtype::kInt64;
+    if (!is_float(t.dtype) && !int_number)
       return refuse_call(c, "has a tensor of dtype " + std::string(scalar_type_info(t.dtype).name) +
-                                " (float32 and float64 are generated)");
+                                " (float32 and float64 are generated, and Python ints)");
     if (output) {
       const auto sz = p_.sizes(t);
       if (!std::equal(sz.begin(), sz.end(), out_.shape.begin(), out_.shape.end()))
