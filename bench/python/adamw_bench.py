@@ -30,7 +30,7 @@ import benchutil  # noqa: E402
 import crucible_native as crucible  # noqa: E402
 import models  # noqa: E402
 
-ITERS = {"transformer": 300, "mlp_wide": 10}
+ITERS = {"transformer": 300, "mlp_wide": 20}
 VARIANTS = ("eager", "eager_foreach", "eager_fused", "bitwise", "fast")
 
 

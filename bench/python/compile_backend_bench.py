@@ -1,13 +1,14 @@
 """Training step time of crucible.compile per backend against eager PyTorch, in one process:
 backend="replay" (the plan runs its captured ATen ops in order), "null" (the exec stage's plan of
 the same call, every kernel an ATen call on memory the plan placed) and "cpu" (the same plan with
-Mimic's generated kernels where they give ATen's bits).
+Mimic's generated kernels where they give ATen's bits), and "cpu" with numerics="fast" (also the
+kernels within a stated bound of ATen's bits).
 
-Four twins per model, built with the same seed; each compiled twin warms up, records two calls
+Five twins per model, built with the same seed; each compiled twin warms up, records two calls
 and builds its plan; then rounds alternate a block of each; the figure is the median per-step
 time over rounds, and every ratio is eager's time over the variant's (above 1: faster). The
 twins take the same steps and are compared bit for bit at the end (not the dropout models: their
-twins share one global generator). Also: the cpu backend's plan build (two captures, Forge, LLVM)
+twins share one global generator; nor the fast twin, which differs from eager in last bits). Also: the cpu backend's plan build (two captures, Forge, LLVM)
 with an empty kernel cache and, in a second process, with the disk cache the first filled.
 Writes bench/baselines/compile_backend_bench.{json,txt}.
 
@@ -34,7 +35,7 @@ import crucible_native as crucible  # noqa: E402
 import models  # noqa: E402
 
 ITERS = {"mlp": 300, "cnn": 100, "transformer": 50, "transformer2": 30, "resnet18": 5, "efficientnet": 5}
-BACKENDS = ("replay", "null", "cpu")
+BACKENDS = ("replay", "null", "cpu", "fast")  # fast: backend "cpu", numerics="fast"
 DROPOUT = {"transformer", "transformer2", "efficientnet"}
 
 
@@ -58,7 +59,8 @@ def build_seconds(name):
 def bench(name, rounds):
     eager = models.make(name)
     twins = {b: models.make(name) for b in BACKENDS}
-    steps = {b: crucible.compile(twins[b].step, backend=b) for b in BACKENDS}
+    steps = {b: crucible.compile(twins[b].step, backend="cpu" if b == "fast" else b,
+                                 numerics="fast" if b == "fast" else "bitwise") for b in BACKENDS}
     for _ in range(6):  # warm-up, two recorded calls, the first plan runs
         eager.step()
         for b in BACKENDS:
@@ -66,8 +68,8 @@ def bench(name, rounds):
     for b in BACKENDS:
         assert steps[b].stats()["plans_built"] == 1, (b, steps[b].last_refusal)
     info = {b: steps[b].plans()[0] for b in BACKENDS}
-    for b in ("null", "cpu"):
-        assert info[b]["exec"] == b, info[b]["exec_note"]
+    for b in ("null", "cpu", "fast"):
+        assert info[b]["exec"] == ("cpu" if b == "fast" else b), info[b]["exec_note"]
     iters = ITERS[name]
     times = {k: [] for k in ("eager",) + BACKENDS}
     for _ in range(rounds):
@@ -78,13 +80,14 @@ def bench(name, rounds):
     same = None
     if name not in DROPOUT:
         same = all(all(torch.equal(a, c) for a, c in zip(eager.model.parameters(), twins[b].model.parameters()))
-                   for b in BACKENDS)
+                   for b in BACKENDS if b != "fast")
     return {"model": name, "batch": models.DEFAULT_BATCH[name],
             **{f"{k}_us": v * 1e6 for k, v in med.items()},
             **{f"{b}_vs_eager": med["eager"] / med[b] for b in BACKENDS},
             "cpu_vs_replay": med["replay"] / med["cpu"], "null_vs_replay": med["replay"] / med["null"],
             "exec_kernels": info["cpu"]["exec_kernels"], "exec_calls": info["cpu"]["exec_calls"],
             "generated_calls": info["cpu"]["exec_generated_calls"], "replay_ops": info["replay"]["ops"],
+            "fast_generated_calls": info["fast"]["exec_generated_calls"],
             "params_bit_identical": same}
 
 
@@ -102,12 +105,12 @@ def main():
         os.environ["CRUCIBLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="crucible-bench-cold-")  # empty, per model
         r["first_three_calls_cold_s"], r["cold_summary"] = build_seconds(r["model"])
         r["first_three_calls_warm_s"], r["warm_summary"] = build_seconds(r["model"])
-    lines = [f"{'model':<13} {'eager us':>10} {'replay':>8} {'null':>8} {'cpu':>8} {'cpu/replay':>10} "
+    lines = [f"{'model':<13} {'eager us':>10} {'replay':>8} {'null':>8} {'cpu':>8} {'fast':>8} {'cpu/replay':>10} "
              f"{'kernels':>8} {'calls':>6} {'generated':>9} {'identical':>9} {'cold s':>7} {'warm s':>7}"]
     for r in rows:
         lines.append(f"{r['model']:<13} {r['eager_us']:>10.1f} {r['replay_vs_eager']:>7.2f}x {r['null_vs_eager']:>7.2f}x "
-                     f"{r['cpu_vs_eager']:>7.2f}x {r['cpu_vs_replay']:>9.2f}x {r['exec_kernels']:>8} "
-                     f"{r['exec_calls']:>6} {r['generated_calls']:>9} "
+                     f"{r['cpu_vs_eager']:>7.2f}x {r['fast_vs_eager']:>7.2f}x {r['cpu_vs_replay']:>9.2f}x "
+                     f"{r['exec_kernels']:>8} {r['exec_calls']:>6} {r['generated_calls']:>4}/{r['fast_generated_calls']:>4} "
                      f"{'n/a' if r['params_bit_identical'] is None else str(r['params_bit_identical']):>9} "
                      f"{r['first_three_calls_cold_s']:>7.2f} {r['first_three_calls_warm_s']:>7.2f}")
     text = "\n".join(lines)
@@ -116,7 +119,8 @@ def main():
         benchutil.save_baseline(
             "compile_backend_bench", rows, text,
             [f"median per-step time over {a.rounds} alternating rounds; replay/null/cpu = eager time / that "
-             "backend's (above 1: faster than eager); cpu/replay = replay time / cpu time;",
+             "backend's (above 1: faster than eager); fast = backend cpu with numerics='fast'; cpu/replay = "
+             "replay time / cpu time; generated = generated calls bitwise/fast; identical: replay, null, cpu;",
              "cold s / warm s: a new process's three calls after its eager first one (two recorded, the plan "
              "build, one plan run) with an empty kernel cache / with the cache the cold one filled"],
             rounds=a.rounds)

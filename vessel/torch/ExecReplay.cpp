@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 
+#include "AtenParallel.h"
 #include "Dispatch.h"
 #include "ReplayPlan.h"
 #include "absl/container/flat_hash_map.h"
@@ -108,6 +109,7 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
                                                       : mimic::CpuBackendOptions{};
     co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
     co.fast = o.fast;
+    co.parallel = aten_parallel;  // split loops on ATen's threads (Note [Split loops])
     auto cpu = mimic::CpuBackend::make(co);
     if (!cpu.ok()) return cpu.status();
     h->cpu = std::move(*cpu);

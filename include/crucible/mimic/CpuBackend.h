@@ -43,6 +43,13 @@ struct CpuBackendOptions {
   // hardware's. The process shares one pool, sized by the first backend made (at least the
   // hardware's threads); a backend uses at most its own count of them.
   unsigned threads = 0;
+  // Runs body(arg, i) for i in [0, parts) on the host program's own threads, returning when all
+  // are done (the Vessel passes ATen's parallel_for: one pool of threads for ATen's kernels and
+  // the generated loops, none spinning while the other's run). Null: the backend's WorkerPool.
+  using ParallelFn = void (*)(void* ctx, unsigned parts, void (*body)(void* arg, unsigned part),
+                              void* arg);
+  ParallelFn parallel = nullptr;
+  void* parallel_ctx = nullptr;
   // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's
   // bits but within a stated bound of them (sqrt; a + c*b rounded once where ATen rounds twice).
   bool fast = false;
@@ -116,7 +123,9 @@ class CpuBackend {
   CacheStats stats_;
   std::uint64_t library_launches_ = 0;
   bool fast_ = false;
-  WorkerPool* pool_ = nullptr;  // Note [Split loops]
+  WorkerPool* pool_ = nullptr;  // Note [Split loops]; unused with parallel_
+  CpuBackendOptions::ParallelFn parallel_ = nullptr;
+  void* parallel_ctx_ = nullptr;
   unsigned threads_ = 1;        // parts a loop may run in
 };
 
