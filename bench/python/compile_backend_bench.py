@@ -17,6 +17,7 @@ Writes bench/baselines/compile_backend_bench.{json,txt}.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,14 @@ def bench(name, rounds):
     if name not in DROPOUT:
         same = all(all(torch.equal(a, c) for a, c in zip(eager.model.parameters(), twins[b].model.parameters()))
                    for b in BACKENDS if b != "fast")
+    # Memory: eager's peak of allocated CPU bytes in one step (Crucible's wrapper allocator, as
+    # bench/python/pipeline_bench.py) against the cpu plan's exec arena plus the replay arena
+    # that serves ATen's own allocations inside its runs.
+    crucible._ext.alloc_measure_start()
+    eager.step()
+    eager_peak, _ = crucible._ext.alloc_measure_stop()
+    exec_arena = int(re.search(r"arena (\d+) bytes", info["cpu"]["exec_summary"]).group(1))
+    replay_arena = steps["cpu"].plans()[0]["arena_bytes"]
     return {"model": name, "batch": models.DEFAULT_BATCH[name],
             **{f"{k}_us": v * 1e6 for k, v in med.items()},
             **{f"{b}_vs_eager": med["eager"] / med[b] for b in BACKENDS},
@@ -88,6 +97,8 @@ def bench(name, rounds):
             "exec_kernels": info["cpu"]["exec_kernels"], "exec_calls": info["cpu"]["exec_calls"],
             "generated_calls": info["cpu"]["exec_generated_calls"], "replay_ops": info["replay"]["ops"],
             "fast_generated_calls": info["fast"]["exec_generated_calls"],
+            "eager_peak_bytes": eager_peak, "exec_arena_bytes": exec_arena, "replay_arena_bytes": replay_arena,
+            "memory_vs_eager_peak": (exec_arena + replay_arena) / eager_peak,
             "params_bit_identical": same}
 
 
@@ -106,13 +117,16 @@ def main():
         r["first_three_calls_cold_s"], r["cold_summary"] = build_seconds(r["model"])
         r["first_three_calls_warm_s"], r["warm_summary"] = build_seconds(r["model"])
     lines = [f"{'model':<13} {'eager us':>10} {'replay':>8} {'null':>8} {'cpu':>8} {'fast':>8} {'cpu/replay':>10} "
-             f"{'kernels':>8} {'calls':>6} {'generated':>9} {'identical':>9} {'cold s':>7} {'warm s':>7}"]
+             f"{'kernels':>8} {'calls':>6} {'generated':>9} {'identical':>9} {'cold s':>7} {'warm s':>7} "
+             f"{'peak KiB':>9} {'arenas KiB':>10} {'mem':>6}"]
     for r in rows:
         lines.append(f"{r['model']:<13} {r['eager_us']:>10.1f} {r['replay_vs_eager']:>7.2f}x {r['null_vs_eager']:>7.2f}x "
                      f"{r['cpu_vs_eager']:>7.2f}x {r['fast_vs_eager']:>7.2f}x {r['cpu_vs_replay']:>9.2f}x "
                      f"{r['exec_kernels']:>8} {r['exec_calls']:>6} {r['generated_calls']:>4}/{r['fast_generated_calls']:>4} "
                      f"{'n/a' if r['params_bit_identical'] is None else str(r['params_bit_identical']):>9} "
-                     f"{r['first_three_calls_cold_s']:>7.2f} {r['first_three_calls_warm_s']:>7.2f}")
+                     f"{r['first_three_calls_cold_s']:>7.2f} {r['first_three_calls_warm_s']:>7.2f} "
+                     f"{r['eager_peak_bytes'] / 1024:>9.0f} {(r['exec_arena_bytes'] + r['replay_arena_bytes']) / 1024:>10.0f} "
+                     f"{r['memory_vs_eager_peak']:>5.2f}x")
     text = "\n".join(lines)
     print(text)
     if not a.no_save:
@@ -121,6 +135,8 @@ def main():
             [f"median per-step time over {a.rounds} alternating rounds; replay/null/cpu = eager time / that "
              "backend's (above 1: faster than eager); fast = backend cpu with numerics='fast'; cpu/replay = "
              "replay time / cpu time; generated = generated calls bitwise/fast; identical: replay, null, cpu;",
+             "peak = eager step's peak allocated CPU bytes; arenas = the cpu plan's exec arena + the replay arena serving "
+             "ATen's allocations inside its runs; mem = arenas / peak (the issue's target: <= 0.9x on the transformer)",
              "cold s / warm s: a new process's three calls after its eager first one (two recorded, the plan "
              "build, one plan run) with an empty kernel cache / with the cache the cold one filled"],
             rounds=a.rounds)
