@@ -145,12 +145,24 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::vector<SlotTensor> slot_tensors;
   std::vector<std::uint32_t> patch_source;  // per exec patch point: the source feeding it
   std::vector<c10::Storage> last_out;       // each output binding's memory in the last run
+  // A run's scratch, sized once (its storages are let go at the end of the run).
+  std::vector<c10::Storage> in_storage, result;
+  std::vector<void*> in, out;
+  std::vector<std::uint64_t> bits;
 
   void run(const Form& f, const std::vector<at::Tensor>& exts, std::vector<at::Tensor>& slots,
            at::TensorList args, at::ArrayRef<double> scalars) override {
     const exec::ExecutionPlan& plan = step->sp.plan;
-    std::vector<c10::Storage> in_storage(input_src.size());
-    std::vector<void*> in(input_src.size()), out(plan.outputs.size());
+    in_storage.resize(input_src.size());
+    in.resize(input_src.size());
+    out.resize(plan.outputs.size());
+    struct LetGo {  // the scratch holds no storage past the run, however it ends
+      ExecReplayImpl& r;
+      ~LetGo() {
+        std::fill(r.in_storage.begin(), r.in_storage.end(), c10::Storage());
+        std::fill(r.result.begin(), r.result.end(), c10::Storage());
+      }
+    } let_go{*this};
     for (std::size_t b = 0; b < input_src.size(); ++b) {
       const at::Tensor t = replay::value_of(f, exts, slots, args, input_src[b]);
       const exec::Slot& s = plan.slots[plan.inputs[b]];
@@ -175,7 +187,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
                                       c10::GetDefaultCPUAllocator(), /*resizable=*/false);
       out[b] = out_storage[b].mutable_data();
     }
-    std::vector<std::uint64_t> bits(patch_source.size());
+    bits.resize(patch_source.size());
     for (std::size_t i = 0; i < patch_source.size(); ++i) {
       TORCH_CHECK(patch_source[i] < scalars.size(), "crucible plan: patch point ", i, " takes source ",
                   patch_source[i], ", and the run has ", scalars.size(), " source values");
@@ -188,7 +200,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
     if (!st.ok())  // ATen's own error (an index out of range) reaches Python as eager raises it
       if (std::exception_ptr e = step->provider.take_error()) std::rethrow_exception(e);
     TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name, " backend): ", std::string(st.message()));
-    std::vector<c10::Storage> result(out_storage);
+    result.assign(out_storage.begin(), out_storage.end());
     for (std::uint32_t b = 0; b < plan.outputs.size(); ++b) {
       void* at = step->runner->output_data(b);
       if (at == out[b]) continue;

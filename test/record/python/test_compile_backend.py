@@ -229,6 +229,23 @@ def test_fast_numerics_train_200_steps_within_a_stated_tolerance_of_eager(name, 
     assert gained > 0 if more else gained == 0, (plan["exec_summary"], exact["exec_summary"])
 
 
+@pytest.mark.parametrize("backend", ["replay", "null", "cpu"])
+def test_a_plan_run_keeps_no_reference_to_the_steps_arguments(backend):
+    """A batch passed to a compiled step is freed when the caller drops it: the plan's run holds
+    its storage only while it runs."""
+    s = models.make("mlp")
+    step = crucible.compile(step_of(s), backend=backend)
+    for i in range(4):
+        step(*batch(s, i))
+    x, y = batch(s, 9)
+    refs = [t.untyped_storage()._weak_ref() for t in (x, y)]
+    runs = step.stats()["plan_runs"]
+    step(x, y)
+    assert step.stats()["plan_runs"] == runs + 1
+    del x, y
+    assert all(torch.UntypedStorage._expired(r) for r in refs)
+
+
 SECOND_PROCESS = r"""
 import json, sys, warnings
 sys.path.insert(0, sys.argv[1])
