@@ -201,6 +201,34 @@ def test_an_adamw_update_is_generated_bit_exact_but_for_sqrt(name):
     assert plan["exec_generated_calls"] >= 7 * params, plan["exec_summary"]
 
 
+def test_an_update_over_many_parameters_compiles_a_few_programs_not_one_per_parameter():
+    """The optimizer's update is one generated program per form of parameter (dtype, in place
+    or not), whatever its shape: the programs are shape-free and the kernel cache serves every
+    parameter from the first one's code, so compile time does not grow with the parameters."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(5 + i, 6 + i) for i in range(12)]).double()
+    opt = torch.optim.AdamW(layers.parameters(), lr=1e-3)
+    x = torch.randn(3, 5, dtype=torch.float64)
+
+    def step():
+        opt.zero_grad()
+        h = x
+        for i, m in enumerate(layers):
+            h = m(h if h.shape[-1] == m.in_features else h[..., :m.in_features])
+        h.square().sum().backward()
+        opt.step()
+    compiled = crucible.compile(step)
+    for _ in range(4):
+        compiled()
+    (plan,) = compiled.plans()
+    assert plan["exec"] == "cpu", plan["exec_note"]
+    m = re.search(r"compiled (\d+), from disk (\d+), from memory (\d+)", plan["exec_summary"])
+    built, looked_up = int(m[1]) + int(m[2]), int(m[1]) + int(m[2]) + int(m[3])
+    params = len(list(layers.parameters()))
+    assert looked_up >= 2 * params, plan["exec_summary"]  # at least two generated runs per parameter
+    assert built <= 6, plan["exec_summary"]
+
+
 @pytest.mark.parametrize("name,more", [("transformer", True), ("mlp", False)])
 def test_fast_numerics_train_200_steps_within_a_stated_tolerance_of_eager(name, more):
     """numerics="fast" (misc/MIMIC.md, Fast numerics): more generated code where bit-exact code
