@@ -704,9 +704,10 @@ PYBIND11_MODULE(_crucible_ext, m) {
     for (const auto& [op, arg, value, anchor] : t) v.push_back(vessel::ScalarSource{op, arg, value, anchor});
     return v;
   };
-  m.def("plan_build", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {
-    return vessel::plan_build(a, b, to_sources(sa), to_sources(sb));
-  });
+  m.def("plan_build", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb,
+                                    const std::string& runs_on) {
+    return vessel::plan_build(a, b, to_sources(sa), to_sources(sb), runs_on);
+  }, py::arg("a"), py::arg("b"), py::arg("sources_a"), py::arg("sources_b"), py::arg("runs_on") = "");
   m.def("plan_build_sync", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb) {
     return vessel::plan_build_sync(a, b, to_sources(sa), to_sources(sb));
   });

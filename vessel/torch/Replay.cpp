@@ -1255,7 +1255,7 @@ std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::t
 }  // namespace replay
 
 std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
-                        const std::vector<ScalarSource>& sources_b) {
+                        const std::vector<ScalarSource>& sources_b, const std::string& runs_on) {
   const auto t0 = std::chrono::steady_clock::now();
   auto [a, b] = forms_of(form_a, form_b, sources_a, sources_b);
   std::vector<Patch> patches;
@@ -1266,7 +1266,14 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
       throw std::runtime_error(describe_op(b->ops[k], k) + " makes a tensor whose size depends on tensor values; "
                                "a whole-step plan would run the ops after it at the recorded sizes, so the "
                                "step is not replayed whole");
-  const ContentHash key = plan_key(*b, patches);
+  const ContentHash key = [&] {
+    ContentHasher h;
+    const ContentHash form_key = plan_key(*b, patches);
+    h.update_u64(form_key.lo);
+    h.update_u64(form_key.hi);
+    h.update_string(runs_on);
+    return h.digest();
+  }();
   Registry& r = registry();
   {
     // Content-addressed: the same key over the same persistent tensors is the same plan.

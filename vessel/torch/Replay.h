@@ -69,9 +69,11 @@ struct ScalarSource {
 // scalar sources' values during each of the two calls (empty when there are none). A scalar
 // that differs between the forms becomes a patch point when a source feeding that op and
 // argument gives both values bit for bit; otherwise this throws std::runtime_error saying
-// which op and argument differ.
+// which op and argument differ. `runs_on` names what runs the plan's ops ("replay",
+// "cpu/bitwise", ...: Note [Exec replay]); plans are shared only between callers that name the
+// same, so one caller's exec stage never replaces another's.
 std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
-                        const std::vector<ScalarSource>& sources_b);
+                        const std::vector<ScalarSource>& sources_b, const std::string& runs_on = "");
 void plan_release(std::int64_t plan);
 
 // Note [Sync-point execution] (Sync.cpp). A sync-point plan: built like plan_build, except

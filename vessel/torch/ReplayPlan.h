@@ -130,7 +130,9 @@ struct Patch {
 // beside them). What the form knows stays the form's: the run's guard, the patch points'
 // values, the externals and arguments (bound by storage), the outputs and the .grad fields,
 // taken from the slots `run` fills. Implemented in ExecReplay.cpp (the _crucible_exec module,
-// which links LLVM); attached to a plan by crucible.compile(step, backend=...).
+// which links LLVM); attached to a plan by crucible.compile(step, backend=..., numerics=...).
+// A plan is shared between compiled steps over the same tensors only when they name the same
+// backend and numerics (plan_build's `runs_on`): one step's exec stage never replaces another's.
 struct ExecReplay {
   virtual ~ExecReplay() = default;
   // Runs the step: reads the externals `exts` and the arguments `args` in place, writes the

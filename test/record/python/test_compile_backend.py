@@ -161,6 +161,22 @@ def test_numerics_must_be_known_and_fast_needs_the_cpu_backend():
             crucible.compile(lambda: None, backend=backend, numerics="fast")
 
 
+def test_steps_compiled_differently_over_one_model_keep_their_own_backend_and_numerics():
+    """Plans are shared between compiled steps over the same tensors only when they run alike: a
+    fast step must not turn a bit-exact one's plan fast, nor a cpu step a replay one's (it did:
+    the second step's exec stage replaced the first's on their shared plan)."""
+    s = models.make("transformer")
+    exact = crucible.compile(step_of(s))
+    fast = crucible.compile(step_of(s), numerics="fast")
+    replay = crucible.compile(step_of(s), backend="replay")
+    for c in (exact, fast, replay, exact):
+        for i in range(4):
+            c(*batch(s, i))
+    assert [(c.plans()[0]["exec"], c.plans()[0]["exec_numerics"]) for c in (exact, fast)] == [
+        ("cpu", "bitwise"), ("cpu", "fast")]
+    assert replay.plans()[0]["exec"] == ""
+
+
 def wide_adamw():
     """A 1024 x 1024 linear layer under AdamW, one step taken: its update's loops (1 M elements)
     run split on ATen's threads (Note [Split loops])."""

@@ -704,7 +704,9 @@ class CompiledStep(_SyncPoint):
         plan, why, causes = None, None, None
         if e.mode != "sync":
             try:
-                plan = _ext.plan_build(a, b, e.srcs[ia], e.srcs[ib])
+                # Plans are shared only between steps that run them alike (Note [Exec replay]).
+                plan = _ext.plan_build(a, b, e.srcs[ia], e.srcs[ib],
+                                       self._backend if self._backend == "replay" else f"{self._backend}/{self._numerics}")
             except RuntimeError as err:
                 why = str(err)
             reads = _ext.plan_info(plan)["value_reads"] if plan is not None else []
