@@ -105,6 +105,10 @@ struct PointwiseKernel {
   // A product rounded into a sum whatever the parameters (addcmul, lerp): no alpha of 1 or -1
   // makes both roundings agree.
   bool always_scaled = false;
+  // A call rounding a product into a sum has an input of other sizes than its output (a 0-d
+  // tensor, a Python number, a broadcast row): ATen's rounding there follows no rule the
+  // backend models (Note [ATen's alpha rounding], CpuBackend.cpp).
+  bool scaled_broadcast = false;
   bool fast = false;  // lowered for numerics="fast" (Note [Fast numerics], CpuBackend.cpp)
 };
 

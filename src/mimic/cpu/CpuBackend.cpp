@@ -110,30 +110,6 @@ std::uint64_t param_bits(const record::ScalarRecord& r, std::int8_t dt) {
   return std::bit_cast<std::uint32_t>(f);
 }
 
-// Whether every input of the calls [begin, begin + count) that round a product into a sum
-// (add/sub, addcmul, lerp) has its call's output size (none is broadcast).
-bool unbroadcast(const exec::ExecutionPlan& plan, std::uint32_t begin, std::uint32_t count) {
-  auto numel = [&](std::uint32_t tensor) {
-    std::int64_t n = 1;
-    for (std::int64_t s : plan.sizes(plan.tensors[tensor])) n *= s;
-    return n;
-  };
-  for (std::uint32_t c = begin; c < begin + count; ++c) {
-    const exec::Call& call = plan.calls[c];
-    const std::string& op = plan.op_names[call.op];
-    if (!op.starts_with("aten::add") && !op.starts_with("aten::sub") &&
-        !op.starts_with("aten::lerp"))
-      continue;
-    if (op.starts_with("aten::addcdiv")) continue;
-    const std::int64_t out = numel(plan.outputs_of(call)[0].tensor);
-    for (const exec::Arg& a : plan.inputs_of(call))
-      if (numel(a.tensor) != out || plan.sizes(plan.tensors[a.tensor]).size() !=
-                                        plan.sizes(plan.tensors[plan.outputs_of(call)[0].tensor]).size())
-        return false;
-  }
-  return true;
-}
-
 // The parameter, as passed, is 1 or -1.
 bool is_unit(std::uint64_t bits, std::int8_t dt) {
   const double v = dt == dtype::kFloat64
@@ -301,7 +277,7 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;
   p->always_scaled = pk.always_scaled;
-  p->scaled_unbroadcast = unbroadcast(plan, begin, count);
+  p->scaled_unbroadcast = !pk.scaled_broadcast;
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
 

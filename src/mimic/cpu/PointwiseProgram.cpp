@@ -280,6 +280,7 @@ class Lowering {
       if (row->form == Form::AddCMul) {
         r = emit(PwOp::AddScaled, compute, vals[0], vals[2], m);
         out_.always_scaled = true;
+        note_scaled(call);
       } else {
         r = emit(PwOp::Add, compute, vals[0], emit(PwOp::Div, compute, m, vals[2]));
       }
@@ -288,12 +289,14 @@ class Lowering {
     } else if (row->op == PwOp::Lerp) {  // (self, end), then the weight
       r = emit(PwOp::Lerp, compute, vals[0], vals[1], vals[2]);
       out_.always_scaled = true;
+      note_scaled(call);
     } else if (vals.size() == 2) {
       std::uint16_t b = vals[1];
       if (auto alpha = scalar_at(call, row->alpha_arg)) {
         auto al = param(c, *alpha, compute);
         if (!al.ok()) return al.status();
         out_.unit_params.push_back(out_.program.insts[*al].a);
+        note_scaled(call);
         r = emit(row->op == PwOp::Sub ? PwOp::SubScaled : PwOp::AddScaled, compute, vals[0], b, *al);
       } else {
         r = emit(row->op, compute, vals[0], b);
@@ -309,6 +312,16 @@ class Lowering {
     accesses_.push_back({key->slot, *key, true});
     if (must_store(out_t)) emit(PwOp::Store, key->dtype, r, operand(*key, out_t, true));
     return ok_status();
+  }
+
+  // A call that rounds a product into a sum: does an input of it have other sizes than its
+  // output (Note [ATen's alpha rounding], CpuBackend.cpp)?
+  void note_scaled(const exec::Call& call) {
+    const auto out = p_.sizes(p_.tensors[p_.outputs_of(call)[0].tensor]);
+    for (const exec::Arg& a : p_.inputs_of(call)) {
+      const auto in = p_.sizes(p_.tensors[a.tensor]);
+      if (!std::equal(in.begin(), in.end(), out.begin(), out.end())) out_.scaled_broadcast = true;
+    }
   }
 
   // A call outside the kernel or the caller may read what this tensor's slot holds.
