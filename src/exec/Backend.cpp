@@ -27,6 +27,11 @@ Status default_run_kernel(void*, const KernelLaunch& launch) {
 
 Status default_synchronize(void*) { return ok_status(); }
 
+Status default_memory_use(void*, const ExecutionPlan& plan, MemoryUse& use) {
+  use = plan_memory_use(plan);
+  return ok_status();
+}
+
 Result<Backend> with_defaults(Backend b) {
   if (b.name.empty())
     return invalid_input("a backend without a name", "set Backend::name (\"null\", \"cpu\", ...)");
@@ -35,6 +40,7 @@ Result<Backend> with_defaults(Backend b) {
   if (b.free_arena == nullptr) b.free_arena = default_free_arena;
   if (b.run_kernel == nullptr) b.run_kernel = default_run_kernel;
   if (b.synchronize == nullptr) b.synchronize = default_synchronize;
+  if (b.memory_use == nullptr) b.memory_use = default_memory_use;
   return b;
 }
 

@@ -216,10 +216,7 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
   }
 
   // Slots, placed live over whole kernels (Note [Kernel lifetimes]).
-  const auto spans = kernel_spans(p);
   std::map<std::uint64_t, std::uint32_t> slot_of;
-  std::vector<graph::Lifetime> lifetimes;
-  std::vector<std::uint32_t> arena_slots;
   std::uint64_t arena_total = 0;
   for (auto& [key, u] : uses) {
     Slot s;
@@ -253,17 +250,14 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
         return invalid_input("build_plan: the step's tensors add up to more than 2^62 bytes",
                              "record the step again");
       arena_total += s.bytes;
-      lifetimes.push_back({s.bytes, s.first < spans.size() ? spans[s.first].first : s.first,
-                           s.last < spans.size() ? spans[s.last].second : s.last});
-      arena_slots.push_back(static_cast<std::uint32_t>(p.slots.size()));
     }
     slot_of[key] = static_cast<std::uint32_t>(p.slots.size());
     p.slots.push_back(s);
   }
-  const graph::ArenaPlacement placement = graph::place_in_arena(lifetimes);
-  for (std::size_t i = 0; i < arena_slots.size(); ++i)
-    p.slots[arena_slots[i]].offset = placement.offsets[i];
-  p.arena_bytes = placement.arena_bytes;
+  auto layout = place_arena(p, plan_memory_use(p));
+  if (!layout.ok()) return layout.status();
+  for (std::size_t s = 0; s < p.slots.size(); ++s) p.slots[s].offset = layout->offsets[s];
+  p.arena_bytes = layout->arena_bytes;
 
   // Tensors, made on first use.
   std::vector<std::uint32_t> tensor_of(nv, kNone);

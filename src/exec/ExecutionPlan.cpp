@@ -1,6 +1,8 @@
 // ExecutionPlan.cpp — slot kind names and the plan's one-line-per-entry description.
 #include "crucible/exec/ExecutionPlan.h"
 
+#include "crucible/graph/ArenaPlacement.h"
+
 namespace crucible::exec {
 
 const char* slot_kind_name(SlotKind k) noexcept {
@@ -66,6 +68,53 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const Executio
       span[c] = {k.call_begin, k.call_begin + k.call_count - 1};
   }
   return span;
+}
+
+MemoryUse plan_memory_use(const ExecutionPlan& plan) { return MemoryUse{kernel_spans(plan), {}}; }
+
+Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use) {
+  const std::size_t ncalls = plan.calls.size(), nslots = plan.slots.size();
+  if (use.spans.size() != ncalls || (!use.untouched.empty() && use.untouched.size() != nslots) ||
+      (!use.generated.empty() && use.generated.size() != ncalls))
+    return invalid_input("place_arena: " + std::to_string(use.spans.size()) + " spans and " +
+                             std::to_string(use.untouched.size()) + " untouched and " +
+                             std::to_string(use.generated.size()) + " generated flags for " +
+                             std::to_string(ncalls) + " calls and " + std::to_string(nslots) +
+                             " slots",
+                         "give one span and generated flag per call and one untouched flag per slot "
+                         "(or no flags)");
+  for (std::uint32_t c = 0; c < ncalls; ++c)
+    if (use.spans[c].first > c || use.spans[c].second < c || use.spans[c].second >= ncalls)
+      return invalid_input("place_arena: call " + std::to_string(c) + "'s span [" +
+                               std::to_string(use.spans[c].first) + ", " +
+                               std::to_string(use.spans[c].second) + "] does not hold it",
+                           "a call's span holds the call");
+  ArenaLayout out;
+  out.offsets.assign(nslots, 0);
+  out.placed.assign(nslots, false);
+  std::vector<graph::Lifetime> lifetimes;
+  std::vector<std::uint32_t> which;
+  for (std::uint32_t s = 0; s < nslots; ++s) {
+    const Slot& sl = plan.slots[s];
+    const bool untouched = !use.untouched.empty() && use.untouched[s];
+    if (untouched && sl.kind != SlotKind::Arena)
+      return invalid_input("place_arena: slot " + std::to_string(s) + " is " +
+                               slot_kind_name(sl.kind) + " memory, and only an Arena slot can be left untouched",
+                           "mark Arena slots only");
+    if (untouched || (sl.kind != SlotKind::Arena && sl.kind != SlotKind::Constant)) continue;
+    // A Constant is written before the run: it is live from the first call.
+    const std::uint32_t first = sl.kind == SlotKind::Constant ? 0
+                                : sl.first < ncalls           ? use.spans[sl.first].first
+                                                              : sl.first;
+    const std::uint32_t last = sl.last < ncalls ? use.spans[sl.last].second : sl.last;
+    lifetimes.push_back({sl.bytes, first, last});
+    which.push_back(s);
+    out.placed[s] = true;
+  }
+  const graph::ArenaPlacement placement = graph::place_in_arena(lifetimes);
+  for (std::size_t i = 0; i < which.size(); ++i) out.offsets[which[i]] = placement.offsets[i];
+  out.arena_bytes = placement.arena_bytes;
+  return out;
 }
 
 }  // namespace crucible::exec

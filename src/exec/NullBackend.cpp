@@ -20,6 +20,11 @@ Status null_run_kernel(void* self, const KernelLaunch& launch) {
 
 Status null_synchronize(void* self) { return default_synchronize(self); }
 
+// Every call runs alone, each in memory: the plan's own placement.
+Status null_memory_use(void* self, const ExecutionPlan& plan, MemoryUse& use) {
+  return default_memory_use(self, plan, use);
+}
+
 }  // namespace
 
 Backend null_backend() {
@@ -30,6 +35,7 @@ Backend null_backend() {
   b.free_arena = null_free_arena;
   b.run_kernel = null_run_kernel;
   b.synchronize = null_synchronize;
+  b.memory_use = null_memory_use;
   return b;
 }
 

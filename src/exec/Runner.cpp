@@ -78,10 +78,60 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
                          "numbers of bool, integer, float32 and float64 dtypes only");
   std::unique_ptr<Runner> r(new Runner(plan, *full, provider));
   if (Status st = r->backend_.prepare(r->backend_.self, plan); !st.ok()) return st;
-  r->arena_ = r->backend_.alloc_arena(r->backend_.self, plan.arena_bytes, plan.alignment);
+  MemoryUse use;
+  if (Status st = r->backend_.memory_use(r->backend_.self, plan, use); !st.ok()) return st;
+  // Outputs a provider that allocates may adopt need no arena memory (Note [Adopted results]).
+  if (r->provider_.allocates != nullptr) {
+    for (std::uint32_t c = 0; c < plan.calls.size(); ++c) {
+      if (!use.generated.empty() && c < use.generated.size() && use.generated[c]) continue;
+      const Call& call = plan.calls[c];
+      bool any = false;
+      for (const Arg& a : plan.outputs_of(call)) {
+        const Slot& s = plan.slots[plan.tensors[a.tensor].slot];
+        any = any || (s.kind == SlotKind::Arena && s.first == c);
+      }
+      if (!any || !r->provider_.allocates(r->provider_.self, plan, c)) continue;
+      if (use.untouched.empty()) use.untouched.assign(plan.slots.size(), false);
+      for (const Arg& a : plan.outputs_of(call)) {
+        const std::uint32_t slot = plan.tensors[a.tensor].slot;
+        if (plan.slots[slot].kind == SlotKind::Arena && plan.slots[slot].first == c) use.untouched[slot] = true;
+      }
+    }
+  }
+  r->spill_.resize(plan.slots.size());
+  // Calls whose results all die inside the step, released after the kernel that ends their
+  // last reader's span (a generated run reads over its whole span).
+  if (r->provider_.release != nullptr) {
+    std::vector<std::uint32_t> kernel_of(plan.calls.size(), 0);
+    for (std::uint32_t k = 0; k < plan.kernels.size(); ++k)
+      for (std::uint32_t c = plan.kernels[k].call_begin; c < plan.kernels[k].call_begin + plan.kernels[k].call_count; ++c)
+        kernel_of[c] = k;
+    r->release_after_.resize(plan.kernels.size());
+    for (std::uint32_t c = 0; c < plan.calls.size(); ++c) {
+      const Call& call = plan.calls[c];
+      if (call.out_count == 0 || (!use.generated.empty() && use.generated[c])) continue;
+      std::uint32_t dead = c;
+      bool inside = true;
+      for (const Arg& a : plan.outputs_of(call)) {
+        const Slot& s = plan.slots[plan.tensors[a.tensor].slot];
+        inside = inside && s.kind == SlotKind::Arena;
+        dead = std::max(dead, use.spans[s.last].second);
+      }
+      if (inside) r->release_after_[kernel_of[dead]].push_back(c);
+    }
+  }
+  auto layout = place_arena(plan, use);
+  if (!layout.ok())
+    return bad_state("backend '" + std::string(r->backend_.name) + "' reports a memory use the arena cannot be placed from: " +
+                         std::string(layout.status().message()),
+                     "this is a backend bug: report it");
+  r->offsets_ = std::move(layout->offsets);
+  r->placed_ = std::move(layout->placed);
+  r->arena_bytes_ = layout->arena_bytes;
+  r->arena_ = r->backend_.alloc_arena(r->backend_.self, r->arena_bytes_, plan.alignment);
   if (r->arena_ == nullptr)
     return exhausted("backend '" + std::string(r->backend_.name) + "' could not allocate the " +
-                         std::to_string(plan.arena_bytes) + "-byte arena",
+                         std::to_string(r->arena_bytes_) + "-byte arena",
                      "free memory, or plan a smaller batch");
   r->slot_base_.assign(plan.slots.size(), nullptr);
   r->tensor_data_.assign(plan.tensors.size(), nullptr);
@@ -128,8 +178,14 @@ Status Runner::run(const RunArgs& args) {
     void* base = nullptr;
     switch (sl.kind) {
       case SlotKind::Arena:
+        if (!placed_[s]) {  // the backend never touches it (Note [Memory use])
+          slot_base_[s] = nullptr;
+          continue;
+        }
+        base = arena + offsets_[s];
+        break;
       case SlotKind::Constant:
-        base = arena + sl.offset;
+        base = arena + offsets_[s];
         break;
       case SlotKind::Input:
         base = args.inputs[sl.binding];
@@ -149,7 +205,7 @@ Status Runner::run(const RunArgs& args) {
     const TensorRef& tr = p.tensors[t];
     const std::int64_t bytes =
         tr.offset * static_cast<std::int64_t>(*element_size(tr.dtype));  // verified
-    tensor_data_[t] = static_cast<std::byte*>(slot_base_[tr.slot]) + bytes;
+    tensor_data_[t] = slot_base_[tr.slot] == nullptr ? nullptr : static_cast<std::byte*>(slot_base_[tr.slot]) + bytes;
   }
   std::copy(p.scalars.begin(), p.scalars.end(), scalars_.begin());
   for (std::size_t s = 0; s < p.slots.size(); ++s)
@@ -183,6 +239,8 @@ Status Runner::run(const RunArgs& args) {
                                    std::to_string(k) + " (group " +
                                    std::to_string(p.kernels[k].group) +
                                    "): " + std::string(st.message()));
+    if (!release_after_.empty())
+      for (std::uint32_t c : release_after_[k]) provider_.release(provider_.self, c);
   }
   return backend_.synchronize(backend_.self);
 }
@@ -220,6 +278,7 @@ Status Runner::library_call(void* self, std::uint32_t c) {
   lc.runner = r;
   lc.adoptable = &Runner::adoptable;
   lc.adopt = &Runner::adopt;
+  lc.place = &Runner::place;
   r->current_call_ = c;
   if (Status st = r->provider_.call(r->provider_.self, lc); !st.ok())
     return Status(st.code(), "call " + std::to_string(c) + " (" + std::string(lc.op) + ", node " +
@@ -252,13 +311,35 @@ bool Runner::adopt(void* self, std::uint32_t output, void* data, std::uint64_t b
   if (off > before || r->slot_extent_[slot] > off + after) return false;
   // An output's memory goes back to its caller, who finds its owner by where it starts.
   if (p.slots[slot].kind == SlotKind::Output && off != before) return false;
-  void* base = static_cast<std::byte*>(data) - off;
-  r->slot_base_[slot] = base;
-  for (std::uint32_t t : r->slot_tensors_[slot]) {
-    const TensorRef& tr = p.tensors[t];
-    r->tensor_data_[t] = static_cast<std::byte*>(base) + tr.offset * static_cast<std::int64_t>(*element_size(tr.dtype));
-  }
+  r->point_slot(slot, static_cast<std::byte*>(data) - off);
   return true;
+}
+
+void Runner::point_slot(std::uint32_t slot, void* base) {
+  slot_base_[slot] = base;
+  for (std::uint32_t t : slot_tensors_[slot]) {
+    const TensorRef& tr = plan_.tensors[t];
+    tensor_data_[t] = static_cast<std::byte*>(base) + tr.offset * static_cast<std::int64_t>(*element_size(tr.dtype));
+  }
+}
+
+void* Runner::place(void* self, std::uint32_t output) {
+  auto* r = static_cast<Runner*>(self);
+  const ExecutionPlan& p = r->plan_;
+  const Call& call = p.calls[r->current_call_];
+  if (output >= call.out_count) return nullptr;
+  const std::uint32_t t = p.args[call.out_begin + output].tensor;
+  const std::uint32_t slot = p.tensors[t].slot;
+  if (r->slot_base_[slot] == nullptr) {
+    if (!r->spill_[slot]) {
+      const std::uint64_t a = std::max<std::uint64_t>(p.alignment, sizeof(void*));
+      const std::uint64_t bytes = (std::max<std::uint64_t>(p.slots[slot].bytes, 1) + a - 1) / a * a;
+      r->spill_[slot].reset(std::aligned_alloc(static_cast<std::size_t>(a), static_cast<std::size_t>(bytes)));
+      if (!r->spill_[slot]) return nullptr;
+    }
+    r->point_slot(slot, r->spill_[slot].get());
+  }
+  return r->tensor_data_[t];
 }
 
 }  // namespace crucible::exec

@@ -5,11 +5,14 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <vector>
 
 #include "crucible/exec/NullBackend.h"
 #include "crucible/exec/Runner.h"
 #include "crucible/exec/VerifyPlan.h"
+#include "crucible/graph/ArenaPlacement.h"
 #include "step_fixture.h"
 
 namespace crucible::exec {
@@ -270,6 +273,153 @@ TEST_F(RunStep, ProviderErrorsNameTheKernelAndCall) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   for (const char* part : {"backend 'null'", "kernel ", "(aten::relu", "no relu here"})
     EXPECT_NE(s.message().find(part), std::string_view::npos) << part << " in " << s;
+}
+
+// Note [Memory use]: the arena placed from a backend's spans and untouched slots — what a
+// backend leaves untouched gets no memory, slots live in one span never share memory, and
+// memory use that does not fit the plan is refused.
+TEST(PlaceArena, UntouchedSlotsGetNoMemoryAndSpansKeepSlotsApart) {
+  Step st;
+  Planned p = plan_of(st);
+  const ExecutionPlan& plan = p.plan;
+  auto own = place_arena(plan, plan_memory_use(plan));
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->arena_bytes, plan.arena_bytes) << "the plan's own use gives the plan's arena";
+  std::vector<std::uint32_t> arena_slots;
+  for (std::uint32_t s = 0; s < plan.slots.size(); ++s)
+    if (plan.slots[s].kind == SlotKind::Arena) arena_slots.push_back(s);
+  ASSERT_GE(arena_slots.size(), 2u) << describe(plan);
+
+  // Every call alone, every Arena slot untouched: only the Constant is placed.
+  MemoryUse none;
+  for (std::uint32_t c = 0; c < plan.calls.size(); ++c) none.spans.push_back({c, c});
+  none.untouched.assign(plan.slots.size(), false);
+  for (std::uint32_t s : arena_slots) none.untouched[s] = true;
+  auto bare = place_arena(plan, none);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  for (std::uint32_t s : arena_slots) EXPECT_FALSE(bare->placed[s]) << s;
+  std::uint64_t constants = 0;
+  for (const Slot& s : plan.slots) constants += s.kind == SlotKind::Constant ? s.bytes : 0;
+  EXPECT_EQ(bare->arena_bytes, constants);
+
+  // All calls one span: every placed slot is live at once, so none shares memory.
+  MemoryUse one = plan_memory_use(plan);
+  for (auto& sp : one.spans) sp = {0, static_cast<std::uint32_t>(plan.calls.size() - 1)};
+  auto wide = place_arena(plan, one);
+  ASSERT_TRUE(wide.ok());
+  std::uint64_t sum = 0;
+  std::vector<graph::Lifetime> blocks;
+  std::vector<std::uint64_t> offsets;
+  for (std::uint32_t s = 0; s < plan.slots.size(); ++s)
+    if (wide->placed[s]) {
+      sum += plan.slots[s].bytes;
+      blocks.push_back({plan.slots[s].bytes, 0, 0});
+      offsets.push_back(wide->offsets[s]);
+    }
+  EXPECT_EQ(wide->arena_bytes, sum);
+  EXPECT_FALSE(graph::overlapping_pair(blocks, offsets).has_value());
+
+  // Memory use that does not fit the plan.
+  MemoryUse short_spans = plan_memory_use(plan);
+  short_spans.spans.pop_back();
+  EXPECT_FALSE(place_arena(plan, short_spans).ok());
+  MemoryUse outside = plan_memory_use(plan);
+  outside.spans[0] = {1, 1};
+  auto o = place_arena(plan, outside);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("does not hold it"), std::string_view::npos) << o.status();
+  MemoryUse input_untouched = plan_memory_use(plan);
+  input_untouched.untouched.assign(plan.slots.size(), false);
+  input_untouched.untouched[plan.inputs[0]] = true;
+  EXPECT_FALSE(place_arena(plan, input_untouched).ok());
+}
+
+// Note [Adopted results]: a provider that computes a call's results in memory of its own and
+// hands them over. The runner places those outputs no arena memory, tells the provider when
+// nothing reads them any more (release), and gives memory (place) to one ATen-like memory does
+// not fit.
+struct AllocatingProvider {
+  ReferenceProvider ref;
+  bool fits = true;  // false: every adoption refused, so each result goes through place()
+  std::map<std::uint32_t, std::vector<float>> own;  // per call: its results' memory
+  int allocating_calls = 0, releases = 0, placed = 0;
+  const ExecutionPlan* plan = nullptr;
+
+  static bool allocating(std::string_view op) { return op == "aten::relu"; }
+  Provider provider() {
+    Provider p;
+    p.self = this;
+    p.call = [](void* self, const LibraryCall& c) { return static_cast<AllocatingProvider*>(self)->call(c); };
+    p.allocates = [](void* self, const ExecutionPlan& plan, std::uint32_t call) {
+      static_cast<AllocatingProvider*>(self)->plan = &plan;
+      return allocating(plan.op_names[plan.calls[call].op]);
+    };
+    p.release = [](void* self, std::uint32_t call) {
+      auto* a = static_cast<AllocatingProvider*>(self);
+      auto it = a->own.find(call);  // every call whose results died: only relu's are its own
+      if (it == a->own.end()) return;
+      ++a->releases;
+      // Whoever still read it would see NaN.
+      std::fill(it->second.begin(), it->second.end(), std::numeric_limits<float>::quiet_NaN());
+    };
+    return p;
+  }
+  Status call(const LibraryCall& c) {
+    if (!allocating(c.op)) return ref.call(c);
+    ++allocating_calls;
+    EXPECT_EQ(c.outputs[0].data, nullptr) << "an output the provider allocates has no arena memory";
+    std::vector<float>& mem = own[c.call];
+    mem.assign(static_cast<std::size_t>(ReferenceProvider::numel(c.outputs[0])), 0.0f);
+    std::vector<TensorArg> outs(c.outputs.begin(), c.outputs.end());
+    outs[0].data = mem.data();
+    LibraryCall mine = c;
+    mine.outputs = outs;
+    if (Status st = ref.call(mine); !st.ok()) return st;
+    if (fits && c.adopt(c.runner, 0, mem.data(), 0, mem.size() * sizeof(float))) return ok_status();
+    void* at = c.place(c.runner, 0);
+    if (at == nullptr) return exhausted("no memory", "free some");
+    ++placed;
+    TensorArg there = c.outputs[0];
+    there.data = at;
+    for (std::int64_t i = 0; i < ReferenceProvider::numel(there); ++i)
+      ReferenceProvider::set(there, i, ReferenceProvider::get(outs[0], i));
+    return ok_status();
+  }
+};
+
+TEST_F(RunStep, OutputsAProviderAllocatesTakeNoArenaMemory) {
+  for (bool fits : {true, false}) {
+    SCOPED_TRACE(fits ? "adopted" : "placed late");
+    std::vector<float> v0 = v;
+    Step st;
+    Planned p = plan_of(st);
+    AllocatingProvider prov;
+    prov.fits = fits;
+    auto runner = Runner::make(p.plan, null_backend(), prov.provider());
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    EXPECT_LT((*runner)->arena_bytes(), p.plan.arena_bytes) << describe(p.plan);
+    // relu's result has no arena memory; the other slots keep theirs.
+    std::uint32_t relu_slot = kNone;
+    for (const Call& c : p.plan.calls)
+      if (p.plan.op_names[c.op] == "aten::relu") relu_slot = p.plan.tensors[p.plan.outputs_of(c)[0].tensor].slot;
+    ASSERT_NE(relu_slot, kNone);
+    EXPECT_FALSE((*runner)->slot_offset(relu_slot).has_value());
+    for (std::uint32_t s = 0; s < p.plan.slots.size(); ++s)
+      if (s != relu_slot && p.plan.slots[s].kind == SlotKind::Arena) EXPECT_TRUE((*runner)->slot_offset(s).has_value()) << s;
+    std::vector<float> want_v = v;
+    const auto in = inputs(p.plan);
+    void* out[] = {&s_out};
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE((*runner)->run(RunArgs{in, out, {}}).ok());
+      const double want_s = reference_step(x, w, want_v, 0.5, -0.1);
+      EXPECT_FLOAT_EQ(s_out, static_cast<float>(want_s)) << "step " << step;
+      for (int i = 0; i < 20; ++i) EXPECT_FLOAT_EQ(v[i], want_v[i]) << "step " << step << " v[" << i << "]";
+    }
+    EXPECT_EQ(prov.allocating_calls, 3);
+    EXPECT_EQ(prov.releases, 3) << "relu's result is let go once a run no longer reads it";
+    EXPECT_EQ(prov.placed, fits ? 0 : 3);
+    v = v0;
+  }
 }
 
 // A backend with its own slots: prepare once, run_kernel per kernel (delegating to library

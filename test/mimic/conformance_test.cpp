@@ -116,6 +116,36 @@ TEST(KernelRuns, AHostReadRunsBeforeTheStretchItSitsIn) {
   }
 }
 
+// Note [Memory use]: a fused chain's intermediates live in registers, so the Runner places
+// them no arena memory; the results stay the ones the whole-memory plan gives (the conformance
+// rows run through the same placement).
+TEST(CpuBackendMemory, FusedIntermediatesTakeNoArenaMemory) {
+  const ChainSpec spec = adamw_with_step_item(1000);
+  const BuiltPlan bp = build_chain_plan(spec);
+  CpuBackendOptions o = CpuBackendOptions::memory_only();
+  o.fast = true;
+  auto cpu = CpuBackend::make(o);
+  ASSERT_TRUE(cpu.ok());
+  LoopProvider lp;
+  auto r = exec::Runner::make(bp.plan, (*cpu)->backend(), lp.provider());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::uint32_t unplaced = 0, arena = 0;
+  for (std::uint32_t s = 0; s < bp.plan.slots.size(); ++s) {
+    if (bp.plan.slots[s].kind != exec::SlotKind::Arena) continue;
+    ++arena;
+    unplaced += (*r)->slot_offset(s).has_value() ? 0 : 1;
+  }
+  EXPECT_GT(unplaced, 0u) << exec::describe(bp.plan);
+  EXPECT_LT((*r)->arena_bytes(), bp.plan.arena_bytes);
+  // The null backend touches every slot: all placed, the plan's arena.
+  auto null_runner = exec::Runner::make(bp.plan, exec::null_backend(), lp.provider());
+  ASSERT_TRUE(null_runner.ok());
+  EXPECT_EQ((*null_runner)->arena_bytes(), bp.plan.arena_bytes);
+  for (std::uint32_t s = 0; s < bp.plan.slots.size(); ++s)
+    if (bp.plan.slots[s].kind == exec::SlotKind::Arena) EXPECT_TRUE((*null_runner)->slot_offset(s).has_value());
+  EXPECT_GT(arena, 0u);
+}
+
 TEST_P(Conformance, FixedRows) {
   std::uint64_t seed = 1;
   for (const ChainSpec& c : fixed_rows()) run_row(c, seed++);

@@ -293,6 +293,18 @@ c10::Storage AtenProvider::adopted_storage(const void* base) const {
   return c10::Storage();
 }
 
+at::Tensor AtenProvider::adopted_holding(const void* p) const {
+  const auto* b = static_cast<const std::byte*>(p);
+  for (const auto& cc : cache_)
+    if (cc)
+      for (const at::Tensor& t : cc->adopted)
+        if (t.has_storage() && t.storage().data() != nullptr) {
+          const auto* base = static_cast<const std::byte*>(t.storage().data());
+          if (b >= base && b < base + t.storage().nbytes()) return t;
+        }
+  return at::Tensor();
+}
+
 void AtenProvider::release_adopted() {
   for (const auto& cc : cache_)
     if (cc) cc->adopted.clear();
@@ -302,9 +314,33 @@ AtenProvider::AtenProvider() = default;
 AtenProvider::~AtenProvider() = default;
 
 exec::Provider AtenProvider::provider() {
-  return exec::Provider{this, [](void* self, const exec::LibraryCall& c) {
-                          return static_cast<AtenProvider*>(self)->call(c);
-                        }};
+  exec::Provider p;
+  p.self = this;
+  p.call = [](void* self, const exec::LibraryCall& c) { return static_cast<AtenProvider*>(self)->call(c); };
+  p.allocates = [](void* self, const exec::ExecutionPlan& plan, std::uint32_t call) {
+    return static_cast<AtenProvider*>(self)->allocates(plan, call);
+  };
+  p.release = [](void* self, std::uint32_t call) {
+    auto* a = static_cast<AtenProvider*>(self);
+    if (call < a->cache_.size() && a->cache_[call]) a->cache_[call]->adopted.clear();
+  };
+  return p;
+}
+
+// As call() chooses, for a call some of whose outputs the runner may adopt.
+bool AtenProvider::allocates(const exec::ExecutionPlan& plan, std::uint32_t call) {
+  const exec::Call& c = plan.calls[call];
+  auto resolved = resolve(plan.op_names[c.op]);
+  if (!resolved.ok()) return false;  // the call fails at its run with the reason
+  const Resolved& rop = **resolved;
+  if (rop.allocates_only || rop.writes_arguments) return false;
+  if (!rop.out || rop.out_composite) return true;
+  // The out= path needs a placed result at every return position.
+  const std::size_t nret = rop.op.schema().returns().size();
+  std::vector<bool> placed(nret, false);
+  for (const exec::Arg& a : plan.outputs_of(c))
+    if (a.list_index == 0 && a.arg_index < nret) placed[a.arg_index] = true;
+  return std::ranges::find(placed, false) != placed.end();
 }
 
 Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op) {
@@ -516,6 +552,16 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
       }
     } else {
       ++stats_.functional;
+      // The storages of the arguments (wrapped placed memory, owning nothing): a result on one
+      // of them (as_strided) is a view of an argument, not memory of its own.
+      std::vector<const c10::StorageImpl*> arg_storages;
+      for (const c10::IValue& v : stack) {
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage())
+          arg_storages.push_back(v.toTensor().storage().unsafeGetStorageImpl());
+        else if (v.isTensorList())
+          for (const at::Tensor& t : v.toTensorList().vec())
+            if (t.defined() && t.has_storage()) arg_storages.push_back(t.storage().unsafeGetStorageImpl());
+      }
       rop.op.callBoxed(stack);
       if (keep != nullptr) keep->clear();  // the last run's adopted results
       // Each placed result: a return, or an element of a returned list (unsafe_split).
@@ -545,9 +591,23 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
           const std::uint64_t total = r.storage().nbytes();
           if (before <= total && c.adopt(c.runner, static_cast<std::uint32_t>(k), r.data_ptr(), before, total - before)) {
             keep->push_back(r);
+            // A view of an argument that is another call's adopted result: that result's memory
+            // lives while this one's slot does (the runner lets results go one call at a time).
+            if (std::ranges::find(arg_storages, r.storage().unsafeGetStorageImpl()) != arg_storages.end())
+              if (at::Tensor owner = adopted_holding(r.data_ptr()); owner.defined()) keep->push_back(std::move(owner));
             ++stats_.adopted;
             continue;
           }
+        }
+        if (to.data_ptr() == nullptr && to.numel() > 0) {  // the runner placed it no memory
+          void* at = c.place != nullptr ? c.place(c.runner, static_cast<std::uint32_t>(k)) : nullptr;
+          if (at == nullptr)
+            return exhausted(which + ": no memory for a result ATen's own memory could not stand in for",
+                             "free memory");
+          at::Tensor there = at::from_blob(at, to.sizes(), to.strides(), to.options());
+          there.copy_(r);
+          ++stats_.placed_late;
+          continue;
         }
         to.copy_(r);
         ++stats_.copied;

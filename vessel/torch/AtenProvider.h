@@ -26,8 +26,9 @@ struct AtenProviderStats {
   std::uint64_t functional = 0;  // the functional operator ran (no out= overload, or one not worth it)
   std::uint64_t copied = 0;      // results of those copied into the placed memory (not adopted)
   std::uint64_t allocations = 0;  // empty, new_empty_strided...: placed memory, nothing to run
-  std::uint64_t reused = 0;
-  std::uint64_t adopted = 0;  // results whose own memory became their slot's (no copy)  // calls whose argument stack was kept from the call's previous run
+  std::uint64_t reused = 0;   // calls whose argument stack was kept from the call's previous run
+  std::uint64_t adopted = 0;  // results whose own memory became their slot's (no copy)
+  std::uint64_t placed_late = 0;  // results the runner gave memory only when ATen's did not fit
 };
 
 class AtenProvider {
@@ -42,6 +43,9 @@ class AtenProvider {
   // Performs one call, or says why it cannot (an operator this torch lacks, an argument the
   // trace does not hold in full, ATen's own error).
   Status call(const exec::LibraryCall& c);
+  // exec::Provider::allocates: the call runs its functional operator and hands its results over
+  // (no out= overload, or one with no CPU kernel of its own, or a result the plan does not place).
+  bool allocates(const exec::ExecutionPlan& plan, std::uint32_t call);
   const AtenProviderStats& stats() const { return stats_; }
   // The exception ATen raised in the last failed call (an index out of range: c10::IndexError),
   // null when the last failure was the provider's own; taking it clears it. A caller that
@@ -58,6 +62,8 @@ class AtenProvider {
   struct CallCache;
 
  private:
+  // An adopted result (of any call) whose storage holds address `p`; undefined when none does.
+  at::Tensor adopted_holding(const void* p) const;
   Result<const Resolved*> resolve(std::string_view op);
   // Inside a catch handler: keeps the exception (take_error) and says which op failed how.
   Status failure(std::string_view op);

@@ -48,6 +48,10 @@ struct TensorArg {
 // tensors where the plan puts them. The provider keeps the memory alive until the call runs
 // again.
 // Later calls (and generated kernels) see the slot there; the next run starts from the arena.
+// A provider that says a call `allocates` (Provider::allocates) gets no arena memory for the
+// outputs of it the runner lets it adopt: their data is null, and should ATen's memory not fit
+// after all, `place(runner, k)` gives output k memory of its own (the runner allocates it on the
+// first such run and keeps it) to copy the result into.
 struct LibraryCall {
   const ExecutionPlan* plan = nullptr;
   std::uint32_t call = 0;  // index in plan->calls
@@ -62,12 +66,23 @@ struct LibraryCall {
   bool (*adoptable)(void* runner, std::uint32_t output) = nullptr;
   bool (*adopt)(void* runner, std::uint32_t output, void* data, std::uint64_t before,
                 std::uint64_t after) = nullptr;
+  // Element 0 of output k in memory of its own when the runner placed it none (its data is
+  // null); null when that memory cannot be had.
+  void* (*place)(void* runner, std::uint32_t output) = nullptr;
 };
 
 struct Provider {
   void* self = nullptr;
   // Required. Performs the call, or says why it cannot (an op it does not know).
   Status (*call)(void* self, const LibraryCall& call) = nullptr;
+  // Optional; default: never. Whether call `call` of `plan` computes its results in memory of
+  // its own and hands over every one the runner lets it adopt (Note [Adopted results]): the
+  // runner then places those outputs no arena memory. Asked once per call, before any run.
+  bool (*allocates)(void* self, const ExecutionPlan& plan, std::uint32_t call) = nullptr;
+  // Optional; default: nothing. Nothing reads call `call`'s results any more this run (each of
+  // them is in an Arena slot past its last use): memory the provider handed over for them may
+  // go (so memory ATen allocates later in the run can take its place).
+  void (*release)(void* self, std::uint32_t call) = nullptr;
 };
 
 // What a backend's run_kernel gets: the kernel and a way to run any of its calls as a library
@@ -96,6 +111,10 @@ struct Backend {
   Status (*run_kernel)(void* self, const KernelLaunch& launch) = nullptr;
   // Optional; default: nothing (host execution is synchronous). Called at the end of each run.
   Status (*synchronize)(void* self) = nullptr;
+  // Optional; default: the plan's own (plan_memory_use). Called once after prepare: how the
+  // backend touches memory (Note [Memory use], ExecutionPlan.h), from which the Runner places
+  // its arena. An untouched slot's tensors have no memory (null in KernelLaunch::tensor_data).
+  Status (*memory_use)(void* self, const ExecutionPlan& plan, MemoryUse& use) = nullptr;
 };
 
 // The defaults of the optional slots, for a backend to call from its own (the null backend
@@ -105,6 +124,7 @@ void* default_alloc_arena(void* self, std::uint64_t bytes, std::uint64_t alignme
 void default_free_arena(void* self, void* arena);
 Status default_run_kernel(void* self, const KernelLaunch& launch);
 Status default_synchronize(void* self);
+Status default_memory_use(void* self, const ExecutionPlan& plan, MemoryUse& use);
 
 // The backend with every empty optional slot set to its default, or an error naming a required
 // slot that is empty.

@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "crucible/core/CKernel.h"
+#include "crucible/core/Status.h"
 #include "crucible/forge/Ir002.h"
 #include "crucible/record/TraceRecord.h"
 
@@ -144,5 +145,32 @@ std::string describe(const ExecutionPlan& plan);
 // Per call, the first and last call of its kernel (Note [Kernel lifetimes]); calls no kernel
 // covers are their own span.
 std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const ExecutionPlan& plan);
+
+// Note [Memory use]: the plan's own placement serves any backend — a slot is live over whole
+// kernels (Note [Kernel lifetimes]) and every slot has memory. A backend that has prepared
+// knows better: which calls it runs together, element by element (a generated loop's), and
+// which Arena slots it never touches in memory (values its generated code keeps in registers:
+// a fused chain's intermediates). The Runner places its own arena from that.
+struct MemoryUse {
+  // Per call, the first and last call it runs together with (each call inside its span).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> spans;
+  // Per slot (or empty: none): an Arena slot no call reads or writes in memory gets none.
+  std::vector<bool> untouched;
+  // Per call (or empty: none): the backend runs it itself, never as a library call.
+  std::vector<bool> generated;
+};
+// The plan's own memory use: kernel_spans, every slot touched.
+MemoryUse plan_memory_use(const ExecutionPlan& plan);
+
+struct ArenaLayout {
+  std::vector<std::uint64_t> offsets;  // per slot: an Arena or Constant slot's offset, else 0
+  std::vector<bool> placed;            // per slot: has memory in the arena
+  std::uint64_t arena_bytes = 0;
+};
+// Arena and Constant slots (but untouched ones) placed by the graph stage's planner, each live
+// from the first call of its first call's span (a Constant: from the first call, it is written
+// before the run) to the last call of its last call's span, at the plan's alignment. Errors: spans or untouched of the wrong length, a span not holding its call,
+// an untouched slot that is not an Arena slot.
+Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use);
 
 }  // namespace crucible::exec

@@ -1,7 +1,8 @@
 // Runner.h — runs a verified execution plan on a backend, once per step, allocating nothing.
 //
-// Runner::make verifies the plan, fills the backend's default slots, lets it prepare, and
-// allocates the arena once. Each run binds the step's memory from outside (one base pointer per
+// Runner::make verifies the plan, fills the backend's default slots, lets it prepare, places
+// the arena for how the backend uses memory (Note [Memory use], ExecutionPlan.h) and allocates
+// it once. Each run binds the step's memory from outside (one base pointer per
 // Input and per Output binding), writes the Constant slots (patched or recorded), applies the
 // scalar patches to its copy of the scalars, and runs the kernels in order.
 //
@@ -11,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -47,7 +50,14 @@ class Runner {
   // error (named with the kernel and call). A run that fails part way leaves what it wrote.
   Status run(const RunArgs& args);
 
-  std::uint64_t arena_bytes() const { return plan_.arena_bytes; }
+  // The arena this Runner placed (at most the plan's).
+  std::uint64_t arena_bytes() const { return arena_bytes_; }
+  // The slot's offset in this Runner's arena, or nullopt for a slot without memory there (not
+  // an Arena or Constant slot, or one the backend never touches).
+  std::optional<std::uint64_t> slot_offset(std::uint32_t slot) const {
+    if (slot >= placed_.size() || !placed_[slot]) return std::nullopt;
+    return offsets_[slot];
+  }
   // After a run: where each output binding's memory is (the bound memory, or an adopted one).
   void* output_data(std::uint32_t binding) const { return slot_base_[plan_.outputs[binding]]; }
   std::string_view backend_name() const { return backend_.name; }
@@ -59,11 +69,24 @@ class Runner {
   static bool adoptable(void* self, std::uint32_t output);
   static bool adopt(void* self, std::uint32_t output, void* data, std::uint64_t before,
                     std::uint64_t after);
+  static void* place(void* self, std::uint32_t output);
+  void point_slot(std::uint32_t slot, void* base);  // the slot and its tensors at `base`
 
   const ExecutionPlan& plan_;
   Backend backend_;
   Provider provider_;
   void* arena_ = nullptr;
+  std::uint64_t arena_bytes_ = 0;
+  std::vector<std::uint64_t> offsets_;  // per slot, in this Runner's arena
+  std::vector<bool> placed_;            // per slot: has memory in the arena
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  // Per slot placed no memory for a provider that allocates: memory of its own, made the first
+  // time ATen's did not fit (place).
+  std::vector<std::unique_ptr<void, FreeDeleter>> spill_;
+  // Per kernel: the calls whose results are all dead once it has run (Provider::release).
+  std::vector<std::vector<std::uint32_t>> release_after_;
   std::vector<void*> slot_base_;               // this run's base of every slot
   std::vector<void*> tensor_data_;             // this run's element 0 of every tensor
   std::vector<record::ScalarRecord> scalars_;  // this run's scalars
@@ -71,7 +94,7 @@ class Runner {
   std::uint32_t current_call_ = 0;                       // the call library_call runs
   bool outputs_may_move_ = false;                        // this run's RunArgs::outputs_may_move
   std::vector<std::vector<std::uint32_t>> slot_tensors_;  // per slot: its tensors
-  std::vector<std::uint64_t> slot_extent_;                // per slot: bytes its tensors reach           // scratch: the tensors of one call
+  std::vector<std::uint64_t> slot_extent_;                // per slot: bytes its tensors reach
 };
 
 }  // namespace crucible::exec

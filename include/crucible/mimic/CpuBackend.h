@@ -106,7 +106,9 @@ class CpuBackend {
   CpuBackend() = default;
   static Status prepare(void* self, const exec::ExecutionPlan& plan);
   static Status run_kernel(void* self, const exec::KernelLaunch& launch);
+  static Status memory_use(void* self, const exec::ExecutionPlan& plan, exec::MemoryUse& use);
   struct GeneratedRun;
+  bool may_run_library_calls(const Generated& g) const;
   Status prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t k);
   Result<std::unique_ptr<GeneratedRun>> generate(const exec::ExecutionPlan& plan, std::uint32_t k,
                                                  std::uint32_t begin, std::uint32_t count,

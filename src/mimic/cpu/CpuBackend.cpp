@@ -154,6 +154,7 @@ exec::Backend CpuBackend::backend() {
   b.free_arena = exec::default_free_arena;
   b.run_kernel = &CpuBackend::run_kernel;
   b.synchronize = exec::default_synchronize;
+  b.memory_use = &CpuBackend::memory_use;
   return b;
 }
 
@@ -244,6 +245,44 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   if (state.generated) state.why.clear();
   if (kn.call_count == 0) state.why = "kernel " + std::to_string(k) + " has no calls";
   prepared_[k] = std::move(prepared);
+  return ok_status();
+}
+
+// Note [Memory use] (ExecutionPlan.h): a generated run's calls run together, element by element,
+// so a slot live in it is live over all of it; a library call runs alone. An Arena slot no
+// library call names, no generated run loads or stores (an intermediate its program keeps in a
+// register, never stored: Note [Pointwise programs]) and no result stands on gets no memory.
+Status CpuBackend::memory_use(void* self, const exec::ExecutionPlan& plan, exec::MemoryUse& use) {
+  auto* b = static_cast<CpuBackend*>(self);
+  if (b->plan_ != &plan)
+    return bad_state("memory_use of a plan this CPU backend did not prepare", "call prepare first");
+  use.spans.resize(plan.calls.size());
+  for (std::uint32_t c = 0; c < plan.calls.size(); ++c) use.spans[c] = {c, c};
+  use.untouched.assign(plan.slots.size(), false);
+  for (std::uint32_t s = 0; s < plan.slots.size(); ++s)
+    use.untouched[s] = plan.slots[s].kind == exec::SlotKind::Arena;
+  auto touch_call = [&](std::uint32_t c) {
+    const exec::Call& call = plan.calls[c];
+    for (std::uint32_t a = call.in_begin; a < call.out_begin + call.out_count; ++a)
+      use.untouched[plan.tensors[plan.args[a].tensor].slot] = false;
+  };
+  std::vector<bool> generated(plan.calls.size(), false);
+  for (const auto& prepared : b->prepared_) {
+    if (!prepared) continue;
+    for (const Run& r : prepared->runs) {
+      if (!r.gen) continue;
+      const bool library_too = b->may_run_library_calls(*r.gen);
+      for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c) {
+        use.spans[c] = {r.call_begin, r.call_begin + r.call_count - 1};
+        generated[c] = !library_too && std::ranges::find(r.hoisted, c) == r.hoisted.end();
+      }
+      for (std::uint32_t t : r.gen->operand_tensor) use.untouched[plan.tensors[t].slot] = false;
+    }
+  }
+  for (std::uint32_t c = 0; c < plan.calls.size(); ++c)
+    if (!generated[c]) touch_call(c);
+  use.generated = std::move(generated);
+  for (std::uint32_t t : plan.results) use.untouched[plan.tensors[t].slot] = false;
   return ok_status();
 }
 
@@ -384,6 +423,14 @@ void CpuBackend::run_contig(Generated& g, ContigFn fn) {
     return;
   }
   pool_->run(parts, part);
+}
+
+// Whether launch_generated may return false for `g` (its parameters are patchable, so whether
+// an alpha is 1 is not known before a run).
+bool CpuBackend::may_run_library_calls(const Generated& g) const {
+  if (fast_ || alpha_rounding_ == AlphaRounding::Twice) return false;
+  if (!g.always_scaled && g.unit_params.empty()) return false;
+  return !(alpha_rounding_ == AlphaRounding::Once && g.contig && g.scaled_unbroadcast);
 }
 
 // Runs `g` over this launch's memory; false when its alpha needs the library calls instead
