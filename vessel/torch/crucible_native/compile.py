@@ -1,7 +1,9 @@
 """crucible.compile: capture a training step, build an ExecutionPlan, replay it from C++."""
 from __future__ import annotations
 
+import math
 import threading
+import time
 import weakref
 
 from . import recorder as _recording
@@ -20,6 +22,64 @@ _PLAIN = (bool, int, float, str, type(None), tuple)
 
 _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
+
+# Note [New sizes]: a plan is built for the exact sizes of its recorded calls (no symbolic plans
+# yet), so each new size of a step whose sizes vary (a sequence length, a short last batch)
+# costs two captured calls and a build, some 15 eager calls' time for a small transformer step,
+# which only calls at that size can win back. The first _FREE_SIZES sizes of a family (the
+# signatures that differ only in tensor sizes and strides) compile at once; after that a new size
+# runs eagerly until the time its calls could have saved covers what compiling a size costs
+# (ski rental: never more than twice the better choice in hindsight), both measured on the
+# family's own calls: the eager calls' and the plan runs' seconds, and the least a size's
+# captures and build took beyond an eager call each (the first size also compiled the kernels). A size whose plan would not be faster than
+# eager is never captured. stats()["size_waits"] counts the calls that waited.
+_FREE_SIZES = 2
+
+
+class _Family:
+    """The signatures of a step that differ only in tensor sizes and strides (Note [New sizes])."""
+    __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s")
+
+    def __init__(self, free):
+        self.free = free       # sizes compiled at once
+        self.signatures = 0    # signatures of the family seen
+        self.started = 0       # of them, captured (being compiled, or with a plan)
+        self.eager_s = None    # running means (seconds): an eager call, a plan run
+        self.plan_s = None
+        self.onboard_s = None  # the least compiling a size took beyond the eager calls it replaced
+
+    @staticmethod
+    def _mean(old, new):
+        return new if old is None else 0.75 * old + 0.25 * new
+
+    def note_eager(self, s):
+        self.eager_s = self._mean(self.eager_s, s)
+
+    def note_plan(self, s):
+        self.plan_s = self._mean(self.plan_s, s)
+
+    def note_onboard(self, s):
+        # The least a size took: the first one also compiled the kernels the others reuse.
+        s = max(s, 0.0)
+        self.onboard_s = s if self.onboard_s is None else min(self.onboard_s, s)
+
+    def wait(self) -> float:
+        """How many calls a new size of the family runs eagerly before it is captured."""
+        if self.started < self.free:
+            return 0
+        if self.onboard_s is None or self.plan_s is None:
+            return math.inf   # until the sizes being compiled say what it costs and saves
+        if self.eager_s is None:
+            return 1   # one eager call, timed, before judging
+        saving = self.eager_s - self.plan_s
+        return math.inf if saving <= 0 else max(1, math.ceil(self.onboard_s / saving))
+
+
+def _family_key(key):
+    """The signature key with each tensor's sizes and strides reduced to its rank."""
+    import torch
+    return tuple((len(k[0]),) + k[2:] if isinstance(k, tuple) and len(k) == 5 and isinstance(k[0], torch.Size)
+                 else k for k in key)
 _MAX_ATTEMPTS = 3      # captures that cannot be used (impure, or two that disagree) before a signature runs eagerly
 _MODES = ("auto", "replay", "sync")
 # What runs a whole-step plan's ops (Note [Exec replay], vessel/torch/ReplayPlan.h): the plan
@@ -30,6 +90,7 @@ _BACKENDS = ("replay", "null", "cpu")
 _DEFAULT_BACKEND = "cpu"
 # What the CPU backend may generate (Note [Fast numerics], src/mimic/cpu/CpuBackend.cpp).
 _NUMERICS = ("bitwise", "fast")
+_NEW_SIZES = ("auto", "compile")   # Note [New sizes]
 
 
 def _rules_dir() -> str:
@@ -282,7 +343,7 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -308,6 +369,10 @@ class _Entry:
         # recorded calls not yet paired, the calls still to record to find a new path, and how
         # many such searches ran.
         self.variants, self.var_forms, self.capture_left, self.searches = [], [], 0, 0
+        self.family = None     # its _Family (Note [New sizes])
+        self.started = False   # captured once (a signature that records again does not wait)
+        self.waited = 0        # calls it ran eagerly waiting to be captured
+        self.onboard = 0.0     # seconds its captures and builds took beyond an eager call each
         self.guards = []       # per recorded form: the state guard as its call began
         # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
         # arguments' storage ids (the exec stage plans the call from the trace)
@@ -340,10 +405,14 @@ class CompiledStep(_SyncPoint):
     runs more generated code (an Adam/AdamW update whole). verify_every=N re-records every N-th plan call eagerly and compares;
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
-    CrucibleWarning says which op and argument."""
+    CrucibleWarning says which op and argument. A plan holds the exact sizes it was recorded at:
+    when sizes vary (a sequence length), new_sizes="auto" (the default) compiles the first two
+    sizes of a signature at once and each later one only once its calls, run eagerly meanwhile,
+    could have saved what compiling a size costs (measured; stats()["size_waits"]);
+    new_sizes="compile" compiles every new size at once (a long loop over few sizes)."""
 
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
-                 mode: str = "auto", backend: str = None, numerics: str = "bitwise"):
+                 mode: str = "auto", backend: str = None, numerics: str = "bitwise", new_sizes: str = "auto"):
         if not callable(fn):
             raise CrucibleTypeError(f"crucible.compile needs a callable, got {type(fn).__name__}")
         if not isinstance(mode, str):
@@ -367,6 +436,12 @@ class CompiledStep(_SyncPoint):
             raise CrucibleValueError(f"crucible.compile: numerics='fast' changes what Mimic's CPU backend generates; "
                                      f"backend={backend!r} generates nothing: use backend='cpu' (the default) "
                                      f"or numerics='bitwise'")
+        if not isinstance(new_sizes, str):
+            raise CrucibleTypeError(f"crucible.compile: new_sizes must be a string, got {type(new_sizes).__name__}")
+        if new_sizes not in _NEW_SIZES:
+            raise CrucibleValueError(f"crucible.compile: new_sizes must be one of {', '.join(_NEW_SIZES)}, "
+                                     f"got {new_sizes!r}")
+        self._free_sizes = _FREE_SIZES if new_sizes == "auto" else math.inf
         self._numerics = numerics
         self._backend = backend
         self._backend_asked = backend_asked   # a fallback to the plan's own ops warns only when asked for
@@ -408,6 +483,7 @@ class CompiledStep(_SyncPoint):
         self._param_list = self._params()
         self._nothing_guarded_warned = False
         self._entries = {}
+        self._families = {}       # Note [New sizes]: _family_key -> _Family
         self._run = torch.ops.crucible.run
         self._finish = torch.ops.crucible.capture_finish
         self._note_grads = torch.ops.crucible.note_grads
@@ -473,6 +549,7 @@ class CompiledStep(_SyncPoint):
         for e in self._entries.values():
             self._drop(e)
         self._entries.clear()
+        self._families.clear()
 
     def _drop(self, e):
         for f in e.forms:
@@ -614,6 +691,11 @@ class CompiledStep(_SyncPoint):
             e = self._entries[key] = _Entry()
             if self._warm:   # the first call made the step's state: later signatures record at once
                 e.seen = self._warmup
+            fkey = _family_key(key)
+            e.family = self._families.get(fkey)
+            if e.family is None:
+                e.family = self._families[fkey] = _Family(self._free_sizes)
+            e.family.signatures += 1
         if e.plan is not None and e.mode == "sync":
             if e.capture_left > 0:
                 return self._capture_variant(e, args, kwargs, tensors)
@@ -631,6 +713,9 @@ class CompiledStep(_SyncPoint):
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
                 vals = [v for _, _, v, _ in self._sources.values(True)] if e.patched else []
+                timed = e.family.signatures > 1   # Note [New sizes]
+                if timed:
+                    t0 = time.perf_counter()
                 try:
                     outs = self._run(e.plan, tensors, vals)
                 except RuntimeError:
@@ -639,6 +724,8 @@ class CompiledStep(_SyncPoint):
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
+                if timed:
+                    e.family.note_plan(time.perf_counter() - t0)
                 e.replans_idle = 0
                 if e.scheds:
                     for sched, times in e.scheds:   # as the step did, after its optimizers' step()
@@ -658,11 +745,31 @@ class CompiledStep(_SyncPoint):
             self._count("eager_calls")
             return self._fn(*args, **kwargs)
         e.seen += 1
-        if e.seen <= self._warmup:
+        fam = e.family
+        if e.seen <= self._warmup or (not e.started and e.waited < fam.wait()):  # Note [New sizes]
+            if e.seen > self._warmup:
+                e.waited += 1
+                st["size_waits"] += 1
             self._count("eager_calls")
+            t0 = time.perf_counter()
             result = self._fn(*args, **kwargs)
+            fam.note_eager(time.perf_counter() - t0)
             self._warm = True
             return result
+        if not e.started:
+            e.started = True
+            fam.started += 1
+        t0 = time.perf_counter()
+        try:
+            return self._capture_call(e, args, kwargs, tensors)
+        finally:
+            e.onboard += time.perf_counter() - t0 - (fam.eager_s or 0.0)
+            if e.plan is not None:
+                fam.note_onboard(e.onboard)
+                e.onboard = 0.0
+
+    def _capture_call(self, e, args, kwargs, tensors):
+        """A call of a signature without a plan captured; the plan built from it and the last."""
         result, form, spec = self._capture(e, args, kwargs, tensors)
         if form is None:
             return result
@@ -1031,11 +1138,11 @@ class CompiledStep(_SyncPoint):
 
 
 def compile(fn=None, *, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True, mode: str = "auto",
-            backend: str = None, numerics: str = "bitwise"):
+            backend: str = None, numerics: str = "bitwise", new_sizes: str = "auto"):
     """step = crucible.compile(train_step): see CompiledStep. Also usable as a decorator,
     with or without arguments."""
     kw = dict(verify_every=verify_every, warmup=warmup, guard=guard, arena=arena, mode=mode, backend=backend,
-              numerics=numerics)
+              numerics=numerics, new_sizes=new_sizes)
     if fn is None:
         return lambda f: CompiledStep(f, **kw)
     return CompiledStep(fn, **kw)
