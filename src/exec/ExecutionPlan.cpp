@@ -72,23 +72,35 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const Executio
 
 MemoryUse plan_memory_use(const ExecutionPlan& plan) { return MemoryUse{kernel_spans(plan), {}}; }
 
-Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use) {
+Status check_memory_use(const ExecutionPlan& plan, const MemoryUse& use) {
   const std::size_t ncalls = plan.calls.size(), nslots = plan.slots.size();
   if (use.spans.size() != ncalls || (!use.untouched.empty() && use.untouched.size() != nslots) ||
-      (!use.generated.empty() && use.generated.size() != ncalls))
-    return invalid_input("place_arena: " + std::to_string(use.spans.size()) + " spans and " +
+      (!use.library_only.empty() && use.library_only.size() != ncalls))
+    return invalid_input("memory use: " + std::to_string(use.spans.size()) + " spans, " +
                              std::to_string(use.untouched.size()) + " untouched and " +
-                             std::to_string(use.generated.size()) + " generated flags for " +
+                             std::to_string(use.library_only.size()) + " library-only flags for " +
                              std::to_string(ncalls) + " calls and " + std::to_string(nslots) +
                              " slots",
-                         "give one span and generated flag per call and one untouched flag per slot "
-                         "(or no flags)");
+                         "give one span and library-only flag per call and one untouched flag per "
+                         "slot (or no flags)");
   for (std::uint32_t c = 0; c < ncalls; ++c)
     if (use.spans[c].first > c || use.spans[c].second < c || use.spans[c].second >= ncalls)
-      return invalid_input("place_arena: call " + std::to_string(c) + "'s span [" +
+      return invalid_input("memory use: call " + std::to_string(c) + "'s span [" +
                                std::to_string(use.spans[c].first) + ", " +
                                std::to_string(use.spans[c].second) + "] does not hold it",
                            "a call's span holds the call");
+  for (std::uint32_t s = 0; s < use.untouched.size(); ++s)
+    if (use.untouched[s] && plan.slots[s].kind != SlotKind::Arena)
+      return invalid_input("memory use: slot " + std::to_string(s) + " is " +
+                               slot_kind_name(plan.slots[s].kind) +
+                               " memory, and only an Arena slot can be left untouched",
+                           "mark Arena slots only");
+  return ok_status();
+}
+
+Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use) {
+  if (Status st = check_memory_use(plan, use); !st.ok()) return st;
+  const std::size_t ncalls = plan.calls.size(), nslots = plan.slots.size();
   ArenaLayout out;
   out.offsets.assign(nslots, 0);
   out.placed.assign(nslots, false);
@@ -97,10 +109,6 @@ Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use)
   for (std::uint32_t s = 0; s < nslots; ++s) {
     const Slot& sl = plan.slots[s];
     const bool untouched = !use.untouched.empty() && use.untouched[s];
-    if (untouched && sl.kind != SlotKind::Arena)
-      return invalid_input("place_arena: slot " + std::to_string(s) + " is " +
-                               slot_kind_name(sl.kind) + " memory, and only an Arena slot can be left untouched",
-                           "mark Arena slots only");
     if (untouched || (sl.kind != SlotKind::Arena && sl.kind != SlotKind::Constant)) continue;
     // A Constant is written before the run: it is live from the first call.
     const std::uint32_t first = sl.kind == SlotKind::Constant ? 0

@@ -80,10 +80,15 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
   if (Status st = r->backend_.prepare(r->backend_.self, plan); !st.ok()) return st;
   MemoryUse use;
   if (Status st = r->backend_.memory_use(r->backend_.self, plan, use); !st.ok()) return st;
+  if (Status st = check_memory_use(plan, use); !st.ok())
+    return bad_state("backend '" + std::string(r->backend_.name) + "' reports a memory use that does not fit the plan: " +
+                         std::string(st.message()),
+                     "this is a backend bug: report it");
+  auto library_only = [&](std::uint32_t c) { return use.library_only.empty() || use.library_only[c]; };
   // Outputs a provider that allocates may adopt need no arena memory (Note [Adopted results]).
   if (r->provider_.allocates != nullptr) {
     for (std::uint32_t c = 0; c < plan.calls.size(); ++c) {
-      if (!use.generated.empty() && c < use.generated.size() && use.generated[c]) continue;
+      if (!library_only(c)) continue;  // the backend's own code may write its outputs
       const Call& call = plan.calls[c];
       bool any = false;
       for (const Arg& a : plan.outputs_of(call)) {
@@ -109,7 +114,7 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
     r->release_after_.resize(plan.kernels.size());
     for (std::uint32_t c = 0; c < plan.calls.size(); ++c) {
       const Call& call = plan.calls[c];
-      if (call.out_count == 0 || (!use.generated.empty() && use.generated[c])) continue;
+      if (call.out_count == 0 || !library_only(c)) continue;
       std::uint32_t dead = c;
       bool inside = true;
       for (const Arg& a : plan.outputs_of(call)) {
@@ -121,10 +126,7 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
     }
   }
   auto layout = place_arena(plan, use);
-  if (!layout.ok())
-    return bad_state("backend '" + std::string(r->backend_.name) + "' reports a memory use the arena cannot be placed from: " +
-                         std::string(layout.status().message()),
-                     "this is a backend bug: report it");
+  if (!layout.ok()) return layout.status();
   r->offsets_ = std::move(layout->offsets);
   r->placed_ = std::move(layout->placed);
   r->arena_bytes_ = layout->arena_bytes;

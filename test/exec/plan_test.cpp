@@ -342,7 +342,7 @@ struct AllocatingProvider {
   ReferenceProvider ref;
   bool fits = true;  // false: every adoption refused, so each result goes through place()
   std::map<std::uint32_t, std::vector<float>> own;  // per call: its results' memory
-  int allocating_calls = 0, releases = 0, placed = 0;
+  int allocating_calls = 0, releases = 0, placed = 0, asked = 0;
   const ExecutionPlan* plan = nullptr;
 
   static bool allocating(std::string_view op) { return op == "aten::relu"; }
@@ -351,8 +351,11 @@ struct AllocatingProvider {
     p.self = this;
     p.call = [](void* self, const LibraryCall& c) { return static_cast<AllocatingProvider*>(self)->call(c); };
     p.allocates = [](void* self, const ExecutionPlan& plan, std::uint32_t call) {
-      static_cast<AllocatingProvider*>(self)->plan = &plan;
-      return allocating(plan.op_names[plan.calls[call].op]);
+      auto* a = static_cast<AllocatingProvider*>(self);
+      a->plan = &plan;
+      const bool yes = allocating(plan.op_names[plan.calls[call].op]);
+      a->asked += yes ? 1 : 0;
+      return yes;
     };
     p.release = [](void* self, std::uint32_t call) {
       auto* a = static_cast<AllocatingProvider*>(self);
@@ -365,7 +368,7 @@ struct AllocatingProvider {
     return p;
   }
   Status call(const LibraryCall& c) {
-    if (!allocating(c.op)) return ref.call(c);
+    if (!allocating(c.op) || c.outputs[0].data != nullptr) return ref.call(c);  // placed: as usual
     ++allocating_calls;
     EXPECT_EQ(c.outputs[0].data, nullptr) << "an output the provider allocates has no arena memory";
     std::vector<float>& mem = own[c.call];
@@ -420,6 +423,41 @@ TEST_F(RunStep, OutputsAProviderAllocatesTakeNoArenaMemory) {
     EXPECT_EQ(prov.placed, fits ? 0 : 3);
     v = v0;
   }
+}
+
+// A call the backend may run with code of its own (MemoryUse::library_only false) keeps its
+// outputs' memory whatever the provider would do with it: the backend's code writes there.
+TEST_F(RunStep, CallsABackendMayRunItselfKeepTheirOutputsMemory) {
+  Step st;
+  Planned p = plan_of(st);
+  AllocatingProvider prov;
+  Backend b = null_backend();
+  b.memory_use = [](void*, const ExecutionPlan& plan, MemoryUse& use) {
+    use = plan_memory_use(plan);
+    use.library_only.assign(plan.calls.size(), true);
+    for (std::uint32_t c = 0; c < plan.calls.size(); ++c)
+      if (plan.op_names[plan.calls[c].op] == "aten::relu") use.library_only[c] = false;
+    return ok_status();
+  };
+  auto runner = Runner::make(p.plan, b, prov.provider());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_EQ(prov.asked, 0) << "the provider is not asked about a call the backend may run itself";
+  EXPECT_EQ((*runner)->arena_bytes(), p.plan.arena_bytes);
+  std::vector<float> want_v = v;
+  const auto in = inputs(p.plan);
+  void* out[] = {&s_out};
+  ASSERT_TRUE((*runner)->run(RunArgs{in, out, {}}).ok());
+  EXPECT_FLOAT_EQ(s_out, static_cast<float>(reference_step(x, w, want_v, 0.5, -0.1)));
+  EXPECT_EQ(prov.allocating_calls, 0);
+  // A memory use that does not fit the plan is the backend's bug, said so.
+  b.memory_use = [](void*, const ExecutionPlan& plan, MemoryUse& use) {
+    use = plan_memory_use(plan);
+    use.library_only.assign(1, true);
+    return ok_status();
+  };
+  auto bad = Runner::make(p.plan, b, prov.provider());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("backend bug"), std::string_view::npos) << bad.status();
 }
 
 // A backend with its own slots: prepare once, run_kernel per kernel (delegating to library

@@ -309,18 +309,6 @@ c10::Storage AtenProvider::adopted_storage(const void* base) const {
   return c10::Storage();
 }
 
-at::Tensor AtenProvider::adopted_holding(const void* p) const {
-  const auto* b = static_cast<const std::byte*>(p);
-  for (const auto& cc : cache_)
-    if (cc)
-      for (const at::Tensor& t : cc->adopted)
-        if (t.has_storage() && t.storage().data() != nullptr) {
-          const auto* base = static_cast<const std::byte*>(t.storage().data());
-          if (b >= base && b < base + t.storage().nbytes()) return t;
-        }
-  return at::Tensor();
-}
-
 void AtenProvider::release_adopted() {
   for (const auto& cc : cache_)
     if (cc) cc->adopted.clear();
@@ -569,7 +557,9 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     } else {
       ++stats_.functional;
       // The storages of the arguments (wrapped placed memory, owning nothing): a result on one
-      // of them (as_strided) is a view of an argument, not memory of its own.
+      // of them (as_strided) is a view of an argument, not memory of its own to adopt — the
+      // argument's memory may go (a released result, an arena slot past its last use) while
+      // the output's slot still lives. It is copied into place.
       std::vector<const c10::StorageImpl*> arg_storages;
       for (const c10::IValue& v : stack) {
         if (v.isTensor() && v.toTensor().defined() && v.toTensor().has_storage())
@@ -602,15 +592,12 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
         // Note [Adopted results]: ATen's own memory becomes the slot's when it is laid out as
         // the plan placed it (no copy); it lives until this call runs again.
         if (keep != nullptr && c.adopt != nullptr && r.strides() == to.strides() && r.has_storage() &&
-            r.storage().data() != nullptr) {
+            r.storage().data() != nullptr &&
+            std::ranges::find(arg_storages, r.storage().unsafeGetStorageImpl()) == arg_storages.end()) {
           const std::uint64_t before = static_cast<std::uint64_t>(r.storage_offset()) * r.element_size();
           const std::uint64_t total = r.storage().nbytes();
           if (before <= total && c.adopt(c.runner, static_cast<std::uint32_t>(k), r.data_ptr(), before, total - before)) {
             keep->push_back(r);
-            // A view of an argument that is another call's adopted result: that result's memory
-            // lives while this one's slot does (the runner lets results go one call at a time).
-            if (std::ranges::find(arg_storages, r.storage().unsafeGetStorageImpl()) != arg_storages.end())
-              if (at::Tensor owner = adopted_holding(r.data_ptr()); owner.defined()) keep->push_back(std::move(owner));
             ++stats_.adopted;
             continue;
           }

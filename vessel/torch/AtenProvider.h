@@ -62,8 +62,6 @@ class AtenProvider {
   struct CallCache;
 
  private:
-  // An adopted result (of any call) whose storage holds address `p`; undefined when none does.
-  at::Tensor adopted_holding(const void* p) const;
   Result<const Resolved*> resolve(std::string_view op);
   // Inside a catch handler: keeps the exception (take_error) and says which op failed how.
   Status failure(std::string_view op);

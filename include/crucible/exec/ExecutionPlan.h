@@ -156,8 +156,9 @@ struct MemoryUse {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> spans;
   // Per slot (or empty: none): an Arena slot no call reads or writes in memory gets none.
   std::vector<bool> untouched;
-  // Per call (or empty: none): the backend runs it itself, never as a library call.
-  std::vector<bool> generated;
+  // Per call (or empty: every call): the backend runs it only as a library call, through the
+  // provider — never by code of its own, which would need its outputs in placed memory.
+  std::vector<bool> library_only;
 };
 // The plan's own memory use: kernel_spans, every slot touched.
 MemoryUse plan_memory_use(const ExecutionPlan& plan);
@@ -167,10 +168,14 @@ struct ArenaLayout {
   std::vector<bool> placed;            // per slot: has memory in the arena
   std::uint64_t arena_bytes = 0;
 };
+// Whether `use` fits `plan`: one span per call holding its call, flags of the plan's lengths (or
+// none), untouched slots Arena slots only.
+Status check_memory_use(const ExecutionPlan& plan, const MemoryUse& use);
+
 // Arena and Constant slots (but untouched ones) placed by the graph stage's planner, each live
 // from the first call of its first call's span (a Constant: from the first call, it is written
-// before the run) to the last call of its last call's span, at the plan's alignment. Errors: spans or untouched of the wrong length, a span not holding its call,
-// an untouched slot that is not an Arena slot.
+// before the run) to the last call of its last call's span, at the plan's alignment. Errors:
+// check_memory_use's.
 Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use);
 
 }  // namespace crucible::exec

@@ -1,4 +1,6 @@
-// Runner.h — runs a verified execution plan on a backend, once per step, allocating nothing.
+// Runner.h — runs a verified execution plan on a backend, once per step, allocating nothing
+// (but memory for a result a provider said it would hand over and could not: made on the first
+// run that needs it, kept for the next).
 //
 // Runner::make verifies the plan, fills the backend's default slots, lets it prepare, places
 // the arena for how the backend uses memory (Note [Memory use], ExecutionPlan.h) and allocates
@@ -50,7 +52,7 @@ class Runner {
   // error (named with the kernel and call). A run that fails part way leaves what it wrote.
   Status run(const RunArgs& args);
 
-  // The arena this Runner placed (at most the plan's).
+  // The arena this Runner placed (Note [Memory use]).
   std::uint64_t arena_bytes() const { return arena_bytes_; }
   // The slot's offset in this Runner's arena, or nullopt for a slot without memory there (not
   // an Arena or Constant slot, or one the backend never touches).

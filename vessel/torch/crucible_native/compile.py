@@ -31,9 +31,12 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 # runs eagerly until the time its calls could have saved covers what compiling a size costs
 # (ski rental: never more than twice the better choice in hindsight), both measured on the
 # family's own calls: the eager calls' and the plan runs' seconds, and the least a size's
-# captures and build took beyond an eager call each (the first size also compiled the kernels). A size whose plan would not be faster than
+# captures and build took beyond an eager call each (the first size also compiled the kernels).
+# While those are not known yet (the first sizes still recording, or seen once and never
+# again) a new size waits _BLIND_WAIT calls at most. A size whose plan would not be faster than
 # eager is never captured. stats()["size_waits"] counts the calls that waited.
 _FREE_SIZES = 2
+_BLIND_WAIT = 8
 
 
 class _Family:
@@ -43,7 +46,7 @@ class _Family:
     def __init__(self, free):
         self.free = free       # sizes compiled at once
         self.signatures = 0    # signatures of the family seen
-        self.started = 0       # of them, captured (being compiled, or with a plan)
+        self.started = 0       # of them, captured once (compiled, being compiled, refused or abandoned)
         self.eager_s = None    # running means (seconds): an eager call, a plan run
         self.plan_s = None
         self.onboard_s = None  # the least compiling a size took beyond the eager calls it replaced
@@ -68,7 +71,7 @@ class _Family:
         if self.started < self.free:
             return 0
         if self.onboard_s is None or self.plan_s is None:
-            return math.inf   # until the sizes being compiled say what it costs and saves
+            return _BLIND_WAIT   # the first sizes have not said yet what compiling costs and saves
         if self.eager_s is None:
             return 1   # one eager call, timed, before judging
         saving = self.eager_s - self.plan_s
@@ -713,9 +716,7 @@ class CompiledStep(_SyncPoint):
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
                 vals = [v for _, _, v, _ in self._sources.values(True)] if e.patched else []
-                timed = e.family.signatures > 1   # Note [New sizes]
-                if timed:
-                    t0 = time.perf_counter()
+                t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)
                 except RuntimeError:
@@ -724,8 +725,7 @@ class CompiledStep(_SyncPoint):
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
-                if timed:
-                    e.family.note_plan(time.perf_counter() - t0)
+                e.family.note_plan(time.perf_counter() - t0)
                 e.replans_idle = 0
                 if e.scheds:
                     for sched, times in e.scheds:   # as the step did, after its optimizers' step()
@@ -746,15 +746,18 @@ class CompiledStep(_SyncPoint):
             return self._fn(*args, **kwargs)
         e.seen += 1
         fam = e.family
-        if e.seen <= self._warmup or (not e.started and e.waited < fam.wait()):  # Note [New sizes]
-            if e.seen > self._warmup:
-                e.waited += 1
-                st["size_waits"] += 1
+        if e.seen <= self._warmup:
+            self._count("eager_calls")
+            result = self._fn(*args, **kwargs)
+            self._warm = True
+            return result
+        if not e.started and e.waited < fam.wait():  # Note [New sizes]: timed, not a warm-up call
+            e.waited += 1
+            st["size_waits"] += 1
             self._count("eager_calls")
             t0 = time.perf_counter()
             result = self._fn(*args, **kwargs)
             fam.note_eager(time.perf_counter() - t0)
-            self._warm = True
             return result
         if not e.started:
             e.started = True
