@@ -174,22 +174,32 @@ if(CRUCIBLE_TORCH_VERSION)
   set(Torch_FOUND TRUE)
 endif()
 
-# LLVM, for the mimic stage's CPU code generator: the version utils/bin/setup installs (14 on
-# Debian 12, 19 on Debian 13). Debian builds LLVM as one shared library (LLVM_LINK_LLVM_DYLIB):
-# the components this stage uses (orcjit, native, passes) are linked from it, as static archives
-# they would be tens of MB per binary (libLLVMCodeGen.a alone is 16 MB in LLVM 14).
-set(_llvm_hints /usr/lib/llvm-19/lib/cmake/llvm /usr/lib/llvm-14/lib/cmake/llvm)
-find_package(LLVM CONFIG QUIET HINTS ${_llvm_hints})
-crucible_require(LLVM_FOUND "LLVM" "llvm-14-dev (Debian 12) or llvm-19-dev (Debian 13)")
-add_library(crucible_llvm INTERFACE)
-add_library(Crucible::llvm ALIAS crucible_llvm)
-target_include_directories(crucible_llvm SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
-separate_arguments(_llvm_defs NATIVE_COMMAND "${LLVM_DEFINITIONS}")
-target_compile_definitions(crucible_llvm INTERFACE ${_llvm_defs})
-if(LLVM_LINK_LLVM_DYLIB)
-  target_link_libraries(crucible_llvm INTERFACE LLVM)
+# CRUCIBLE_LLVM=OFF builds everything that does not generate code: no mimic stage, no
+# _crucible_exec module (crucible.compile then replays ATen ops, its plans()' exec_note says
+# why), no `crucible` command. For a machine that cannot have LLVM's packages, such as the GPU
+# machine utils/bin/device-check builds on (LLVM 14 and what it loads are 40 MB of packages,
+# over what can travel there beside the rest).
+option(CRUCIBLE_LLVM "Build Mimic's CPU backend (LLVM) and what uses it" ON)
+if(CRUCIBLE_LLVM)
+  # LLVM, for the mimic stage's CPU code generator: the version utils/bin/setup installs (14 on
+  # Debian 12, 19 on Debian 13). Debian builds LLVM as one shared library (LLVM_LINK_LLVM_DYLIB):
+  # the components this stage uses (orcjit, native, passes) are linked from it, as static archives
+  # they would be tens of MB per binary (libLLVMCodeGen.a alone is 16 MB in LLVM 14).
+  set(_llvm_hints /usr/lib/llvm-19/lib/cmake/llvm /usr/lib/llvm-14/lib/cmake/llvm)
+  find_package(LLVM CONFIG QUIET HINTS ${_llvm_hints})
+  crucible_require(LLVM_FOUND "LLVM" "llvm-14-dev (Debian 12) or llvm-19-dev (Debian 13)")
+  add_library(crucible_llvm INTERFACE)
+  add_library(Crucible::llvm ALIAS crucible_llvm)
+  target_include_directories(crucible_llvm SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
+  separate_arguments(_llvm_defs NATIVE_COMMAND "${LLVM_DEFINITIONS}")
+  target_compile_definitions(crucible_llvm INTERFACE ${_llvm_defs})
+  if(LLVM_LINK_LLVM_DYLIB)
+    target_link_libraries(crucible_llvm INTERFACE LLVM)
+  else()
+    llvm_map_components_to_libnames(_llvm_libs orcjit native passes)
+    target_link_libraries(crucible_llvm INTERFACE ${_llvm_libs})
+  endif()
+  message(STATUS "LLVM ${LLVM_PACKAGE_VERSION} from ${LLVM_DIR}")
 else()
-  llvm_map_components_to_libnames(_llvm_libs orcjit native passes)
-  target_link_libraries(crucible_llvm INTERFACE ${_llvm_libs})
+  message(STATUS "CRUCIBLE_LLVM=OFF: no Mimic CPU backend, no _crucible_exec module, no crucible command")
 endif()
-message(STATUS "LLVM ${LLVM_PACKAGE_VERSION} from ${LLVM_DIR}")

@@ -171,8 +171,29 @@ class FormBuilder {
     return false;
   }
 
+  // A plan runs on CPU tensors only: a step whose inputs and parameters are on the CPU can still
+  // make device tensors inside (x.cuda(), a device tensor held in a global), and autograd runs
+  // their backward on its device threads, where this capture does not follow.
+  static void check_cpu(const c10::IValue& v, const CapturedOp& cop, std::size_t k) {
+    auto check = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().is_cpu()) return;
+      throw std::runtime_error("op #" + std::to_string(k) + " " + cop.op.schema().operator_name().name +
+                               " ran on a tensor on " + t.device().str() + "; crucible.compile replays CPU "
+                               "steps only (autograd runs a device backward on threads its capture does "
+                               "not follow), so this step runs eagerly");
+    };
+    if (v.isTensor()) check(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList().vec()) check(t);
+    else if (v.isList())
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) check(e.toTensor());
+  }
+
   void add_op(CapturedOp& cop) {
     const std::size_t k = f.ops.size();
+    for (const c10::IValue& v : cop.args) check_cpu(v, cop, k);
+    for (const c10::IValue& v : cop.rets) check_cpu(v, cop, k);
     OpT o(cop.op);
     o.grad_mode = cop.grad_mode;
     o.phase = cop.phase;

@@ -86,3 +86,34 @@ def test_each_cuda_op_records_the_stream_it_ran_on():
     assert by_name["aten::mm"] == {default_id}, by_name
     assert by_name["aten::sum"] == {side.stream_id}, by_name
     assert side.stream_id != default_id
+
+
+def test_compile_refuses_a_cpu_step_that_trains_a_cuda_weight_it_holds():
+    # The step's arguments are CPU tensors and it names no module: the CUDA work (and autograd's
+    # CUDA backward on its device thread) is seen only in the capture, which refuses it.
+    res = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        w = torch.randn(16, 4, device="cuda", requires_grad=True)
+
+        def f(x):
+            loss = (x.cuda() @ w).square().mean()
+            loss.backward()
+            with torch.no_grad():
+                w.sub_(w.grad, alpha=0.1)
+                w.grad = None
+            return loss
+
+        step = crucible.compile(f) if compiled else f
+        g = torch.Generator().manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", crucible.CrucibleWarning)
+            losses = [step(torch.randn(8, 16, generator=g)).detach().cpu() for _ in range(6)]
+        res.append((losses, w.detach().cpu()))
+        if compiled:
+            st = step.stats()
+            assert st["plan_runs"] == 0 and st["refusals"] == 1, step.last_refusal
+            assert "replays CPU" in step.last_refusal and "cuda" in step.last_refusal
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    assert torch.equal(res[0][1], res[1][1])

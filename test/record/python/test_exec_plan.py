@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import crucible_native as crucible
+from crucible_native._native import build_info
 import models
 from stepstate import state_tensors, storage_bytes
+
+pytestmark = pytest.mark.skipif(build_info.get("exec") is False,
+                                reason="built with -DCRUCIBLE_LLVM=OFF: no exec stage")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RULES = os.path.join(ROOT, "rules")

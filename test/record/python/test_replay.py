@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import crucible_native as crucible
+from crucible_native._native import build_info
 import models
 
 
@@ -89,6 +90,8 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps, backend):
         n_params = sum(1 for _ in models.make(name).model.parameters())
         assert info["arena_escaping"] == 1 + n_params
         assert info["exec"] == ""
+    elif build_info.get("exec") is False:   # -DCRUCIBLE_LLVM=OFF: replayed, and said so
+        assert info["exec"] == "" and "CRUCIBLE_LLVM=OFF" in info["exec_note"], info["exec_note"]
     else:  # the exec stage's plan ran; the arena serves ATen's own allocations inside it
         assert info["exec"] == "cpu" and info["exec_note"] == "", info["exec_note"]
 
@@ -902,6 +905,41 @@ def test_a_step_off_the_cpu_is_refused_and_runs_eagerly():
     st = step.stats()
     assert st["plan_runs"] == 0 and st["refusals"] == 1 and st["eager_calls"] == 5
     assert "tensor on meta" in step.last_refusal
+
+
+def test_a_step_that_makes_device_tensors_inside_is_refused_and_runs_eagerly():
+    # Inputs and parameters on the CPU, but the step works on a tensor of another device it
+    # holds itself (meta here; a global CUDA weight on a GPU machine, test_cuda.py): the
+    # capture sees an op on it and refuses, since that device's backward would run unseen.
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    side = torch.zeros(4, device="meta")
+    seen = []
+
+    def f(x):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        seen.append((side + 1).shape)
+        return loss
+
+    ref_m = copy.deepcopy(m)
+    ref_opt = torch.optim.SGD(ref_m.parameters(), lr=0.1)
+    step = crucible.compile(f, guard=(m, opt))
+    xs = [torch.randn(16, 8, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    with pytest.warns(crucible.CrucibleWarning, match="replays CPU"):
+        losses = [step(x) for x in xs]
+    for x, loss in zip(xs, losses):
+        ref_opt.zero_grad()
+        ref = ref_m(x).square().mean()
+        ref.backward()
+        ref_opt.step()
+        assert torch.equal(ref, loss)
+    st = step.stats()
+    assert st["plan_runs"] == 0 and st["refusals"] == 1 and len(seen) == 6
+    assert "aten::add" in step.last_refusal and "tensor on meta" in step.last_refusal, step.last_refusal
 
 
 @pytest.mark.parametrize("arena", [True, False])

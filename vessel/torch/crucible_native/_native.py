@@ -87,6 +87,11 @@ def check_build(info: dict, d: str, torch_version: str) -> None:
                           f"load into the torch they were built against: {_rebuild_hint(d)}")
 
 
+# The loaded build's crucible_build.json (CMakeLists.txt): its torch, sanitizer, and whether
+# it has the exec stage ("exec": false where configured with -DCRUCIBLE_LLVM=OFF).
+build_info = {}
+
+
 def load(module="_crucible_ext"):
     """Imports and returns the native module (_crucible_ext), after the checks above."""
     installed = _installed_dir()
@@ -101,8 +106,13 @@ def load(module="_crucible_ext"):
             "or point CRUCIBLE_BUILD_DIR at a build directory.")
     with open(info_path) as f:
         info = json.load(f)
+    build_info.update(info)
     import torch  # loads libtorch first, with the symbols the extension needs
     check_build(info, d, torch.__version__)
+    if info.get("exec") is False and module == "_crucible_exec":
+        raise ImportError(f"the build in {d} has no exec stage: it was configured with -DCRUCIBLE_LLVM=OFF "
+                          "(no LLVM, so no Mimic CPU backend); reconfigure without it, with LLVM installed "
+                          "(utils/bin/setup), to run compiled steps through the exec stage")
     import importlib
     try:
         if installed:
