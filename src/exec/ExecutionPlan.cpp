@@ -104,6 +104,7 @@ Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use)
   ArenaLayout out;
   out.offsets.assign(nslots, 0);
   out.placed.assign(nslots, false);
+  out.live.assign(nslots, {0, 0});
   std::vector<graph::Lifetime> lifetimes;
   std::vector<std::uint32_t> which;
   for (std::uint32_t s = 0; s < nslots; ++s) {
@@ -118,6 +119,7 @@ Result<ArenaLayout> place_arena(const ExecutionPlan& plan, const MemoryUse& use)
     lifetimes.push_back({sl.bytes, first, last});
     which.push_back(s);
     out.placed[s] = true;
+    out.live[s] = {first, last};
   }
   const graph::ArenaPlacement placement = graph::place_in_arena(lifetimes);
   for (std::size_t i = 0; i < which.size(); ++i) out.offsets[which[i]] = placement.offsets[i];

@@ -63,6 +63,24 @@ Runner::~Runner() {
   if (arena_ != nullptr) backend_.free_arena(backend_.self, arena_);
 }
 
+std::vector<ArenaUse> Runner::arena_uses() const {
+  std::vector<ArenaUse> out;
+  for (std::uint32_t s = 0; s < placed_.size(); ++s)
+    if (placed_[s]) out.push_back({offsets_[s], plan_.slots[s].bytes, live_[s].first, live_[s].second});
+  return out;
+}
+
+Status Runner::renew_arena() {
+  void* fresh = backend_.alloc_arena(backend_.self, arena_bytes_, plan_.alignment);
+  if (fresh == nullptr)
+    return exhausted("backend '" + std::string(backend_.name) + "' could not allocate a new " +
+                         std::to_string(arena_bytes_) + "-byte arena",
+                     "free memory, or plan a smaller batch");
+  old_arenas_.push_back(arena_);  // left allocated: something placed in it may still be held
+  arena_ = fresh;
+  return ok_status();
+}
+
 Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend backend,
                                              Provider provider) {
   if (Status st = verify_plan(plan); !st.ok()) return st;
@@ -129,6 +147,7 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
   if (!layout.ok()) return layout.status();
   r->offsets_ = std::move(layout->offsets);
   r->placed_ = std::move(layout->placed);
+  r->live_ = std::move(layout->live);
   r->arena_bytes_ = layout->arena_bytes;
   r->arena_ = r->backend_.alloc_arena(r->backend_.self, r->arena_bytes_, plan.alignment);
   if (r->arena_ == nullptr)
@@ -174,6 +193,8 @@ Status Runner::run(const RunArgs& args) {
                              std::to_string(p.patches.size()) + " patch points",
                          "give one value per patch point, or none to run the recorded values");
   outputs_may_move_ = args.outputs_may_move;
+  at_call_ = args.at_call;
+  observer_ = args.observer;
   auto* arena = static_cast<std::byte*>(arena_);
   for (std::size_t s = 0; s < p.slots.size(); ++s) {
     const Slot& sl = p.slots[s];
@@ -229,6 +250,10 @@ Status Runner::run(const RunArgs& args) {
     }
   }
   for (std::uint32_t k = 0; k < p.kernels.size(); ++k) {
+    const Kernel& kern = p.kernels[k];
+    if (at_call_ != nullptr && kern.call_count > 0)
+      if (Status st = at_call_(observer_, kern.call_begin, true); !st.ok())
+        return Status(st.code(), "before kernel " + std::to_string(k) + ": " + std::string(st.message()));
     KernelLaunch launch;
     launch.plan = &p;
     launch.kernel = k;
@@ -241,6 +266,8 @@ Status Runner::run(const RunArgs& args) {
                                    std::to_string(k) + " (group " +
                                    std::to_string(p.kernels[k].group) +
                                    "): " + std::string(st.message()));
+    if (at_call_ != nullptr && kern.call_count > 0)
+      (void)at_call_(observer_, kern.call_begin + kern.call_count - 1, false);
     if (!release_after_.empty())
       for (std::uint32_t c : release_after_[k]) provider_.release(provider_.self, c);
   }
@@ -282,6 +309,7 @@ Status Runner::library_call(void* self, std::uint32_t c) {
   lc.adopt = &Runner::adopt;
   lc.place = &Runner::place;
   r->current_call_ = c;
+  if (r->at_call_ != nullptr) (void)r->at_call_(r->observer_, c, false);
   if (Status st = r->provider_.call(r->provider_.self, lc); !st.ok())
     return Status(st.code(), "call " + std::to_string(c) + " (" + std::string(lc.op) + ", node " +
                                  std::to_string(call.node) + "): " + std::string(st.message()));

@@ -521,5 +521,73 @@ TEST_F(RunStep, BackendSlotsAreCalledAndDefaultsFillTheRest) {
   EXPECT_FALSE(Runner::make(p.plan, bare, Provider{}).ok());
 }
 
+// Note [Run position] (Runner.h): the observer hears every kernel start (its first call), every
+// library call and every kernel end (its last call) in order, a refusal at a kernel start stops
+// the run before that kernel; arena_uses gives each placed slot's bytes and calls, which never
+// overlap in memory while their calls do; renew_arena moves later runs to a new arena.
+TEST_F(RunStep, RunPositionArenaUsesAndRenewal) {
+  Step st;
+  Planned p = plan_of(st);
+  ReferenceProvider ref;
+  auto runner = Runner::make(p.plan, null_backend(), ref.provider());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  struct Seen {
+    std::vector<std::pair<std::uint32_t, bool>> events;  // (call, kernel start)
+    std::uint32_t stop_at = kNone;
+    static Status at(void* self, std::uint32_t call, bool kernel_start) {
+      auto* s = static_cast<Seen*>(self);
+      s->events.emplace_back(call, kernel_start);
+      if (kernel_start && call == s->stop_at) return bad_state("stop here", "test");
+      return ok_status();
+    }
+  } seen;
+  const auto in = inputs(p.plan);
+  void* out[] = {&s_out};
+  RunArgs ra{in, out, {}};
+  ra.at_call = &Seen::at;
+  ra.observer = &seen;
+  ASSERT_TRUE((*runner)->run(ra).ok());
+  // The null backend runs each kernel's calls as library calls: start, each call, end.
+  std::vector<std::pair<std::uint32_t, bool>> want;
+  for (const Kernel& k : p.plan.kernels) {
+    if (k.call_count == 0) continue;
+    want.emplace_back(k.call_begin, true);
+    for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count; ++c) want.emplace_back(c, false);
+    want.emplace_back(k.call_begin + k.call_count - 1, false);
+  }
+  EXPECT_EQ(seen.events, want);
+  // Stopped before the second kernel: only the first kernel's calls ran.
+  ASSERT_GE(p.plan.kernels.size(), 2u);
+  seen.events.clear();
+  seen.stop_at = p.plan.kernels[1].call_begin;
+  const int before = ref.calls;
+  const Status stopped = (*runner)->run(ra);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_NE(stopped.message().find("before kernel 1: stop here"), std::string_view::npos) << stopped;
+  EXPECT_EQ(ref.calls - before, static_cast<int>(p.plan.kernels[0].call_count));
+
+  const std::vector<ArenaUse> uses = (*runner)->arena_uses();
+  ASSERT_FALSE(uses.empty());
+  for (std::size_t i = 0; i < uses.size(); ++i) {
+    EXPECT_LE(uses[i].offset + uses[i].bytes, (*runner)->arena_bytes());
+    EXPECT_LE(uses[i].first, uses[i].last);
+    EXPECT_LT(uses[i].last, (*runner)->calls());
+    for (std::size_t j = 0; j < i; ++j) {
+      const bool calls_overlap = uses[i].first <= uses[j].last && uses[j].first <= uses[i].last;
+      const bool bytes_overlap = uses[i].offset < uses[j].offset + uses[j].bytes &&
+                                 uses[j].offset < uses[i].offset + uses[i].bytes;
+      EXPECT_FALSE(calls_overlap && bytes_overlap) << i << " and " << j;
+    }
+  }
+  void* old = (*runner)->arena_data();
+  ASSERT_TRUE((*runner)->renew_arena().ok());
+  EXPECT_NE((*runner)->arena_data(), old);
+  // Runs on the new arena give the same results.
+  std::vector<float> want_v = v;
+  ASSERT_TRUE((*runner)->run(RunArgs{in, out, {}}).ok());
+  EXPECT_FLOAT_EQ(s_out, static_cast<float>(reference_step(x, w, want_v, 0.5, -0.1)));
+  for (int i = 0; i < 20; ++i) EXPECT_FLOAT_EQ(v[i], want_v[i]) << i;
+}
+
 }  // namespace
 }  // namespace crucible::exec

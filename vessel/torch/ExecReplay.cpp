@@ -196,6 +196,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
     step->provider.take_error();
     exec::RunArgs ra{in, out, bits};
     ra.outputs_may_move = true;  // an output ATen allocated itself is taken over, not copied
+    ra.at_call = &ExecReplayImpl::at_call;
     const Status st = step->runner->run(ra);
     if (!st.ok())  // ATen's own error (an index out of range) reaches Python as eager raises it
       if (std::exception_ptr e = step->provider.take_error()) std::rethrow_exception(e);
@@ -226,6 +227,28 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::size_t kernels() const override { return step->sp.plan.kernels.size(); }
   std::size_t calls() const override { return step->sp.plan.calls.size(); }
   std::size_t generated_calls() const override { return step->generated_calls(); }
+
+  ExecArena arena_view() const override {
+    ExecArena a;
+    const exec::Runner& r = *step->runner;
+    a.base = static_cast<unsigned char*>(r.arena_data());
+    a.bytes = static_cast<std::size_t>(r.arena_bytes());
+    a.calls = static_cast<std::uint32_t>(r.calls());
+    for (const exec::ArenaUse& u : r.arena_uses()) a.uses.push_back({u.offset, u.bytes, u.first, u.last});
+    return a;
+  }
+
+  void renew_arena() override {
+    const Status st = step->runner->renew_arena();
+    TORCH_CHECK(st.ok(), std::string(st.message()));
+  }
+
+  // Note [Run position]: the Runner says where it is; the replay arena's scope notes it.
+  static Status at_call(void*, std::uint32_t call, bool kernel_start) {
+    std::string why = arena_at_call(call, kernel_start);
+    if (why.empty()) return ok_status();
+    return bad_state(std::move(why), "report it: the plan's memory did not follow its profiled run");
+  }
 
   std::string summary() const override {
     const exec::ExecutionPlan& p = step->sp.plan;

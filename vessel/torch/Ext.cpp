@@ -761,6 +761,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["arena_bytes"] = i.arena_bytes;
     d["arena_lower_bound"] = i.arena_lower_bound;
     d["arena_served"] = i.arena_served;
+    d["arena_in_exec"] = i.arena_in_exec;
     d["arena_escaping"] = i.arena_escaping;
     d["arena_runs"] = i.arena_runs;
     d["arena_mismatches"] = i.arena_mismatches;

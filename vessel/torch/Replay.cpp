@@ -958,6 +958,28 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
   }
 }
 
+// The arena after a served run that did not follow the profiled one (or stopped part way):
+// off for good; when one of its blocks is still held, its memory is never reused, and when that
+// memory is the exec Runner's (Note [One arena]) the Runner takes a fresh arena.
+void settle_arena(Plan& p, bool alive, bool failed) {
+  ++p.arena_mismatches;
+  p.arena_state = Plan::Arena::Off;
+  p.arena_note = alive    ? "an arena block outlived a run (retired; its memory is kept)"
+                 : failed ? "a run stopped part way"
+                          : "a run's allocations did not follow the profiled run (sizes or order)";
+  if (!alive) return;
+  const bool in_exec = p.arena.exec_served > 0;
+  retire_arena(p.arena);
+  if (in_exec && p.exec != nullptr) {
+    try {
+      p.exec->renew_arena();
+    } catch (const std::exception& e) {  // no memory for a fresh one: the plan runs its ATen ops
+      p.exec_note = std::string("the exec stage's arena could not be renewed: ") + e.what();
+      p.exec.reset();
+    }
+  }
+}
+
 std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::ArrayRef<double> scalars) {
   std::shared_ptr<Plan> p = get_plan(plan_id);
   bool idle = false;
@@ -1038,7 +1060,18 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
       if (gp.state == Form::GradPre::Unread &&
           std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
         p->run_exts[gp.ext].mutable_grad().reset();
-    p->exec->run(f, p->run_exts, slots, args, scalars);
+    try {
+      p->exec->run(f, p->run_exts, slots, args, scalars);
+    } catch (...) {
+      // A run that stopped part way leaves the arena unplanned (profiling) or off (served):
+      // what it allocated did not follow a whole run.
+      if (alloc.has_value()) {
+        const bool alive = profile == nullptr && alloc->arena_blocks_alive();
+        alloc.reset();
+        if (profile == nullptr) settle_arena(*p, alive, true);
+      }
+      throw;
+    }
   } else {
     run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
   }
@@ -1052,21 +1085,20 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   slots.assign(f.num_slots, at::Tensor());
   if (profile != nullptr) {
     alloc.reset();
-    p->arena = finish_profile(*profile);
+    if (p->exec != nullptr) {  // Note [One arena]
+      ExecArena ea = p->exec->arena_view();
+      ea.keep = p->exec;
+      p->arena = finish_profile(*profile, &ea);
+    } else {
+      p->arena = finish_profile(*profile);
+    }
     p->arena_state = Plan::Arena::Ready;
   } else if (alloc.has_value()) {
     const bool alive = alloc->arena_blocks_alive();
     const bool mismatch = alive || alloc->mismatched() || alloc->requests() != p->arena.sizes.size();
     alloc.reset();
-    if (alive) retire_arena(p->arena);  // something still holds an arena block: never reuse it
-    if (mismatch) {  // the allocations did not follow the profiled run: arena off
-      ++p->arena_mismatches;
-      p->arena_state = Plan::Arena::Off;
-      p->arena_note = alive ? "an arena block outlived a run (retired; its memory is kept)"
-                            : "a run's allocations did not follow the profiled run (sizes or order)";
-    } else {
-      ++p->arena_runs;
-    }
+    if (mismatch) settle_arena(*p, alive, false);
+    else ++p->arena_runs;
   }
   p->runs.fetch_add(1, std::memory_order_relaxed);
   registry().runs.fetch_add(1, std::memory_order_relaxed);
@@ -1452,6 +1484,7 @@ PlanInfo plan_info(std::int64_t id) {
   i.arena_bytes = p->arena.arena_bytes;
   i.arena_lower_bound = p->arena.lower_bound;
   i.arena_served = p->arena.served;
+  i.arena_in_exec = p->arena.exec_served;
   i.arena_escaping = p->arena.escaping;
   i.arena_runs = p->arena_runs;
   i.arena_mismatches = p->arena_mismatches;

@@ -147,6 +147,7 @@ struct PlanInfo {
   std::size_t arena_bytes = 0;     // static arena of the plan's intermediates
   std::size_t arena_lower_bound = 0;
   std::size_t arena_served = 0;    // allocations per run served from the arena
+  std::size_t arena_in_exec = 0;   // of them, placed in the exec arena's free bytes (Note [One arena])
   std::size_t arena_escaping = 0;  // allocations per run that outlive it (outputs, .grad)
   std::uint64_t arena_runs = 0, arena_mismatches = 0;
   std::size_t patches = 0;         // scalar patch points

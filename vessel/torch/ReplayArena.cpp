@@ -25,6 +25,8 @@ struct AllocLog {
   std::mutex mu;  // a logged block may be freed on another thread
   std::vector<std::size_t> sizes;
   std::vector<std::int64_t> alloc_ev, free_ev;  // event numbers; free_ev -1 while alive
+  std::vector<std::uint32_t> alloc_call, free_call;  // Note [One arena]: where the Runner was
+  std::atomic<std::uint32_t> position{0};            // Note [Run position]; 0 outside exec runs
   std::int64_t ev = 0;
   bool open = true;  // closed when the run ends: later frees belong to escaping blocks
   std::size_t live = 0, peak = 0;
@@ -39,8 +41,10 @@ struct AllocScope::Mode {
   bool mismatch = false;
   // Serve: arena blocks alive now, by offset (an arena block's only name), and how many have
   // been freed, which must follow the profiled order exactly.
-  absl::flat_hash_map<std::int64_t, std::size_t> live_at;
+  absl::flat_hash_map<const unsigned char*, std::size_t> live_at;
   std::size_t next_free = 0;
+  std::uint32_t position = 0;          // Note [Run position]
+  std::vector<std::size_t> exec_live;  // served blocks alive in the exec arena (Note [One arena])
 };
 
 namespace {
@@ -93,17 +97,20 @@ void wrapper_delete(void* ptr) {
     std::lock_guard<std::mutex> g(t->log->mu);
     if (t->log->open) {
       t->log->free_ev[t->idx] = t->log->ev++;
+      t->log->free_call[t->idx] = t->log->position.load(std::memory_order_relaxed);
       t->log->live -= t->bytes;
     }
   }
   delete t;  // frees the block through the original allocator's deleter
 }
 
+void unregister_arena(unsigned char* p) {
+  std::lock_guard<std::mutex> g(g_blocks_mu);
+  std::erase_if(g_arenas, [p](const auto& a) { return a.first == p; });
+}
+
 void free_arena(void* p) {
-  {
-    std::lock_guard<std::mutex> g(g_blocks_mu);
-    std::erase_if(g_arenas, [p](const auto& a) { return a.first == p; });
-  }
+  unregister_arena(static_cast<unsigned char*>(p));
   std::free(p);
 }
 
@@ -114,16 +121,18 @@ void arena_delete(void* ptr) {
   AllocScope::Mode* m = t_mode;
   if (m == nullptr || m->kind != AllocScope::Mode::Serve || m->arena == nullptr) return;
   const ArenaPlan& a = *m->arena;
-  const auto* base = a.buffer.get();
   const auto* p = static_cast<const unsigned char*>(ptr);
-  if (base == nullptr || p < base || p >= base + a.arena_bytes) return;
-  auto it = m->live_at.find(p - base);
+  auto it = m->live_at.find(p);
   if (it == m->live_at.end()) {
-    m->mismatch = true;
+    const auto* base = a.buffer.get();
+    const bool ours = (base != nullptr && p >= base && p < base + a.arena_bytes) ||
+                      (a.exec_base != nullptr && p >= a.exec_base && p < a.exec_base + a.exec_bytes);
+    if (ours) m->mismatch = true;
     return;
   }
   const std::size_t idx = it->second;
   m->live_at.erase(it);
+  if (!a.in_exec.empty() && a.in_exec[idx]) std::erase(m->exec_live, idx);
   if (m->next_free >= a.free_order.size() || a.free_order[m->next_free] != idx) m->mismatch = true;
   ++m->next_free;
 }
@@ -172,6 +181,8 @@ class Wrapper final : public c10::Allocator {
       log.sizes.push_back(n);
       log.alloc_ev.push_back(log.ev++);
       log.free_ev.push_back(-1);
+      log.alloc_call.push_back(log.position.load(std::memory_order_relaxed));
+      log.free_call.push_back(UINT32_MAX);
       if (data == nullptr) return b;  // an empty block: nothing to place
       auto* t = new Tracked{std::move(b), m->log, idx, aligned(n)};
       log.live += t->bytes;
@@ -196,8 +207,15 @@ class Wrapper final : public c10::Allocator {
       m->mismatch = true;
       return base_->allocate(n);
     }
-    m->live_at[off] = idx;
-    unsigned char* p = a.buffer.get() + off;
+    const bool in_exec = !a.in_exec.empty() && a.in_exec[idx];
+    // Note [One arena]: at another call than profiled, slots may be using those bytes.
+    if (in_exec && m->position != a.alloc_call[idx]) {
+      m->mismatch = true;
+      return base_->allocate(n);
+    }
+    unsigned char* p = (in_exec ? a.exec_base : a.buffer.get()) + off;
+    m->live_at[p] = idx;
+    if (in_exec) m->exec_live.push_back(idx);
     return c10::DataPtr(p, p, &arena_delete, c10::Device(c10::DeviceType::CPU));
   }
 
@@ -249,7 +267,27 @@ std::size_t close_log(AllocLog& log) {
   return log.sizes.size();
 }
 
-ArenaPlan finish_profile(AllocLog& log) {
+std::string arena_at_call(std::uint32_t call, bool kernel_start) {
+  AllocScope::Mode* m = t_mode;
+  if (m == nullptr) return "";
+  if (m->kind == AllocScope::Mode::Log) {
+    m->log->position.store(call, std::memory_order_relaxed);
+    return "";
+  }
+  m->position = call;
+  if (!kernel_start || m->arena == nullptr) return "";
+  for (std::size_t idx : m->exec_live)
+    if (m->arena->free_call[idx] < call) {
+      m->mismatch = true;
+      return "memory ATen took during call " + std::to_string(m->arena->alloc_call[idx]) +
+             " of the compiled step (placed in the exec arena's free bytes, Note [One arena]) is still "
+             "held at call " + std::to_string(call) + ", where the plan uses those bytes again; the run "
+             "stopped before overwriting it. Run the step with crucible.compile(..., arena=False)";
+    }
+  return "";
+}
+
+ArenaPlan finish_profile(AllocLog& log, const ExecArena* exec) {
   close_log(log);
   std::lock_guard<std::mutex> g(log.mu);
   ArenaPlan a;
@@ -265,10 +303,55 @@ ArenaPlan finish_profile(AllocLog& log) {
     }
     order.push_back(i);
   }
-  // Lower bound: the most bytes live at once among the blocks the arena will hold.
+  // Note [One arena]: first into the exec Runner's arena, largest first, clear of the slots live
+  // over the block's calls and of the blocks placed there live beside it.
+  std::vector<std::size_t> own;
+  std::vector<std::int64_t> exec_offs(n, -1);
+  a.in_exec.assign(n, 0);
+  if (exec != nullptr && exec->base != nullptr && exec->bytes > 0) {
+    std::vector<std::size_t> cand = order;
+    std::stable_sort(cand.begin(), cand.end(), [&](std::size_t x, std::size_t y) {
+      return aligned(log.sizes[x]) > aligned(log.sizes[y]);
+    });
+    std::vector<std::size_t> placed;
+    std::vector<std::pair<std::int64_t, std::int64_t>> busy;
+    for (std::size_t i : cand) {
+      const std::uint32_t c0 = log.alloc_call[i], c1 = log.free_call[i];
+      const auto size = static_cast<std::int64_t>(aligned(log.sizes[i]));
+      if (c1 == UINT32_MAX || c0 > c1 || c1 >= exec->calls) {
+        own.push_back(i);
+        continue;
+      }
+      busy.clear();
+      for (const ExecArena::Use& u : exec->uses)
+        if (u.first <= c1 && c0 <= u.last)
+          busy.emplace_back(static_cast<std::int64_t>(u.offset), static_cast<std::int64_t>(aligned(u.offset + u.bytes)));
+      for (std::size_t j : placed)
+        if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
+          busy.emplace_back(exec_offs[j], exec_offs[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
+      std::sort(busy.begin(), busy.end());
+      std::int64_t off = 0;
+      for (const auto& b : busy) {
+        if (b.first >= off + size) break;
+        off = std::max(off, b.second);
+      }
+      if (off + size > static_cast<std::int64_t>(exec->bytes)) {
+        own.push_back(i);
+        continue;
+      }
+      exec_offs[i] = off;
+      a.in_exec[i] = 1;
+      placed.push_back(i);
+    }
+    std::sort(own.begin(), own.end());
+    a.exec_served = placed.size();
+  } else {
+    own = order;
+  }
+  // Lower bound: the most bytes live at once among the blocks this arena's buffer will hold.
   {
     std::vector<std::pair<std::int64_t, std::int64_t>> ev;  // (event, +bytes / -bytes)
-    for (std::size_t i : order) {
+    for (std::size_t i : own) {
       ev.emplace_back(log.alloc_ev[i], static_cast<std::int64_t>(aligned(log.sizes[i])));
       ev.emplace_back(log.free_ev[i], -static_cast<std::int64_t>(aligned(log.sizes[i])));
     }
@@ -301,7 +384,7 @@ ArenaPlan finish_profile(AllocLog& log) {
     }
     return bytes;
   };
-  std::vector<std::vector<std::size_t>> orders(3, order);
+  std::vector<std::vector<std::size_t>> orders(3, own);
   std::stable_sort(orders[0].begin(), orders[0].end(), [&](std::size_t x, std::size_t y) {
     return aligned(log.sizes[x]) > aligned(log.sizes[y]);
   });
@@ -318,8 +401,12 @@ ArenaPlan finish_profile(AllocLog& log) {
     }
     if (a.arena_bytes == a.lower_bound) break;
   }
-  if (order.empty()) a.arena_bytes = 0;
+  if (own.empty()) a.arena_bytes = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (a.in_exec[i]) a.offsets[i] = exec_offs[i];
   a.served = order.size();
+  a.alloc_call = log.alloc_call;
+  a.free_call = log.free_call;
   {
     std::vector<std::size_t> by_free = order;
     std::sort(by_free.begin(), by_free.end(), [&](std::size_t x, std::size_t y) { return log.free_ev[x] < log.free_ev[y]; });
@@ -335,12 +422,23 @@ ArenaPlan finish_profile(AllocLog& log) {
     void* p = std::aligned_alloc(kAlign, a.arena_bytes);
     if (p == nullptr) {  // no memory for the arena: serve nothing from it
       a.offsets.assign(n, -1);
-      a.served = 0;
+      a.in_exec.assign(n, 0);
+      a.served = a.exec_served = 0;
     } else {
       std::lock_guard<std::mutex> gb(g_blocks_mu);
       g_arenas.emplace_back(static_cast<unsigned char*>(p), static_cast<unsigned char*>(p) + a.arena_bytes);
     }
     a.buffer = std::unique_ptr<unsigned char, void (*)(void*)>(static_cast<unsigned char*>(p), &free_arena);
+  }
+  if (a.exec_served > 0) {  // raw frees of blocks in it come to arena_delete (wrapper_delete)
+    a.exec_base = exec->base;
+    a.exec_bytes = exec->bytes;
+    a.exec_keep = exec->keep;
+    {
+      std::lock_guard<std::mutex> gb(g_blocks_mu);
+      g_arenas.emplace_back(exec->base, exec->base + exec->bytes);
+    }
+    a.exec_registered = std::unique_ptr<unsigned char, void (*)(unsigned char*)>(exec->base, &unregister_arena);
   }
   return a;
 }
@@ -376,8 +474,10 @@ void retire_arena(ArenaPlan& a) {
   // A block is still referenced: the memory must never be reused nor freed. Forget the
   // buffer (it stays registered, so raw frees of its blocks stay no-ops) and serve nothing.
   (void)a.buffer.release();
+  (void)a.exec_registered.release();  // the exec Runner takes a fresh arena (Replay.cpp)
   a.offsets.assign(a.offsets.size(), -1);
-  a.served = 0;
+  a.in_exec.assign(a.in_exec.size(), 0);
+  a.served = a.exec_served = 0;
 }
 std::size_t AllocScope::requests() const { return mode_ != nullptr ? mode_->next : 0; }
 

@@ -13,6 +13,21 @@
 // The arena works through a wrapper installed once as PyTorch's CPU allocator: a thread not
 // running a plan pays one thread-local check per allocation and gets the original allocator.
 // Allocations of intra-op worker threads are not the calling thread's and are not touched.
+//
+// Note [One arena]: a plan that runs through the exec stage has two arenas, the Runner's (its
+// slots, each live over a range of calls) and this one (ATen's own allocations inside the run:
+// results of the calls the ATen provider lets allocate, their workspaces). The second mostly
+// lives in the gaps of the first: a block ATen takes during call 40 and frees after call 52
+// can sit in bytes no slot uses from call 40 to 52. So the profiled run also notes the call the
+// Runner is at for every allocation and free (Note [Run position]: the Runner says where it
+// is through RunArgs::at_call), and the planner places each block first in the Runner's
+// arena, clear of every slot live over its calls and of every block live beside it, and only
+// what does not fit in a buffer of its own. Serving such a block is safe only if it is gone by
+// the time a slot may reuse its bytes: each kernel start checks that every exec-placed block
+// the profile freed before that call is freed (else the run stops with an error, before
+// anything writes there); a block served at another call than profiled comes from the
+// allocator instead; and one still alive after the run retires both arenas (the Runner takes
+// a fresh one).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +50,28 @@ struct ArenaPlan {
   std::vector<std::size_t> free_order;    // arena blocks in the order the profiled run freed them
   std::vector<std::size_t> frees_before;  // per allocation: arena blocks freed before it was made
   std::unique_ptr<unsigned char, void (*)(void*)> buffer{nullptr, nullptr};
+  // Note [One arena]: blocks placed in the exec Runner's arena (their offsets are in it).
+  std::vector<std::uint8_t> in_exec;          // per allocation
+  std::vector<std::uint32_t> alloc_call;      // per allocation: the call it was made at
+  std::vector<std::uint32_t> free_call;       // per allocation: the call it was freed at
+  unsigned char* exec_base = nullptr;
+  std::size_t exec_bytes = 0;
+  std::size_t exec_served = 0;                // allocations served from the exec arena
+  std::shared_ptr<void> exec_keep;            // keeps the exec arena's owner alive
+  std::unique_ptr<unsigned char, void (*)(unsigned char*)> exec_registered{nullptr, nullptr};
+};
+
+// The exec Runner's arena as Note [One arena] plans into it.
+struct ExecArena {
+  struct Use {
+    std::uint64_t offset = 0, bytes = 0;
+    std::uint32_t first = 0, last = 0;  // calls, inclusive
+  };
+  unsigned char* base = nullptr;
+  std::size_t bytes = 0;
+  std::uint32_t calls = 0;
+  std::vector<Use> uses;
+  std::shared_ptr<void> keep;  // owns the Runner (so the memory outlives the plan's arena)
 };
 
 // Thread-local allocation mode for the duration of a scope. Only one per thread at a time.
@@ -73,8 +110,12 @@ std::shared_ptr<AllocLog> new_alloc_log();
 void retire_arena(ArenaPlan& arena);
 // Closes the log (later frees are escapes'); returns how many allocations it holds.
 std::size_t close_log(AllocLog& log);
-// Closes the log and plans the arena from it.
-ArenaPlan finish_profile(AllocLog& log);
+// Closes the log and plans the arena from it; with `exec`, blocks go into its free space first
+// (Note [One arena]).
+ArenaPlan finish_profile(AllocLog& log, const ExecArena* exec = nullptr);
+// Note [Run position]: where the exec Runner is in the run under this thread's scope (a call;
+// kernel_start: before a kernel). Returns "" or why the run must stop before the kernel.
+std::string arena_at_call(std::uint32_t call, bool kernel_start);
 // Peak bytes live on the profiled thread during the logged scope (64-aligned sizes).
 std::size_t log_peak(const AllocLog& log);
 

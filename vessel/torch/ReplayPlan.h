@@ -149,6 +149,11 @@ struct ExecReplay {
   virtual std::size_t kernels() const = 0;
   virtual std::size_t calls() const = 0;
   virtual std::size_t generated_calls() const = 0;
+  // Note [One arena] (ReplayArena.h): the Runner's arena and its slots' calls, for the replay
+  // arena to plan into (its `keep` left for the caller to set); and a fresh arena for the runs to
+  // come when memory placed in the old one outlived a run (throws when none can be had).
+  virtual ExecArena arena_view() const = 0;
+  virtual void renew_arena() = 0;
 };
 
 struct Plan {

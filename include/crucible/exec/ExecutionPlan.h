@@ -166,6 +166,7 @@ MemoryUse plan_memory_use(const ExecutionPlan& plan);
 struct ArenaLayout {
   std::vector<std::uint64_t> offsets;  // per slot: an Arena or Constant slot's offset, else 0
   std::vector<bool> placed;            // per slot: has memory in the arena
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> live;  // per slot: first and last call placed for
   std::uint64_t arena_bytes = 0;
 };
 // Whether `use` fits `plan`: one span per call holding its call, flags of the plan's lengths (or

@@ -35,6 +35,19 @@ struct RunArgs {
   // Note [Adopted results]: output bindings may be adopted too (a provider's own memory takes the
   // place of the bound one); the caller reads where each output ended up from output_data().
   bool outputs_may_move = false;
+  // Optional: told where the run is (Note [Run position]): before each kernel (its first call,
+  // kernel_start true; a non-ok Status stops the run before the kernel), before each library
+  // call, and after each kernel (its last call, before the releases that follow it).
+  Status (*at_call)(void* observer, std::uint32_t call, bool kernel_start) = nullptr;
+  void* observer = nullptr;
+};
+
+// A placed slot's memory in a Runner's arena and the calls it is live over, inclusive (span
+// ends: Note [Memory use]): outside them the bytes are free for others (Note [One arena],
+// vessel/torch/ReplayArena.h).
+struct ArenaUse {
+  std::uint64_t offset = 0, bytes = 0;
+  std::uint32_t first = 0, last = 0;
 };
 
 class Runner {
@@ -60,6 +73,13 @@ class Runner {
     if (slot >= placed_.size() || !placed_[slot]) return std::nullopt;
     return offsets_[slot];
   }
+  // Every placed slot's bytes and calls (Note [One arena]).
+  std::vector<ArenaUse> arena_uses() const;
+  void* arena_data() const { return arena_; }
+  std::size_t calls() const { return plan_.calls.size(); }
+  // A fresh arena for the runs to come; the old one stays allocated, never reused (memory
+  // placed in its free space is still held). Errors: the memory cannot be had.
+  Status renew_arena();
   // After a run: where each output binding's memory is (the bound memory, or an adopted one).
   void* output_data(std::uint32_t binding) const { return slot_base_[plan_.outputs[binding]]; }
   std::string_view backend_name() const { return backend_.name; }
@@ -81,6 +101,10 @@ class Runner {
   std::uint64_t arena_bytes_ = 0;
   std::vector<std::uint64_t> offsets_;  // per slot, in this Runner's arena
   std::vector<bool> placed_;            // per slot: has memory in the arena
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> live_;  // per slot: calls placed for
+  std::vector<void*> old_arenas_;       // renewed away from: kept, never reused
+  Status (*at_call_)(void*, std::uint32_t, bool) = nullptr;  // this run's RunArgs observer
+  void* observer_ = nullptr;
   struct FreeDeleter {
     void operator()(void* p) const { std::free(p); }
   };

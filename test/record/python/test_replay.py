@@ -83,7 +83,8 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps, backend):
     # the first run planned the arena; every later run was served from it
     assert info["arena"] == "ready" and info["arena_mismatches"] == 0
     assert info["arena_runs"] == steps - 4 and info["arena_served"] > 0
-    assert info["arena_bytes"] >= info["arena_lower_bound"] > 0
+    assert info["arena_bytes"] >= info["arena_lower_bound"]
+    assert info["arena_bytes"] > 0 or info["arena_in_exec"] == info["arena_served"]
     if backend == "replay":
         # the returned loss, and each gradient: zero_grad() sets .grad to None (torch 2.x), so
         # backward makes every gradient anew and it outlives the call as param.grad
@@ -92,8 +93,10 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps, backend):
         assert info["exec"] == ""
     elif build_info.get("exec") is False:   # -DCRUCIBLE_LLVM=OFF: replayed, and said so
         assert info["exec"] == "" and "CRUCIBLE_LLVM=OFF" in info["exec_note"], info["exec_note"]
-    else:  # the exec stage's plan ran; the arena serves ATen's own allocations inside it
+    else:  # the exec stage's plan ran; the arena serves ATen's own allocations inside it,
+        # most of them from the free bytes of the exec plan's arena (Note [One arena])
         assert info["exec"] == "cpu" and info["exec_note"] == "", info["exec_note"]
+        assert info["arena_in_exec"] > 0
 
 
 def test_arena_off_gives_the_same_results_and_escaping_tensors_stay_valid():
