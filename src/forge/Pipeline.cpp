@@ -53,6 +53,12 @@ Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Polic
     if (!next.ok()) return next.status();
     ir = std::move(*next);
   }
+  std::size_t recomputed = 0;
+  if (policy.rematerialize) {
+    auto next = rematerialize(std::move(ir), ctx, &recomputed);
+    if (!next.ok()) return next.status();
+    ir = std::move(*next);
+  }
   CRUCIBLE_RETURN_IF_ERROR(verify(ir));
   auto seeded = fuse_horizontal(ir, ctx);
   if (!seeded.ok()) return seeded.status();
@@ -66,6 +72,7 @@ Result<FrontEndResult> run_front_end(Ir001 ir, const RuleSet& rules, const Polic
   out.ir = std::move(ir);
   out.plan = std::move(*plan);
   out.phases = std::move(ctx.phases);
+  out.recomputed = recomputed;
   return out;
 }
 

@@ -195,6 +195,77 @@ TEST(Dce, AHiddenWriteALaterNodeReadsKeepsTheWriter) {
             (std::vector<std::string>{"aten::relu", "aten::neg", "aten::native_batch_norm", "aten::neg"}));
 }
 
+// Note [Rematerialization]: x -> neg (9) -> relu (2), exp (3); their product (4) is read by a
+// forward sum and, through a view (t), by a backward mm; the backward also reads 2 and 3 again
+// (not 9: relu and exp cannot be computed again without keeping it).
+Builder remat_step(bool write_x_between, bool keep_inputs) {
+  Builder b;
+  b.trace.externals[1] = record::ExternalKind::Input;
+  const auto F = record::Phase::Forward, B = record::Phase::Backward;
+  b.op("aten::neg", {{1, 0, {32, 16}}}, {{9, 0, {32, 16}}});
+  b.op("aten::relu", {{9, 0, {32, 16}}}, {{2, 0, {32, 16}}});
+  b.op("aten::exp", {{9, 0, {32, 16}}}, {{3, 0, {32, 16}}});
+  b.op("aten::mul.Tensor", {{2, 0, {32, 16}}, {3, 0, {32, 16}}}, {{4, 0, {32, 16}}});
+  b.op("aten::t", {{4, 0, {32, 16}}}, {{4, 0, {16, 32}, 6, 0, true}});
+  b.op("aten::sum", {{4, 0, {32, 16}}}, {{5, 0, {}}}, F);
+  b.op("aten::neg", {{5, 0, {}}}, {{6, 0, {}}}, F);
+  if (write_x_between) {
+    b.op("aten::mul_.Tensor", {{2, 0, {32, 16}}, {6, 0, {}}}, {{2, 1, {32, 16}}}, B);
+    b.trace.ops.back().flags |= record::op_flag::kMutable;
+  }
+  b.op("aten::mm", {{4, 0, {16, 32}, 6, 0, true}, {1, 0, {32, 16}}}, {{7, 0, {16, 16}}}, B);
+  if (keep_inputs) b.op("aten::add.Tensor", {{2, 0, {32, 16}}, {3, 0, {32, 16}}}, {{8, 0, {32, 16}}}, B);
+  return b;
+}
+
+Ir001 remat(Builder& b, ExprPool& pool, std::size_t* n) {
+  PassContext ctx;
+  auto c = canonicalize(build(b, pool), ctx);
+  EXPECT_TRUE(c.ok()) << c.status();
+  auto out = rematerialize(std::move(*c), ctx, n);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return std::move(*out);
+}
+
+TEST(Rematerialize, APointwiseValueTheBackwardReadsIsComputedAgainBeforeIt) {
+  Builder b = remat_step(false, true);
+  ExprPool pool;
+  std::size_t n = 0;
+  Ir001 ir = remat(b, pool, &n);
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(ops_of(ir), (std::vector<std::string>{"aten::neg", "aten::relu", "aten::exp", "aten::mul.Tensor",
+                                                   "aten::t", "aten::sum", "aten::neg", "aten::mul.Tensor",
+                                                   "aten::t", "aten::mm", "aten::add.Tensor"}));
+  const Node &orig = ir.nodes[3], &copy = ir.nodes[7], &tcopy = ir.nodes[8], &mm = ir.nodes[9];
+  EXPECT_EQ(copy.phase, record::Phase::Backward);
+  EXPECT_EQ(copy.inputs, orig.inputs) << "the same inputs, kept for the backward anyway";
+  EXPECT_NE(ir.values[copy.outputs[0]].storage, ir.values[orig.outputs[0]].storage);
+  EXPECT_EQ(tcopy.inputs[0], copy.outputs[0]);
+  EXPECT_EQ(mm.inputs[0], tcopy.outputs[0]) << "the backward reads the copy's view";
+  EXPECT_EQ(ir.values[tcopy.outputs[0]].storage, ir.values[copy.outputs[0]].storage);
+  // Nothing after the forward reads the original any more.
+  const std::uint64_t s = ir.values[orig.outputs[0]].storage;
+  for (std::size_t j = 7; j < ir.nodes.size(); ++j)
+    for (std::uint32_t in : ir.nodes[j].inputs) EXPECT_NE(ir.values[in].storage, s) << j;
+  EXPECT_TRUE(verify(ir).ok()) << verify(ir);
+  // cse would merge the copy back: the front end runs this after it.
+  PassContext ctx;
+  auto merged = cse(ir, ctx);
+  ASSERT_TRUE(merged.ok());
+}
+
+TEST(Rematerialize, NotWhenAnInputChangesOrWouldBeKeptLongerForIt) {
+  for (auto [write, keep] : {std::pair{true, true}, std::pair{false, false}}) {
+    Builder b = remat_step(write, keep);
+    ExprPool pool;
+    std::size_t n = 0;
+    Ir001 ir = remat(b, pool, &n);
+    EXPECT_EQ(n, 0u) << "write " << write << " keep " << keep;
+    const auto ops = ops_of(ir);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::mul.Tensor"), 1);
+  }
+}
+
 TEST(Cse, MergesIdenticalPureNodesOnly) {
   Builder b;
   b.trace.externals[1] = record::ExternalKind::Parameter;

@@ -33,7 +33,8 @@ std::uint32_t ExecStep::generated_calls() const {
 
 Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::span<const std::size_t> ops,
                                                  const ExecStepOptions& o,
-                                                 std::vector<bool>* constant_patched) {
+                                                 std::vector<bool>* constant_patched,
+                                                 std::vector<std::uint32_t>* scalar_patch_of) {
   if (o.backend != "null" && o.backend != "cpu")
     return invalid_input("exec: backend must be \"null\" or \"cpu\", not \"" + o.backend + "\"",
                          "pass backend=\"null\" (ATen calls) or \"cpu\" (Mimic's generated kernels)");
@@ -52,7 +53,9 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
     ir = forge::forward_fresh_copies(std::move(*ir));
     if (!ir.ok()) return ir.status();
   }
-  auto fe = forge::run_front_end(std::move(*ir), *rules, forge::Policy{}, 1e15);
+  forge::Policy policy;
+  policy.rematerialize = true;  // Note [Rematerialization]
+  auto fe = forge::run_front_end(std::move(*ir), *rules, policy, 1e15);
   if (!fe.ok()) return fe.status();
   const forge::Ir001& g = fe->ir;
   const absl::flat_hash_set<std::uint64_t> held(o.escaping.begin(), o.escaping.end());
@@ -65,16 +68,22 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
     written.insert(val.storage);
     if (val.live_out || held.contains(val.storage)) opt.escaping->push_back(v);
   }
-  for (const ExecStepOptions::ArgPatch& ap : o.scalar_patches) {
+  if (scalar_patch_of) scalar_patch_of->clear();
+  for (std::uint32_t pi = 0; pi < o.scalar_patches.size(); ++pi) {
+    const ExecStepOptions::ArgPatch& ap = o.scalar_patches[pi];
     const std::string name = ap.trace_op < t.ops.size() ? t.schema_name(t.ops[ap.trace_op].schema_hash) : "";
     bool found = false;
-    for (std::uint32_t n = 0; n < g.nodes.size() && !found; ++n) {
+    // Every node of the op: a value computed again in the backward (Note [Rematerialization])
+    // is one more call with the same argument.
+    for (std::uint32_t n = 0; n < g.nodes.size(); ++n) {
       const forge::Node& node = g.nodes[n];
       if (node.trace_op != ap.trace_op || node.op != name) continue;
-      for (std::uint32_t s = 0; s < node.scalars.size() && !found; ++s)
+      for (std::uint32_t s = 0; s < node.scalars.size(); ++s)
         if (node.scalars[s].arg_index == ap.arg && node.scalars[s].kind == record::ScalarKind::Double) {
           opt.scalar_patches.push_back({n, s, name + " argument " + std::to_string(ap.arg)});
+          if (scalar_patch_of) scalar_patch_of->push_back(pi);
           found = true;
+          break;
         }
     }
     if (!found)
@@ -102,6 +111,7 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
   }
   auto plan = exec::build_plan(g, fe->plan, opt);
   if (!plan.ok()) return plan.status();
+  h->recomputed = fe->recomputed;
   h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
   exec::Backend b = exec::null_backend();
   if (o.backend == "cpu") {
@@ -253,6 +263,8 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::string summary() const override {
     const exec::ExecutionPlan& p = step->sp.plan;
     std::string s = std::to_string(p.kernels.size()) + " kernels, " + std::to_string(p.calls.size()) + " calls";
+    if (step->recomputed > 0)  // Note [Rematerialization]
+      s += " (" + std::to_string(step->recomputed) + " computed again in the backward)";
     if (step->cpu) {
       s += ", " + std::to_string(step->cpu->generated_kernels()) + " kernels generated, " +
            std::to_string(step->generated_calls()) + " calls generated";
@@ -350,12 +362,13 @@ std::string attach(replay::Plan& p, const Form& call, const record::Trace& t, st
   std::vector<std::size_t> ops(end - begin);
   for (std::size_t k = 0; k < ops.size(); ++k) ops[k] = begin + k;
   std::vector<bool> constant_patched;
-  auto step = plan_exec_step(t, ops, o, &constant_patched);
+  std::vector<std::uint32_t> scalar_patch_of;
+  auto step = plan_exec_step(t, ops, o, &constant_patched, &scalar_patch_of);
   if (!step.ok()) return "the exec stage could not plan the step: " + std::string(step.status().message());
   auto impl = std::make_shared<ExecReplayImpl>();
   impl->backend_name = options.backend;
   impl->fast = options.fast;
-  impl->patch_source = scalar_sources;
+  for (std::uint32_t pi : scalar_patch_of) impl->patch_source.push_back(scalar_sources[pi]);
   for (std::size_t i = 0; i < constant_sources.size(); ++i)
     if (constant_patched[i]) impl->patch_source.push_back(constant_sources[i]);
   const exec::ExecutionPlan& plan = (*step)->sp.plan;

@@ -23,6 +23,7 @@ struct ExecStep {
   AtenProvider provider;
   std::unique_ptr<mimic::CpuBackend> cpu;  // backend "cpu": Mimic's generated kernels
   std::unique_ptr<exec::Runner> runner;
+  std::size_t recomputed = 0;  // values computed again in the backward (Note [Rematerialization])
 
   // Generated calls over all kernels (0 on the null backend).
   std::uint32_t generated_calls() const;
@@ -57,10 +58,13 @@ struct ExecStepOptions {
 };
 
 // Plans ops `ops` of `t`. Errors: the rules, IR001, the front end, build_plan, a patch that
-// names no Double argument of a planned call, the backend, the Runner.
+// names no Double argument of a planned call, the backend, the Runner. `scalar_patch_of`: per
+// scalar patch point of the plan, which of options.scalar_patches it is (one op computed twice,
+// Note [Rematerialization], has its argument patched in both calls).
 Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::span<const std::size_t> ops,
                                                  const ExecStepOptions& options,
-                                                 std::vector<bool>* constant_patched = nullptr);
+                                                 std::vector<bool>* constant_patched = nullptr,
+                                                 std::vector<std::uint32_t>* scalar_patch_of = nullptr);
 
 // Note [Exec replay]: runs crucible.compile's plan `plan` (a whole-step plan) through the exec
 // stage on `backend`, its captured call being ops [begin, end) of `t`; `arg_storages` are the

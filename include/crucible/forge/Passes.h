@@ -56,6 +56,11 @@ Result<Ir001> dce(Ir001 ir, PassContext& ctx);
 // run_front_end: only for a caller that binds the uncopied gradient (crucible.compile).
 Result<Ir001> forward_fresh_copies(Ir001 ir, std::size_t* forwarded = nullptr);
 Result<Ir001> cse(Ir001 ir, PassContext& ctx);
+// Note [Rematerialization] (Remat.cpp): a forward pointwise value the backward reads, whose
+// inputs the backward keeps anyway, computed again right before its first backward reader
+// instead of kept across. Runs after cse (which would merge the copy back) when the policy asks
+// (Policy::rematerialize); `recomputed` gets how many nodes were copied.
+Result<Ir001> rematerialize(Ir001 ir, PassContext& ctx, std::size_t* recomputed = nullptr);
 // Multi-tensor groups from the horizontal rules (Note [Horizontal rules]); the nodes they hold
 // are seeded into fuse(). Errors: those of applicable_rules().
 Result<std::vector<FusionGroup>> fuse_horizontal(const Ir001& ir, PassContext& ctx);
@@ -72,6 +77,7 @@ struct FrontEndResult {
   std::vector<PhaseReport> phases;
   std::string plan_text;    // canonical_plan_text(ir, plan, rules)
   std::string plan_digest;  // SHA-256 hex of plan_text
+  std::size_t recomputed = 0;  // nodes rematerialize copied (Policy::rematerialize)
 };
 // The ordered pipeline: verify, canonicalize, dce, cse, verify, fuse_horizontal, fuse, lower,
 // digest. An

@@ -95,6 +95,9 @@ Result<RuleSet> load_rules_dir(const std::string& dir, std::string_view name);
 // What the user decides: mode, which "differs" rules are allowed, and the settings rules may read.
 struct Policy {
   bool training = true;
+  // Note [Rematerialization]: recompute cheap saved values in the backward (a plan that runs;
+  // reports of what a step does leave it off).
+  bool rematerialize = false;
   std::vector<std::string> allow_differs;           // rule ids
   std::map<std::string, std::string> settings;      // stated settings, e.g. allow_tf32=false
 };

@@ -413,3 +413,38 @@ def test_a_gradient_the_step_leaves_alone_stays_and_one_it_discards_goes(backend
         assert he.side.grad is None and hc.side.grad is None
     for a, b in zip(he.m.parameters(), hc.m.parameters()):
         assert torch.equal(a, b) and torch.equal(a.grad, b.grad)
+
+
+def test_values_computed_again_in_the_backward_give_eagers_bits():
+    """Note [Rematerialization]: h = relu(...) * 0.5 is read by the backward (h * h's gradient)
+    and computed again there from relu's output, which the backward keeps anyway; the dropout
+    outputs of the transformer likewise. Results stay bit-identical to eager's."""
+    res, plans, stats = [], None, None
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m1, m2 = torch.nn.Linear(16, 64), torch.nn.Linear(64, 4)
+        opt = torch.optim.SGD(list(m1.parameters()) + list(m2.parameters()), lr=0.1)
+
+        def f(x):
+            opt.zero_grad()
+            h = torch.relu(m1(x)) * 0.5
+            loss = m2(h * h).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = crucible.compile(f, guard=(m1, m2, opt)) if compiled else f
+        g = torch.Generator().manual_seed(1)
+        losses = [step(torch.randn(32, 16, generator=g)) for _ in range(8)]
+        res.append((losses, [p.detach().clone() for p in list(m1.parameters()) + list(m2.parameters())]))
+        if compiled:
+            plans, stats = step.plans(), step.stats()
+    for a, b in zip(res[0][0], res[1][0]):
+        assert torch.equal(a, b)
+    for a, b in zip(res[0][1], res[1][1]):
+        assert torch.equal(a, b)
+    assert stats["plan_runs"] == 5, stats
+    assert plans[0]["exec"] == "cpu" and plans[0]["exec_note"] == "", plans[0]["exec_note"]
+    assert "1 computed again in the backward" in plans[0]["exec_summary"], plans[0]["exec_summary"]
+    step = run_against_eager("transformer", "cpu", calls=8)
+    assert re.search(r"\d+ computed again in the backward", step.plans()[0]["exec_summary"])
