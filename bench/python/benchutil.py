@@ -103,3 +103,24 @@ def run_json_child(argv, what, env=None, timeout=None):
         sys.stderr.write(r.stderr)
         raise RuntimeError(f"{what} failed (exit {r.returncode}); its output is above")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def py_recorder():
+    """The peer every Vessel overhead figure is compared with: a Python TorchDispatchMode that
+    keeps (op name, output shapes) per op, as a Python-level recorder would."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class PyRecorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.ops.append((func.__name__, [tuple(o.shape) for o in tree_flatten(out)[0]
+                                             if isinstance(o, torch.Tensor)]))
+            return out
+
+    return PyRecorder()

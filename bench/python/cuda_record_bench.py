@@ -17,8 +17,6 @@ import sys
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "utils", "python"))
@@ -26,18 +24,6 @@ import crucible_native as crucible  # noqa: E402
 
 import benchutil  # noqa: E402
 import crucible_zoo  # noqa: E402
-
-
-class PyRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.append((func.__name__, [tuple(o.shape) for o in tree_flatten(out)[0]
-                                         if isinstance(o, torch.Tensor)]))
-        return out
 
 
 def make_mlp():
@@ -78,7 +64,7 @@ def measure(name, make, steps, rounds):
         return t
 
     def mode():
-        r = PyRecorder()
+        r = benchutil.py_recorder()
         t0 = time.perf_counter()
         with r:
             for _ in range(steps):

@@ -21,8 +21,6 @@ import sys
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "vessel", "torch"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "utils", "python"))
@@ -32,18 +30,6 @@ import benchutil  # noqa: E402
 import crucible_zoo  # noqa: E402  (torchvision's resnet18 without torchvision)
 
 torch.set_num_threads(1)
-
-
-class PyRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.append((func.__name__, [tuple(o.shape) for o in tree_flatten(out)[0]
-                                         if isinstance(o, torch.Tensor)]))
-        return out
 
 
 make_mlp = benchutil.make_mlp
@@ -89,7 +75,7 @@ def paired(m, opt, x, y, ops_per_step, steps, rounds):
             crucible.disable()
 
     def dispatch_mode():
-        with PyRecorder():
+        with benchutil.py_recorder():
             return time_block(lambda: step(m, opt, x, y), steps)
 
     fns = (eager, recorded, dispatch_mode)
@@ -138,7 +124,7 @@ def measure(make, steps, rounds, paired_rounds=0):
         rec.append(time_block(lambda: step(m, opt, x, y), steps, rec_cpu))
         crucible.disable()
         crucible.clear()
-        r = PyRecorder()
+        r = benchutil.py_recorder()
         with r:
             pyrec.append(time_block(lambda: step(m, opt, x, y), steps))
     e, c, p = statistics.median(eager), statistics.median(rec), statistics.median(pyrec)

@@ -19,6 +19,17 @@ namespace crucible::vessel {
 namespace {
 constexpr std::size_t kAlign = 64;  // PyTorch's CPU allocator aligns to 64 bytes as well
 std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The lowest offset where `size` bytes miss every (offset, end) range in `busy` (sorted here).
+std::int64_t first_fit(std::vector<std::pair<std::int64_t, std::int64_t>>& busy, std::int64_t size) {
+  std::sort(busy.begin(), busy.end());
+  std::int64_t off = 0;
+  for (const auto& b : busy) {
+    if (b.first >= off + size) break;
+    off = std::max(off, b.second);
+  }
+  return off;
+}
 }  // namespace
 
 struct AllocLog {
@@ -329,12 +340,7 @@ ArenaPlan finish_profile(AllocLog& log, const ExecArena* exec) {
       for (std::size_t j : placed)
         if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
           busy.emplace_back(exec_offs[j], exec_offs[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
-      std::sort(busy.begin(), busy.end());
-      std::int64_t off = 0;
-      for (const auto& b : busy) {
-        if (b.first >= off + size) break;
-        off = std::max(off, b.second);
-      }
+      const std::int64_t off = first_fit(busy, size);
       if (off + size > static_cast<std::int64_t>(exec->bytes)) {
         own.push_back(i);
         continue;
@@ -372,12 +378,7 @@ ArenaPlan finish_profile(AllocLog& log, const ExecArena* exec) {
       for (std::size_t j : placed)
         if (log.alloc_ev[j] < log.free_ev[i] && log.alloc_ev[i] < log.free_ev[j])
           busy.emplace_back(offs[j], offs[j] + static_cast<std::int64_t>(aligned(log.sizes[j])));
-      std::sort(busy.begin(), busy.end());
-      std::int64_t off = 0;
-      for (const auto& b : busy) {
-        if (b.first >= off + size) break;
-        off = std::max(off, b.second);
-      }
+      const std::int64_t off = first_fit(busy, size);
       offs[i] = off;
       bytes = std::max(bytes, static_cast<std::size_t>(off + size));
       placed.push_back(i);
