@@ -13,11 +13,14 @@
 // N's trace op: a caller that patches an argument of that op patches both); v's storage is written
 // by N alone and otherwise only aliased by views; some non-forward node reads v (or a view of
 // it); let F be the first such node, after at least one node that reads nothing of v's
-// (otherwise nothing is freed). Each input of N is still there at F: its storage is not written
-// between N and F, and it is an external (a parameter, an argument) or some node at F or later
+// (otherwise nothing is freed), and after a forward reader (else N would just run twice). Each
+// input of N is still there at F: its storage is not written between N and F (no node writes a
+// value of it, none mutates it), and it is an external (a parameter, an argument) or some node at F or later
 // reads its storage (it is kept until then anyway, so the clone adds no lifetime). Then a copy of
 // N (phase of F, a new storage) and copies of the views of v the readers at F or later use are
-// put right before F, and those readers read the copies.
+// put right before F, and those readers read the copies. Same bits under numerics="bitwise"
+// (generated kernels give ATen's bits); under "fast" the copy may be fused differently and
+// differ from the original within the fast kernels' bound.
 #include <algorithm>
 #include <map>
 
@@ -87,14 +90,18 @@ bool remat_one(Ir001& ir, std::uint32_t i, std::uint64_t& next_storage) {
     }
     last_before = j;
   }
-  if (f == kNoNode || f <= last_before + 1) return false;
+  // A forward reader first (else N would only be computed twice), and a gap before F.
+  if (f == kNoNode || last_before == i || f <= last_before + 1) return false;
 
   // The inputs are still there at F, at no extra cost.
   for (std::uint32_t u : n.inputs) {
     const Value& in = ir.values[u];
     if (in.storage == 0) return false;
-    for (std::uint32_t j = i + 1; j < f; ++j) {
+    for (std::uint32_t j = i + 1; j < f; ++j) {  // no write to its storage in between
       const Node& m = ir.nodes[j];
+      if (!is_view_node(m))
+        for (std::uint32_t o : m.outputs)
+          if (ir.values[o].storage == in.storage) return false;
       if (!(m.mutates || m.in_place)) continue;
       for (std::uint32_t x : m.inputs)
         if (ir.values[x].storage == in.storage) return false;

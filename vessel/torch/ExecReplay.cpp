@@ -244,7 +244,19 @@ class ExecReplayImpl final : public replay::ExecReplay {
     a.base = static_cast<unsigned char*>(r.arena_data());
     a.bytes = static_cast<std::size_t>(r.arena_bytes());
     a.calls = static_cast<std::uint32_t>(r.calls());
-    for (const exec::ArenaUse& u : r.arena_uses()) a.uses.push_back({u.offset, u.bytes, u.first, u.last});
+    // Widened to whole kernels: the replay arena checks at kernel starts that its blocks are
+    // gone, and a backend's span may start inside a kernel (a generated run after a library call).
+    const exec::ExecutionPlan& p = step->sp.plan;
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel(p.calls.size());
+    for (std::uint32_t c = 0; c < kernel.size(); ++c) kernel[c] = {c, c};
+    for (const exec::Kernel& k : p.kernels)
+      for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count && c < kernel.size(); ++c)
+        kernel[c] = {k.call_begin, k.call_begin + k.call_count - 1};
+    for (const exec::ArenaUse& u : r.arena_uses()) {
+      const std::uint32_t first = u.first < kernel.size() ? kernel[u.first].first : u.first;
+      const std::uint32_t last = u.last < kernel.size() ? kernel[u.last].second : u.last;
+      a.uses.push_back({u.offset, u.bytes, first, last});
+    }
     return a;
   }
 
@@ -421,6 +433,7 @@ std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t b
       p->exec->numerics() == (options.fast ? "fast" : "bitwise"))
     return "";  // a plan from the cache
   p->exec.reset();
+  replay::exec_changed(*p);
   std::string why;
   try {
     why = attach(*p, call ? *call : *p->form, t, begin, end, arg_storages, options);

@@ -958,6 +958,12 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
   }
 }
 
+void exec_changed(Plan& p) {
+  if (p.arena_state != Plan::Arena::Ready || p.arena.exec_keep == nullptr) return;
+  p.arena = ArenaPlan{};
+  p.arena_state = Plan::Arena::Unplanned;
+}
+
 // The arena after a served run that did not follow the profiled one (or stopped part way):
 // off for good; when one of its blocks is still held, its memory is never reused, and when that
 // memory is the exec Runner's (Note [One arena]) the Runner takes a fresh arena.
@@ -968,9 +974,11 @@ void settle_arena(Plan& p, bool alive, bool failed) {
                  : failed ? "a run stopped part way"
                           : "a run's allocations did not follow the profiled run (sizes or order)";
   if (!alive) return;
-  const bool in_exec = p.arena.exec_served > 0;
+  // Blocks in the exec arena of the Runner that runs next: it must not write there again.
+  const bool in_exec = p.arena.exec_served > 0 && p.exec != nullptr &&
+                       p.arena.exec_keep.get() == static_cast<void*>(p.exec.get());
   retire_arena(p.arena);
-  if (in_exec && p.exec != nullptr) {
+  if (in_exec) {
     try {
       p.exec->renew_arena();
     } catch (const std::exception& e) {  // no memory for a fresh one: the plan runs its ATen ops
@@ -1393,6 +1401,7 @@ std::string plan_update(std::int64_t plan, std::int64_t form, const std::vector<
     p->key = plan_key(*p->form, p->patches);
     if (p->exec != nullptr) {  // its patch points were mapped when it was built
       p->exec.reset();
+      exec_changed(*p);
       p->exec_note = "dropped: a hyperparameter became a patch point after the exec plan was built "
                      "(the plan runs its ATen ops; crucible.compile records the step again after reset())";
     }

@@ -115,9 +115,10 @@ void wrapper_delete(void* ptr) {
   delete t;  // frees the block through the original allocator's deleter
 }
 
-void unregister_arena(unsigned char* p) {
+void unregister_arena(unsigned char* p) {  // one registration (the same exec arena may have two)
   std::lock_guard<std::mutex> g(g_blocks_mu);
-  std::erase_if(g_arenas, [p](const auto& a) { return a.first == p; });
+  auto it = std::find_if(g_arenas.begin(), g_arenas.end(), [p](const auto& a) { return a.first == p; });
+  if (it != g_arenas.end()) g_arenas.erase(it);
 }
 
 void free_arena(void* p) {
@@ -475,7 +476,10 @@ void retire_arena(ArenaPlan& a) {
   // A block is still referenced: the memory must never be reused nor freed. Forget the
   // buffer (it stays registered, so raw frees of its blocks stay no-ops) and serve nothing.
   (void)a.buffer.release();
-  (void)a.exec_registered.release();  // the exec Runner takes a fresh arena (Replay.cpp)
+  // The exec Runner's arena likewise: its owner is never destroyed (the Runner, when it runs on,
+  // takes a fresh arena: settle_arena in Replay.cpp).
+  (void)a.exec_registered.release();
+  if (a.exec_keep != nullptr) (void)new std::shared_ptr<void>(std::move(a.exec_keep));
   a.offsets.assign(a.offsets.size(), -1);
   a.in_exec.assign(a.in_exec.size(), 0);
   a.served = a.exec_served = 0;

@@ -21,13 +21,15 @@
 // can sit in bytes no slot uses from call 40 to 52. So the profiled run also notes the call the
 // Runner is at for every allocation and free (Note [Run position]: the Runner says where it
 // is through RunArgs::at_call), and the planner places each block first in the Runner's
-// arena, clear of every slot live over its calls and of every block live beside it, and only
-// what does not fit in a buffer of its own. Serving such a block is safe only if it is gone by
-// the time a slot may reuse its bytes: each kernel start checks that every exec-placed block
-// the profile freed before that call is freed (else the run stops with an error, before
-// anything writes there); a block served at another call than profiled comes from the
-// allocator instead; and one still alive after the run retires both arenas (the Runner takes
-// a fresh one).
+// arena, clear of every slot live over its calls (widened to whole kernels) and of every block
+// live beside it, and only what does not fit in a buffer of its own. Serving such a block is
+// safe only if it is gone by the time a slot may reuse its bytes: each kernel start checks that
+// every exec-placed block the profile freed before that call is freed (else the run stops with
+// an error, before anything writes there: loud, though the step has then run part way); a block
+// served at another call than profiled comes from the allocator instead; one still alive after
+// the run retires both arenas (the Runner takes a fresh one, the old memory is never freed); and
+// a plan whose exec stage is replaced or dropped plans its arena again (exec_changed). A block
+// another thread frees is not seen by this thread's scope: it counts as still held.
 #pragma once
 
 #include <cstddef>

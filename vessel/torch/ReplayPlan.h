@@ -156,6 +156,12 @@ struct ExecReplay {
   virtual void renew_arena() = 0;
 };
 
+// A plan's exec stage is replaced or dropped: an arena planned around the old one's memory
+// (Note [One arena]) is planned again on the next run. Ready means the last run left no arena
+// block alive, so its memory can go.
+struct Plan;
+void exec_changed(Plan& p);
+
 struct Plan {
   std::shared_ptr<const Form> form;
   std::shared_ptr<ExecReplay> exec;        // Note [Exec replay]; null: run_range
