@@ -61,6 +61,7 @@ Runner::Runner(const ExecutionPlan& plan, Backend backend, Provider provider)
 
 Runner::~Runner() {
   if (arena_ != nullptr) backend_.free_arena(backend_.self, arena_);
+  for (void* old : old_arenas_) backend_.free_arena(backend_.self, old);
 }
 
 std::vector<ArenaUse> Runner::arena_uses() const {
@@ -76,7 +77,7 @@ Status Runner::renew_arena() {
     return exhausted("backend '" + std::string(backend_.name) + "' could not allocate a new " +
                          std::to_string(arena_bytes_) + "-byte arena",
                      "free memory, or plan a smaller batch");
-  old_arenas_.push_back(arena_);  // left allocated: something placed in it may still be held
+  old_arenas_.push_back(arena_);  // kept until the Runner goes: something placed in it may be held
   arena_ = fresh;
   return ok_status();
 }

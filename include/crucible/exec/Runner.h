@@ -77,8 +77,9 @@ class Runner {
   std::vector<ArenaUse> arena_uses() const;
   void* arena_data() const { return arena_; }
   std::size_t calls() const { return plan_.calls.size(); }
-  // A fresh arena for the runs to come; the old one stays allocated, never reused (memory
-  // placed in its free space is still held). Errors: the memory cannot be had.
+  // A fresh arena for the runs to come; the old one stays allocated, never reused, until the
+  // Runner goes (memory placed in its free space may still be held: whoever holds it keeps the
+  // Runner, Note [One arena]). Errors: the memory cannot be had.
   Status renew_arena();
   // After a run: where each output binding's memory is (the bound memory, or an adopted one).
   void* output_data(std::uint32_t binding) const { return slot_base_[plan_.outputs[binding]]; }
@@ -102,7 +103,7 @@ class Runner {
   std::vector<std::uint64_t> offsets_;  // per slot, in this Runner's arena
   std::vector<bool> placed_;            // per slot: has memory in the arena
   std::vector<std::pair<std::uint32_t, std::uint32_t>> live_;  // per slot: calls placed for
-  std::vector<void*> old_arenas_;       // renewed away from: kept, never reused
+  std::vector<void*> old_arenas_;       // renewed away from: never reused, freed with the Runner
   Status (*at_call_)(void*, std::uint32_t, bool) = nullptr;  // this run's RunArgs observer
   void* observer_ = nullptr;
   struct FreeDeleter {
