@@ -164,7 +164,9 @@ def main():
               f"the rest ATen calls on memory the plan placed")
     else:
         print(f"the plan ran its own ATen ops: {info['exec_note']}")
-    print(f"static arena for ATen's own allocations {info['arena_bytes'] / 1024:.1f} KiB ({info['arena']}, "
+    print(f"static arena for ATen's own allocations: {info['arena_served']} a run, "
+          f"{info['arena_in_exec']} of them in the free bytes of the exec plan's arena, the rest in "
+          f"{info['arena_bytes'] / 1024:.1f} KiB of its own ({info['arena']}, "
           f"{info['arena_runs']} runs served without an allocator call)")
     print(f"eager {et:.1f} us/step, compiled {ct:.1f} us/step (mean over all {n_steps}, warm-up included): "
           f"{et / ct:.2f}x")
