@@ -136,6 +136,43 @@ ContentHash hash_ops(const std::vector<OpT>& ops, const std::vector<std::vector<
 
 // ---------------------------------------------------------------------------------------
 // Capture → Form.
+
+// The canonical text of a form's externals, views, outputs, gradient bindings, marks and
+// arguments (Form::tail_sig). Without sizes (Note [Size families]): each tensor's rank in place
+// of its sizes, strides and offset.
+std::string tail_text(const Form& f, bool sizes) {
+  auto shape = [sizes](c10::IntArrayRef sz, c10::IntArrayRef st, std::int64_t offset) {
+    if (!sizes) return "rank" + std::to_string(sz.size());
+    return dims(sz) + dims(st) + "@" + std::to_string(offset);
+  };
+  std::string t;
+  for (std::size_t e = 0; e < f.exts.size(); ++e) {
+    const at::Tensor& x = f.exts[e];
+    t += "ext" + std::to_string(e) + ":" + std::string(c10::toString(x.scalar_type())) +
+         shape(x.sizes(), x.strides(), x.storage_offset()) + x.device().str() + (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") +
+         (f.ext_lifted[e] ? " lifted" : "") + ";";
+  }
+  for (std::size_t v = 0; v < f.views.size(); ++v) {
+    const ViewSpec& s = f.views[v];
+    t += "view" + std::to_string(v) + ":" + ref_text(s.base) + shape(s.sizes, s.strides, s.offset_delta) + ";";
+  }
+  for (Ref r : f.outputs) t += "out:" + ref_text(r) + ";";
+  for (const auto& g : f.grads) t += "grad:ext" + std::to_string(g.first) + "=" + ref_text(g.second) + ";";
+  for (const auto& g : f.grad_pre)
+    t += "gradpre:ext" + std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ";";
+  for (const Form::Mark& m : f.marks) {
+    t += "mark:" + std::to_string(m.kind) + "/" + std::to_string(m.tag) + "@" + std::to_string(m.begin) + "-" +
+         std::to_string(m.end) + (m.retain_graph ? " retain" : "") + "(";
+    for (Ref r : m.roots) t += ref_text(r) + ",";
+    t += "|";
+    for (Ref r : m.seeds) t += ref_text(r) + ",";
+    t += ");";
+  }
+  for (const ArgMeta& m : f.arg_meta)
+    t += "arg:" + std::string(c10::toString(m.dtype)) + shape(m.sizes, m.strides, 0) + m.device.str() + ";";
+  return t;
+}
+
 class FormBuilder {
  public:
   Form f;
@@ -373,34 +410,8 @@ class FormBuilder {
       if (last[s] >= 0 && last[s] != LONG_MAX) f.ops[static_cast<std::size_t>(last[s])].release.push_back(s);
 
     // Canonical text and content hash: ops, wiring, constants, metadata; no data pointers.
-    std::string& t = f.tail_sig;
-    for (std::size_t e = 0; e < f.exts.size(); ++e) {
-      const at::Tensor& x = f.exts[e];
-      t += "ext" + std::to_string(e) + ":" + std::string(c10::toString(x.scalar_type())) + dims(x.sizes()) +
-           dims(x.strides()) + "@" + std::to_string(x.storage_offset()) + x.device().str() +
-           (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") +
-           (f.ext_lifted[e] ? " lifted" : "") + ";";
-    }
-    for (std::size_t v = 0; v < f.views.size(); ++v) {
-      const ViewSpec& s = f.views[v];
-      t += "view" + std::to_string(v) + ":" + ref_text(s.base) + dims(s.sizes) + dims(s.strides) + "+" +
-           std::to_string(s.offset_delta) + ";";
-    }
-    for (Ref r : f.outputs) t += "out:" + ref_text(r) + ";";
-    for (const auto& g : f.grads) t += "grad:ext" + std::to_string(g.first) + "=" + ref_text(g.second) + ";";
-    for (const auto& g : f.grad_pre)
-      t += "gradpre:ext" + std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ";";
-    for (const Form::Mark& m : f.marks) {
-      t += "mark:" + std::to_string(m.kind) + "/" + std::to_string(m.tag) + "@" + std::to_string(m.begin) + "-" +
-           std::to_string(m.end) + (m.retain_graph ? " retain" : "") + "(";
-      for (Ref r : m.roots) t += ref_text(r) + ",";
-      t += "|";
-      for (Ref r : m.seeds) t += ref_text(r) + ",";
-      t += ");";
-    }
-    for (const ArgMeta& m : f.arg_meta)
-      t += "arg:" + std::string(c10::toString(m.dtype)) + dims(m.sizes) + dims(m.strides) + m.device.str() + ";";
-    f.hash = hash_ops(f.ops, nullptr, {t});
+    f.tail_sig = tail_text(f, true);
+    f.hash = hash_ops(f.ops, nullptr, {f.tail_sig});
   }
 
  // The capture's lifted constants (Note [Lifted constants]): externals compared by value.
@@ -690,10 +701,69 @@ std::int64_t match_source(const Form& b, std::size_t k, const std::string& arg, 
 // a_exts: the tensors to compare b's externals with (default a.exts; a plan passes the ones
 // its runs use). rebind: when given, a persistent tensor of b that is another object than
 // a's (same metadata: a loaded optimizer state, a replaced parameter) is accepted and listed.
+// Note [Size families]: two calls of one step whose arguments differ in some sizes (a sequence
+// length, a short last batch). Each argument dimension that differs is a symbol, known by its
+// value in either call; an integer the two calls differ in is a size when one of the symbols
+// explains it with one unknown fitted on one call and checked on the other: S + d, c*S (c
+// rational: S/2, 64*S) or c*S*T. Two values always fit a line, so a free affine fit would
+// explain anything; these one-parameter fits do not (3 and 5 beside S = 12 and 14 fit S - 9;
+// beside S = 12 and 16, nothing). Values past 2^40 are only ever equal (slice ends as INT64_MAX).
+bool size_explained(std::int64_t x, std::int64_t y, const SizeSymbols& syms) {
+  if (x == y) return true;
+  constexpr std::int64_t kBig = std::int64_t{1} << 40;
+  if (x > kBig || x < -kBig || y > kBig || y < -kBig) return false;
+  using W = __int128;
+  for (std::size_t i = 0; i < syms.size(); ++i) {
+    const auto [a, b] = syms[i];
+    if (x - a == y - b || W(x) * b == W(y) * a) return true;
+    for (std::size_t j = i; j < syms.size(); ++j) {
+      const auto [c, d] = syms[j];
+      if (W(x) * b * d == W(y) * a * c) return true;
+    }
+  }
+  return false;
+}
+
+std::string size_symbols(const Form& a, const Form& b, SizeSymbols& out) {
+  out.clear();
+  if (a.arg_meta.size() != b.arg_meta.size()) return "the step takes another number of tensor arguments";
+  for (std::size_t j = 0; j < a.arg_meta.size(); ++j) {
+    const ArgMeta& x = a.arg_meta[j];
+    const ArgMeta& y = b.arg_meta[j];
+    if (x.sizes.size() != y.sizes.size() || x.dtype != y.dtype || x.device != y.device)
+      return "step argument " + std::to_string(j) + " has another rank, dtype or device";
+    for (std::size_t d = 0; d < x.sizes.size(); ++d) {
+      if (x.sizes[d] == y.sizes[d]) continue;
+      // 0 and 1 change what broadcasting and empty tensors do: such sizes are never symbols
+      if (x.sizes[d] < 2 || y.sizes[d] < 2)
+        return "step argument " + std::to_string(j) + " dimension " + std::to_string(d) + " is " +
+               std::to_string(x.sizes[d]) + " in one call and " + std::to_string(y.sizes[d]) +
+               " in the other (sizes 0 and 1 are specialized)";
+      out.emplace_back(x.sizes[d], y.sizes[d]);
+    }
+  }
+  if (out.empty()) return "no argument size differs";
+  return "";
+}
+
+namespace {
+bool ints_explained(const c10::IValue& x, const c10::IValue& y, const SizeSymbols& syms) {
+  if (x.isInt() && y.isInt()) return size_explained(x.toInt(), y.toInt(), syms);
+  if (!x.isIntList() || !y.isIntList()) return false;
+  const auto u = x.toIntVector();
+  const auto v = y.toIntVector();
+  if (u.size() != v.size()) return false;
+  for (std::size_t i = 0; i < u.size(); ++i)
+    if (!size_explained(u[i], v[i], syms)) return false;
+  return true;
+}
+}  // namespace
+
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
                           const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
                           const std::vector<at::Tensor>* a_exts, std::vector<std::uint32_t>* rebind,
-                          std::vector<std::uint64_t>* live_args, std::vector<std::uint32_t>* live_exts) {
+                          std::vector<std::uint64_t>* live_args, std::vector<std::uint32_t>* live_exts,
+                          const SizeSymbols* sizes) {
   // live_args/live_exts (a sync-point plan): a scalar or a tensor made by Python that differs
   // with no source is taken from each call instead of refusing the plan.
   const char* eager = " Crucible never guesses a value: this step runs eagerly.";
@@ -709,6 +779,7 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     for (std::size_t i = 0; i < x.arg_sig.size() && i < y.arg_sig.size(); ++i) {
       if (x.arg_sig[i] == y.arg_sig[i]) continue;
       if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const) {
+        if (sizes != nullptr && ints_explained(x.args[i].value, y.args[i].value, *sizes)) continue;
         if (x.args[i].value.isDouble() && y.args[i].value.isDouble()) {
           const std::int64_t j = match_source(b, k, arg_name(x, i), x.args[i].value.toDouble(),
                                               y.args[i].value.toDouble(), sa, sb);
@@ -736,7 +807,8 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     return "the step ran " + std::to_string(a.ops.size()) + " ops in one call and " + std::to_string(b.ops.size()) +
            " in the next: its Python code takes a different path from call to call, so it cannot be "
            "replayed; this step runs eagerly.";
-  if (a.exts.size() != b.exts.size() || a.tail_sig != b.tail_sig)
+  if (a.exts.size() != b.exts.size() ||
+      (sizes == nullptr ? a.tail_sig != b.tail_sig : tail_text(a, false) != tail_text(b, false)))
     return "the step's outputs, gradients or the tensors it reads from outside differ in shape, dtype or "
            "wiring between two calls." + std::string(eager);
   // Externals: the same tensors (parameters, state), or made afresh with equal values.
@@ -1290,12 +1362,14 @@ std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
 }
 
 std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
-                               const ContentHash& key, const std::vector<ScalarSource>& sources_b) {
+                               const ContentHash& key, const std::vector<ScalarSource>& sources_b,
+                               const std::vector<at::Tensor>* a_exts) {
   auto p = std::make_shared<Plan>();
   p->key = key;
   p->patches = std::move(patches);
-  for (std::size_t e = 0; e < a.exts.size(); ++e)
-    if (a.exts[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
+  const std::vector<at::Tensor>& ax = a_exts != nullptr ? *a_exts : a.exts;
+  for (std::size_t e = 0; e < ax.size(); ++e)
+    if (ax[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
       p->constants.push_back(static_cast<std::uint32_t>(e));
   p->form = std::move(b);
   index_patches(*p);
@@ -1315,13 +1389,13 @@ std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::t
 }
 }  // namespace replay
 
-std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
-                        const std::vector<ScalarSource>& sources_b, const std::string& runs_on) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto [a, b] = forms_of(form_a, form_b, sources_a, sources_b);
-  std::vector<Patch> patches;
-  const std::string diff = compare_forms(*a, *b, &sources_a, &sources_b, &patches);
-  if (!diff.empty()) throw std::runtime_error(diff);
+namespace {
+// The plan of form b, whose patch points are known (a: a call it repeats, for the constants
+// made afresh each call; a_exts: the persistent tensors a's runs use): the registry's plan of
+// the same content over the same persistent tensors, or a new one.
+std::int64_t plan_of(const Form& a, const std::vector<at::Tensor>& a_exts, std::shared_ptr<const Form> b,
+                     std::vector<Patch> patches, const std::vector<ScalarSource>& sources_b,
+                     const std::string& runs_on, std::chrono::steady_clock::time_point t0) {
   for (std::size_t k = 0; k < b->ops.size(); ++k)   // Note [Data-sized results]
     if (b->ops[k].data_sized)
       throw std::runtime_error(describe_op(b->ops[k], k) + " makes a tensor whose size depends on tensor values; "
@@ -1356,7 +1430,52 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
       }
     }
   }
-  return register_plan(new_plan(*a, b, std::move(patches), key, sources_b), t0);
+  return register_plan(new_plan(a, b, std::move(patches), key, sources_b, &a_exts), t0);
+}
+}  // namespace
+
+std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                        const std::vector<ScalarSource>& sources_b, const std::string& runs_on) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [a, b] = forms_of(form_a, form_b, sources_a, sources_b);
+  std::vector<Patch> patches;
+  const std::string diff = compare_forms(*a, *b, &sources_a, &sources_b, &patches);
+  if (!diff.empty()) throw std::runtime_error(diff);
+  return plan_of(*a, a->exts, b, std::move(patches), sources_b, runs_on, t0);
+}
+
+std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
+                             const std::string& runs_on) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = get_plan(plan);
+  auto b = get_form(form);
+  std::shared_ptr<const Form> a;
+  std::vector<Patch> patches;
+  std::vector<at::Tensor> exts;
+  {
+    BusyLock hold(*p);
+    if (p->sync) throw std::runtime_error("a sync-point plan is not a whole step's: each size records twice");
+    if (sources.size() != p->build_sources.size())
+      throw std::runtime_error("the optimizer's scalar sources changed in number since the plan was built");
+    a = p->form;
+    SizeSymbols syms;
+    std::string why = size_symbols(*a, *b, syms);
+    if (!why.empty()) throw std::runtime_error(why);
+    exts = a->exts;  // as diff_against_plan: the persistent tensors the runs use
+    for (std::size_t e = 0; e < exts.size() && e < p->run_exts.size(); ++e)
+      if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p->run_exts[e];
+    why = compare_forms(*a, *b, &p->build_sources, &sources, &patches, &exts, nullptr, nullptr, nullptr, &syms);
+    if (!why.empty()) throw std::runtime_error(why);
+    // The plan's patch points whose sources gave the two calls one value (a learning rate that
+    // changed between the plan's recorded calls, not since) stay patch points.
+    for (const Patch& q : p->patches) {
+      const bool found = std::any_of(patches.begin(), patches.end(), [&](const Patch& x) {
+        return x.ext == q.ext && (q.ext >= 0 || (x.op == q.op && x.arg == q.arg));
+      });
+      if (!found) patches.push_back(q);
+    }
+  }
+  return plan_of(*a, exts, b, std::move(patches), sources, runs_on, t0);
 }
 
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {

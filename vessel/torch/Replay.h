@@ -74,6 +74,14 @@ struct ScalarSource {
 // same, so one caller's exec stage never replaces another's.
 std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
                         const std::vector<ScalarSource>& sources_b, const std::string& runs_on = "");
+// Note [Size families] (Replay.cpp): the plan of one captured call at new sizes of a whole-step
+// plan's signature (another sequence length, a short last batch), built without a second
+// capture: the call must repeat the plan's form op for op, wiring, scalars and persistent
+// tensors alike, every integer it differs in explained by the argument sizes that differ (a
+// view's [4, S, 64], an arange(S)), sizes 0 and 1 never taken for one another; the plan's patch
+// points stay patch points. Throws std::runtime_error with the first difference otherwise.
+std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
+                             const std::string& runs_on = "");
 void plan_release(std::int64_t plan);
 
 // Note [Sync-point execution] (Sync.cpp). A sync-point plan: built like plan_build, except

@@ -237,9 +237,17 @@ void const_text(const c10::IValue& v, std::string& out);
 std::shared_ptr<Plan> get_plan(std::int64_t id);
 std::shared_ptr<const Form> get_form(std::int64_t id);
 std::string ref_text(Ref r);
+// Note [Size families] (Replay.cpp): per argument dimension that differs between two calls, its
+// value in either. size_symbols fills them ("" or why the calls are not one family);
+// size_explained says whether two integers of the calls are one size of them.
+using SizeSymbols = std::vector<std::pair<std::int64_t, std::int64_t>>;
+std::string size_symbols(const Form& a, const Form& b, SizeSymbols& out);
+bool size_explained(std::int64_t x, std::int64_t y, const SizeSymbols& syms);
 // Does form b repeat form a (Replay.cpp)? "" when it does, else the first difference, for a
 // user. A scalar that differs and is fed by a source becomes a patch (into `patches`); with
 // live_args/live_exts (a sync-point plan) one with no source is taken from each call instead.
+// sizes: b is a call at other sizes (Note [Size families]): integer arguments the symbols
+// explain may differ, and tensors are compared by rank, not sizes.
 // a_exts: the tensors to compare b's externals with (default a.exts); rebind: accept (and list)
 // persistent tensors that are other objects with the same metadata.
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
@@ -247,16 +255,19 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
                           const std::vector<at::Tensor>* a_exts = nullptr,
                           std::vector<std::uint32_t>* rebind = nullptr,
                           std::vector<std::uint64_t>* live_args = nullptr,
-                          std::vector<std::uint32_t>* live_exts = nullptr);
+                          std::vector<std::uint32_t>* live_exts = nullptr,
+                          const SizeSymbols* sizes = nullptr);
 // The content address of a form with its patch points masked.
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches);
 // The two forms of a plan build (their scalar sources must agree in number).
 std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
     std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
     const std::vector<ScalarSource>& sources_b);
-// A plan of form b (a: the other recorded call, for the constants made afresh each call).
+// A plan of form b (a: the other recorded call, for the constants made afresh each call;
+// a_exts: the tensors to compare b's externals with, default a.exts).
 std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
-                               const ContentHash& key, const std::vector<ScalarSource>& sources_b);
+                               const ContentHash& key, const std::vector<ScalarSource>& sources_b,
+                               const std::vector<at::Tensor>* a_exts = nullptr);
 // Puts a built plan in the registry (its build time from t0); returns its id.
 std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::time_point t0);
 // A plan tensor's value: `exts` are the externals a run uses, `slots` its intermediates.

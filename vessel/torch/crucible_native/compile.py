@@ -506,6 +506,7 @@ class CompiledStep(_SyncPoint):
         self.last_divergence = None
         self.last_guard_failure = None   # what Python state changed, when it was that
         self.last_replan = None          # why the last plan was dropped and recorded again
+        self.last_size_miss = None       # why the last new size needed a second recorded call
         self.last_sync_mismatch = None   # why the last sync-point call left its plan
         self.last_sync_eager = None      # why a backward() or step() of a sync-point call last ran eagerly
         self._replan_warned = False
@@ -520,7 +521,9 @@ class CompiledStep(_SyncPoint):
         without a plan yet); guard_failures (the modules' or optimizers' state changed), each
         ending in a plan_update (the plan kept: hyper_learned, a hyperparameter taken over as
         patch points; rebinds, new persistent tensors bound) or a replan (the plan dropped,
-        the step records again); verifications, divergences, refusals; plus plans (live plans)
+        the step records again); verifications, divergences, refusals; size_waits (calls of a new
+        size run eagerly before it was captured), sizes_derived (plans of a new size built from
+        one captured call beside another size's plan, Note [Size families]); plus plans (live plans)
         and guarded (the modules and optimizers found)."""
         d = dict(self._stats)
         d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
@@ -792,9 +795,48 @@ class CompiledStep(_SyncPoint):
         e.form_closures.append(e.cap_closures)
         e.hypers.append(e.cap_hyper)
         e.guards.append(e.cap_guard)
+        if len(e.forms) == 1 and e.mode is None and self._build_like(e):
+            return result
         if len(e.forms) >= 2:
             self._build(e)
         return result
+
+    def _build_like(self, e):
+        """Note [Size families]: a signature's first captured call, when another size of it has
+        a whole-step plan, becomes a plan at once (no second capture) if it repeats that plan at
+        its own sizes; otherwise the signature records a second call as any other."""
+        t = next((o for o in self._entries.values() if o is not e and o.family is e.family and o.plan is not None
+                  and o.mode == "replay" and o.scheds is not None and e.scheds is not None
+                  and [(id(s), n) for s, n in o.scheds] == [(id(s), n) for s, n in e.scheds]), None)
+        if t is None:
+            return False
+        form = e.forms[0]
+        try:
+            plan = _ext.plan_build_like(t.plan, form, e.srcs[0],
+                                        self._backend if self._backend == "replay" else f"{self._backend}/{self._numerics}")
+        except RuntimeError as err:
+            self.last_size_miss = str(err)
+            return False
+        if _ext.plan_info(plan)["value_reads"]:   # as the plan's own: never the case for a replay plan
+            _ext.plan_release(plan)
+            return False
+        e.plan = plan
+        _ext.form_release(form)
+        e.forms, e.srcs, e.hypers, e.guards = [], [], [], []
+        e.closures, e.form_closures = e.cap_closures, []
+        e.mode = "replay"
+        e.lifted = {g: set(ks) for g, ks in t.lifted.items()}
+        if not self._arena:
+            _ext.plan_set_arena(e.plan, False)
+        if self._backend != "replay":
+            self._attach_exec(e, form)
+        self._forget_captures(e)
+        e.patched = _ext.plan_info(e.plan)["patches"] > 0
+        e.guard, e.py = e.cap_guard.without(e.lifted), e.cap_py
+        e.attempts = 0
+        self._count("plans_built")
+        self._count("sizes_derived")
+        return True
 
     def _build(self, e):
         """A plan from two of the signature's recorded calls: whole-step when both were pure and
