@@ -3,7 +3,8 @@ sizes it was recorded at, so each new size costs captured calls and a build. new
 compiles the first two sizes of a signature at once and a later one only once its calls, run
 eagerly meanwhile, could have saved what compiling a size costs (ski rental, measured on the
 step's own calls); new_sizes="compile" compiles every size at once. Either way every call gives
-eager's bits."""
+eager's bits. A new size of a family with a whole-step plan records one call instead of two when
+it repeats that plan at its own sizes (Note [Size families], Replay.cpp)."""
 import importlib
 import math
 
@@ -96,3 +97,135 @@ def test_new_sizes_is_checked():
         crucible.compile(lambda: None, new_sizes="never")
     with pytest.raises(crucible.CrucibleTypeError, match="new_sizes must be a string"):
         crucible.compile(lambda: None, new_sizes=2)
+
+
+# -- Note [Size families]: a new size from one captured call ---------------------------------
+class LSTMNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.lstm = torch.nn.LSTM(16, 32, batch_first=True)
+        self.head = torch.nn.Linear(32, 50)
+
+    def forward(self, x):
+        h, _ = self.lstm(self.emb(x))
+        return self.head(h)
+
+
+class FullyConv(torch.nn.Module):
+    """Convolutions and a global pool: any image size gives ten logits."""
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 10, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool2d(self.c2(torch.relu(self.c1(x))), 1).flatten(1)
+
+
+def tokens(n, g):
+    return torch.randint(0, 50, (4, n), generator=g), torch.randint(0, 50, (4, n), generator=g)
+
+
+def images(n, g):
+    return torch.randn(2, 3, n, n, generator=g), torch.randint(0, 10, (2,), generator=g)
+
+
+def run_family(make_model, batch, sizes, tail=None, **kw):
+    """A model + AdamW step over batches of the given sizes, compiled and eager on twins built
+    alike (dropout reseeded alike before each call); every loss and the final state compared bit
+    for bit. tail(out, x): a term the step adds to the loss. Returns the compiled step."""
+    models_, opts = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = make_model()
+        models_.append(m)
+        opts.append(torch.optim.AdamW(m.parameters(), lr=1e-3))
+
+    def step_for(m, o):
+        def step(x, y):
+            o.zero_grad()
+            out = m(x)
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            if tail is not None:
+                loss = loss + tail(out, x)
+            loss.backward()
+            o.step()
+            return loss
+        return step
+
+    step = crucible.compile(step_for(models_[0], opts[0]), new_sizes="compile", **kw)
+    eager = step_for(models_[1], opts[1])
+    g = torch.Generator().manual_seed(3)
+    for i, n in enumerate(sizes):
+        x, y = batch(n, g)
+        torch.manual_seed(i)
+        got = step(x, y)
+        torch.manual_seed(i)
+        want = eager(x.clone(), y.clone())
+        assert torch.equal(got, want), f"call {i} (size {n}): loss {got.item()} vs eager {want.item()}"
+    for (k, a), b in zip(models_[0].named_parameters(), models_[1].parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad), k
+    return step
+
+
+@pytest.mark.parametrize("name", ["transformer2", "lstm", "fully_conv"])
+def test_a_new_size_compiles_from_one_recorded_call(name):
+    # The first size records twice (a plan is two calls that agree); every later size records
+    # once: its call repeats the first size's plan at its own sizes, so it is a plan at once.
+    make_model, batch, sizes = {
+        "transformer2": (models.SmallTransformer2, tokens, [12, 5, 9, 16, 7]),
+        "lstm": (LSTMNet, tokens, [12, 5, 9, 16]),
+        "fully_conv": (FullyConv, images, [16, 20, 24, 12]),
+    }[name]
+    calls = [n for n in sizes for _ in range(3)] + sizes    # each size three times, then each again
+    step = run_family(make_model, batch, calls)
+    st = step.stats()
+    assert st["plans_built"] == len(sizes), st
+    assert st["sizes_derived"] == len(sizes) - 1, (st, step.last_size_miss)
+    assert st["captures"] == 2 + (len(sizes) - 1), st
+    assert st["plan_runs"] == len(calls) - 1 - st["captures"], st   # the warm-up call runs eagerly
+    assert all(p["exec"] == "cpu" for p in step.plans()), step.plans()
+
+
+def test_a_new_size_from_one_recorded_call_on_the_replay_backend():
+    # The plan's own ATen ops (no exec stage): the same rule, the same bits.
+    step = run_family(models.SmallTransformer2, tokens, [n for n in (12, 6, 15) for _ in range(3)], backend="replay")
+    st = step.stats()
+    assert st["plans_built"] == 3 and st["sizes_derived"] == 2, st
+    assert all(p["exec"] == "" for p in step.plans()), step.plans()
+
+
+def test_a_size_that_changes_the_steps_path_records_twice():
+    # The step adds a term only for batches above 10 rows: at 12 its ops differ from the plan at
+    # 8, so that size is not derived; it records twice and gets a plan of its own path.
+    def tail(out, x):
+        return out.square().mean() if x.shape[0] > 10 else out.new_zeros(())
+    step = run_family(lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), mlp_like, [8] * 3 + [12] * 4 + [9] * 3,
+                      tail=tail)
+    st = step.stats()
+    assert st["plans_built"] == 3, st
+    assert st["sizes_derived"] == 1, st    # 9 from 8; 12 took another path
+    assert "different ops" in step.last_size_miss or "ops in one call" in step.last_size_miss, step.last_size_miss
+
+
+def test_an_integer_sizes_do_not_explain_records_twice():
+    # A slice of batch // 3 rows: 2 rows at batch 8, 4 at batch 12. No one-parameter fit of the
+    # batch (8 + d, c*8, c*8*8) gives both, so the size is not derived from the other's plan.
+    step = run_family(lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), mlp_like, [8] * 3 + [12] * 3,
+                      tail=lambda out, x: out[: x.shape[0] // 3].sum())
+    st = step.stats()
+    assert st["plans_built"] == 2 and st["sizes_derived"] == 0, st
+    assert "argument" in step.last_size_miss, step.last_size_miss
+
+
+def test_sizes_0_and_1_are_specialized():
+    # A last batch of one row broadcasts where the others do not: it never shares a plan's sizes.
+    step = run_family(lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), mlp_like, [8] * 3 + [1] * 3)
+    st = step.stats()
+    assert st["plans_built"] == 2 and st["sizes_derived"] == 0, st
+    assert "sizes 0 and 1 are specialized" in step.last_size_miss, step.last_size_miss
+
+
+def mlp_like(n, g):
+    return torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)

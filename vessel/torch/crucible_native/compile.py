@@ -25,8 +25,9 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 
 # Note [New sizes]: a plan is built for the exact sizes of its recorded calls (no symbolic plans
 # yet), so each new size of a step whose sizes vary (a sequence length, a short last batch)
-# costs two captured calls and a build, some 15 eager calls' time for a small transformer step,
-# which only calls at that size can win back. The first _FREE_SIZES sizes of a family (the
+# costs captured calls and a build — one capture when the call repeats another size's plan
+# (Note [Size families], Replay.cpp; _build_like), else two — which only calls at that size can
+# win back. The first _FREE_SIZES sizes of a family (the
 # signatures that differ only in tensor sizes and strides) compile at once; after that a new size
 # runs eagerly until the time its calls could have saved covers what compiling a size costs
 # (ski rental: never more than twice the better choice in hindsight), both measured on the
@@ -37,6 +38,7 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 # eager is never captured. stats()["size_waits"] counts the calls that waited.
 _FREE_SIZES = 2
 _BLIND_WAIT = 8
+_LIKE_TRIES = 4   # Note [Size families]: plans of other sizes a new size's first call is compared with
 
 
 class _Family:
@@ -409,7 +411,9 @@ class CompiledStep(_SyncPoint):
     a divergence returns the eager result and retires the plan. A step whose two recordings
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument. A plan holds the exact sizes it was recorded at:
-    when sizes vary (a sequence length), new_sizes="auto" (the default) compiles the first two
+    a new size that repeats another size's plan op for op (integers that differ explained by the
+    sizes) is compiled from one recorded call (stats()["sizes_derived"]), else from two.
+    When sizes vary (a sequence length), new_sizes="auto" (the default) compiles the first two
     sizes of a signature at once and each later one only once its calls, run eagerly meanwhile,
     could have saved what compiling a size costs (measured; stats()["size_waits"]);
     new_sizes="compile" compiles every new size at once (a long loop over few sizes)."""
@@ -805,17 +809,25 @@ class CompiledStep(_SyncPoint):
         """Note [Size families]: a signature's first captured call, when another size of it has
         a whole-step plan, becomes a plan at once (no second capture) if it repeats that plan at
         its own sizes; otherwise the signature records a second call as any other."""
-        t = next((o for o in self._entries.values() if o is not e and o.family is e.family and o.plan is not None
-                  and o.mode == "replay" and o.scheds is not None and e.scheds is not None
-                  and [(id(s), n) for s, n in o.scheds] == [(id(s), n) for s, n in e.scheds]), None)
-        if t is None:
+        if e.scheds is None:
             return False
-        form = e.forms[0]
-        try:
-            plan = _ext.plan_build_like(t.plan, form, e.srcs[0],
-                                        self._backend if self._backend == "replay" else f"{self._backend}/{self._numerics}")
-        except RuntimeError as err:
-            self.last_size_miss = str(err)
+        form, plan = e.forms[0], None
+        scheds = [(id(s), n) for s, n in e.scheds]
+        # the newest plans first (the path the step takes now); a few at most, each a comparison
+        likes = [o for o in reversed(self._entries.values()) if o is not e and o.family is e.family
+                 and o.plan is not None and o.mode == "replay" and o.scheds is not None
+                 and [(id(s), n) for s, n in o.scheds] == scheds][:_LIKE_TRIES]
+        why = None
+        for t in likes:
+            try:
+                plan = _ext.plan_build_like(t.plan, form, e.srcs[0], self._backend if self._backend == "replay"
+                                            else f"{self._backend}/{self._numerics}")
+                break
+            except RuntimeError as err:
+                why = why or str(err)
+        if plan is None:
+            if why:
+                self.last_size_miss = why
             return False
         if _ext.plan_info(plan)["value_reads"]:   # as the plan's own: never the case for a replay plan
             _ext.plan_release(plan)
