@@ -14,7 +14,8 @@ batches, the global generator reseeded alike before each step (dropout):
                          dynamic after the first recompile); Inductor's caches in a fresh
                          directory
 Each figure is the whole loop's wall time, compilation and capture included (what a user waits),
-and ratios are eager's time over the variant's. The kernel cache is warmed once before any loop
+and ratios are eager's time over the variant's: eager and crucible loops alternate --rounds times
+(default 3, each on fresh twins) and the medians are compared; the counts are the last round's. The kernel cache is warmed once before any loop
 (a throwaway compiled step at another length), so neither crucible loop pays the process's first
 LLVM compilation (about 0.2 s) and the other not. Each step count (--steps 60,600) gets its own
 variable and fixed loop: a longer loop lets each length repeat more often. Also: crucible's plans built, eager calls and
@@ -22,11 +23,12 @@ captures; torch.compile's graphs compiled (recompiles included) as Dynamo counts
 loop's losses are compared with eager's (crucible: bit for bit).
 Writes bench/baselines/dynamic_shapes_bench.{json,txt}.
 
-    .venv/bin/python bench/python/dynamic_shapes_bench.py [--steps 60,600] [--no-torch-compile]
+    .venv/bin/python bench/python/dynamic_shapes_bench.py [--steps 60,600] [--rounds 3] [--no-torch-compile]
 """
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -81,6 +83,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="60,600", help="step counts, comma-separated")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="eager and crucible loops per variant (medians)")
     ap.add_argument("--no-save", action="store_true")
     a = ap.parse_args()
     os.environ["CRUCIBLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="crucible-bench-cache-")
@@ -92,15 +95,15 @@ def main():
     rows = []
     step_counts = [int(n) for n in a.steps.split(",")]
     for n in step_counts:
-        rows += loop_rows(n, a.no_torch_compile)
+        rows += loop_rows(n, a.no_torch_compile, a.rounds)
     lines = [f"{'loop':<9} {'steps':>5} {'lengths':>7} {'eager s':>8} {'crucible':>9} {'identical':>9} {'plans':>5} "
-             f"{'eager calls':>11} {'captures':>8} {'waits':>5} {'torch.compile':>13} {'graphs':>6}"]
+             f"{'eager calls':>11} {'captures':>8} {'derived':>7} {'waits':>5} {'torch.compile':>13} {'graphs':>6}"]
     for r in rows:
         tc = (f"{r['torch_compile_vs_eager']:>12.2f}x {r['torch_compile_graphs']:>6}"
               if "torch_compile_s" in r else f"{'-':>13} {'-':>6}")
         lines.append(f"{r['loop']:<9} {r['steps']:>5} {r['distinct_lengths']:>7} {r['eager_s']:>8.3f} "
                      f"{r['crucible_vs_eager']:>8.2f}x {str(r['crucible_identical']):>9} {r['plans_built']:>5} "
-                     f"{r['eager_calls']:>11} {r['captures']:>8} {r['size_waits']:>5} {tc}")
+                     f"{r['eager_calls']:>11} {r['captures']:>8} {r['sizes_derived']:>7} {r['size_waits']:>5} {tc}")
     for r in rows:
         if "speedup_vs_fixed" in r:
             lines.append(f"{r['steps']} steps: variable loop's speed-up / fixed loop's: {r['speedup_vs_fixed']:.2f} "
@@ -111,25 +114,34 @@ def main():
         benchutil.save_baseline(
             "dynamic_shapes_bench", rows, text,
             [f"{a.steps} steps of transformer2 + AdamW, batch {BATCH}; each figure = eager's whole-loop time / the "
-             "variant's, compilation and capture included (kernel cache warmed first); waits = calls of a new "
+             f"variant's (medians of {a.rounds} alternating loops each; torch.compile one loop), compilation and "
+             "capture included (kernel cache warmed first); derived = sizes compiled from one captured call "
+             "(Note [Size families]); waits = calls of a new "
              "length run eagerly before it was captured (Note [New sizes]); graphs = Dynamo's graphs compiled "
              "(recompiles included)"])
 
 
-def loop_rows(steps, no_torch_compile):
+def loop_rows(steps, no_torch_compile, rounds):
     var, fixed = batches(lengths(steps, False)), batches(lengths(steps, True))
     rows = []
     for name, data in (("variable", var), ("fixed", fixed)):
-        eager_t, eager_losses = run(make_step(models.make("transformer2")), data)
-        s = models.make("transformer2")
-        step = crucible.compile(make_step(s))
-        t, losses = run(step, data)
+        # eager and crucible alternate, each loop on fresh twins; medians (this VM's speed drifts)
+        eager_ts, ts, identical = [], [], True
+        for _ in range(rounds):
+            eager_t, eager_losses = run(make_step(models.make("transformer2")), data)
+            s = models.make("transformer2")
+            step = crucible.compile(make_step(s))
+            t, losses = run(step, data)
+            eager_ts.append(eager_t)
+            ts.append(t)
+            identical = identical and losses == eager_losses
+        eager_t, t = statistics.median(eager_ts), statistics.median(ts)
         st = step.stats()
         row = {"loop": name, "distinct_lengths": len({x.shape[1] for x, _ in data}), "steps": steps,
-               "eager_s": eager_t, "crucible_s": t, "crucible_vs_eager": eager_t / t,
-               "crucible_identical": losses == eager_losses, "plans_built": st["plans_built"],
+               "rounds": rounds, "eager_s": eager_t, "crucible_s": t, "crucible_vs_eager": eager_t / t,
+               "crucible_identical": identical, "plans_built": st["plans_built"],
                "eager_calls": st["eager_calls"], "captures": st["captures"], "plan_runs": st["plan_runs"],
-               "size_waits": st["size_waits"]}
+               "size_waits": st["size_waits"], "sizes_derived": st["sizes_derived"]}
         if not no_torch_compile:
             import torch._dynamo
             torch._dynamo.reset()
