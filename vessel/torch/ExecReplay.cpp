@@ -246,12 +246,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
     a.calls = static_cast<std::uint32_t>(r.calls());
     // Widened to whole kernels: the replay arena checks at kernel starts that its blocks are
     // gone, and a backend's span may start inside a kernel (a generated run after a library call).
-    const exec::ExecutionPlan& p = step->sp.plan;
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel(p.calls.size());
-    for (std::uint32_t c = 0; c < kernel.size(); ++c) kernel[c] = {c, c};
-    for (const exec::Kernel& k : p.kernels)
-      for (std::uint32_t c = k.call_begin; c < k.call_begin + k.call_count && c < kernel.size(); ++c)
-        kernel[c] = {k.call_begin, k.call_begin + k.call_count - 1};
+    const auto kernel = exec::kernel_spans(step->sp.plan);
     for (const exec::ArenaUse& u : r.arena_uses()) {
       const std::uint32_t first = u.first < kernel.size() ? kernel[u.first].first : u.first;
       const std::uint32_t last = u.last < kernel.size() ? kernel[u.last].second : u.last;
