@@ -229,3 +229,22 @@ def test_sizes_0_and_1_are_specialized():
 
 def mlp_like(n, g):
     return torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_a_new_size_past_the_signature_limit_evicts_the_least_recent_size():
+    # 70 batch sizes, each called twice: past 64 signatures a new size takes the place of the
+    # size called longest ago instead of running eagerly for good; a size evicted earlier is a
+    # new size when it comes back.
+    import warnings
+    sizes = list(range(8, 78))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", crucible.CrucibleWarning)
+        step = run_family(lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), mlp_like,
+                          [n for n in sizes for _ in range(2)] + [8, 8])
+    st = step.stats()
+    # signatures: each size, the warm-up call's (no .grad yet) and size 8 again
+    assert st["sizes_evicted"] == len(sizes) + 2 - ccompile._MAX_SIGNATURES, st
+    assert st["plans"] <= ccompile._MAX_SIGNATURES, st
+    assert st["eager_calls"] == st["captures"] + 1, st  # nothing eager but captures and the warm-up
+    assert st["plan_runs"] >= len(sizes) - 1, st        # every size's second call but the first two sizes'
+    assert st["sizes_derived"] >= len(sizes) - 2, st

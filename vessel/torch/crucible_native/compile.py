@@ -21,7 +21,7 @@ _MISSING = object()
 _PLAIN = (bool, int, float, str, type(None), tuple)
 
 _ONE_TENSOR = ("t",)
-_MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly
+_MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly (a new size evicts one)
 
 # Note [New sizes]: a plan is built for the exact sizes of its recorded calls (no symbolic plans
 # yet), so each new size of a step whose sizes vary (a sequence length, a short last batch)
@@ -348,7 +348,7 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -378,6 +378,7 @@ class _Entry:
         self.started = False   # captured once (a signature that records again does not wait)
         self.waited = 0        # calls it ran eagerly waiting to be captured
         self.onboard = 0.0     # seconds its captures and builds took beyond an eager call each
+        self.used = 0          # the step's call count at its last call (Note [Size families]: eviction)
         self.guards = []       # per recorded form: the state guard as its call began
         # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
         # arguments' storage ids (the exec stage plans the call from the trace)
@@ -527,7 +528,8 @@ class CompiledStep(_SyncPoint):
         patch points; rebinds, new persistent tensors bound) or a replan (the plan dropped,
         the step records again); verifications, divergences, refusals; size_waits (calls of a new
         size run eagerly before it was captured), sizes_derived (plans of a new size built from
-        one captured call beside another size's plan, Note [Size families]); plus plans (live plans)
+        one captured call beside another size's plan, Note [Size families]), sizes_evicted (sizes
+        whose plans made room for a new size of their family); plus plans (live plans)
         and guarded (the modules and optimizers found)."""
         d = dict(self._stats)
         d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
@@ -687,7 +689,8 @@ class CompiledStep(_SyncPoint):
                 if self._argkeys:
                     self._count("guard_misses")
                 self._argkeys.add(key[:-1])
-            if len(self._entries) >= _MAX_SIGNATURES:
+            fkey = _family_key(key)
+            if len(self._entries) >= _MAX_SIGNATURES and not self._evict_size(fkey):
                 if not self._overflow_warned:
                     import warnings
                     self._overflow_warned = True
@@ -701,11 +704,11 @@ class CompiledStep(_SyncPoint):
             e = self._entries[key] = _Entry()
             if self._warm:   # the first call made the step's state: later signatures record at once
                 e.seen = self._warmup
-            fkey = _family_key(key)
             e.family = self._families.get(fkey)
             if e.family is None:
                 e.family = self._families[fkey] = _Family(self._free_sizes)
             e.family.signatures += 1
+        e.used = st["calls"]
         if e.plan is not None and e.mode == "sync":
             if e.capture_left > 0:
                 return self._capture_variant(e, args, kwargs, tensors)
@@ -777,6 +780,21 @@ class CompiledStep(_SyncPoint):
             if e.plan is not None:
                 fam.note_onboard(e.onboard)
                 e.onboard = 0.0
+
+    def _evict_size(self, fkey) -> bool:
+        """Note [Size families]: the step holds _MAX_SIGNATURES signatures; a new size of a
+        family takes the place of the family's least recently called size (its plan released; a
+        call at that size later is a new size again). False when the family has no other size."""
+        fam = self._families.get(fkey)
+        if fam is None:
+            return False
+        old = min((k for k, o in self._entries.items() if o.family is fam), key=lambda k: self._entries[k].used,
+                  default=None)
+        if old is None:
+            return False
+        self._drop(self._entries.pop(old))
+        self._count("sizes_evicted")
+        return True
 
     def _capture_call(self, e, args, kwargs, tensors):
         """A call of a signature without a plan captured; the plan built from it and the last."""
