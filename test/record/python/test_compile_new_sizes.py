@@ -248,3 +248,33 @@ def test_a_new_size_past_the_signature_limit_evicts_the_least_recent_size():
     assert st["eager_calls"] == st["captures"] + 1, st  # nothing eager but captures and the warm-up
     assert st["plan_runs"] >= len(sizes) - 1, st        # every size's second call but the first two sizes'
     assert st["sizes_derived"] >= len(sizes) - 2, st
+
+
+class Positional(torch.nn.Module):
+    """Token and position embeddings (a table of 16 positions), a linear head."""
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(50, 16)
+        self.pos = torch.nn.Embedding(16, 16)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, x):
+        return self.head(self.tok(x) + self.pos(torch.arange(x.shape[1])))
+
+
+def test_a_size_beyond_a_positional_table_fails_as_eager_does_and_the_plans_stay():
+    # Lengths 8 and 12 compile (12 from one recorded call: arange(S) is explained by S); length
+    # 20 indexes past the table: the call raises the error eager raises, and the plans still run.
+    step = run_family(Positional, tokens, [8] * 3 + [12] * 3)
+    st = step.stats()
+    assert st["sizes_derived"] == 1, (st, step.last_size_miss)
+    x, y = tokens(20, torch.Generator().manual_seed(0))
+    with pytest.raises(IndexError, match="index out of range"):
+        step(x, y)
+    # zero_grad() ran before the error: the next call has no .grad (another signature, recorded),
+    # the one after it is the length-12 plan's again
+    runs = step.stats()["plan_runs"]
+    for i in range(2):
+        x, y = tokens(12, torch.Generator().manual_seed(1 + i))
+        step(x, y)
+    assert step.stats()["plan_runs"] == runs + 1, step.stats()
