@@ -780,6 +780,9 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
       if (x.arg_sig[i] == y.arg_sig[i]) continue;
       if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const) {
         if (sizes != nullptr && ints_explained(x.args[i].value, y.args[i].value, *sizes)) continue;
+        if (sizes != nullptr && (x.args[i].value.isInt() || x.args[i].value.isIntList()))
+          return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " at one size and " +
+                 y.arg_sig[i] + " at the other: no size of the arguments explains it (S + d, c*S, c*S*T)";
         if (x.args[i].value.isDouble() && y.args[i].value.isDouble()) {
           const std::int64_t j = match_source(b, k, arg_name(x, i), x.args[i].value.toDouble(),
                                               y.args[i].value.toDouble(), sa, sb);
