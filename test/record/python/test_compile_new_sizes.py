@@ -14,7 +14,7 @@ import torch
 import crucible_native as crucible
 ccompile = importlib.import_module("crucible_native.compile")   # the module, not crucible.compile
 import models
-from test_compile_backend import assert_same_state, step_of
+from test_compile_backend import assert_same_call, assert_same_state, step_of
 
 
 def mlp_batch(batch, i):
@@ -159,11 +159,7 @@ def run_family(make_model, batch, sizes, tail=None, **kw):
     g = torch.Generator().manual_seed(3)
     for i, n in enumerate(sizes):
         x, y = batch(n, g)
-        torch.manual_seed(i)
-        got = step(x, y)
-        torch.manual_seed(i)
-        want = eager(x.clone(), y.clone())
-        assert torch.equal(got, want), f"call {i} (size {n}): loss {got.item()} vs eager {want.item()}"
+        assert_same_call(step, eager, x, y, i, f"call {i} (size {n})")
     for (k, a), b in zip(models_[0].named_parameters(), models_[1].parameters()):
         assert torch.equal(a, b) and torch.equal(a.grad, b.grad), k
     return step
