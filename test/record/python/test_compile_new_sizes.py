@@ -181,7 +181,13 @@ def test_a_new_size_compiles_from_one_recorded_call(name):
     assert st["sizes_derived"] == len(sizes) - 1, (st, step.last_size_miss)
     assert st["captures"] == 2 + (len(sizes) - 1), st
     assert st["plan_runs"] == len(calls) - 1 - st["captures"], st   # the warm-up call runs eagerly
-    assert all(p["exec"] == "cpu" for p in step.plans()), step.plans()
+    plans = step.plans()
+    assert all(p["exec"] == "cpu" for p in plans), plans
+    assert sum(p["derived"] for p in plans) == len(sizes) - 1, plans
+    # the dimension that varies, named in every plan; one name for the inputs' and targets'
+    expect = {"transformer2": "[4, S0={n}], [4, S0={n}]", "lstm": "[4, S0={n}], [4, S0={n}]",
+              "fully_conv": "[2, 3, S0={n}, S0={n}], [2]"}[name]
+    assert sorted(p["sizes"] for p in plans) == sorted(expect.format(n=n) for n in sizes), plans
 
 
 def test_a_new_size_from_one_recorded_call_on_the_replay_backend():

@@ -348,7 +348,7 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -379,6 +379,7 @@ class _Entry:
         self.waited = 0        # calls it ran eagerly waiting to be captured
         self.onboard = 0.0     # seconds its captures and builds took beyond an eager call each
         self.used = 0          # the step's call count at its last call (Note [Size families]: eviction)
+        self.derived = False   # its plan was built from one recorded call beside another size's
         self.guards = []       # per recorded form: the state guard as its call began
         # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
         # arguments' storage ids (the exec stage plans the call from the trace)
@@ -552,9 +553,40 @@ class CompiledStep(_SyncPoint):
 
     def plans(self) -> list:
         """plan_info() of every live plan: kernel calls, slots, externals, hash, build time (a
-        sync-point signature's plan of each path it takes, its first path first)."""
-        return [_ext.plan_info(p) for e in self._entries.values() if e.plan is not None
-                for p in [e.plan] + e.variants]
+        sync-point signature's plan of each path it takes, its first path first); plus sizes
+        (its tensor arguments' sizes, the dimensions that differ between its family's compiled
+        sizes named: "[4, S0=12], [4, S0=12]") and derived (built from one recorded call beside
+        another size's plan: Note [Size families])."""
+        out = []
+        for key, e in self._entries.items():
+            if e.plan is None:
+                continue
+            sizes = self._sizes_text(key, e.family)
+            for p in [e.plan] + e.variants:
+                info = _ext.plan_info(p)
+                info["sizes"], info["derived"] = sizes, e.derived
+                out.append(info)
+        return out
+
+    def _sizes_text(self, key, fam) -> str:
+        """The tensor arguments' sizes of a signature, each dimension that differs between the
+        compiled sizes of its family named (Note [Size families]): "[4, S0=12], [4, S0=12]". One
+        name for dimensions equal in every size (a batch's inputs and targets)."""
+        import torch
+        keys = [k for k, o in self._entries.items() if o.family is fam and o.plan is not None]
+        tensor_at = [i for i, k in enumerate(key) if isinstance(k, tuple) and len(k) == 5 and isinstance(k[0], torch.Size)]
+        names = {}
+        parts = []
+        for i in tensor_at:
+            dims = []
+            for d, v in enumerate(key[i][0]):
+                seen = tuple(k[i][0][d] for k in keys)
+                if len(set(seen)) > 1:
+                    dims.append(f"{names.setdefault(seen, f'S{len(names)}')}={v}")
+                else:
+                    dims.append(str(v))
+            parts.append("[" + ", ".join(dims) + "]")
+        return ", ".join(parts)
 
     def reset(self) -> None:
         """Forgets every plan and refusal; the next calls record again."""
@@ -570,6 +602,7 @@ class CompiledStep(_SyncPoint):
         if e.plan is not None:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
+        e.derived = False
         e.hypers, e.sync_misses = [], 0
         for p in e.variants:
             _ext.plan_release(p)
@@ -864,6 +897,7 @@ class CompiledStep(_SyncPoint):
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         e.guard, e.py = e.cap_guard.without(e.lifted), e.cap_py
         e.attempts = 0
+        e.derived = True
         self._count("plans_built")
         self._count("sizes_derived")
         return True
