@@ -734,6 +734,9 @@ std::string size_symbols(const Form& a, const Form& b, SizeSymbols& out) {
       return "step argument " + std::to_string(j) + " has another rank, dtype or device";
     for (std::size_t d = 0; d < x.sizes.size(); ++d) {
       if (x.sizes[d] == y.sizes[d]) continue;
+      constexpr std::int64_t kBig = std::int64_t{1} << 40;  // size_explained's products stay in 128 bits
+      if (x.sizes[d] > kBig || y.sizes[d] > kBig)
+        return "step argument " + std::to_string(j) + " dimension " + std::to_string(d) + " is past 2^40";
       // 0 and 1 change what broadcasting and empty tensors do: such sizes are never symbols
       if (x.sizes[d] < 2 || y.sizes[d] < 2)
         return "step argument " + std::to_string(j) + " dimension " + std::to_string(d) + " is " +
@@ -1470,12 +1473,26 @@ std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::ve
     why = compare_forms(*a, *b, &p->build_sources, &sources, &patches, &exts, nullptr, nullptr, nullptr, &syms);
     if (!why.empty()) throw std::runtime_error(why);
     // The plan's patch points whose sources gave the two calls one value (a learning rate that
-    // changed between the plan's recorded calls, not since) stay patch points.
+    // changed between the plan's recorded calls, not since) stay patch points, each checked to
+    // hold its source's value in this call as a patch point found by comparison would.
     for (const Patch& q : p->patches) {
       const bool found = std::any_of(patches.begin(), patches.end(), [&](const Patch& x) {
         return x.ext == q.ext && (q.ext >= 0 || (x.op == q.op && x.arg == q.arg));
       });
-      if (!found) patches.push_back(q);
+      if (found) continue;
+      std::optional<double> v;
+      if (q.ext >= 0) {
+        const at::Tensor& t = b->exts[static_cast<std::size_t>(q.ext)];
+        c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+        at::AutoDispatchBelowADInplaceOrView below;
+        if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == at::kDouble) v = t.item<double>();
+      } else if (q.op < b->ops.size() && q.arg < b->ops[q.op].args.size() &&
+                 b->ops[q.op].args[q.arg].kind == ArgT::Const && b->ops[q.op].args[q.arg].value.isDouble()) {
+        v = b->ops[q.op].args[q.arg].value.toDouble();
+      }
+      if (!v || q.source >= sources.size() || !same_bits(*v, sources[q.source].value))
+        throw std::runtime_error("a patch point of the plan does not hold its source's value at this size");
+      patches.push_back(q);
     }
   }
   return plan_of(*a, exts, b, std::move(patches), sources, runs_on, t0);

@@ -68,9 +68,11 @@ class _Family:
         s = max(s, 0.0)
         self.onboard_s = s if self.onboard_s is None else min(self.onboard_s, s)
 
-    def wait(self) -> float:
-        """How many calls a new size of the family runs eagerly before it is captured."""
-        if self.started < self.free:
+    def wait(self, evicting=False) -> float:
+        """How many calls a new size of the family runs eagerly before it is captured. A size
+        that takes an evicted size's place always waits its rental, new_sizes="compile" or not:
+        a loop over more sizes than the step holds would otherwise capture every call."""
+        if self.started < self.free and not evicting:
             return 0
         if self.onboard_s is None or self.plan_s is None:
             return _BLIND_WAIT   # the first sizes have not said yet what compiling costs and saves
@@ -348,7 +350,7 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -380,6 +382,7 @@ class _Entry:
         self.onboard = 0.0     # seconds its captures and builds took beyond an eager call each
         self.used = 0          # the step's call count at its last call (Note [Size families]: eviction)
         self.derived = False   # its plan was built from one recorded call beside another size's
+        self.evicting = False  # it took an evicted size's place: it waits its rental (_Family.wait)
         self.guards = []       # per recorded form: the state guard as its call began
         # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
         # arguments' storage ids (the exec stage plans the call from the trace)
@@ -723,7 +726,8 @@ class CompiledStep(_SyncPoint):
                     self._count("guard_misses")
                 self._argkeys.add(key[:-1])
             fkey = _family_key(key)
-            if len(self._entries) >= _MAX_SIGNATURES and not self._evict_size(fkey):
+            evicting = len(self._entries) >= _MAX_SIGNATURES
+            if evicting and not self._evict_size(fkey):
                 if not self._overflow_warned:
                     import warnings
                     self._overflow_warned = True
@@ -735,6 +739,7 @@ class CompiledStep(_SyncPoint):
                 self._count("eager_calls")
                 return self._fn(*args, **kwargs)
             e = self._entries[key] = _Entry()
+            e.evicting = evicting
             if self._warm:   # the first call made the step's state: later signatures record at once
                 e.seen = self._warmup
             e.family = self._families.get(fkey)
@@ -794,7 +799,7 @@ class CompiledStep(_SyncPoint):
             result = self._fn(*args, **kwargs)
             self._warm = True
             return result
-        if not e.started and e.waited < fam.wait():  # Note [New sizes]: timed, not a warm-up call
+        if not e.started and e.waited < fam.wait(e.evicting):  # Note [New sizes]: timed, not a warm-up call
             e.waited += 1
             st["size_waits"] += 1
             self._count("eager_calls")
@@ -821,8 +826,9 @@ class CompiledStep(_SyncPoint):
         fam = self._families.get(fkey)
         if fam is None:
             return False
-        old = min((k for k, o in self._entries.items() if o.family is fam), key=lambda k: self._entries[k].used,
-                  default=None)
+        # the least recently called size; a refused one last (evicted, it would be captured again)
+        old = min((k for k, o in self._entries.items() if o.family is fam),
+                  key=lambda k: (self._entries[k].refused is not None, self._entries[k].used), default=None)
         if old is None:
             return False
         self._drop(self._entries.pop(old))
@@ -870,6 +876,14 @@ class CompiledStep(_SyncPoint):
                  and [(id(s), n) for s, n in o.scheds] == scheds][:_LIKE_TRIES]
         why = None
         for t in likes:
+            # what the template's runs return and hand to after_step must be what this call did
+            if e.spec != t.spec:
+                why = why or "the step returned a different structure at this size"
+                continue
+            differ = _closures_differ(t.closures, e.cap_closures)
+            if differ:
+                why = why or differ
+                continue
             try:
                 plan = _ext.plan_build_like(t.plan, form, e.srcs[0], self._backend if self._backend == "replay"
                                             else f"{self._backend}/{self._numerics}")
