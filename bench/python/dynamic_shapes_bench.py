@@ -99,6 +99,8 @@ def main():
     lines = [f"{'loop':<9} {'steps':>5} {'lengths':>7} {'eager s':>8} {'crucible':>9} {'identical':>9} {'plans':>5} "
              f"{'eager calls':>11} {'captures':>8} {'derived':>7} {'waits':>5} {'torch.compile':>13} {'graphs':>6}"]
     for r in rows:
+        if r["loop"] == "new-size":
+            continue
         tc = (f"{r['torch_compile_vs_eager']:>12.2f}x {r['torch_compile_graphs']:>6}"
               if "torch_compile_s" in r else f"{'-':>13} {'-':>6}")
         lines.append(f"{r['loop']:<9} {r['steps']:>5} {r['distinct_lengths']:>7} {r['eager_s']:>8.3f} "
@@ -108,6 +110,12 @@ def main():
         if "speedup_vs_fixed" in r:
             lines.append(f"{r['steps']} steps: variable loop's speed-up / fixed loop's: {r['speedup_vs_fixed']:.2f} "
                          f"(issue 33's target: >= 0.9, with at most two captured calls in the whole run)")
+    per = new_size_cost()
+    rows.append(per)
+    lines.append(f"a new size once another size has a plan: {per['new_size_ms']:.1f} ms per call (median of "
+                 f"{per['sizes']} sizes: one captured call and the build, {per['derived']} derived) = "
+                 f"{per['vs_eager_call']:.1f} eager calls of {per['eager_ms']:.2f} ms (issue 33's target: binding "
+                 f"only, <= 0.05 ms)")
     text = "\n".join(lines)
     print(text)
     if not a.no_save:
@@ -119,6 +127,26 @@ def main():
              "(Note [Size families]); waits = calls of a new "
              "length run eagerly before it was captured (Note [New sizes]); graphs = Dynamo's graphs compiled "
              "(recompiles included)"])
+
+
+def new_size_cost(sizes=range(13, 25)):
+    """What a call at a new length costs once length 12 has a plan (each length once), against
+    an eager call at the same lengths: medians."""
+    s, ref = models.make("transformer2"), models.make("transformer2")
+    step, eager = crucible.compile(make_step(s), new_sizes="compile"), make_step(ref)
+    for x, y in batches([12] * 4):
+        step(x, y)
+    got, base = [], []
+    for x, y in batches(list(sizes)):
+        t0 = time.perf_counter()
+        step(x, y)
+        got.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        eager(x, y)
+        base.append(time.perf_counter() - t0)
+    ms, eager_ms = statistics.median(got) * 1e3, statistics.median(base) * 1e3
+    return {"loop": "new-size", "sizes": len(got), "new_size_ms": ms, "eager_ms": eager_ms,
+            "vs_eager_call": ms / eager_ms, "derived": step.stats()["sizes_derived"]}
 
 
 def loop_rows(steps, no_torch_compile, rounds):
