@@ -80,6 +80,17 @@ def test_the_wait_is_what_compiling_costs_over_what_a_plan_run_saves():
     assert f.eager_s < f.plan_s
     assert f.wait() == math.inf
     assert ccompile._Family(math.inf).wait() == 0, "new_sizes='compile'"
+    assert ccompile._Family(math.inf).wait(evicting=True) == ccompile._BLIND_WAIT, "an evicting size waits"
+    # Note [Size families]: a size derived from one recorded call costs less; a family that has
+    # a whole-step plan expects that cost for its next size
+    f = ccompile._Family(2)
+    f.started = 2
+    f.note_onboard(0.040)
+    f.note_onboard(0.010, derived=True)
+    f.note_plan(0.001)
+    f.note_eager(0.003)
+    assert f.wait() == 20 and f.wait(derive=True) == 5
+    assert f.onboard_s == 0.040, "a derived size does not lower a recorded-twice size's cost"
 
 
 def test_families_are_signatures_that_differ_only_in_sizes():
@@ -240,7 +251,7 @@ def test_a_new_size_past_the_signature_limit_evicts_the_least_recent_size(monkey
     # capture every call); the rental is fixed at two calls here, so the test does not hang on
     # this VM's timings. A size evicted earlier is a new size when it comes back.
     import warnings
-    monkeypatch.setattr(ccompile._Family, "wait", lambda self, evicting=False: 2 if evicting else 0)
+    monkeypatch.setattr(ccompile._Family, "wait", lambda self, evicting=False, derive=False: 2 if evicting else 0)
     sizes = list(range(8, 78))
     with warnings.catch_warnings():
         warnings.simplefilter("error", crucible.CrucibleWarning)

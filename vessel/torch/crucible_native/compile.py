@@ -32,7 +32,9 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 # runs eagerly until the time its calls could have saved covers what compiling a size costs
 # (ski rental: never more than twice the better choice in hindsight), both measured on the
 # family's own calls: the eager calls' and the plan runs' seconds, and the least a size's
-# captures and build took beyond an eager call each (the first size also compiled the kernels).
+# captures and build took beyond an eager call each (the first size also compiled the kernels;
+# sizes derived from one recorded call counted apart, and expected once another size has a
+# whole-step plan).
 # While those are not known yet (the first sizes still recording, or seen once and never
 # again) a new size waits _BLIND_WAIT calls at most. A size whose plan would not be faster than
 # eager is never captured. stats()["size_waits"] counts the calls that waited.
@@ -43,7 +45,7 @@ _LIKE_TRIES = 4   # Note [Size families]: plans of other sizes a new size's firs
 
 class _Family:
     """The signatures of a step that differ only in tensor sizes and strides (Note [New sizes])."""
-    __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s")
+    __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s", "derived_s")
 
     def __init__(self, free):
         self.free = free       # sizes compiled at once
@@ -52,6 +54,7 @@ class _Family:
         self.eager_s = None    # running means (seconds): an eager call, a plan run
         self.plan_s = None
         self.onboard_s = None  # the least compiling a size took beyond the eager calls it replaced
+        self.derived_s = None  # the same for a size derived from one recorded call (Note [Size families])
 
     @staticmethod
     def _mean(old, new):
@@ -63,23 +66,29 @@ class _Family:
     def note_plan(self, s):
         self.plan_s = self._mean(self.plan_s, s)
 
-    def note_onboard(self, s):
-        # The least a size took: the first one also compiled the kernels the others reuse.
+    def note_onboard(self, s, derived=False):
+        # The least a size took: the first one also compiled the kernels the others reuse. A
+        # derived size (one recorded call) apart from one recorded twice.
         s = max(s, 0.0)
-        self.onboard_s = s if self.onboard_s is None else min(self.onboard_s, s)
+        if derived:
+            self.derived_s = s if self.derived_s is None else min(self.derived_s, s)
+        else:
+            self.onboard_s = s if self.onboard_s is None else min(self.onboard_s, s)
 
-    def wait(self, evicting=False) -> float:
+    def wait(self, evicting=False, derive=False) -> float:
         """How many calls a new size of the family runs eagerly before it is captured. A size
         that takes an evicted size's place always waits its rental, new_sizes="compile" or not:
-        a loop over more sizes than the step holds would otherwise capture every call."""
+        a loop over more sizes than the step holds would otherwise capture every call. derive:
+        another size has a whole-step plan, so this one will likely cost one recorded call."""
         if self.started < self.free and not evicting:
             return 0
-        if self.onboard_s is None or self.plan_s is None:
+        cost = self.derived_s if derive and self.derived_s is not None else self.onboard_s
+        if cost is None or self.plan_s is None:
             return _BLIND_WAIT   # the first sizes have not said yet what compiling costs and saves
         if self.eager_s is None:
             return 1   # one eager call, timed, before judging
         saving = self.eager_s - self.plan_s
-        return math.inf if saving <= 0 else max(1, math.ceil(self.onboard_s / saving))
+        return math.inf if saving <= 0 else max(1, math.ceil(cost / saving))
 
 
 def _family_key(key):
@@ -799,7 +808,7 @@ class CompiledStep(_SyncPoint):
             result = self._fn(*args, **kwargs)
             self._warm = True
             return result
-        if not e.started and e.waited < fam.wait(e.evicting):  # Note [New sizes]: timed, not a warm-up call
+        if not e.started and e.waited < fam.wait(e.evicting, self._template_of(e)):  # Note [New sizes]: timed
             e.waited += 1
             st["size_waits"] += 1
             self._count("eager_calls")
@@ -816,7 +825,7 @@ class CompiledStep(_SyncPoint):
         finally:
             e.onboard += time.perf_counter() - t0 - (fam.eager_s or 0.0)
             if e.plan is not None:
-                fam.note_onboard(e.onboard)
+                fam.note_onboard(e.onboard, e.derived)
                 e.onboard = 0.0
 
     def _evict_size(self, fkey) -> bool:
@@ -861,6 +870,11 @@ class CompiledStep(_SyncPoint):
         if len(e.forms) >= 2:
             self._build(e)
         return result
+
+    def _template_of(self, e) -> bool:
+        """Whether another size of e's family has a whole-step plan (Note [Size families])."""
+        return any(o is not e and o.family is e.family and o.plan is not None and o.mode == "replay"
+                   for o in self._entries.values())
 
     def _build_like(self, e):
         """Note [Size families]: a signature's first captured call, when another size of it has
