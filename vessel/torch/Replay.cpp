@@ -1450,6 +1450,50 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
   return plan_of(*a, a->exts, b, std::move(patches), sources_b, runs_on, t0);
 }
 
+namespace replay {
+std::vector<at::Tensor> like_exts(const Plan& p) {
+  std::vector<at::Tensor> exts = p.form->exts;  // as diff_against_plan: the persistent tensors the runs use
+  for (std::size_t e = 0; e < exts.size() && e < p.run_exts.size(); ++e)
+    if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p.run_exts[e];
+  return exts;
+}
+
+std::string compare_like(const Plan& p, const Form& b, const std::vector<ScalarSource>& sources,
+                         const std::vector<at::Tensor>& exts, std::vector<Patch>& patches,
+                         std::vector<std::uint64_t>* live_args, std::vector<std::uint32_t>* live_exts) {
+  if (sources.size() != p.build_sources.size())
+    return "the optimizer's scalar sources changed in number since the plan was built";
+  SizeSymbols syms;
+  std::string why = size_symbols(*p.form, b, syms);
+  if (!why.empty()) return why;
+  why = compare_forms(*p.form, b, &p.build_sources, &sources, &patches, &exts, nullptr, live_args, live_exts, &syms);
+  if (!why.empty()) return why;
+  // The plan's patch points whose sources gave the two calls one value (a learning rate that
+  // changed between the plan's recorded calls, not since) stay patch points, each checked to
+  // hold its source's value in this call as a patch point found by comparison would.
+  for (const Patch& q : p.patches) {
+    const bool found = std::any_of(patches.begin(), patches.end(), [&](const Patch& x) {
+      return x.ext == q.ext && (q.ext >= 0 || (x.op == q.op && x.arg == q.arg));
+    });
+    if (found) continue;
+    std::optional<double> v;
+    if (q.ext >= 0) {
+      const at::Tensor& t = b.exts[static_cast<std::size_t>(q.ext)];
+      c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
+      at::AutoDispatchBelowADInplaceOrView below;
+      if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == at::kDouble) v = t.item<double>();
+    } else if (q.op < b.ops.size() && q.arg < b.ops[q.op].args.size() &&
+               b.ops[q.op].args[q.arg].kind == ArgT::Const && b.ops[q.op].args[q.arg].value.isDouble()) {
+      v = b.ops[q.op].args[q.arg].value.toDouble();
+    }
+    if (!v || q.source >= sources.size() || !same_bits(*v, sources[q.source].value))
+      return "a patch point of the plan does not hold its source's value at this size";
+    patches.push_back(q);
+  }
+  return "";
+}
+}  // namespace replay
+
 std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
                              const std::string& runs_on) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -1460,40 +1504,11 @@ std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::ve
   std::vector<at::Tensor> exts;
   {
     BusyLock hold(*p);
-    if (p->sync) throw std::runtime_error("a sync-point plan is not a whole step's: each size records twice");
-    if (sources.size() != p->build_sources.size())
-      throw std::runtime_error("the optimizer's scalar sources changed in number since the plan was built");
+    if (p->sync) throw std::runtime_error("a sync-point plan is not a whole step's");
     a = p->form;
-    SizeSymbols syms;
-    std::string why = size_symbols(*a, *b, syms);
+    exts = like_exts(*p);
+    const std::string why = compare_like(*p, *b, sources, exts, patches);
     if (!why.empty()) throw std::runtime_error(why);
-    exts = a->exts;  // as diff_against_plan: the persistent tensors the runs use
-    for (std::size_t e = 0; e < exts.size() && e < p->run_exts.size(); ++e)
-      if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p->run_exts[e];
-    why = compare_forms(*a, *b, &p->build_sources, &sources, &patches, &exts, nullptr, nullptr, nullptr, &syms);
-    if (!why.empty()) throw std::runtime_error(why);
-    // The plan's patch points whose sources gave the two calls one value (a learning rate that
-    // changed between the plan's recorded calls, not since) stay patch points, each checked to
-    // hold its source's value in this call as a patch point found by comparison would.
-    for (const Patch& q : p->patches) {
-      const bool found = std::any_of(patches.begin(), patches.end(), [&](const Patch& x) {
-        return x.ext == q.ext && (q.ext >= 0 || (x.op == q.op && x.arg == q.arg));
-      });
-      if (found) continue;
-      std::optional<double> v;
-      if (q.ext >= 0) {
-        const at::Tensor& t = b->exts[static_cast<std::size_t>(q.ext)];
-        c10::impl::ExcludeDispatchKeyGuard no_rec(kKey);
-        at::AutoDispatchBelowADInplaceOrView below;
-        if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == at::kDouble) v = t.item<double>();
-      } else if (q.op < b->ops.size() && q.arg < b->ops[q.op].args.size() &&
-                 b->ops[q.op].args[q.arg].kind == ArgT::Const && b->ops[q.op].args[q.arg].value.isDouble()) {
-        v = b->ops[q.op].args[q.arg].value.toDouble();
-      }
-      if (!v || q.source >= sources.size() || !same_bits(*v, sources[q.source].value))
-        throw std::runtime_error("a patch point of the plan does not hold its source's value at this size");
-      patches.push_back(q);
-    }
   }
   return plan_of(*a, exts, b, std::move(patches), sources, runs_on, t0);
 }

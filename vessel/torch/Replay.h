@@ -93,6 +93,10 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
 // Whether a captured call took the same path as a plan's (or as another captured call): the
 // same ops and wiring, whatever scalars and Python-made tensors it had. A sync-point step keeps
 // a plan per path it takes (the crucible::sync_start op gets them all).
+// Note [Size families] for a sync-point plan: the plan of one captured call at new sizes, which
+// must repeat the plan at its own sizes as plan_build_like's does; what the plan takes from
+// each call stays taken from each call.
+std::int64_t plan_build_sync_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources);
 bool plan_same_path(std::int64_t plan, std::int64_t form);
 bool forms_same_path(std::int64_t form_a, std::int64_t form_b);
 // During a sync-point call (begun by the crucible::sync_start op): the optimizer with index

@@ -257,6 +257,14 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
                           std::vector<std::uint64_t>* live_args = nullptr,
                           std::vector<std::uint32_t>* live_exts = nullptr,
                           const SizeSymbols* sizes = nullptr);
+// Note [Size families]: a call at new sizes against plan p (Replay.cpp): the persistent tensors
+// p's runs use, and "" when b repeats p at its own sizes (patches: p's and those found; live_*:
+// given for a sync-point plan, what b's Python makes anew), else the first difference.
+std::vector<at::Tensor> like_exts(const Plan& p);
+std::string compare_like(const Plan& p, const Form& b, const std::vector<ScalarSource>& sources,
+                         const std::vector<at::Tensor>& exts, std::vector<Patch>& patches,
+                         std::vector<std::uint64_t>* live_args = nullptr,
+                         std::vector<std::uint32_t>* live_exts = nullptr);
 // The content address of a form with its patch points masked.
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches);
 // The two forms of a plan build (their scalar sources must agree in number).

@@ -601,6 +601,46 @@ void sync_match_one(replay::SyncRun& run, const c10::OperatorHandle& op, const s
 }
 }  // namespace detail
 
+namespace {
+using replay::Form;
+using replay::Patch;
+using replay::Plan;
+// A sync-point plan of form b, whose differences from a call it repeats (a) are known: patch
+// points, scalars and tensors Python makes anew each call (live). a_exts: the persistent tensors
+// a's runs use.
+std::int64_t sync_plan_of(const Form& a, const std::vector<at::Tensor>& a_exts, std::shared_ptr<const Form> b,
+                          std::vector<Patch> patches, const std::vector<std::uint64_t>& live_args,
+                          const std::vector<std::uint32_t>& live_exts, const std::vector<ScalarSource>& sources_b,
+                          std::chrono::steady_clock::time_point t0) {
+  using namespace replay;
+  const ContentHash key = plan_key(*b, patches);
+  std::shared_ptr<Plan> p = new_plan(a, b, std::move(patches), key, sources_b, &a_exts);
+  p->sync = true;
+  p->live_ext.assign(b->exts.size(), 0);
+  for (std::uint32_t e : live_exts) p->live_ext[e] = 1;
+  p->live_args.insert(live_args.begin(), live_args.end());
+  plan_segments(*p);
+  // The .grad states at each backward() (not in the forms' content: a whole-step plan has no
+  // use for them) must agree too, or that backward() runs in the engine.
+  for (std::size_t m = 0; m < b->marks.size() && m < a.marks.size() && m < p->segments.size(); ++m) {
+    auto text = [](const Form::Mark& mk) {
+      std::string t;
+      for (const auto& g : mk.grad_pre) t += std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ",";
+      t += "|";
+      for (const auto& [e, ref] : mk.grads_after) t += std::to_string(e) + "=" + ref_text(ref) + ",";
+      return t;
+    };
+    if (p->segments[m].native && text(a.marks[m]) != text(b->marks[m])) {
+      p->segments[m].native = false;
+      p->segments[m].why = "the parameters' .grad were in other states at this backward() in the two recorded calls";
+    }
+  }
+  p->arena_state = Plan::Arena::Off;
+  p->arena_note = "a sync-point plan runs stretches of the step with PyTorch's allocator";
+  return register_plan(std::move(p), t0);
+}
+}  // namespace
+
 std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
                              const std::vector<ScalarSource>& sources_b) {
   using namespace replay;
@@ -612,31 +652,34 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
   const std::string diff =
       compare_forms(*a, *b, &sources_a, &sources_b, &patches, nullptr, nullptr, &live_args, &live_exts);
   if (!diff.empty()) throw std::runtime_error(diff);
-  const ContentHash key = plan_key(*b, patches);
-  std::shared_ptr<Plan> p = new_plan(*a, b, std::move(patches), key, sources_b);
-  p->sync = true;
-  p->live_ext.assign(b->exts.size(), 0);
-  for (std::uint32_t e : live_exts) p->live_ext[e] = 1;
-  p->live_args.insert(live_args.begin(), live_args.end());
-  plan_segments(*p);
-  // The .grad states at each backward() (not in the forms' content: a whole-step plan has no
-  // use for them) must agree too, or that backward() runs in the engine.
-  for (std::size_t m = 0; m < b->marks.size() && m < a->marks.size() && m < p->segments.size(); ++m) {
-    auto text = [](const Form::Mark& mk) {
-      std::string t;
-      for (const auto& g : mk.grad_pre) t += std::to_string(g.ext) + "=" + std::to_string(g.state) + "/" + std::to_string(g.grad_ext) + ",";
-      t += "|";
-      for (const auto& [e, ref] : mk.grads_after) t += std::to_string(e) + "=" + ref_text(ref) + ",";
-      return t;
-    };
-    if (p->segments[m].native && text(a->marks[m]) != text(b->marks[m])) {
-      p->segments[m].native = false;
-      p->segments[m].why = "the parameters' .grad were in other states at this backward() in the two recorded calls";
-    }
+  return sync_plan_of(*a, a->exts, b, std::move(patches), live_args, live_exts, sources_b, t0);
+}
+
+std::int64_t plan_build_sync_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
+  using namespace replay;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = get_plan(plan);
+  auto b = get_form(form);
+  std::shared_ptr<const Form> a;
+  std::vector<Patch> patches;
+  std::vector<std::uint64_t> live_args;
+  std::vector<std::uint32_t> live_exts;
+  std::vector<at::Tensor> exts;
+  {
+    BusyLock hold(*p);
+    if (!p->sync) throw std::runtime_error("not a sync-point plan");
+    a = p->form;
+    exts = like_exts(*p);
+    std::string why = compare_like(*p, *b, sources, exts, patches, &live_args, &live_exts);
+    if (!why.empty()) throw std::runtime_error(why);
+    // What the plan takes from each call stays taken from each call.
+    for (std::uint64_t x : p->live_args)
+      if (std::find(live_args.begin(), live_args.end(), x) == live_args.end()) live_args.push_back(x);
+    for (std::uint32_t e = 0; e < p->live_ext.size(); ++e)
+      if (p->live_ext[e] != 0 && std::find(live_exts.begin(), live_exts.end(), e) == live_exts.end())
+        live_exts.push_back(e);
   }
-  p->arena_state = Plan::Arena::Off;
-  p->arena_note = "a sync-point plan runs stretches of the step with PyTorch's allocator";
-  return register_plan(std::move(p), t0);
+  return sync_plan_of(*a, exts, b, std::move(patches), live_args, live_exts, sources, t0);
 }
 
 bool plan_same_path(std::int64_t plan, std::int64_t form) {

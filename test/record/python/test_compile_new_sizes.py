@@ -332,3 +332,24 @@ def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
     st = step.stats()
     assert st["hyper_learned"] == 1 and st["sizes_derived"] == 1, st
     assert st["plan_runs"] == 3 + 3, st   # batch 8: 3 (one call recorded by the update), batch 12: 3
+
+
+def test_a_new_size_of_a_sync_point_step_compiles_from_one_recorded_call():
+    # The step appends to a Python list each call (a log): sync-point mode, its Python runs every
+    # call and its ops are matched. A new length records once, and its backward() and optimizer
+    # step run natively from then on.
+    log = []
+
+    def tail(out, x):
+        log.append(x.shape[1])
+        return out.new_zeros(())
+    lengths = [12, 5, 9, 16]
+    step = run_family(models.SmallTransformer2, tokens, [n for n in lengths for _ in range(3)], tail=tail)
+    st = step.stats()
+    assert st["sizes_derived"] == len(lengths) - 1, (st, step.last_size_miss)
+    assert st["captures"] == 2 + len(lengths) - 1, st
+    assert st["sync_calls"] == st["sync_native"] == 2 * (len(lengths) - 1), st   # each later call of a new length
+    plans = step.plans()
+    assert len(plans) == len(lengths) and all(p["sync"] for p in plans), plans
+    assert sum(p["derived"] for p in plans) == len(lengths) - 1, plans
+    assert len(log) == 2 * 3 * len(lengths), "every call's Python ran (compiled and eager twin)"

@@ -359,7 +359,7 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting", "sync_lifted")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -392,6 +392,7 @@ class _Entry:
         self.used = 0          # the step's call count at its last call (Note [Size families]: eviction)
         self.derived = False   # its plan was built from one recorded call beside another size's
         self.evicting = False  # it took an evicted size's place: it waits its rental (_Family.wait)
+        self.sync_lifted = {}  # a sync-point plan's unguarded hyperparameters (its recorded calls differed)
         self.guards = []       # per recorded form: the state guard as its call began
         # backend "null"/"cpu": per recorded form, its call's ops in the trace and its tensor
         # arguments' storage ids (the exec stage plans the call from the trace)
@@ -426,7 +427,8 @@ class CompiledStep(_SyncPoint):
     differ (a changing scalar of unknown source, a different op path) runs eagerly, and a
     CrucibleWarning says which op and argument. A plan holds the exact sizes it was recorded at:
     a new size that repeats another size's plan op for op (integers that differ explained by the
-    sizes) is compiled from one recorded call (stats()["sizes_derived"]), else from two.
+    sizes; whole-step or sync-point alike) is compiled from one recorded call
+    (stats()["sizes_derived"]), else from two.
     When sizes vary (a sequence length), new_sizes="auto" (the default) compiles the first two
     sizes of a signature at once and each later one only once its calls, run eagerly meanwhile,
     could have saved what compiling a size costs (measured; stats()["size_waits"]);
@@ -614,7 +616,7 @@ class CompiledStep(_SyncPoint):
         if e.plan is not None:
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
-        e.derived = False
+        e.derived, e.sync_lifted = False, {}
         e.hypers, e.sync_misses = [], 0
         for p in e.variants:
             _ext.plan_release(p)
@@ -865,65 +867,80 @@ class CompiledStep(_SyncPoint):
         e.form_closures.append(e.cap_closures)
         e.hypers.append(e.cap_hyper)
         e.guards.append(e.cap_guard)
-        if len(e.forms) == 1 and e.mode is None and self._build_like(e):
+        if len(e.forms) == 1 and e.mode in (None, "sync") and self._build_like(e):
             return result
         if len(e.forms) >= 2:
             self._build(e)
         return result
 
     def _template_of(self, e) -> bool:
-        """Whether another size of e's family has a whole-step plan (Note [Size families])."""
-        return any(o is not e and o.family is e.family and o.plan is not None and o.mode == "replay"
-                   for o in self._entries.values())
+        """Whether another size of e's family has a plan (Note [Size families])."""
+        return any(o is not e and o.family is e.family and o.plan is not None for o in self._entries.values())
 
     def _build_like(self, e):
         """Note [Size families]: a signature's first captured call, when another size of it has
-        a whole-step plan, becomes a plan at once (no second capture) if it repeats that plan at
-        its own sizes; otherwise the signature records a second call as any other."""
+        a plan of the same mode (whole-step, or sync-point: the call's Python did more than ATen
+        ops), becomes a plan at once (no second capture) if it repeats that plan at its own sizes;
+        otherwise the signature records a second call as any other."""
         if e.scheds is None:
             return False
+        mode = "sync" if e.mode == "sync" else "replay"
         form, plan = e.forms[0], None
         scheds = [(id(s), n) for s, n in e.scheds]
         # the newest plans first (the path the step takes now); a few at most, each a comparison
         likes = [o for o in reversed(self._entries.values()) if o is not e and o.family is e.family
-                 and o.plan is not None and o.mode == "replay" and o.scheds is not None
+                 and o.plan is not None and o.mode == mode and o.scheds is not None
                  and [(id(s), n) for s, n in o.scheds] == scheds][:_LIKE_TRIES]
         why = None
         for t in likes:
-            # what the template's runs return and hand to after_step must be what this call did
-            if e.spec != t.spec:
-                why = why or "the step returned a different structure at this size"
-                continue
-            differ = _closures_differ(t.closures, e.cap_closures)
-            if differ:
-                why = why or differ
-                continue
-            try:
-                plan = _ext.plan_build_like(t.plan, form, e.srcs[0], self._backend if self._backend == "replay"
-                                            else f"{self._backend}/{self._numerics}")
+            if mode == "replay":
+                # what the template's runs return and hand to after_step must be what this call did
+                # (a sync-point call runs its Python: its results are its own)
+                if e.spec != t.spec:
+                    why = why or "the step returned a different structure at this size"
+                    continue
+                differ = _closures_differ(t.closures, e.cap_closures)
+                if differ:
+                    why = why or differ
+                    continue
+            for tp in [t.plan] + (t.variants if mode == "sync" else []):
+                try:
+                    if mode == "sync":
+                        plan = _ext.plan_build_sync_like(tp, form, e.srcs[0])
+                    else:
+                        plan = _ext.plan_build_like(tp, form, e.srcs[0], self._backend if self._backend == "replay"
+                                                    else f"{self._backend}/{self._numerics}")
+                    break
+                except RuntimeError as err:
+                    why = why or str(err)
+            if plan is not None:
                 break
-            except RuntimeError as err:
-                why = why or str(err)
         if plan is None:
             if why:
                 self.last_size_miss = why
             return False
-        if _ext.plan_info(plan)["value_reads"]:   # as the plan's own: never the case for a replay plan
+        if mode == "replay" and _ext.plan_info(plan)["value_reads"]:   # as the plan's own: never the case
             _ext.plan_release(plan)
             return False
         e.plan = plan
         _ext.form_release(form)
         e.forms, e.srcs, e.hypers, e.guards = [], [], [], []
         e.closures, e.form_closures = e.cap_closures, []
-        e.mode = "replay"
-        e.lifted = {g: set(ks) for g, ks in t.lifted.items()}
-        if not self._arena:
-            _ext.plan_set_arena(e.plan, False)
-        if self._backend != "replay":
-            self._attach_exec(e, form)
-        self._forget_captures(e)
+        e.mode = mode
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
-        e.guard, e.py = e.cap_guard.without(e.lifted), e.cap_py
+        if mode == "sync":
+            # unguarded, as in the plan's: the hyperparameters it takes from the sources
+            e.sync_lifted = {g: set(ks) for g, ks in t.sync_lifted.items()}
+            e.guard = e.cap_guard.without(e.sync_lifted)
+            e.sync_misses = 0
+        else:
+            e.lifted = {g: set(ks) for g, ks in t.lifted.items()}
+            if not self._arena:
+                _ext.plan_set_arena(e.plan, False)
+            if self._backend != "replay":
+                self._attach_exec(e, form)
+            e.guard, e.py = e.cap_guard.without(e.lifted), e.cap_py
+        self._forget_captures(e)
         e.attempts = 0
         e.derived = True
         self._count("plans_built")
@@ -992,7 +1009,8 @@ class CompiledStep(_SyncPoint):
                 e.guards.pop(0)
             return
         e.plan = plan
-        guard = e.guards[ib].without(self._lifted_between(e.hypers[ia], e.hypers[ib]))
+        lifted = self._lifted_between(e.hypers[ia], e.hypers[ib])
+        guard = e.guards[ib].without(lifted)
         for i, f in enumerate(e.forms):
             if i in (ia, ib):
                 _ext.form_release(f)
@@ -1018,7 +1036,7 @@ class CompiledStep(_SyncPoint):
                 "noticed. Pass them: crucible.compile(step, guard=(model, optimizer)).",
                 CrucibleWarning, stacklevel=3)
         if e.mode == "sync":
-            e.guard = guard
+            e.guard, e.sync_lifted = guard, lifted
             e.sync_misses = 0
         else:
             e.guard, e.py = e.cap_guard, e.cap_py
