@@ -352,4 +352,44 @@ def test_a_new_size_of_a_sync_point_step_compiles_from_one_recorded_call():
     plans = step.plans()
     assert len(plans) == len(lengths) and all(p["sync"] for p in plans), plans
     assert sum(p["derived"] for p in plans) == len(lengths) - 1, plans
+    for p in plans:   # backward() and the optimizer step native in every length's plan
+        seg = p["segments"]
+        assert any(s.startswith("backward()") and s.endswith("native") for s in seg), (p["sizes"], seg)
+        assert any(s.startswith("optimizer 0 step()") and s.endswith("native") for s in seg), (p["sizes"], seg)
     assert len(log) == 2 * 3 * len(lengths), "every call's Python ran (compiled and eager twin)"
+
+
+def test_a_sync_point_size_keeps_the_learning_rate_its_plan_takes_from_the_sources():
+    # A logging step (sync-point): lr differs between batch 8's two recorded calls, so its plan
+    # feeds lr from the sources and does not guard it. Batch 12 derives from that plan; lr moves
+    # again and batch 12's optimizer step still runs natively, with eager's bits.
+    log = []
+    pair = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        pair.append((m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)))
+
+    def step_for(m, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            log.append(x.shape[0])
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    step = crucible.compile(step_for(*pair[0]), new_sizes="compile")
+    eager = step_for(*pair[1])
+    g = torch.Generator().manual_seed(6)
+    calls = [(8, 0.1), (8, 0.1), (8, 0.05), (8, 0.05), (12, 0.05), (12, 0.02), (12, 0.01), (12, 0.03)]
+    for i, (n, lr) in enumerate(calls):
+        for _, o in pair:
+            o.param_groups[0]["lr"] = lr
+        x, y = mlp_like(n, g)
+        assert_same_call(step, eager, x, y, i, f"call {i} (batch {n}, lr {lr})")
+    for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
+        assert torch.equal(a, b)
+    st = step.stats()
+    assert st["sizes_derived"] == 1 and st["sync_calls"] == 4, st
+    assert step.last_sync_eager is None, step.last_sync_eager   # no optimizer step fell back to eager

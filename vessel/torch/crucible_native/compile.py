@@ -904,6 +904,7 @@ class CompiledStep(_SyncPoint):
                     why = why or differ
                     continue
             for tp in [t.plan] + (t.variants if mode == "sync" else []):
+                lifted_from = t if tp == t.plan else None   # a variant's unguarded set is not kept
                 try:
                     if mode == "sync":
                         plan = _ext.plan_build_sync_like(tp, form, e.srcs[0])
@@ -929,8 +930,10 @@ class CompiledStep(_SyncPoint):
         e.mode = mode
         e.patched = _ext.plan_info(e.plan)["patches"] > 0
         if mode == "sync":
-            # unguarded, as in the plan's: the hyperparameters it takes from the sources
-            e.sync_lifted = {g: set(ks) for g, ks in t.sync_lifted.items()}
+            # unguarded, as in the plan's: the hyperparameters its first path takes from the
+            # sources; derived from another path, everything guarded (a change then runs the
+            # optimizer step eagerly, never with a value the plan bakes in)
+            e.sync_lifted = {g: set(ks) for g, ks in lifted_from.sync_lifted.items()} if lifted_from else {}
             e.guard = e.cap_guard.without(e.sync_lifted)
             e.sync_misses = 0
         else:
