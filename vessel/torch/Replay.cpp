@@ -1451,28 +1451,29 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
 }
 
 namespace replay {
-std::vector<at::Tensor> like_exts(const Plan& p) {
-  std::vector<at::Tensor> exts = p.form->exts;  // as diff_against_plan: the persistent tensors the runs use
-  for (std::size_t e = 0; e < exts.size() && e < p.run_exts.size(); ++e)
-    if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p.run_exts[e];
-  return exts;
-}
-
-std::string compare_like(const Plan& p, const Form& b, const std::vector<ScalarSource>& sources,
-                         const std::vector<at::Tensor>& exts, std::vector<Patch>& patches,
-                         std::vector<std::uint64_t>* live_args, std::vector<std::uint32_t>* live_exts) {
-  if (sources.size() != p.build_sources.size())
-    return "the optimizer's scalar sources changed in number since the plan was built";
+Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSource>& sources, bool sync) {
+  auto p = get_plan(plan);
+  Like r;
+  BusyLock hold(*p);
+  if (p->sync != sync)
+    throw std::runtime_error(sync ? "not a sync-point plan" : "a sync-point plan is not a whole step's");
+  if (sources.size() != p->build_sources.size())
+    throw std::runtime_error("the optimizer's scalar sources changed in number since the plan was built");
+  r.a = p->form;
+  r.exts = r.a->exts;  // as diff_against_plan: the persistent tensors the runs use
+  for (std::size_t e = 0; e < r.exts.size() && e < p->run_exts.size(); ++e)
+    if (!r.exts[e].unsafeGetTensorImpl()->is_wrapped_number()) r.exts[e] = p->run_exts[e];
   SizeSymbols syms;
-  std::string why = size_symbols(*p.form, b, syms);
-  if (!why.empty()) return why;
-  why = compare_forms(*p.form, b, &p.build_sources, &sources, &patches, &exts, nullptr, live_args, live_exts, &syms);
-  if (!why.empty()) return why;
+  std::string why = size_symbols(*r.a, b, syms);
+  if (why.empty())
+    why = compare_forms(*r.a, b, &p->build_sources, &sources, &r.patches, &r.exts, nullptr,
+                        sync ? &r.live_args : nullptr, sync ? &r.live_exts : nullptr, &syms);
+  if (!why.empty()) throw std::runtime_error(why);
   // The plan's patch points whose sources gave the two calls one value (a learning rate that
   // changed between the plan's recorded calls, not since) stay patch points, each checked to
   // hold its source's value in this call as a patch point found by comparison would.
-  for (const Patch& q : p.patches) {
-    const bool found = std::any_of(patches.begin(), patches.end(), [&](const Patch& x) {
+  for (const Patch& q : p->patches) {
+    const bool found = std::any_of(r.patches.begin(), r.patches.end(), [&](const Patch& x) {
       return x.ext == q.ext && (q.ext >= 0 || (x.op == q.op && x.arg == q.arg));
     });
     if (found) continue;
@@ -1487,30 +1488,25 @@ std::string compare_like(const Plan& p, const Form& b, const std::vector<ScalarS
       v = b.ops[q.op].args[q.arg].value.toDouble();
     }
     if (!v || q.source >= sources.size() || !same_bits(*v, sources[q.source].value))
-      return "a patch point of the plan does not hold its source's value at this size";
-    patches.push_back(q);
+      throw std::runtime_error("a patch point of the plan does not hold its source's value at this size");
+    r.patches.push_back(q);
   }
-  return "";
+  // A sync-point plan: what it takes from each call stays taken from each call.
+  for (std::uint64_t x : p->live_args)
+    if (std::find(r.live_args.begin(), r.live_args.end(), x) == r.live_args.end()) r.live_args.push_back(x);
+  for (std::uint32_t e = 0; e < p->live_ext.size(); ++e)
+    if (p->live_ext[e] != 0 && std::find(r.live_exts.begin(), r.live_exts.end(), e) == r.live_exts.end())
+      r.live_exts.push_back(e);
+  return r;
 }
 }  // namespace replay
 
 std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
                              const std::string& runs_on) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto p = get_plan(plan);
   auto b = get_form(form);
-  std::shared_ptr<const Form> a;
-  std::vector<Patch> patches;
-  std::vector<at::Tensor> exts;
-  {
-    BusyLock hold(*p);
-    if (p->sync) throw std::runtime_error("a sync-point plan is not a whole step's");
-    a = p->form;
-    exts = like_exts(*p);
-    const std::string why = compare_like(*p, *b, sources, exts, patches);
-    if (!why.empty()) throw std::runtime_error(why);
-  }
-  return plan_of(*a, exts, b, std::move(patches), sources, runs_on, t0);
+  Like r = compare_like(plan, *b, sources, false);
+  return plan_of(*r.a, r.exts, b, std::move(r.patches), sources, runs_on, t0);
 }
 
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {

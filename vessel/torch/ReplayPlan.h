@@ -257,14 +257,18 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
                           std::vector<std::uint64_t>* live_args = nullptr,
                           std::vector<std::uint32_t>* live_exts = nullptr,
                           const SizeSymbols* sizes = nullptr);
-// Note [Size families]: a call at new sizes against plan p (Replay.cpp): the persistent tensors
-// p's runs use, and "" when b repeats p at its own sizes (patches: p's and those found; live_*:
-// given for a sync-point plan, what b's Python makes anew), else the first difference.
-std::vector<at::Tensor> like_exts(const Plan& p);
-std::string compare_like(const Plan& p, const Form& b, const std::vector<ScalarSource>& sources,
-                         const std::vector<at::Tensor>& exts, std::vector<Patch>& patches,
-                         std::vector<std::uint64_t>* live_args = nullptr,
-                         std::vector<std::uint32_t>* live_exts = nullptr);
+// Note [Size families]: a call b at new sizes against a plan (Replay.cpp): throws with the first
+// difference unless b repeats the plan (whole-step, or sync-point when `sync`) at its own sizes.
+// Else: the plan's form, the persistent tensors its runs use, and b's patch points (the plan's
+// and those found) and, for a sync-point plan, what b's Python makes anew (the plan's and found).
+struct Like {
+  std::shared_ptr<const Form> a;
+  std::vector<at::Tensor> exts;
+  std::vector<Patch> patches;
+  std::vector<std::uint64_t> live_args;
+  std::vector<std::uint32_t> live_exts;
+};
+Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSource>& sources, bool sync);
 // The content address of a form with its patch points masked.
 ContentHash plan_key(const Form& f, const std::vector<Patch>& patches);
 // The two forms of a plan build (their scalar sources must agree in number).

@@ -658,28 +658,9 @@ std::int64_t plan_build_sync(std::int64_t form_a, std::int64_t form_b, const std
 std::int64_t plan_build_sync_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   using namespace replay;
   const auto t0 = std::chrono::steady_clock::now();
-  auto p = get_plan(plan);
   auto b = get_form(form);
-  std::shared_ptr<const Form> a;
-  std::vector<Patch> patches;
-  std::vector<std::uint64_t> live_args;
-  std::vector<std::uint32_t> live_exts;
-  std::vector<at::Tensor> exts;
-  {
-    BusyLock hold(*p);
-    if (!p->sync) throw std::runtime_error("not a sync-point plan");
-    a = p->form;
-    exts = like_exts(*p);
-    std::string why = compare_like(*p, *b, sources, exts, patches, &live_args, &live_exts);
-    if (!why.empty()) throw std::runtime_error(why);
-    // What the plan takes from each call stays taken from each call.
-    for (std::uint64_t x : p->live_args)
-      if (std::find(live_args.begin(), live_args.end(), x) == live_args.end()) live_args.push_back(x);
-    for (std::uint32_t e = 0; e < p->live_ext.size(); ++e)
-      if (p->live_ext[e] != 0 && std::find(live_exts.begin(), live_exts.end(), e) == live_exts.end())
-        live_exts.push_back(e);
-  }
-  return sync_plan_of(*a, exts, b, std::move(patches), live_args, live_exts, sources, t0);
+  Like r = compare_like(plan, *b, sources, true);
+  return sync_plan_of(*r.a, r.exts, b, std::move(r.patches), r.live_args, r.live_exts, sources, t0);
 }
 
 bool plan_same_path(std::int64_t plan, std::int64_t form) {

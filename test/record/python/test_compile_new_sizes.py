@@ -299,11 +299,10 @@ def test_a_size_beyond_a_positional_table_fails_as_eager_does_and_the_plans_stay
     assert step.stats()["plan_runs"] == runs + 1, step.stats()
 
 
-def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
-    # Batch 8 compiles at lr 0.1; the learning rate moves to 0.05 (the plan takes it over as a
-    # patch point) and back. Batch 12 records one call at lr 0.1, the value in the plan's own
-    # recorded calls, so comparing the two finds no difference there: the patch point is kept
-    # from the plan, and lr 0.02 later reaches batch 12's runs as it reaches eager.
+def run_lr_calls(calls, log=None):
+    """An MLP + SGD step over (batch, learning rate) calls, the rate set on both twins before
+    each; compiled and eager compared bit for bit, parameters too. log: the step appends each
+    batch size to it (Python state: a sync-point step). Returns the compiled step."""
     pair = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -314,6 +313,8 @@ def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
         def step(x, y):
             o.zero_grad()
             loss = torch.nn.functional.cross_entropy(m(x), y)
+            if log is not None:
+                log.append(x.shape[0])
             loss.backward()
             o.step()
             return loss
@@ -321,7 +322,6 @@ def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
     step = crucible.compile(step_for(*pair[0]), new_sizes="compile")
     eager = step_for(*pair[1])
     g = torch.Generator().manual_seed(5)
-    calls = [(8, 0.1)] * 3 + [(8, 0.05)] * 2 + [(8, 0.1)] * 2 + [(12, 0.1)] + [(12, 0.02)] * 3
     for i, (n, lr) in enumerate(calls):
         for _, o in pair:
             o.param_groups[0]["lr"] = lr
@@ -329,6 +329,15 @@ def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
         assert_same_call(step, eager, x, y, i, f"call {i} (batch {n}, lr {lr})")
     for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
         assert torch.equal(a, b)
+    return step
+
+
+def test_a_learning_rate_the_plan_took_over_stays_a_patch_point_at_a_new_size():
+    # Batch 8 compiles at lr 0.1; the learning rate moves to 0.05 (the plan takes it over as a
+    # patch point) and back. Batch 12 records one call at lr 0.1, the value in the plan's own
+    # recorded calls, so comparing the two finds no difference there: the patch point is kept
+    # from the plan, and lr 0.02 later reaches batch 12's runs as it reaches eager.
+    step = run_lr_calls([(8, 0.1)] * 3 + [(8, 0.05)] * 2 + [(8, 0.1)] * 2 + [(12, 0.1)] + [(12, 0.02)] * 3)
     st = step.stats()
     assert st["hyper_learned"] == 1 and st["sizes_derived"] == 1, st
     assert st["plan_runs"] == 3 + 3, st   # batch 8: 3 (one call recorded by the update), batch 12: 3
@@ -363,33 +372,8 @@ def test_a_sync_point_size_keeps_the_learning_rate_its_plan_takes_from_the_sourc
     # A logging step (sync-point): lr differs between batch 8's two recorded calls, so its plan
     # feeds lr from the sources and does not guard it. Batch 12 derives from that plan; lr moves
     # again and batch 12's optimizer step still runs natively, with eager's bits.
-    log = []
-    pair = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-        pair.append((m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)))
-
-    def step_for(m, o):
-        def step(x, y):
-            o.zero_grad()
-            loss = torch.nn.functional.cross_entropy(m(x), y)
-            log.append(x.shape[0])
-            loss.backward()
-            o.step()
-            return loss
-        return step
-    step = crucible.compile(step_for(*pair[0]), new_sizes="compile")
-    eager = step_for(*pair[1])
-    g = torch.Generator().manual_seed(6)
-    calls = [(8, 0.1), (8, 0.1), (8, 0.05), (8, 0.05), (12, 0.05), (12, 0.02), (12, 0.01), (12, 0.03)]
-    for i, (n, lr) in enumerate(calls):
-        for _, o in pair:
-            o.param_groups[0]["lr"] = lr
-        x, y = mlp_like(n, g)
-        assert_same_call(step, eager, x, y, i, f"call {i} (batch {n}, lr {lr})")
-    for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
-        assert torch.equal(a, b)
+    step = run_lr_calls([(8, 0.1), (8, 0.1), (8, 0.05), (8, 0.05), (12, 0.05), (12, 0.02), (12, 0.01), (12, 0.03)],
+                        log=[])
     st = step.stats()
     assert st["sizes_derived"] == 1 and st["sync_calls"] == 4, st
     assert step.last_sync_eager is None, step.last_sync_eager   # no optimizer step fell back to eager
