@@ -34,7 +34,7 @@ _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eag
 # family's own calls: the eager calls' and the plan runs' seconds, and the least a size's
 # captures and build took beyond an eager call each (the first size also compiled the kernels;
 # sizes derived from one recorded call counted apart, and expected once another size has a
-# whole-step plan).
+# plan).
 # While those are not known yet (the first sizes still recording, or seen once and never
 # again) a new size waits _BLIND_WAIT calls at most. A size whose plan would not be faster than
 # eager is never captured. stats()["size_waits"] counts the calls that waited.
@@ -79,7 +79,7 @@ class _Family:
         """How many calls a new size of the family runs eagerly before it is captured. A size
         that takes an evicted size's place always waits its rental, new_sizes="compile" or not:
         a loop over more sizes than the step holds would otherwise capture every call. derive:
-        another size has a whole-step plan, so this one will likely cost one recorded call."""
+        another size has a plan, so this one will likely cost one recorded call."""
         if self.started < self.free and not evicting:
             return 0
         cost = self.derived_s if derive and self.derived_s is not None else self.onboard_s
@@ -359,7 +359,8 @@ class _Entry:
                  "scheds", "causes", "cap_guard", "cap_srcs", "py", "cap_py", "closures", "cap_closures",
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
-                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting", "sync_lifted")
+                 "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting",
+                 "sync_lifted")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
