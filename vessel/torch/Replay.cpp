@@ -149,8 +149,8 @@ std::string tail_text(const Form& f, bool sizes) {
   for (std::size_t e = 0; e < f.exts.size(); ++e) {
     const at::Tensor& x = f.exts[e];
     t += "ext" + std::to_string(e) + ":" + std::string(c10::toString(x.scalar_type())) +
-         shape(x.sizes(), x.strides(), x.storage_offset()) + x.device().str() + (x.requires_grad() ? " rg" : "") + (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") +
-         (f.ext_lifted[e] ? " lifted" : "") + ";";
+         shape(x.sizes(), x.strides(), x.storage_offset()) + x.device().str() + (x.requires_grad() ? " rg" : "") +
+         (x.unsafeGetTensorImpl()->is_wrapped_number() ? " wrapped" : "") + (f.ext_lifted[e] ? " lifted" : "") + ";";
   }
   for (std::size_t v = 0; v < f.views.size(); ++v) {
     const ViewSpec& s = f.views[v];
@@ -707,11 +707,13 @@ std::int64_t match_source(const Form& b, std::size_t k, const std::string& arg, 
 // explains it with one unknown fitted on one call and checked on the other: S + d, c*S (c
 // rational: S/2, 64*S) or c*S*T. Two values always fit a line, so a free affine fit would
 // explain anything; these one-parameter fits do not (3 and 5 beside S = 12 and 14 fit S - 9;
-// beside S = 12 and 16, nothing). Values past 2^40 are only ever equal (slice ends as INT64_MAX).
+// beside S = 12 and 16, nothing). Values past 2^40 are only ever equal (slice ends as INT64_MAX),
+// and no symbol is past it: the products below stay in 128 bits.
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 40;
+
 bool size_explained(std::int64_t x, std::int64_t y, const SizeSymbols& syms) {
   if (x == y) return true;
-  constexpr std::int64_t kBig = std::int64_t{1} << 40;
-  if (x > kBig || x < -kBig || y > kBig || y < -kBig) return false;
+  if (x > kMaxSize || x < -kMaxSize || y > kMaxSize || y < -kMaxSize) return false;
   using W = __int128;
   for (std::size_t i = 0; i < syms.size(); ++i) {
     const auto [a, b] = syms[i];
@@ -734,8 +736,7 @@ std::string size_symbols(const Form& a, const Form& b, SizeSymbols& out) {
       return "step argument " + std::to_string(j) + " has another rank, dtype or device";
     for (std::size_t d = 0; d < x.sizes.size(); ++d) {
       if (x.sizes[d] == y.sizes[d]) continue;
-      constexpr std::int64_t kBig = std::int64_t{1} << 40;  // size_explained's products stay in 128 bits
-      if (x.sizes[d] > kBig || y.sizes[d] > kBig)
+      if (x.sizes[d] > kMaxSize || y.sizes[d] > kMaxSize)
         return "step argument " + std::to_string(j) + " dimension " + std::to_string(d) + " is past 2^40";
       // 0 and 1 change what broadcasting and empty tensors do: such sizes are never symbols
       if (x.sizes[d] < 2 || y.sizes[d] < 2)
