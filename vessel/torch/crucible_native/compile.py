@@ -874,9 +874,14 @@ class CompiledStep(_SyncPoint):
             self._build(e)
         return result
 
+    def _other_sizes(self, e):
+        """The other sizes of e's family that have a plan, the newest first (Note [Size families])."""
+        return (o for o in reversed(self._entries.values()) if o is not e and o.family is e.family
+                and o.plan is not None)
+
     def _template_of(self, e) -> bool:
-        """Whether another size of e's family has a plan (Note [Size families])."""
-        return any(o is not e and o.family is e.family and o.plan is not None for o in self._entries.values())
+        """Whether another size of e's family has a plan."""
+        return next(self._other_sizes(e), None) is not None
 
     def _build_like(self, e):
         """Note [Size families]: a signature's first captured call, when another size of it has
@@ -889,8 +894,7 @@ class CompiledStep(_SyncPoint):
         form, plan = e.forms[0], None
         scheds = [(id(s), n) for s, n in e.scheds]
         # the newest plans first (the path the step takes now); a few at most, each a comparison
-        likes = [o for o in reversed(self._entries.values()) if o is not e and o.family is e.family
-                 and o.plan is not None and o.mode == mode and o.scheds is not None
+        likes = [o for o in self._other_sizes(e) if o.mode == mode and o.scheds is not None
                  and [(id(s), n) for s, n in o.scheds] == scheds][:_LIKE_TRIES]
         why = None
         for t in likes:
