@@ -108,7 +108,9 @@ endif()
 set(CRUCIBLE_TORCH_VERSION "")
 set(CRUCIBLE_TORCH_CUDA "")
 set(CRUCIBLE_TORCH_CXX11_ABI "")
-if(CRUCIBLE_PYTHON)
+if(NOT CRUCIBLE_WITH_TORCH)
+  message(STATUS "CRUCIBLE_WITH_TORCH=OFF: the PyTorch Vessel is not built (torch-free stages only)")
+elseif(CRUCIBLE_PYTHON)
   execute_process(
     COMMAND ${CRUCIBLE_PYTHON} -c
       "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.version.cuda or '')"
