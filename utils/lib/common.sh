@@ -25,11 +25,11 @@ crucible_python() {
 }
 
 # Builds one preset (configure if needed) against crucible_python's torch. Jobs: CRUCIBLE_JOBS,
-# else the machine's core count.
+# else the machine's core count. Further arguments go to the configure step.
 crucible_build() {
-  local preset="$1"
+  local preset="$1"; shift
   local jobs="${CRUCIBLE_JOBS:-$(nproc)}"
   local py; py="$(crucible_python)"
-  (cd "$CRUCIBLE_ROOT" && cmake --preset "$preset" -DCRUCIBLE_PYTHON="$py" >/dev/null \
+  (cd "$CRUCIBLE_ROOT" && cmake --preset "$preset" -DCRUCIBLE_PYTHON="$py" "$@" >/dev/null \
      && cmake --build --preset "$preset" -j "$jobs")
 }
