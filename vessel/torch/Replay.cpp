@@ -784,6 +784,12 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
       if (x.arg_sig[i] == y.arg_sig[i]) continue;
       if (x.args[i].kind == ArgT::Const && y.args[i].kind == ArgT::Const) {
         if (sizes != nullptr && ints_explained(x.args[i].value, y.args[i].value, *sizes)) continue;
+        // A position a sync-point plan already takes from each call (listed in live_args by
+        // compare_like before the comparison) stays so at any size.
+        const std::uint64_t pos = static_cast<std::uint64_t>(k) << 32 | i;
+        if (sizes != nullptr && live_args != nullptr &&
+            std::find(live_args->begin(), live_args->end(), pos) != live_args->end())
+          continue;
         if (sizes != nullptr && (x.args[i].value.isInt() || x.args[i].value.isIntList()))
           return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " at one size and " +
                  y.arg_sig[i] + " at the other: no size of the arguments explains it (S + d, c*S, c*S*T)";
@@ -797,7 +803,7 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
           }
         }
         if (live_args != nullptr) {
-          live_args->push_back(static_cast<std::uint64_t>(k) << 32 | i);
+          live_args->push_back(pos);
           continue;
         }
         return describe_op(x, k) + " argument '" + arg_name(x, i) + "' was " + x.arg_sig[i] + " in one call and " +
@@ -1465,6 +1471,9 @@ Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSour
   for (std::size_t e = 0; e < r.exts.size() && e < p->run_exts.size(); ++e)
     if (!r.exts[e].unsafeGetTensorImpl()->is_wrapped_number()) r.exts[e] = p->run_exts[e];
   SizeSymbols syms;
+  // A sync-point plan: what it takes from each call stays taken from each call (an integer
+  // among them need not be explained by a size).
+  if (sync) r.live_args.assign(p->live_args.begin(), p->live_args.end());
   std::string why = size_symbols(*r.a, b, syms);
   if (why.empty())
     why = compare_forms(*r.a, b, &p->build_sources, &sources, &r.patches, &r.exts, nullptr,
@@ -1492,9 +1501,6 @@ Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSour
       throw std::runtime_error("a patch point of the plan does not hold its source's value at this size");
     r.patches.push_back(q);
   }
-  // A sync-point plan: what it takes from each call stays taken from each call.
-  for (std::uint64_t x : p->live_args)
-    if (std::find(r.live_args.begin(), r.live_args.end(), x) == r.live_args.end()) r.live_args.push_back(x);
   for (std::uint32_t e = 0; e < p->live_ext.size(); ++e)
     if (p->live_ext[e] != 0 && std::find(r.live_exts.begin(), r.live_exts.end(), e) == r.live_exts.end())
       r.live_exts.push_back(e);

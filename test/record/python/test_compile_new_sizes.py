@@ -377,3 +377,37 @@ def test_a_sync_point_size_keeps_the_learning_rate_its_plan_takes_from_the_sourc
     st = step.stats()
     assert st["sizes_derived"] == 1 and st["sync_calls"] == 4, st
     assert step.last_sync_eager is None, step.last_sync_eager   # no optimizer step fell back to eager
+
+
+def test_an_integer_a_sync_point_plan_takes_from_each_call_stays_taken_at_a_new_size():
+    # The step rolls its logits by a call counter (Python state: a sync-point step). The plan of
+    # batch 8 takes the shift from each call; at batch 12 the shift differs again, and no size
+    # explains it, yet the new size derives from batch 8's plan in one recorded call: the shift
+    # stays taken from each call there too (it was refused as unexplained, and recorded twice).
+    pair = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(64, 10)
+        pair.append((m, torch.optim.SGD(m.parameters(), lr=0.1), [0]))
+
+    def step_for(m, o, calls):
+        def step(x, y):
+            calls[0] += 1
+            o.zero_grad()
+            loss = torch.nn.functional.cross_entropy(torch.roll(m(x), calls[0] % 7, 1), y)
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    step = crucible.compile(step_for(*pair[0]), new_sizes="compile")
+    eager = step_for(*pair[1])
+    g = torch.Generator().manual_seed(9)
+    for i, n in enumerate([8] * 4 + [12] * 4):
+        x, y = mlp_like(n, g)
+        assert_same_call(step, eager, x, y, i, f"call {i} (batch {n})")
+    for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
+        assert torch.equal(a, b)
+    st = step.stats()
+    assert st["plans_built"] == 2 and st["sizes_derived"] == 1, (st, step.last_size_miss)
+    assert st["captures"] == 3 and st["sync_calls"] == 1 + 3, st   # batch 8: call 4; batch 12: calls 6-8
+    assert all(p["sync"] for p in step.plans()), step.plans()
