@@ -153,7 +153,8 @@ COVERED = {f"aten::{b}{ip}.{o}" for b in ("add", "sub", "mul", "div") for ip in 
            for o in ("Tensor", "Scalar")} | {f"aten::{u}{ip}" for u in ("neg", "abs", "relu")
                                               for ip in ("", "_")} | {
     "aten::subtract.Tensor", "aten::multiply.Tensor", "aten::divide.Tensor", "aten::negative",
-    "aten::threshold_backward"}
+    "aten::threshold_backward", "aten::clone", "aten::copy_", "aten::zero_", "aten::zeros_like",
+    "aten::ones_like"}
 
 
 def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(tmp_path):

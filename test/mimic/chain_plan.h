@@ -93,7 +93,7 @@ inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF32 ? 4 : 8; }  /
 
 // ---- the elementwise semantics, shared by the reference and the provider ----
 
-enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward, AddCMul, AddCDiv, Lerp };
+enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward, AddCMul, AddCDiv, Lerp, Copy, Zero, Ones };
 struct OpInfo {
   Fn fn;
   int tensor_inputs;
@@ -127,6 +127,14 @@ inline bool op_info(std::string name, OpInfo* info) {
   }
   if (base == "aten::addcmul" || base == "aten::addcdiv") {  // (self, t1, t2, *, value)
     *info = OpInfo{base == "aten::addcmul" ? Fn::AddCMul : Fn::AddCDiv, 3, -1, 3};
+    return true;
+  }
+  if (base == "aten::clone" || base == "aten::copy") {  // clone(self); copy_(self, src): src
+    *info = OpInfo{Fn::Copy, base == "aten::copy" ? 2 : 1, -1, -1};
+    return true;
+  }
+  if (base == "aten::zero" || base == "aten::zeros_like" || base == "aten::ones_like") {
+    *info = OpInfo{base == "aten::ones_like" ? Fn::Ones : Fn::Zero, 1, -1, -1};
     return true;
   }
   if (base == "aten::lerp" && scalar) {  // (self, end, weight)
@@ -173,6 +181,9 @@ T apply(Fn f, T a, T b) {
     case Fn::AddCMul:
     case Fn::AddCDiv:
     case Fn::Lerp:
+    case Fn::Copy:
+    case Fn::Zero:
+    case Fn::Ones:
       break;
   }
   return a;
@@ -216,6 +227,8 @@ T compute(Fn f, const std::vector<double>& in_as_read, const std::vector<std::in
     return in_dtype[i] != kF32 ? static_cast<T>(in_as_read[i])  // float64, a Python int
                                : static_cast<T>(static_cast<float>(in_as_read[i]));
   };
+  if (f == Fn::Copy) return conv(static_cast<std::size_t>(info.tensor_inputs - 1));  // the source
+  if (f == Fn::Zero || f == Fn::Ones) return T(f == Fn::Ones ? 1 : 0);
   if (f == Fn::ThresholdBackward) {  // self <= threshold ? +0 : grad (NaN self: grad)
     const T t = scalar_as<T>(*scalar_at(scalars, info.other_arg));
     return conv(1) <= t ? T(0) : conv(0);

@@ -34,6 +34,8 @@
 // (its vectorized loop uses fmadd on the weight or the weight minus 1; its scalar loop's
 // `end - (end-self)*(1-w)` is the same value rounded twice). Neither addcmul nor lerp has a
 // parameter that makes the roundings agree (`always_scaled`).
+// clone and copy_ are the source element converted to the output's dtype (one rounding, or
+// none); zero_, zeros_like and ones_like are the constant, the input's elements not read.
 // sqrt is not bit-exact: ATen's is not IEEE sqrt (one ulp away on about 0.7 % of random float32
 // and float64 inputs, in its vectorized and its default kernels alike: MKL's vector math), so
 // only numerics="fast" generates it.
@@ -67,7 +69,8 @@ enum class PwOp : std::uint8_t {
   ThresholdBwd = 13,  // a <= c ? +0 : b (threshold_backward: a = self, b = grad, c = threshold)
   Lerp = 14,  // lerp(a, b, c): |c| < 0.5 ? a + c*(b-a) : b + (c-1)*(b-a), rounded as the loop says
   Sqrt = 15,  // IEEE sqrt (numerics="fast" only: not ATen's bits)
-  kCount = 16,
+  Const = 16,  // the number `a` (a small non-negative integer: zero_, zeros_like, ones_like)
+  kCount = 17,
 };
 const char* pw_op_name(PwOp op) noexcept;
 

@@ -171,7 +171,7 @@ class LoopEmitter {
     return access;
   }
   llvm::Value* inst(const PwInst& in, llvm::Value* idx) {
-    llvm::Value* a = in.op == PwOp::Load ? nullptr : vals_[in.a];
+    llvm::Value* a = in.op == PwOp::Load || in.op == PwOp::Const ? nullptr : vals_[in.a];
     switch (in.op) {
       case PwOp::Load:
         return scoped(b_.CreateLoad(type(in.dtype), address(in.a, idx)), in.a);
@@ -217,6 +217,8 @@ class LoopEmitter {
       }
       case PwOp::Sqrt:
         return b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, a);
+      case PwOp::Const:
+        return llvm::ConstantFP::get(type(in.dtype), static_cast<double>(in.a));
       case PwOp::ThresholdBwd: {  // ordered <=: a NaN self passes the gradient
         llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
         return b_.CreateSelect(b_.CreateFCmpOLE(a, vals_[in.c]), zero, vals_[in.b]);

@@ -15,15 +15,16 @@ namespace {
 
 constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
     "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled",
-    "thresholdbwd", "lerp", "sqrt"};
-static_assert(kOpNames.size() == 16, "one name per PwOp");
+    "thresholdbwd", "lerp", "sqrt", "const"};
+static_assert(kOpNames.size() == 17, "one name per PwOp");
 
 // The covered ops: what each computes, how many tensor inputs it has, and where its scalar
 // arguments sit in the schema (other: the second operand of a .Scalar overload,
 // threshold_backward's threshold or lerp's weight; alpha, or addcmul's and addcdiv's value).
-// addcmul and addcdiv are several instructions (Note [Pointwise programs]); `fast`: generated
-// only for numerics="fast".
-enum class Form : std::uint8_t { One, AddCMul, AddCDiv };
+// addcmul and addcdiv are several instructions (Note [Pointwise programs]); Copy is the last
+// tensor input's value (clone, copy_), Zero and Ones a constant (the inputs are not read);
+// `fast`: generated only for numerics="fast".
+enum class Form : std::uint8_t { One, AddCMul, AddCDiv, Copy, Zero, Ones };
 struct OpRow {
   std::string_view name;
   PwOp op;
@@ -33,7 +34,7 @@ struct OpRow {
   Form form = Form::One;
   bool fast = false;
 };
-constexpr std::array<OpRow, 35> kOps{{
+constexpr std::array<OpRow, 40> kOps{{
     {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
@@ -69,8 +70,13 @@ constexpr std::array<OpRow, 35> kOps{{
     {"aten::lerp_.Scalar", PwOp::Lerp, 2, 2, -1},
     {"aten::sqrt", PwOp::Sqrt, 1, -1, -1, Form::One, true},
     {"aten::sqrt_", PwOp::Sqrt, 1, -1, -1, Form::One, true},
+    {"aten::clone", PwOp::Load, 1, -1, -1, Form::Copy},
+    {"aten::copy_", PwOp::Load, 2, -1, -1, Form::Copy},
+    {"aten::zero_", PwOp::Const, 1, -1, -1, Form::Zero},
+    {"aten::zeros_like", PwOp::Const, 1, -1, -1, Form::Zero},
+    {"aten::ones_like", PwOp::Const, 1, -1, -1, Form::Ones},
 }};
-static_assert(kOps.size() == 35, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 40, "the covered-op table is data: update the count");
 
 const OpRow* find_op(std::string_view name, bool fast) {
   for (const OpRow& r : kOps)
@@ -236,6 +242,20 @@ class Lowering {
     if (call.in_count != row->tensor_inputs || call.out_count != 1)
       return refuse_call(
           c, "has " + n(call.in_count) + " tensor inputs and " + n(call.out_count) + " outputs");
+    if (row->form == Form::Copy || row->form == Form::Zero || row->form == Form::Ones) {
+      std::uint16_t r = 0;
+      if (row->form == Form::Copy) {  // the source: the last tensor input (copy_'s src)
+        const exec::Arg& src = p_.inputs_of(call)[call.in_count - 1];
+        auto v = load(c, src.tensor);
+        if (!v.ok()) return v.status();
+        r = *v;
+      } else {  // the constant in the output's dtype; the input only gives the shape
+        const exec::TensorRef& o = p_.tensors[p_.outputs_of(call)[0].tensor];
+        if (!is_float(o.dtype)) return refuse_call(c, "makes a tensor of another dtype than float32 or float64");
+        r = emit(PwOp::Const, o.dtype, row->form == Form::Ones ? 1 : 0);
+      }
+      return finish_call(c, call, r);
+    }
     // Compute dtype: the widest float among the highest tier present (dimensioned tensors,
     // then 0-d tensors, then Python numbers).
     int best_tier = 3;
@@ -250,16 +270,7 @@ class Lowering {
         best_tier = tier, compute = t.dtype;
       else if (tier == best_tier && t.dtype == dtype::kFloat64)
         compute = dtype::kFloat64;
-      accesses_.push_back({key->slot, *key, false});
-      auto it = values_.find(*key);
-      if (it != values_.end()) {
-        vals.push_back(it->second);
-      } else {
-        const std::uint32_t o = operand(*key, a.tensor, false);
-        const std::uint16_t v = emit(PwOp::Load, key->dtype, o);
-        values_.emplace(*key, v);
-        vals.push_back(v);
-      }
+      vals.push_back(value_of(*key, a.tensor));
     }
     for (std::uint16_t& v : vals) v = convert(v, compute);
     if (row->other_arg >= 0) {
@@ -304,6 +315,28 @@ class Lowering {
     } else {
       r = emit(row->op, compute, vals[0]);
     }
+    return finish_call(c, call, r);
+  }
+
+  // The register holding what location `key` (of tensor ti) holds now: loaded on first use.
+  std::uint16_t value_of(const Key& key, std::uint32_t ti) {
+    accesses_.push_back({key.slot, key, false});
+    auto it = values_.find(key);
+    if (it != values_.end()) return it->second;
+    const std::uint32_t o = operand(key, ti, false);
+    const std::uint16_t v = emit(PwOp::Load, key.dtype, o);
+    values_.emplace(key, v);
+    return v;
+  }
+  Result<std::uint16_t> load(std::uint32_t c, std::uint32_t ti) {
+    auto key = key_of(c, ti, false);
+    if (!key.ok()) return key.status();
+    return value_of(*key, ti);
+  }
+
+  // The call's result r, converted to its output's dtype, becomes that location's value; stored
+  // when anything outside the run may read it.
+  Status finish_call(std::uint32_t c, const exec::Call& call, std::uint16_t r) {
     const std::uint32_t out_t = p_.outputs_of(call)[0].tensor;
     auto key = key_of(c, out_t, true);
     if (!key.ok()) return key.status();
@@ -401,6 +434,9 @@ std::string PointwiseProgram::text() const {
         break;
       case PwOp::Param:
         s += " p" + std::to_string(in.a);
+        break;
+      case PwOp::Const:
+        s += " " + std::to_string(in.a);
         break;
       case PwOp::Store:
         s += " %" + std::to_string(in.a) + " -> op" + std::to_string(in.b);

@@ -80,9 +80,11 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps, backend):
     assert info["runs"] == steps - 3 and info["ops"] > 0 and len(info["hash"]) == 32
     phases = {n.rsplit("(", 1)[1] for n in info["op_names"]}
     assert phases == {"forward)", "backward)", "optimizer)"}
-    # the first run planned the arena; every later run was served from it
+    # the first run planned the arena; every later run was served from it (the mlp's cpu plan
+    # leaves ATen no allocation of its own inside a run: its one, ones_like's, is generated)
     assert info["arena"] == "ready" and info["arena_mismatches"] == 0
-    assert info["arena_runs"] == steps - 4 and info["arena_served"] > 0
+    assert info["arena_runs"] == steps - 4
+    assert info["arena_served"] > 0 or (backend == "cpu" and name == "mlp"), info
     assert info["arena_bytes"] >= info["arena_lower_bound"]
     assert info["arena_bytes"] > 0 or info["arena_in_exec"] == info["arena_served"]
     if backend == "replay":
@@ -96,7 +98,7 @@ def test_compiled_steps_are_bit_identical_to_eager(name, steps, backend):
     else:  # the exec stage's plan ran; the arena serves ATen's own allocations inside it,
         # most of them from the free bytes of the exec plan's arena (Note [One arena])
         assert info["exec"] == "cpu" and info["exec_note"] == "", info["exec_note"]
-        assert info["arena_in_exec"] > 0
+        assert info["arena_in_exec"] > 0 or name == "mlp", info
 
 
 def test_arena_off_gives_the_same_results_and_escaping_tensors_stay_valid():
