@@ -114,6 +114,7 @@ class CpuBackend {
                                                  std::uint32_t begin, std::uint32_t count,
                                                  std::span<const std::uint32_t> hoisted,
                                                  std::string_view* cache);
+  Result<std::unique_ptr<GeneratedRun>> generate_lowered(const PointwiseKernel& pk, std::string_view* cache);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
 

@@ -86,11 +86,24 @@ struct PwOperand {
   bool read = false, write = false;
 };
 
+// Note [Generated sums]: sum.dim_IntList, sum and mean.dim over a dense float32/float64 tensor
+// whose reduced dims (those of size > 1) are all its innermost ones (Inner: rows of C elements,
+// one result per row; a full reduction is one row) or all its outermost ones (Outer: N rows of C
+// columns, one result per column) are one program with no instructions: operand 0 the input,
+// operand 1 the output, and the order of ATen's cascade_sum (misc/ATEN_ORDER.md section 2: its
+// AVX2 kernel's 32-byte vectors even on AVX-512 hosts, a 4-level cascade, four interleaved
+// accumulators, the tail and lanes added in ATen's order; a mean divides the sum by the reduced
+// element count), so the result is ATen's bits. ATen splits a full reduction of more than 32768
+// elements over its threads, which changes the order: such a sum is not generated.
+enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2 };
+
 // What is compiled: its content hash is the cache's "what is computed".
 struct PointwiseProgram {
   std::vector<PwInst> insts;
   std::vector<PwOperand> operands;
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
+  ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
+  bool mean = false;                     // a reduction's sum divided by its element count
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
   bool scaled() const;  // has AddScaled/SubScaled/Lerp: a fused contiguous loop exists
@@ -113,6 +126,8 @@ struct PointwiseKernel {
   // backend models (Note [ATen's alpha rounding], CpuBackend.cpp).
   bool scaled_broadcast = false;
   bool fast = false;  // lowered for numerics="fast" (Note [Fast numerics], CpuBackend.cpp)
+  // A reduction (Note [Generated sums]): rows (Inner) or rows summed per column (Outer), and C.
+  std::int64_t reduce_rows = 0, reduce_cols = 0;
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
@@ -130,6 +145,12 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                                               std::uint32_t kernel, std::uint32_t call_begin,
                                               std::uint32_t call_count, bool fast = false,
                                               std::span<const std::uint32_t> skip = {});
+
+// Note [Generated sums]: call c (sum.dim_IntList, sum, mean.dim) as a reduction program, or
+// `unsupported` saying why not (another layout, dtype or argument; a full reduction ATen
+// splits over threads).
+Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& plan, std::uint32_t call);
+bool is_reduction_op(std::string_view op);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

@@ -73,6 +73,8 @@ struct Generated {
   std::vector<char*> base, ptrs;
   std::vector<std::int64_t> inner, index;
   std::vector<std::uint64_t> params;
+  bool reduction = false;  // Note [Generated sums]: contig(base, rows, {cols})
+  std::int64_t rows = 0;
 };
 
 struct Run {
@@ -92,9 +94,15 @@ struct CpuBackend::GeneratedRun {
 
 namespace {
 
-const forge::NumericalRecipe* pinned_recipe(std::int8_t io, bool fast) {
+const forge::NumericalRecipe* pinned_recipe(std::int8_t io, bool fast, bool reduction = false) {
   forge::NumericalRecipe r = *forge::recipe_by_name(fast ? "f32_ordered" : "f32_strict");
   r.accum_dtype = r.io_dtype = io;
+  if (reduction) {  // ATen's cascade (Note [Generated sums]): bit-exact, accumulated in io dtype
+    r = *forge::recipe_by_name("f32_strict");
+    r.accum_dtype = r.io_dtype = io;
+    r.reduction = forge::ReductionAlgo::Blocked;
+    r.block = 16;
+  }
   return forge::intern_recipe(r);
 }
 
@@ -195,6 +203,21 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
+    if (is_reduction_op(plan.op_names[call.op])) {  // Note [Generated sums]: a run of its own
+      auto lowered = lower_reduction(plan, c);
+      auto gen = lowered.ok() ? generate_lowered(*lowered, &cache) : Result<std::unique_ptr<GeneratedRun>>(lowered.status());
+      if (!gen.ok()) {
+        if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
+        library(c, 1, std::string(gen.status().message()));
+      } else {
+        if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
+        ++state.generated_calls;
+        ++state.generated_runs;
+        prepared->runs.push_back(Run{c, 1, std::move((*gen)->code), {}});
+      }
+      ++c;
+      continue;
+    }
     if (!covers_op(plan.op_names[call.op], fast_) || call.out_count != 1) {  // the lowering says why
       auto refused = lower_pointwise_calls(plan, k, c, 1, fast_);
       library(c, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
@@ -297,11 +320,16 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
     std::span<const std::uint32_t> hoisted, std::string_view* cache) {
   auto lowered = lower_pointwise_calls(plan, k, begin, count, fast_, hoisted);
   if (!lowered.ok()) return lowered.status();
-  const PointwiseKernel& pk = *lowered;
+  return generate_lowered(*lowered, cache);
+}
+
+Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(const PointwiseKernel& pk,
+                                                                               std::string_view* cache) {
   bool any_f64 = false;
   for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
+  const bool reduction = pk.program.reduce != ReduceKind::None;
   const forge::NumericalRecipe* recipe =
-      pinned_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32, fast_);
+      pinned_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32, fast_, reduction);
   const CacheStats before = stats_;
   auto fns = get_pointwise(pk.program, forge::recipe_text(*recipe), disk_.get(), &stats_);
   if (!fns.ok()) return fns.status();
@@ -323,6 +351,17 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate(
   p->scaled_unbroadcast = !pk.scaled_broadcast;
   p->numel = 1;
   for (std::int64_t s : pk.shape) p->numel *= s;
+  if (reduction) {
+    p->reduction = true;
+    p->rows = pk.reduce_rows;
+    p->numel = pk.reduce_rows * pk.reduce_cols;
+    p->params = {static_cast<std::uint64_t>(pk.reduce_cols)};
+    p->base.resize(2);
+    auto r = std::make_unique<GeneratedRun>();
+    r->code = std::move(p);
+    r->recipe = recipe;
+    return r;
+  }
 
   // Dims of size > 1, then each operand dense in row-major order (or broadcast)?
   std::vector<std::size_t> dims;
@@ -445,6 +484,10 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   const std::size_t nops = p->base.size();
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
+  if (p->reduction) {  // Note [Generated sums]: one thread (ATen's split keeps each result's order)
+    p->fns->contig(p->base.data(), p->rows, p->params.data());
+    return true;
+  }
   for (std::size_t j = 0; j < p->params.size(); ++j)
     p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
   bool unit = !p->always_scaled && !fast_;

@@ -3,7 +3,9 @@
 #include "crucible/mimic/CpuCodegen.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -243,6 +245,239 @@ class LoopEmitter {
   std::vector<llvm::MDNode*> scope_, noalias_;  // per operand
 };
 
+// Note [Generated sums] (PointwiseProgram.h): one function with the contiguous loop's signature,
+// P_contig(ptrs, rows, params): ptrs[0] the input, ptrs[1] the output, params[0] the columns C.
+// SumInner: each of `rows` rows of C elements to one result; SumOuter: `rows` rows of C columns
+// to C results. The arithmetic is ATen's cascade_sum's, add for add (misc/ATEN_ORDER.md section
+// 2), in vectors of W = 32 bytes (its AVX2 kernel's width, which it runs on AVX-512 hosts too):
+// every lane's additions are the IEEE sequence ATen's lane performs.
+class ReduceEmitter {
+ public:
+  ReduceEmitter(const PointwiseProgram& p, llvm::Module& m)
+      : p_(p), m_(m), ctx_(m.getContext()), b_(ctx_), dt_(p.operands[0].dtype) {}
+
+  void emit(const std::string& name, const CpuTarget& target) {
+    i64_ = llvm::Type::getInt64Ty(ctx_);
+    elem_ = dt_ == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
+    w_ = dt_ == dtype::kFloat64 ? 4 : 8;
+    vec_ = llvm::FixedVectorType::get(elem_, w_);
+    auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
+    auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_),
+                                        {bytes_ptr->getPointerTo(), i64_, i64_->getPointerTo()}, false);
+    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addFnAttr("target-cpu", target.cpu);
+    fn_->addFnAttr("target-features", target.features);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    auto arg = fn_->arg_begin();
+    llvm::Value* ptrs = &*arg++;
+    llvm::Value* rows = &*arg++;
+    llvm::Value* params = &*arg++;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    x_ = b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, 0)),
+                          elem_->getPointerTo());
+    out_ = b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, 1)),
+                            elem_->getPointerTo());
+    cols_ = b_.CreateLoad(i64_, params);
+    if (p_.reduce == ReduceKind::SumInner)
+      inner(rows);
+    else
+      outer(rows);
+    b_.CreateRetVoid();
+  }
+
+ private:
+  using Load = std::function<llvm::Value*(llvm::Value* i)>;
+  llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::Value* zero(llvm::Type* t) { return llvm::Constant::getNullValue(t); }  // +0.0
+  llvm::BasicBlock* block(const char* n) { return llvm::BasicBlock::Create(ctx_, n, fn_); }
+  llvm::AllocaInst* slot(llvm::Type* t) {  // in the entry block, so SROA makes it a register
+    llvm::IRBuilder<> e(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
+    return e.CreateAlloca(t);
+  }
+  llvm::Value* at(llvm::Value* base, llvm::Value* i) { return b_.CreateInBoundsGEP(elem_, base, i); }
+  llvm::Value* load(llvm::Type* t, llvm::Value* base, llvm::Value* i) {
+    llvm::Value* ptr = at(base, i);
+    if (t != elem_) ptr = b_.CreateBitCast(ptr, t->getPointerTo());
+    return b_.CreateAlignedLoad(t, ptr, llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+  }
+
+  // for (i = begin; i < end; ++i) body(i)
+  void loop(llvm::Value* begin, llvm::Value* end, const std::function<void(llvm::Value*)>& body,
+            llvm::Value* step = nullptr) {
+    if (step == nullptr) step = c64(1);
+    llvm::AllocaInst* iv = slot(i64_);
+    b_.CreateStore(begin, iv);
+    llvm::BasicBlock *head = block("head"), *bodyb = block("body"), *done = block("done");
+    b_.CreateBr(head);
+    b_.SetInsertPoint(head);
+    llvm::Value* i = b_.CreateLoad(i64_, iv);
+    b_.CreateCondBr(b_.CreateICmpSLT(i, end), bodyb, done);
+    b_.SetInsertPoint(bodyb);
+    body(i);
+    b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, iv), step), iv);
+    b_.CreateBr(head);
+    b_.SetInsertPoint(done);
+  }
+
+  // ATen's multi_row_sum: k interleaved accumulators (load(i) gives element i of each), each a
+  // 4-level cascade of step 2^max(4, CeilLog2(size)/4); returns level 0 of each.
+  std::vector<llvm::Value*> multi_row_sum(llvm::Type* t, std::size_t k, llvm::Value* size,
+                                          const std::function<std::vector<llvm::Value*>(llvm::Value*)>& ld) {
+    std::vector<std::array<llvm::AllocaInst*, 4>> acc(k);
+    for (auto& a : acc)
+      for (auto& l : a) {
+        l = slot(t);
+        b_.CreateStore(zero(t), l);
+      }
+    // CeilLog2(size): 1 for size <= 2, else the bit length of size - 1
+    llvm::Value* bits = b_.CreateSub(c64(64), b_.CreateBinaryIntrinsic(llvm::Intrinsic::ctlz,
+                                                                         b_.CreateSub(size, c64(1)), b_.getFalse()));
+    llvm::Value* cl = b_.CreateSelect(b_.CreateICmpSLE(size, c64(2)), c64(1), bits);
+    llvm::Value* q = b_.CreateUDiv(cl, c64(4));
+    llvm::Value* power = b_.CreateSelect(b_.CreateICmpUGT(q, c64(4)), q, c64(4));
+    llvm::Value* step = b_.CreateShl(c64(1), power);
+    llvm::Value* mask = b_.CreateSub(step, c64(1));
+    llvm::AllocaInst* iv = slot(i64_);
+    b_.CreateStore(c64(0), iv);
+    llvm::BasicBlock *head = block("cascade"), *chunk = block("chunk"), *tail = block("tail");
+    b_.CreateBr(head);
+    b_.SetInsertPoint(head);
+    llvm::Value* i0 = b_.CreateLoad(i64_, iv);
+    b_.CreateCondBr(b_.CreateICmpSLE(b_.CreateAdd(i0, step), size), chunk, tail);
+    b_.SetInsertPoint(chunk);
+    loop(i0, b_.CreateAdd(i0, step), [&](llvm::Value* i) {
+      const std::vector<llvm::Value*> v = ld(i);
+      for (std::size_t j = 0; j < k; ++j)
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(t, acc[j][0]), v[j]), acc[j][0]);
+    });
+    llvm::Value* i1 = b_.CreateAdd(i0, step);
+    b_.CreateStore(i1, iv);
+    for (int level = 1; level < 4; ++level) {
+      for (std::size_t j = 0; j < k; ++j) {
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(t, acc[j][level]), b_.CreateLoad(t, acc[j][level - 1])),
+                       acc[j][level]);
+        b_.CreateStore(zero(t), acc[j][level - 1]);
+      }
+      if (level == 3) break;
+      llvm::Value* m = b_.CreateShl(mask, b_.CreateMul(power, c64(level)));
+      llvm::BasicBlock* next = block("carry");
+      b_.CreateCondBr(b_.CreateICmpNE(b_.CreateAnd(i1, m), c64(0)), head, next);
+      b_.SetInsertPoint(next);
+    }
+    b_.CreateBr(head);
+    b_.SetInsertPoint(tail);
+    loop(b_.CreateLoad(i64_, iv), size, [&](llvm::Value* i) {
+      const std::vector<llvm::Value*> v = ld(i);
+      for (std::size_t j = 0; j < k; ++j)
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(t, acc[j][0]), v[j]), acc[j][0]);
+    });
+    std::vector<llvm::Value*> r;
+    for (std::size_t j = 0; j < k; ++j) {
+      llvm::Value* a = b_.CreateLoad(t, acc[j][0]);
+      for (int level = 1; level < 4; ++level) a = b_.CreateFAdd(a, b_.CreateLoad(t, acc[j][level]));
+      r.push_back(a);
+    }
+    return r;
+  }
+
+  // ATen's row_sum: four interleaved cascades (elements i = k mod 4), the leftover elements
+  // into the first, then the other three added to it in order.
+  llvm::Value* row_sum(llvm::Type* t, llvm::Value* size, const Load& ld) {
+    llvm::Value* quarter = b_.CreateSDiv(size, c64(4));
+    std::vector<llvm::Value*> part = multi_row_sum(t, 4, quarter, [&](llvm::Value* i) {
+      std::vector<llvm::Value*> v;
+      for (int j = 0; j < 4; ++j) v.push_back(ld(b_.CreateAdd(b_.CreateMul(i, c64(4)), c64(j))));
+      return v;
+    });
+    llvm::AllocaInst* p0 = slot(t);
+    b_.CreateStore(part[0], p0);
+    loop(b_.CreateMul(quarter, c64(4)), size,
+         [&](llvm::Value* i) { b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(t, p0), ld(i)), p0); });
+    llvm::Value* r = b_.CreateLoad(t, p0);
+    for (int j = 1; j < 4; ++j) r = b_.CreateFAdd(r, part[static_cast<std::size_t>(j)]);
+    return r;
+  }
+
+  // The stored result: 0 + s (ATen accumulates into a zero-filled output), over n for a mean.
+  llvm::Value* finish(llvm::Value* s, llvm::Value* n) {
+    llvm::Value* r = b_.CreateFAdd(zero(s->getType()), s);
+    if (!p_.mean) return r;
+    llvm::Value* d = b_.CreateSIToFP(n, elem_);
+    if (s->getType() != elem_) d = b_.CreateVectorSplat(static_cast<unsigned>(w_), d);
+    return b_.CreateFDiv(r, d);
+  }
+  void store(llvm::Value* v, llvm::Value* i) {
+    llvm::Value* ptr = at(out_, i);
+    if (v->getType() != elem_) ptr = b_.CreateBitCast(ptr, v->getType()->getPointerTo());
+    b_.CreateAlignedStore(v, ptr, llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+  }
+
+  void inner(llvm::Value* rows) {
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* row = b_.CreateMul(r, cols_);
+      llvm::AllocaInst* f = slot(elem_);
+      llvm::BasicBlock *vec = block("vector_row"), *scal = block("scalar_row"), *join = block("row_done");
+      b_.CreateCondBr(b_.CreateICmpSGE(cols_, c64(w_)), vec, scal);
+      b_.SetInsertPoint(vec);  // vectorized_inner_sum: vectors, then the tail, then the lanes
+      {
+        llvm::Value* nv = b_.CreateSDiv(cols_, c64(w_));
+        llvm::Value* v = row_sum(vec_, nv, [&](llvm::Value* i) {
+          return load(vec_, x_, b_.CreateAdd(row, b_.CreateMul(i, c64(w_))));
+        });
+        b_.CreateStore(zero(elem_), f);
+        loop(b_.CreateMul(nv, c64(w_)), cols_, [&](llvm::Value* i) {
+          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, f), load(elem_, x_, b_.CreateAdd(row, i))), f);
+        });
+        llvm::Value* acc = b_.CreateLoad(elem_, f);
+        for (std::int64_t lane = 0; lane < w_; ++lane)
+          acc = b_.CreateFAdd(acc, b_.CreateExtractElement(v, static_cast<std::uint64_t>(lane)));
+        b_.CreateStore(acc, f);
+        b_.CreateBr(join);
+      }
+      b_.SetInsertPoint(scal);  // scalar_inner_sum
+      b_.CreateStore(row_sum(elem_, cols_, [&](llvm::Value* i) { return load(elem_, x_, b_.CreateAdd(row, i)); }), f);
+      b_.CreateBr(join);
+      b_.SetInsertPoint(join);
+      store(finish(b_.CreateLoad(elem_, f), cols_), r);
+    });
+  }
+
+  void outer(llvm::Value* rows) {
+    // Columns below nb take the cascade over every row (multi_row_sum), the rest row_sum;
+    // nb = C/(4W)*4W when C >= W, else C/4*4. Lanes are columns: a W-vector of columns, or one.
+    llvm::Value* wide = b_.CreateICmpSGE(cols_, c64(w_));
+    llvm::Value* nb = b_.CreateSelect(wide, b_.CreateMul(b_.CreateSDiv(cols_, c64(4 * w_)), c64(4 * w_)),
+                                      b_.CreateMul(b_.CreateSDiv(cols_, c64(4)), c64(4)));
+    auto column_block = [&](llvm::Type* t, llvm::Value* c, bool cascade_only) {
+      auto ld = [&](llvm::Value* i) { return load(t, x_, b_.CreateAdd(b_.CreateMul(i, cols_), c)); };
+      llvm::Value* s = cascade_only
+                           ? multi_row_sum(t, 1, rows, [&](llvm::Value* i) { return std::vector<llvm::Value*>{ld(i)}; })[0]
+                           : row_sum(t, rows, ld);
+      store(finish(s, rows), c);
+    };
+    // [0, nb): W columns at a time when C >= W (nb is a multiple of 4W), else one at a time
+    llvm::Value* nb_vec = b_.CreateSelect(wide, nb, c64(0));
+    loop(c64(0), nb_vec, [&](llvm::Value* c) { column_block(vec_, c, true); }, c64(w_));
+    loop(nb_vec, nb, [&](llvm::Value* c) { column_block(elem_, c, true); });
+    // [nb, C): whole W-vectors of columns, then single columns
+    llvm::Value* vec_end = b_.CreateAdd(nb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(cols_, nb), c64(w_)), c64(w_)));
+    loop(nb, vec_end, [&](llvm::Value* c) { column_block(vec_, c, false); }, c64(w_));
+    loop(vec_end, cols_, [&](llvm::Value* c) { column_block(elem_, c, false); });
+  }
+
+  const PointwiseProgram& p_;
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  std::int8_t dt_;
+  llvm::Type* i64_ = nullptr;
+  llvm::Type* elem_ = nullptr;
+  llvm::Type* vec_ = nullptr;
+  std::int64_t w_ = 8;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value *x_ = nullptr, *out_ = nullptr, *cols_ = nullptr;
+};
+
 // Note [CRUCIBLE_DUMP]: with CRUCIBLE_DUMP=DIR, each kernel the backend compiles (not one
 // loaded from the kernel cache) leaves DIR/<symbol prefix>.program.txt (the pointwise program),
 // .ll (its LLVM IR after optimization) and .s (the machine code as assembly, from a copy of
@@ -303,9 +538,13 @@ Result<std::string> compile_pointwise(const PointwiseProgram& program, const std
   llvm::Module m(prefix, ctx);
   m.setTargetTriple(target.triple);
   m.setDataLayout(tm->createDataLayout());
-  LoopEmitter(program, m, true).emit(prefix + "_contig", target);
-  LoopEmitter(program, m, false).emit(prefix + "_strided", target);
-  if (program.scaled()) LoopEmitter(program, m, true, true).emit(prefix + "_contig_fused", target);
+  if (program.reduce != ReduceKind::None) {
+    ReduceEmitter(program, m).emit(prefix + "_contig", target);
+  } else {
+    LoopEmitter(program, m, true).emit(prefix + "_contig", target);
+    LoopEmitter(program, m, false).emit(prefix + "_strided", target);
+    if (program.scaled()) LoopEmitter(program, m, true, true).emit(prefix + "_contig_fused", target);
+  }
   std::string verify_msg;
   llvm::raw_string_ostream vs(verify_msg);
   if (llvm::verifyModule(m, &vs))

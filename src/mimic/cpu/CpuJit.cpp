@@ -46,7 +46,7 @@ Result<void*> lookup(llvm::orc::LLJIT& lljit, const std::string& name) {
 
 // Links `object` into the process and finds its two entry points.
 Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix,
-                               bool fused) {
+                               bool fused, bool reduction) {
   if (!j.lljit) {
     auto made = llvm::orc::LLJITBuilder().create();
     if (!made)
@@ -68,10 +68,11 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
                      "remove the kernel cache directory's entry and run again");
   auto c = lookup(*j.lljit, prefix + "_contig");
   if (!c.ok()) return c.status();
-  auto s = lookup(*j.lljit, prefix + "_strided");
-  if (!s.ok()) return s.status();
   CompiledPointwise r;
   r.contig = reinterpret_cast<ContigFn>(*c);
+  if (reduction) return r;  // Note [Generated sums]: one function
+  auto s = lookup(*j.lljit, prefix + "_strided");
+  if (!s.ok()) return s.status();
   r.strided = reinterpret_cast<StridedFn>(*s);
   if (fused) {
     auto f = lookup(*j.lljit, prefix + "_contig_fused");
@@ -129,7 +130,7 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
       }
   }
   const auto t = Clock::now();
-  auto linked = link(j, object, prefix, program.scaled());
+  auto linked = link(j, object, prefix, program.scaled(), program.reduce != ReduceKind::None);
   if (!linked.ok()) return linked.status();
   linked->key = key.text;
   stats->load_seconds += seconds_since(t);

@@ -419,11 +419,19 @@ ContentHash PointwiseProgram::hash() const {
                  std::uint64_t{o.write} << 10);
   h.update_u64(params.size());
   for (std::int8_t d : params) h.update_u8(static_cast<std::uint8_t>(d));
+  if (reduce != ReduceKind::None) {  // Note [Generated sums]
+    h.update_string("reduce.sum.v1");
+    h.update_u8(static_cast<std::uint8_t>(reduce));
+    h.update_u8(mean ? 1 : 0);
+  }
   return h.digest();
 }
 
 std::string PointwiseProgram::text() const {
   std::string s;
+  if (reduce != ReduceKind::None)
+    s += std::string(mean ? "mean" : "sum") + (reduce == ReduceKind::SumInner ? " inner" : " outer") + " " +
+         std::string(scalar_type_info(operands[0].dtype).name) + ": op0 -> op1\n";
   for (std::size_t i = 0; i < insts.size(); ++i) {
     const PwInst& in = insts[i];
     s += "%" + std::to_string(i) + " = " + pw_op_name(in.op) + "." +
@@ -501,6 +509,94 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
                              std::to_string(kernel),
                          "name calls of the kernel");
   return Lowering(plan, kernel, call_begin, call_count, fast, skip).run();
+}
+
+bool is_reduction_op(std::string_view op) {
+  return op == "aten::sum.dim_IntList" || op == "aten::sum" || op == "aten::mean.dim";
+}
+
+// Note [Generated sums].
+Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) -> Status {
+    return unsupported("call " + std::to_string(c) + " (" + name + ") is not a sum the CPU backend generates: " + why,
+                       "it runs as a library call");
+  };
+  if (!is_reduction_op(name)) return refuse("not a sum or mean");
+  if (call.in_count != 1 || call.out_count != 1) return refuse("it has other than one input and one output");
+  const std::uint32_t in_t = p.inputs_of(call)[0].tensor, out_t = p.outputs_of(call)[0].tensor;
+  const exec::TensorRef& in = p.tensors[in_t];
+  const exec::TensorRef& out = p.tensors[out_t];
+  if (!is_float(in.dtype) || out.dtype != in.dtype)
+    return refuse("its input and result are not both float32 or both float64");
+  const auto sz = p.sizes(in), st = p.strides(in);
+  const auto nd = static_cast<std::int64_t>(sz.size());
+  // The reduced dims: `dim` (schema position 1 of sum.dim_IntList and mean.dim); none given,
+  // or aten::sum, reduces every dim. dtype (position 3, or 1 of aten::sum) must not be given.
+  std::vector<bool> reduced(sz.size(), true);
+  const bool has_dim = name != "aten::sum";
+  bool dim_given = false;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index == (has_dim ? 3 : 1) && r.kind != record::ScalarKind::None) return refuse("a dtype was given");
+    if (!has_dim || r.arg_index != 1 || r.kind != record::ScalarKind::ListBegin) continue;
+    if (r.aux == 0) return refuse("its dim list is empty");
+    if (i + r.aux >= call.scalar_begin + call.scalar_count) return refuse("its dim list is cut short");
+    dim_given = true;
+    std::fill(reduced.begin(), reduced.end(), false);
+    for (std::uint32_t e = 1; e <= r.aux; ++e) {
+      const record::ScalarRecord& d = p.scalars[i + e];
+      if (d.kind != record::ScalarKind::Int) return refuse("its dim list holds a non-integer");
+      std::int64_t dim = static_cast<std::int64_t>(d.bits);
+      if (dim < 0) dim += nd;
+      if (dim < 0 || dim >= nd) return refuse("a dim is out of range");
+      reduced[static_cast<std::size_t>(dim)] = true;
+    }
+    i += r.aux;
+  }
+  if (has_dim && !dim_given && nd > 0) {
+    bool none = false;  // dim=None: every dim
+    for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+      none |= p.scalars[i].arg_index == 1 && p.scalars[i].kind == record::ScalarKind::None;
+    if (!none) return refuse("its dim argument was not recorded");
+  }
+  // Dims of size > 1: dense in row-major order, reduced ones all innermost or all outermost.
+  std::int64_t expect = 1, reduced_n = 1, kept_n = 1;
+  std::string pattern;  // outermost first: 'r' reduced, 'k' kept
+  for (std::int64_t d = nd; d-- > 0;) {
+    const auto i = static_cast<std::size_t>(d);
+    if (sz[i] == 0) return refuse("it has an empty dim");
+    if (sz[i] == 1) continue;
+    if (st[i] != expect) return refuse("its input is not dense in row-major order");
+    expect *= sz[i];
+    (reduced[i] ? reduced_n : kept_n) *= sz[i];
+    pattern.insert(pattern.begin(), reduced[i] ? 'r' : 'k');
+  }
+  if (reduced_n == 1) return refuse("no dim of size above 1 is reduced");
+  const auto first_r = pattern.find('r'), last_r = pattern.rfind('r');
+  const bool inner = pattern.find('k', first_r) == std::string::npos;  // k...k r...r
+  const bool outer = pattern.rfind('k', last_r) == std::string::npos;  // r...r k...k
+  if (!inner && !outer) return refuse("its reduced dims are neither all innermost nor all outermost");
+  if (kept_n == 1 && reduced_n > 32768)
+    return refuse("a full reduction of more than 32768 elements, which ATen splits over its threads");
+  // The result: kept_n elements, dense.
+  const auto osz = p.sizes(out), ost = p.strides(out);
+  std::int64_t oexpect = 1;
+  for (std::size_t d = osz.size(); d-- > 0;) {
+    if (osz[d] == 1) continue;
+    if (ost[d] != oexpect) return refuse("its result is not dense");
+    oexpect *= osz[d];
+  }
+  if (oexpect != kept_n) return refuse("its result has another element count than its kept dims");
+  PointwiseKernel k;
+  k.program.reduce = inner ? ReduceKind::SumInner : ReduceKind::SumOuter;
+  k.program.mean = name == "aten::mean.dim";
+  k.program.operands = {PwOperand{in.dtype, false, true, false}, PwOperand{in.dtype, false, false, true}};
+  k.operand_tensor = {in_t, out_t};
+  k.reduce_rows = inner ? kept_n : reduced_n;
+  k.reduce_cols = inner ? reduced_n : kept_n;
+  return k;
 }
 
 bool covers_op(std::string_view op, bool fast) { return find_op(op, fast) != nullptr; }
