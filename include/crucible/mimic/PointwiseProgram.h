@@ -94,7 +94,9 @@ struct PwOperand {
 // AVX2 kernel's 32-byte vectors even on AVX-512 hosts, a 4-level cascade, four interleaved
 // accumulators, the tail and lanes added in ATen's order; a mean divides the sum by the reduced
 // element count), so the result is ATen's bits. ATen splits a full reduction of more than 32768
-// elements over its threads, which changes the order: such a sum is not generated.
+// elements over its threads, which changes the order: such a sum is not generated. The order is
+// that of ATen's x86-64 kernels (its NEON ones use 16-byte vectors): the CPU backend generates
+// sums on x86-64 hosts only.
 enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2 };
 
 // What is compiled: its content hash is the cache's "what is computed".

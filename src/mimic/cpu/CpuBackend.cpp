@@ -204,7 +204,13 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
     if (is_reduction_op(plan.op_names[call.op])) {  // Note [Generated sums]: a run of its own
-      auto lowered = lower_reduction(plan, c);
+      // ATen's order is the one of its 32-byte x86 kernels; elsewhere (16-byte NEON) it differs.
+      auto lowered = host_target().triple.rfind("x86_64", 0) == 0
+                         ? lower_reduction(plan, c)
+                         : Result<PointwiseKernel>(unsupported(
+                               "call " + std::to_string(c) + " (" + plan.op_names[call.op] +
+                                   "): ATen's summation order is known for x86-64 hosts only",
+                               "it runs as a library call"));
       auto gen = lowered.ok() ? generate_lowered(*lowered, &cache) : Result<std::unique_ptr<GeneratedRun>>(lowered.status());
       if (!gen.ok()) {
         if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
