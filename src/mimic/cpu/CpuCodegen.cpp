@@ -75,6 +75,16 @@ CpuTarget detect_host() {
   return t;
 }
 
+// A function of the module for the host's CPU: its name, type and attributes.
+llvm::Function* new_function(llvm::Module& m, const std::string& name, llvm::FunctionType* fty,
+                             const CpuTarget& target) {
+  llvm::Function* fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m);
+  fn->addFnAttr("target-cpu", target.cpu);
+  fn->addFnAttr("target-features", target.features);
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  return fn;
+}
+
 // One generated function: a loop over n elements, contiguous or strided.
 class LoopEmitter {
  public:
@@ -91,11 +101,7 @@ class LoopEmitter {
     if (!contig_) args.push_back(i64_ptr);
     args.push_back(i64);
     args.push_back(i64_ptr);
-    auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_), args, false);
-    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
-    fn_->addFnAttr("target-cpu", target.cpu);
-    fn_->addFnAttr("target-features", target.features);
-    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    fn_ = new_function(m_, name, llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_), args, false), target);
     auto arg = fn_->arg_begin();
     llvm::Value* ptrs = &*arg++;
     llvm::Value* strides = contig_ ? nullptr : &*arg++;
@@ -264,10 +270,7 @@ class ReduceEmitter {
     auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
     auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_),
                                         {bytes_ptr->getPointerTo(), i64_, i64_->getPointerTo()}, false);
-    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
-    fn_->addFnAttr("target-cpu", target.cpu);
-    fn_->addFnAttr("target-features", target.features);
-    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    fn_ = new_function(m_, name, fty, target);
     auto arg = fn_->arg_begin();
     llvm::Value* ptrs = &*arg++;
     llvm::Value* rows = &*arg++;

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import crucible_native as crucible
+import models
+from test_compile_backend import assert_same_call, assert_same_state, step_of
 
 
 def values(shape, dtype, g):
@@ -75,30 +77,12 @@ def test_sums_the_backend_does_not_generate_run_as_library_calls_with_eager_bits
 
 def test_a_training_step_runs_its_bias_gradients_as_generated_sums():
     # Linear's bias gradient is the sum of the output gradient over the batch (an outer sum).
-    torch.manual_seed(0)
-    pair = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(20, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
-        pair.append((m, torch.optim.SGD(m.parameters(), lr=0.1)))
-
-    def step_for(m, o):
-        def step(x, y):
-            o.zero_grad()
-            loss = torch.nn.functional.cross_entropy(m(x), y)
-            loss.backward()
-            o.step()
-            return loss
-        return step
-    step = crucible.compile(step_for(*pair[0]), backend="cpu")
-    eager = step_for(*pair[1])
-    g = torch.Generator().manual_seed(1)
+    s, ref = models.make("mlp", batch=37), models.make("mlp", batch=37)
+    step, eager = crucible.compile(step_of(s), backend="cpu"), step_of(ref)
     for i in range(6):
-        x, y = torch.randn(37, 20, generator=g), torch.randint(0, 10, (37,), generator=g)
-        assert torch.equal(step(x, y), eager(x, y)), i
-    for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
-        assert torch.equal(a, b) and torch.equal(a.grad, b.grad)
+        assert_same_call(step, eager, s.x, s.y, i, f"call {i}")
+    assert_same_state(s, ref)
     p = step.plans()[0]
-    names = [n for n in p["op_names"] if "sum.dim_IntList" in n]
-    assert len(names) == 2, p["op_names"]
+    sums = [k for k, n in enumerate(p["op_names"]) if "sum.dim_IntList" in n]
+    assert len(sums) == 2, p["op_names"]
     assert p["exec_generated_calls"] >= 2, p["exec_summary"]
