@@ -1,7 +1,9 @@
 // built_plan_test — the CPU backend on a plan from Forge's front end and build_plan (not built
 // by hand): a view, mm + relu fused by a rule (mm a library call, relu generated), a Python
-// number, alpha, abs, neg, a full sum (generated in ATen's order, Note [Generated sums]; the
-// reference's sequential sum of these 20 values has the same bits) and an in-place optimizer
+// number, alpha, abs, neg, a full sum (generated in ATen's order, Note [Generated sums]; over
+// these 20 fixed values the reference's sum, accumulated in double and rounded once, has the
+// same bits — a regression check, not a check of the order: 20 values never reach the
+// cascade's 16-vector steps) and an in-place optimizer
 // update (alpha = lr); every pointwise call and the sum are generated, and three steps (the
 // state carried over, then scalars and the number patched) give the null backend's bits.
 #include <gtest/gtest.h>
@@ -59,6 +61,7 @@ struct Step {
 };
 
 TEST(CpuBackendOnABuiltPlan, GeneratesThePointwiseKernelsAndMatchesTheNullBackend) {
+  if (host_target().triple.rfind("x86_64", 0) != 0) GTEST_SKIP() << "sums are generated on x86-64 only";
   Step st;
   auto fe = forge::run_front_end(st.b.ir, exec::test::test_rules(), forge::Policy{}, 1e15);
   ASSERT_TRUE(fe.ok()) << fe.status();

@@ -94,10 +94,20 @@ struct PwOperand {
 // AVX2 kernel's 32-byte vectors even on AVX-512 hosts, a 4-level cascade, four interleaved
 // accumulators, the tail and lanes added in ATen's order; a mean divides the sum by the reduced
 // element count), so the result is ATen's bits. ATen splits a full reduction of more than 32768
-// elements over its threads, which changes the order: such a sum is not generated. The order is
+// elements over its threads, which changes the order: such a sum is not generated; nor a float32
+// outer sum of 32768 elements or more with C > 32 and C % 32 in [4, 8), whose last columns
+// ATen's split over threads can leave to its scalar path (another order). The order is
 // that of ATen's x86-64 kernels (its NEON ones use 16-byte vectors): the CPU backend generates
 // sums on x86-64 hosts only.
-enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2 };
+enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2, LayerNorm = 3 };
+
+// Note [Generated layer norm]: native_layer_norm over a dense float32/float64 input, weight and
+// bias both given (dense) or both absent, is one program: operands input, [weight, bias,]
+// Y, mean, rstd; per row of C elements ATen's RowwiseMoments (misc/ATEN_ORDER.md section 5:
+// Welford over 16-vector chunks with its fused multiply-adds, a binary-counter stack of chunk
+// moments, a scalar Welford over the tail, the lanes folded in lane order), rstd = 1/sqrt(var +
+// eps) with eps in the input's dtype, Y = fma((x - mean)*rstd, weight, bias) (or (x - mean)*rstd
+// times 1 plus 0 without them), at the AVX2 kernel's 32-byte width ATen runs on AVX-512 hosts.
 
 // What is compiled: its content hash is the cache's "what is computed".
 struct PointwiseProgram {
@@ -106,6 +116,7 @@ struct PointwiseProgram {
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
   ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
   bool mean = false;                     // a reduction's sum divided by its element count
+  bool affine = false;                   // LayerNorm: weight and bias given
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
   bool scaled() const;  // has AddScaled/SubScaled/Lerp: a fused contiguous loop exists
@@ -130,6 +141,7 @@ struct PointwiseKernel {
   bool fast = false;  // lowered for numerics="fast" (Note [Fast numerics], CpuBackend.cpp)
   // A reduction (Note [Generated sums]): rows (Inner) or rows summed per column (Outer), and C.
   std::int64_t reduce_rows = 0, reduce_cols = 0;
+  std::uint32_t eps_scalar = 0;  // LayerNorm: the plan scalar holding eps
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
@@ -153,6 +165,9 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
 // splits over threads).
 Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& plan, std::uint32_t call);
 bool is_reduction_op(std::string_view op);
+// Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.
+// reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
+Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

@@ -203,13 +203,15 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
-    if (is_reduction_op(plan.op_names[call.op])) {  // Note [Generated sums]: a run of its own
-      // ATen's order is the one of its 32-byte x86 kernels; elsewhere (16-byte NEON) it differs.
+    const bool layer_norm = plan.op_names[call.op] == "aten::native_layer_norm";
+    if (is_reduction_op(plan.op_names[call.op]) || layer_norm) {
+      // Note [Generated sums], Note [Generated layer norm]: a run of its own. ATen's order is
+      // the one of its 32-byte x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lowered = host_target().triple.rfind("x86_64", 0) == 0
-                         ? lower_reduction(plan, c)
+                         ? (layer_norm ? lower_layer_norm(plan, c) : lower_reduction(plan, c))
                          : Result<PointwiseKernel>(unsupported(
                                "call " + std::to_string(c) + " (" + plan.op_names[call.op] +
-                                   "): ATen's summation order is known for x86-64 hosts only",
+                                   "): ATen's order of operations is known for x86-64 hosts only",
                                "it runs as a library call"));
       auto gen = lowered.ok() ? generate_lowered(*lowered, &cache) : Result<std::unique_ptr<GeneratedRun>>(lowered.status());
       if (!gen.ok()) {
@@ -361,8 +363,9 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->reduction = true;
     p->rows = pk.reduce_rows;
     p->numel = pk.reduce_rows * pk.reduce_cols;
-    p->params = {static_cast<std::uint64_t>(pk.reduce_cols)};
-    p->base.resize(2);
+    p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
+    if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};  // eps, read each launch
+    p->base.resize(pk.operand_tensor.size());
     auto r = std::make_unique<GeneratedRun>();
     r->code = std::move(p);
     r->recipe = recipe;
@@ -490,7 +493,8 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   const std::size_t nops = p->base.size();
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
-  if (p->reduction) {  // Note [Generated sums]: one thread (ATen's split keeps each result's order)
+  if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm]: one thread
+    if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // a double
     p->fns->contig(p->base.data(), p->rows, p->params.data());
     return true;
   }

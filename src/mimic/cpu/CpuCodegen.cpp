@@ -281,10 +281,23 @@ class ReduceEmitter {
     out_ = b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, 1)),
                             elem_->getPointerTo());
     cols_ = b_.CreateLoad(i64_, params);
-    if (p_.reduce == ReduceKind::SumInner)
+    if (p_.reduce == ReduceKind::LayerNorm) {
+      const bool aff = p_.affine;
+      auto operand = [&](std::uint64_t k) {
+        return b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, k)),
+                                elem_->getPointerTo());
+      };
+      llvm::Value* eps = b_.CreateLoad(llvm::Type::getDoubleTy(ctx_),
+                                       b_.CreateBitCast(b_.CreateConstInBoundsGEP1_64(i64_, params, 1),
+                                                        llvm::Type::getDoubleTy(ctx_)->getPointerTo()));
+      if (elem_ != eps->getType()) eps = b_.CreateFPTrunc(eps, elem_);
+      layer_norm(rows, aff ? operand(1) : nullptr, aff ? operand(2) : nullptr, operand(aff ? 3 : 1),
+                 operand(aff ? 4 : 2), operand(aff ? 5 : 3), eps);
+    } else if (p_.reduce == ReduceKind::SumInner) {
       inner(rows);
-    else
+    } else {
       outer(rows);
+    }
     b_.CreateRetVoid();
   }
 
@@ -466,6 +479,160 @@ class ReduceEmitter {
     llvm::Value* vec_end = b_.CreateAdd(nb, b_.CreateMul(b_.CreateSDiv(b_.CreateSub(cols_, nb), c64(w_)), c64(w_)));
     loop(nb, vec_end, [&](llvm::Value* c) { column_block(vec_, c, false); }, c64(w_));
     loop(vec_end, cols_, [&](llvm::Value* c) { column_block(elem_, c, false); });
+  }
+
+  llvm::Value* fma(llvm::Value* a, llvm::Value* b, llvm::Value* c) {
+    return b_.CreateIntrinsic(llvm::Intrinsic::fma, {a->getType()}, {a, b, c});
+  }
+  llvm::Value* splat(llvm::Value* v) { return b_.CreateVectorSplat(static_cast<unsigned>(w_), v); }
+
+  // Note [Generated layer norm]: ATen's RowwiseMoments (moments_utils.h) and LayerNormKernel, per
+  // row; misc/ATEN_ORDER.md section 5 gives the order this follows.
+  void layer_norm(llvm::Value* rows, llvm::Value* gamma, llvm::Value* beta, llvm::Value* y, llvm::Value* mean_out,
+                  llvm::Value* rstd_out, llvm::Value* eps) {
+    constexpr int kChunk = 16, kLevels = 64;
+    // c[j] = 1/(j+1), rounded in the dtype
+    std::vector<llvm::Constant*> cs;
+    for (int j = 0; j < kChunk; ++j)
+      cs.push_back(dt_ == dtype::kFloat64 ? llvm::ConstantFP::get(elem_, 1.0 / (j + 1))
+                                          : llvm::ConstantFP::get(elem_, static_cast<double>(1.0f / static_cast<float>(j + 1))));
+    auto* table_ty = llvm::ArrayType::get(elem_, kChunk);
+    auto* table = new llvm::GlobalVariable(m_, table_ty, true, llvm::GlobalValue::PrivateLinkage,
+                                           llvm::ConstantArray::get(table_ty, cs), "welford_c");
+    auto* lv_vec = llvm::ArrayType::get(vec_, kLevels);
+    auto* lv_int = llvm::ArrayType::get(i64_, kLevels);
+    llvm::AllocaInst* m0s = slot(lv_int);
+    llvm::AllocaInst* m1s = slot(lv_vec);
+    llvm::AllocaInst* m2s = slot(lv_vec);
+    auto lvl = [&](llvm::AllocaInst* a, llvm::Type* arr, llvm::Value* i) {
+      return b_.CreateInBoundsGEP(arr, a, {c64(0), i});
+    };
+    // AddMomentsVec: (a0, a1, a2) into level `into`
+    auto add_moments_vec = [&](llvm::Value* a0, llvm::Value* a1, llvm::Value* a2, llvm::Value* into) {
+      llvm::Value* p0 = lvl(m0s, lv_int, into);
+      llvm::Value* p1 = lvl(m1s, lv_vec, into);
+      llvm::Value* p2 = lvl(m2s, lv_vec, into);
+      llvm::Value* m0 = b_.CreateLoad(i64_, p0);
+      llvm::Value* m1 = b_.CreateLoad(vec_, p1);
+      llvm::Value* m2 = b_.CreateLoad(vec_, p2);
+      llvm::Value* n = b_.CreateAdd(m0, a0);
+      llvm::Value* cc = b_.CreateSelect(b_.CreateICmpEQ(n, c64(0)), zero(elem_),
+                                        b_.CreateFDiv(b_.CreateSIToFP(a0, elem_), b_.CreateSIToFP(n, elem_)));
+      llvm::Value* delta = b_.CreateFSub(a1, m1);
+      llvm::Value* m2tmp = b_.CreateFAdd(m2, a2);
+      llvm::Value* cd = b_.CreateFMul(splat(cc), delta);
+      llvm::Value* m0d = b_.CreateFMul(delta, splat(b_.CreateSIToFP(m0, elem_)));
+      b_.CreateStore(b_.CreateFAdd(m1, cd), p1);
+      b_.CreateStore(fma(m0d, cd, m2tmp), p2);
+      b_.CreateStore(n, p0);
+    };
+    auto clear = [&](llvm::Value* level) {
+      b_.CreateStore(c64(0), lvl(m0s, lv_int, level));
+      b_.CreateStore(zero(vec_), lvl(m1s, lv_vec, level));
+      b_.CreateStore(zero(vec_), lvl(m2s, lv_vec, level));
+    };
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* x = at(x_, b_.CreateMul(r, cols_));
+      llvm::Value* nv = b_.CreateSDiv(cols_, c64(w_));                             // full vectors
+      llvm::Value* chunks = b_.CreateSDiv(b_.CreateAdd(nv, c64(kChunk - 1)), c64(kChunk));
+      llvm::Value* bits = b_.CreateSub(c64(64), b_.CreateBinaryIntrinsic(llvm::Intrinsic::ctlz,
+                                                                           b_.CreateSub(chunks, c64(1)), b_.getFalse()));
+      llvm::Value* depth = b_.CreateSelect(b_.CreateICmpSLE(chunks, c64(2)), c64(1), bits);
+      loop(c64(0), depth, [&](llvm::Value* l) { clear(l); });
+      loop(c64(0), chunks, [&](llvm::Value* i) {
+        llvm::Value* first = b_.CreateMul(i, c64(kChunk));
+        llvm::Value* left = b_.CreateSub(nv, first);
+        llvm::Value* cnt = b_.CreateSelect(b_.CreateICmpSLT(left, c64(kChunk)), left, c64(kChunk));
+        llvm::AllocaInst* u1 = slot(vec_);
+        llvm::AllocaInst* u2 = slot(vec_);
+        b_.CreateStore(zero(vec_), u1);
+        b_.CreateStore(zero(vec_), u2);
+        loop(c64(0), cnt, [&](llvm::Value* j) {
+          llvm::Value* xv = load(vec_, x, b_.CreateMul(b_.CreateAdd(first, j), c64(w_)));
+          llvm::Value* cj = b_.CreateLoad(elem_, b_.CreateInBoundsGEP(table_ty, table, {c64(0), j}));
+          llvm::Value* a = b_.CreateLoad(vec_, u1);
+          llvm::Value* d1 = b_.CreateFSub(xv, a);
+          llvm::Value* a2 = fma(splat(cj), d1, a);
+          llvm::Value* d2 = b_.CreateFSub(xv, a2);
+          b_.CreateStore(a2, u1);
+          b_.CreateStore(fma(d1, d2, b_.CreateLoad(vec_, u2)), u2);
+        });
+        add_moments_vec(cnt, b_.CreateLoad(vec_, u1), b_.CreateLoad(vec_, u2), c64(0));
+        // carry up the stack while the chunk count's low bits are zero
+        llvm::AllocaInst* mask = slot(i64_);
+        llvm::AllocaInst* jv = slot(i64_);
+        b_.CreateStore(b_.CreateAdd(i, c64(1)), mask);
+        b_.CreateStore(c64(1), jv);
+        llvm::BasicBlock *head = block("carry_head"), *body = block("carry"), *done = block("carry_done");
+        b_.CreateBr(head);
+        b_.SetInsertPoint(head);
+        llvm::Value* j = b_.CreateLoad(i64_, jv);
+        llvm::Value* go = b_.CreateAnd(b_.CreateICmpSLT(j, depth),
+                                       b_.CreateICmpEQ(b_.CreateAnd(b_.CreateLoad(i64_, mask), c64(1)), c64(0)));
+        b_.CreateCondBr(go, body, done);
+        b_.SetInsertPoint(body);
+        llvm::Value* below = b_.CreateSub(j, c64(1));
+        add_moments_vec(b_.CreateLoad(i64_, lvl(m0s, lv_int, below)), b_.CreateLoad(vec_, lvl(m1s, lv_vec, below)),
+                        b_.CreateLoad(vec_, lvl(m2s, lv_vec, below)), j);
+        clear(below);
+        b_.CreateStore(b_.CreateLShr(b_.CreateLoad(i64_, mask), c64(1)), mask);
+        b_.CreateStore(b_.CreateAdd(j, c64(1)), jv);
+        b_.CreateBr(head);
+        b_.SetInsertPoint(done);
+      });
+      loop(c64(1), depth, [&](llvm::Value* l) {  // levels 1.. folded into level 0, in order
+        add_moments_vec(b_.CreateLoad(i64_, lvl(m0s, lv_int, l)), b_.CreateLoad(vec_, lvl(m1s, lv_vec, l)),
+                        b_.CreateLoad(vec_, lvl(m2s, lv_vec, l)), c64(0));
+      });
+      // scalar Welford over the tail (no fused multiply-add)
+      llvm::AllocaInst* s0 = slot(i64_);
+      llvm::AllocaInst* s1 = slot(elem_);
+      llvm::AllocaInst* s2 = slot(elem_);
+      b_.CreateStore(c64(0), s0);
+      b_.CreateStore(zero(elem_), s1);
+      b_.CreateStore(zero(elem_), s2);
+      loop(b_.CreateMul(nv, c64(w_)), cols_, [&](llvm::Value* k) {
+        llvm::Value* xk = load(elem_, x, k);
+        llvm::Value* m1 = b_.CreateLoad(elem_, s1);
+        llvm::Value* dl = b_.CreateFSub(xk, m1);
+        llvm::Value* n = b_.CreateAdd(b_.CreateLoad(i64_, s0), c64(1));
+        b_.CreateStore(n, s0);
+        llvm::Value* m1n = b_.CreateFAdd(m1, b_.CreateFDiv(dl, b_.CreateSIToFP(n, elem_)));
+        b_.CreateStore(m1n, s1);
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, s2), b_.CreateFMul(dl, b_.CreateFSub(xk, m1n))), s2);
+      });
+      // the lanes of level 0, lane 0 first (AddMoments, scalar)
+      llvm::Value* v1 = b_.CreateLoad(vec_, lvl(m1s, lv_vec, c64(0)));
+      llvm::Value* v2 = b_.CreateLoad(vec_, lvl(m2s, lv_vec, c64(0)));
+      for (std::int64_t lane = 0; lane < w_; ++lane) {
+        llvm::Value* m0 = b_.CreateLoad(i64_, s0);
+        llvm::Value* n = b_.CreateAdd(m0, nv);
+        llvm::Value* cc = b_.CreateSelect(b_.CreateICmpEQ(n, c64(0)), zero(elem_),
+                                          b_.CreateFDiv(b_.CreateSIToFP(nv, elem_), b_.CreateSIToFP(n, elem_)));
+        llvm::Value* m1 = b_.CreateLoad(elem_, s1);
+        llvm::Value* dl = b_.CreateFSub(b_.CreateExtractElement(v1, static_cast<std::uint64_t>(lane)), m1);
+        b_.CreateStore(fma(cc, dl, m1), s1);
+        llvm::Value* ddc = b_.CreateFMul(b_.CreateFMul(dl, dl), cc);
+        llvm::Value* add = fma(ddc, b_.CreateSIToFP(m0, elem_), b_.CreateExtractElement(v2, static_cast<std::uint64_t>(lane)));
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, s2), add), s2);
+        b_.CreateStore(n, s0);
+      }
+      llvm::Value* mean = b_.CreateLoad(elem_, s1);
+      llvm::Value* var = b_.CreateFDiv(b_.CreateLoad(elem_, s2), b_.CreateSIToFP(cols_, elem_));
+      llvm::Value* rstd = b_.CreateFDiv(llvm::ConstantFP::get(elem_, 1.0),
+                                        b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(var, eps)));
+      b_.CreateAlignedStore(mean, at(mean_out, r), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+      b_.CreateAlignedStore(rstd, at(rstd_out, r), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+      llvm::Value* bias = b_.CreateFNeg(mean);
+      llvm::Value* yrow = at(y, b_.CreateMul(r, cols_));
+      loop(c64(0), cols_, [&](llvm::Value* k) {
+        llvm::Value* t = b_.CreateFMul(b_.CreateFAdd(load(elem_, x, k), bias), rstd);
+        llvm::Value* out = gamma != nullptr
+                               ? fma(t, load(elem_, gamma, k), load(elem_, beta, k))
+                               : b_.CreateFAdd(b_.CreateFMul(t, llvm::ConstantFP::get(elem_, 1.0)), zero(elem_));
+        b_.CreateAlignedStore(out, at(yrow, k), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+      });
+    });
   }
 
   const PointwiseProgram& p_;

@@ -51,16 +51,16 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
     auto made = llvm::orc::LLJITBuilder().create();
     if (!made)
       return bad_state("cannot start the ORC JIT: " + message(made.takeError()), "report it");
-    j.lljit = std::move(*made);
     // LLVM turns a loop that stores one byte pattern (zero_, zeros_like) or copies contiguous
-    // memory into a call to memset or memcpy: those, and only those, resolve to the process's C
-    // library.
+    // memory into a call to memset or memcpy: the JIT is given those three from the process's
+    // C library (ELF names: no global prefix on the Linux targets this runs on).
     auto libc = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-        j.lljit->getDataLayout().getGlobalPrefix(), [](const llvm::orc::SymbolStringPtr& name) {
+        (*made)->getDataLayout().getGlobalPrefix(), [](const llvm::orc::SymbolStringPtr& name) {
           return *name == "memset" || *name == "memcpy" || *name == "memmove";
         });
     if (!libc) return bad_state("cannot give the JIT the C library: " + message(libc.takeError()), "report it");
-    j.lljit->getMainJITDylib().addGenerator(std::move(*libc));
+    (*made)->getMainJITDylib().addGenerator(std::move(*libc));
+    j.lljit = std::move(*made);
   }
   auto buf = llvm::MemoryBuffer::getMemBufferCopy(object, prefix);
   if (llvm::Error e = j.lljit->addObjectFile(std::move(buf)))

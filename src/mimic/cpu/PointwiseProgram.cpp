@@ -423,13 +423,17 @@ ContentHash PointwiseProgram::hash() const {
     h.update_string("reduce.sum.v1");
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
+    h.update_u8(affine ? 1 : 0);
   }
   return h.digest();
 }
 
 std::string PointwiseProgram::text() const {
   std::string s;
-  if (reduce != ReduceKind::None)
+  if (reduce == ReduceKind::LayerNorm)
+    s += std::string("layer_norm ") + (affine ? "affine " : "") + std::string(scalar_type_info(operands[0].dtype).name) +
+         (affine ? ": op0, op1, op2 -> op3, op4, op5\n" : ": op0 -> op1, op2, op3\n");
+  else if (reduce != ReduceKind::None)
     s += std::string(mean ? "mean" : "sum") + (reduce == ReduceKind::SumInner ? " inner" : " outer") + " " +
          std::string(scalar_type_info(operands[0].dtype).name) + ": op0 -> op1\n";
   for (std::size_t i = 0; i < insts.size(); ++i) {
@@ -580,6 +584,15 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
   if (!inner && !outer) return refuse("its reduced dims are neither all innermost nor all outermost");
   if (kept_n == 1 && reduced_n > 32768)
     return refuse("a full reduction of more than 32768 elements, which ATen splits over its threads");
+  // ATen splits an outer sum of 32768 elements or more over its threads by columns, in ranges
+  // of whole 128 bytes but the last, which ends at the last column: a last range of 4 to 7
+  // float32 columns (narrower than a vector) takes ATen's scalar path, which sums its first 4
+  // columns in another order than one thread does. Whether that range exists depends on the
+  // thread count at the time (misc/ATEN_ORDER.md 2.6).
+  if (outer && !inner && in.dtype == dtype::kFloat32 && reduced_n * kept_n >= 32768 && kept_n > 32 &&
+      kept_n % 32 >= 4 && kept_n % 32 < 8)
+    return refuse("an outer float32 sum whose last 4 to 7 columns ATen sums in another order when it runs "
+                  "on several threads");
   // The result: kept_n elements, dense.
   const auto osz = p.sizes(out), ost = p.strides(out);
   std::int64_t oexpect = 1;
@@ -596,6 +609,83 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
   k.operand_tensor = {in_t, out_t};
   k.reduce_rows = inner ? kept_n : reduced_n;
   k.reduce_cols = inner ? reduced_n : kept_n;
+  return k;
+}
+
+// Note [Generated layer norm].
+Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) -> Status {
+    return unsupported("call " + std::to_string(c) + " (" + name + ") is not a layer norm the CPU backend generates: " + why,
+                       "it runs as a library call");
+  };
+  if (name != "aten::native_layer_norm") return refuse("not native_layer_norm");
+  if (call.out_count != 3) return refuse("it has other than three results");
+  std::optional<std::uint32_t> x, w, b;
+  for (const exec::Arg& a : p.inputs_of(call)) {
+    if (a.arg_index == 0) x = a.tensor;
+    else if (a.arg_index == 2) w = a.tensor;
+    else if (a.arg_index == 3) b = a.tensor;
+    else return refuse("a tensor argument at schema position " + std::to_string(a.arg_index));
+  }
+  if (!x) return refuse("it has no input tensor");
+  if (w.has_value() != b.has_value()) return refuse("one of weight and bias is given, not both");
+  const exec::TensorRef& in = p.tensors[*x];
+  if (!is_float(in.dtype)) return refuse("its input is not float32 or float64");
+  // normalized_shape (schema position 1) and eps (position 4)
+  std::int64_t n_dims = -1;
+  std::optional<std::uint32_t> eps;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index == 1 && r.kind == record::ScalarKind::ListBegin) n_dims = r.aux;
+    if (r.arg_index == 4 && r.kind == record::ScalarKind::Double) eps = i;
+  }
+  if (n_dims < 1 || !eps) return refuse("its normalized shape or eps was not recorded");
+  const auto sz = p.sizes(in), st = p.strides(in);
+  if (n_dims > static_cast<std::int64_t>(sz.size())) return refuse("its normalized shape has more dims than its input");
+  std::int64_t expect = 1, cols = 1, rows = 1;
+  for (std::size_t d = sz.size(); d-- > 0;) {
+    if (sz[d] == 0) return refuse("it has an empty dim");
+    const bool normalized = static_cast<std::int64_t>(sz.size() - d) <= n_dims;
+    (normalized ? cols : rows) *= sz[d];
+    if (sz[d] == 1) continue;
+    if (st[d] != expect) return refuse("its input is not dense in row-major order");
+    expect *= sz[d];
+  }
+  auto dense = [&](std::uint32_t t, std::int64_t numel) {
+    const exec::TensorRef& r = p.tensors[t];
+    if (r.dtype != in.dtype) return false;
+    const auto s2 = p.sizes(r), t2 = p.strides(r);
+    std::int64_t e = 1;
+    for (std::size_t d = s2.size(); d-- > 0;) {
+      if (s2[d] == 1) continue;
+      if (t2[d] != e) return false;
+      e *= s2[d];
+    }
+    return e == numel;
+  };
+  if (w && (!dense(*w, cols) || !dense(*b, cols))) return refuse("its weight or bias is not a dense tensor of its dtype");
+  const auto outs = p.outputs_of(call);
+  std::uint32_t y = 0, mean = 0, rstd = 0;
+  for (const exec::Arg& a : outs) (a.arg_index == 0 ? y : a.arg_index == 1 ? mean : rstd) = a.tensor;
+  if (!dense(y, rows * cols) || !dense(mean, rows) || !dense(rstd, rows))
+    return refuse("its results are not dense tensors of its input's dtype");
+  PointwiseKernel k;
+  k.program.reduce = ReduceKind::LayerNorm;
+  k.program.affine = w.has_value();
+  const PwOperand rd{in.dtype, false, true, false}, wr{in.dtype, false, false, true};
+  k.program.operands = {rd};
+  k.operand_tensor = {*x};
+  if (w) {
+    k.program.operands.insert(k.program.operands.end(), {rd, rd});
+    k.operand_tensor.insert(k.operand_tensor.end(), {*w, *b});
+  }
+  k.program.operands.insert(k.program.operands.end(), {wr, wr, wr});
+  k.operand_tensor.insert(k.operand_tensor.end(), {y, mean, rstd});
+  k.reduce_rows = rows;
+  k.reduce_cols = cols;
+  k.eps_scalar = *eps;
   return k;
 }
 
