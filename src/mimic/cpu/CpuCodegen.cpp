@@ -314,7 +314,7 @@ class ReduceEmitter {
   llvm::Value* load(llvm::Type* t, llvm::Value* base, llvm::Value* i) {
     llvm::Value* ptr = at(base, i);
     if (t != elem_) ptr = b_.CreateBitCast(ptr, t->getPointerTo());
-    return b_.CreateAlignedLoad(t, ptr, llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+    return b_.CreateAlignedLoad(t, ptr, align());
   }
 
   // for (i = begin; i < end; ++i) body(i)
@@ -422,10 +422,11 @@ class ReduceEmitter {
     if (s->getType() != elem_) d = b_.CreateVectorSplat(static_cast<unsigned>(w_), d);
     return b_.CreateFDiv(r, d);
   }
-  void store(llvm::Value* v, llvm::Value* i) {
-    llvm::Value* ptr = at(out_, i);
+  llvm::MaybeAlign align() const { return llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4); }  // an element's
+  void store(llvm::Value* v, llvm::Value* i, llvm::Value* base = nullptr) {  // default base: the output
+    llvm::Value* ptr = at(base != nullptr ? base : out_, i);
     if (v->getType() != elem_) ptr = b_.CreateBitCast(ptr, v->getType()->getPointerTo());
-    b_.CreateAlignedStore(v, ptr, llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+    b_.CreateAlignedStore(v, ptr, align());
   }
 
   void inner(llvm::Value* rows) {
@@ -621,8 +622,8 @@ class ReduceEmitter {
       llvm::Value* var = b_.CreateFDiv(b_.CreateLoad(elem_, s2), b_.CreateSIToFP(cols_, elem_));
       llvm::Value* rstd = b_.CreateFDiv(llvm::ConstantFP::get(elem_, 1.0),
                                         b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(var, eps)));
-      b_.CreateAlignedStore(mean, at(mean_out, r), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
-      b_.CreateAlignedStore(rstd, at(rstd_out, r), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+      store(mean, r, mean_out);
+      store(rstd, r, rstd_out);
       llvm::Value* bias = b_.CreateFNeg(mean);
       llvm::Value* yrow = at(y, b_.CreateMul(r, cols_));
       loop(c64(0), cols_, [&](llvm::Value* k) {
@@ -630,7 +631,7 @@ class ReduceEmitter {
         llvm::Value* out = gamma != nullptr
                                ? fma(t, load(elem_, gamma, k), load(elem_, beta, k))
                                : b_.CreateFAdd(b_.CreateFMul(t, llvm::ConstantFP::get(elem_, 1.0)), zero(elem_));
-        b_.CreateAlignedStore(out, at(yrow, k), llvm::MaybeAlign(dt_ == dtype::kFloat64 ? 8 : 4));
+        store(out, k, yrow);
       });
     });
   }

@@ -519,14 +519,32 @@ bool is_reduction_op(std::string_view op) {
   return op == "aten::sum.dim_IntList" || op == "aten::sum" || op == "aten::mean.dim";
 }
 
+namespace {
+// Call c is not generated as `what` ("a sum"), for `why`.
+Status not_generated(const exec::ExecutionPlan& p, std::uint32_t c, std::string_view what, const std::string& why) {
+  return unsupported("call " + std::to_string(c) + " (" + p.op_names[p.calls[c].op] + ") is not " + std::string(what) +
+                         " the CPU backend generates: " + why,
+                     "it runs as a library call");
+}
+
+// Tensor t's element count if its dims of size above 1 are dense in row-major order, else -1.
+std::int64_t dense_numel(const exec::ExecutionPlan& p, std::uint32_t t) {
+  const auto sz = p.sizes(p.tensors[t]), st = p.strides(p.tensors[t]);
+  std::int64_t e = 1;
+  for (std::size_t d = sz.size(); d-- > 0;) {
+    if (sz[d] == 1) continue;
+    if (st[d] != e) return -1;
+    e *= sz[d];
+  }
+  return e;
+}
+}  // namespace
+
 // Note [Generated sums].
 Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint32_t c) {
   const exec::Call& call = p.calls[c];
   const std::string& name = p.op_names[call.op];
-  auto refuse = [&](const std::string& why) -> Status {
-    return unsupported("call " + std::to_string(c) + " (" + name + ") is not a sum the CPU backend generates: " + why,
-                       "it runs as a library call");
-  };
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "a sum", why); };
   if (!is_reduction_op(name)) return refuse("not a sum or mean");
   if (call.in_count != 1 || call.out_count != 1) return refuse("it has other than one input and one output");
   const std::uint32_t in_t = p.inputs_of(call)[0].tensor, out_t = p.outputs_of(call)[0].tensor;
@@ -594,14 +612,9 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
     return refuse("an outer float32 sum whose last 4 to 7 columns ATen sums in another order when it runs "
                   "on several threads");
   // The result: kept_n elements, dense.
-  const auto osz = p.sizes(out), ost = p.strides(out);
-  std::int64_t oexpect = 1;
-  for (std::size_t d = osz.size(); d-- > 0;) {
-    if (osz[d] == 1) continue;
-    if (ost[d] != oexpect) return refuse("its result is not dense");
-    oexpect *= osz[d];
-  }
-  if (oexpect != kept_n) return refuse("its result has another element count than its kept dims");
+  const std::int64_t out_n = dense_numel(p, out_t);
+  if (out_n < 0) return refuse("its result is not dense");
+  if (out_n != kept_n) return refuse("its result has another element count than its kept dims");
   PointwiseKernel k;
   k.program.reduce = inner ? ReduceKind::SumInner : ReduceKind::SumOuter;
   k.program.mean = name == "aten::mean.dim";
@@ -616,10 +629,7 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& p, std::uint32_t c) {
   const exec::Call& call = p.calls[c];
   const std::string& name = p.op_names[call.op];
-  auto refuse = [&](const std::string& why) -> Status {
-    return unsupported("call " + std::to_string(c) + " (" + name + ") is not a layer norm the CPU backend generates: " + why,
-                       "it runs as a library call");
-  };
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "a layer norm", why); };
   if (name != "aten::native_layer_norm") return refuse("not native_layer_norm");
   if (call.out_count != 3) return refuse("it has other than three results");
   std::optional<std::uint32_t> x, w, b;
@@ -654,16 +664,7 @@ Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& p, std::uint
     expect *= sz[d];
   }
   auto dense = [&](std::uint32_t t, std::int64_t numel) {
-    const exec::TensorRef& r = p.tensors[t];
-    if (r.dtype != in.dtype) return false;
-    const auto s2 = p.sizes(r), t2 = p.strides(r);
-    std::int64_t e = 1;
-    for (std::size_t d = s2.size(); d-- > 0;) {
-      if (s2[d] == 1) continue;
-      if (t2[d] != e) return false;
-      e *= s2[d];
-    }
-    return e == numel;
+    return p.tensors[t].dtype == in.dtype && dense_numel(p, t) == numel;
   };
   if (w && (!dense(*w, cols) || !dense(*b, cols))) return refuse("its weight or bias is not a dense tensor of its dtype");
   const auto outs = p.outputs_of(call);
