@@ -117,6 +117,7 @@ class CpuBackend {
   Result<std::unique_ptr<GeneratedRun>> generate_lowered(const PointwiseKernel& pk, std::string_view* cache);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
+  void run_rows(Generated& g);
 
   std::unique_ptr<ObjectCache> disk_;
   AlphaRounding alpha_rounding_ = AlphaRounding::Unknown;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,28 @@ struct CacheStats {
   std::uint32_t disk_write_failures = 0;  // compiled kernels that could not be stored
   std::string last_disk_problem;          // why the last entry was rejected or not stored
 };
+
+// Note [Vector math]: softmax and log_softmax are ATen's bits only with ATen's own exp and log
+// (SLEEF's 1-ulp vector functions, which are not correctly rounded, misc/ATEN_ORDER.md 4.2), at
+// the vector width ATen's softmax kernel runs at on this host. Mimic does not carry them: the
+// host that has them (the Vessel, from the libtorch it runs in) gives their addresses once per
+// process, and generated code calls them as crucible_vexp_f32 / _f64 and crucible_vlog_f32 /
+// _f64, each over one vector of vector_bytes. Without them such kernels are not generated.
+struct VectorMath {
+  std::string name;            // what they compute ("sleef_u10/AVX512"): part of each program using them
+  unsigned vector_bytes = 0;   // 64 or 32
+  void* exp_f32 = nullptr;     // <vector_bytes/4 x float> -> same
+  void* exp_f64 = nullptr;     // <vector_bytes/8 x double> -> same
+  void* log_f32 = nullptr;
+  void* log_f64 = nullptr;
+};
+
+// Gives the process its vector math. Errors: a width other than 32 or 64 bytes, a null
+// function, a width this host's CPU lacks, or other functions than a previous call gave (one
+// set per process: compiled kernels call them by name).
+Status set_vector_math(const VectorMath& m);
+// The process's vector math, if given.
+std::optional<VectorMath> vector_math();
 
 // The kernel for `program` under `recipe` (its text) on this host. `disk` may be null (no
 // second level). Errors: the code generator's or the JIT's. A disk entry that cannot be

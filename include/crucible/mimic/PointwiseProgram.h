@@ -99,7 +99,14 @@ struct PwOperand {
 // ATen's split over threads can leave to its scalar path (another order). The order is
 // that of ATen's x86-64 kernels (its NEON ones use 16-byte vectors): the CPU backend generates
 // sums on x86-64 hosts only.
-enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2, LayerNorm = 3 };
+enum class ReduceKind : std::uint8_t {
+  None = 0,
+  SumInner = 1,
+  SumOuter = 2,
+  LayerNorm = 3,
+  Softmax = 4,     // Note [Generated softmax]
+  LogSoftmax = 5,
+};
 
 // Note [Generated layer norm]: native_layer_norm over a dense float32/float64 input, weight and
 // bias both given (dense) or both absent, is one program: operands input, [weight, bias,]
@@ -109,6 +116,18 @@ enum class ReduceKind : std::uint8_t { None = 0, SumInner = 1, SumOuter = 2, Lay
 // eps) with eps in the input's dtype, Y = fma((x - mean)*rstd, weight, bias) (or (x - mean)*rstd
 // times 1 plus 0 without them), at the AVX2 kernel's 32-byte width ATen runs on AVX-512 hosts.
 
+// Note [Generated softmax]: _softmax, _log_softmax and _safe_softmax over the last dim of a
+// dense float32/float64 input (no half_to_float, no dtype) are one program: operand 0 the input,
+// operand 1 the output, rows of C elements. Per row, ATen's last-dim kernel's order
+// (misc/ATEN_ORDER.md section 4) at the width its softmax kernel runs at on this host
+// (vec_bytes: 64 on AVX-512, 32 on AVX2): the max and the sum by its reduce_all (the first
+// vector, further whole vectors, the tail into its first lanes, then float32's lanes by its
+// shuffle tree, float64's in order; a row shorter than a vector in order), max as ATen's
+// maximum (NaN-propagating; of equal values the later one), exp and log ATen's own (Note
+// [Vector math], CpuJit.h: `math` names them). softmax: e = exp(x - max), y = e * (1/sum);
+// log_softmax: y = (x - max) - log(sum of exp(x - max)); _safe_softmax: softmax, and a row that
+// is all -inf (its max is -inf) +0.
+
 // What is compiled: its content hash is the cache's "what is computed".
 struct PointwiseProgram {
   std::vector<PwInst> insts;
@@ -117,6 +136,9 @@ struct PointwiseProgram {
   ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
   bool mean = false;                     // a reduction's sum divided by its element count
   bool affine = false;                   // LayerNorm: weight and bias given
+  bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
+  std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax: ATen's vector width
+  std::string math;                      // Softmax, LogSoftmax: VectorMath::name
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
   bool scaled() const;  // has AddScaled/SubScaled/Lerp: a fused contiguous loop exists
@@ -168,6 +190,11 @@ bool is_reduction_op(std::string_view op);
 // Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.
 // reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
+// Note [Generated softmax]: call c (_softmax, _log_softmax, _safe_softmax) as a program over
+// `vec_bytes`-wide vectors with the vector math named `math`, or `unsupported`.
+Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& plan, std::uint32_t call,
+                                      unsigned vec_bytes, std::string_view math);
+bool is_softmax_op(std::string_view op);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

@@ -75,6 +75,9 @@ struct Generated {
   std::vector<std::uint64_t> params;
   bool reduction = false;  // Note [Generated sums]: contig(base, rows, {cols})
   std::int64_t rows = 0;
+  // Note [Split rows]: per operand, its elements per row (0: read whole by every row); empty
+  // for a reduction whose rows are not independent (column sums).
+  std::vector<std::int64_t> row_elems;
 };
 
 struct Run {
@@ -204,11 +207,18 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
     const bool layer_norm = plan.op_names[call.op] == "aten::native_layer_norm";
-    if (is_reduction_op(plan.op_names[call.op]) || layer_norm) {
-      // Note [Generated sums], Note [Generated layer norm]: a run of its own. ATen's order is
-      // the one of its 32-byte x86 kernels; elsewhere (16-byte NEON) it differs.
+    const bool softmax = is_softmax_op(plan.op_names[call.op]);
+    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax) {
+      // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
+      // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
+      auto lower = [&]() -> Result<PointwiseKernel> {
+        if (layer_norm) return lower_layer_norm(plan, c);
+        if (!softmax) return lower_reduction(plan, c);
+        const std::optional<VectorMath> vm = vector_math();
+        return lower_softmax(plan, c, vm ? vm->vector_bytes : 0, vm ? std::string_view(vm->name) : "");
+      };
       auto lowered = host_target().triple.rfind("x86_64", 0) == 0
-                         ? (layer_norm ? lower_layer_norm(plan, c) : lower_reduction(plan, c))
+                         ? lower()
                          : Result<PointwiseKernel>(unsupported(
                                "call " + std::to_string(c) + " (" + plan.op_names[call.op] +
                                    "): ATen's order of operations is known for x86-64 hosts only",
@@ -365,7 +375,17 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->numel = pk.reduce_rows * pk.reduce_cols;
     p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
     if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};  // eps, read each launch
-    p->base.resize(pk.operand_tensor.size());
+    const std::int64_t cols = pk.reduce_cols;
+    switch (pk.program.reduce) {  // Note [Split rows]
+      case ReduceKind::SumInner: p->row_elems = {cols, 1}; break;
+      case ReduceKind::Softmax:
+      case ReduceKind::LogSoftmax: p->row_elems = {cols, cols}; break;
+      case ReduceKind::LayerNorm:
+        p->row_elems = pk.program.affine ? std::vector<std::int64_t>{cols, 0, 0, cols, 1, 1}
+                                         : std::vector<std::int64_t>{cols, cols, 1, 1};
+        break;
+      default: break;
+    }    p->base.resize(pk.operand_tensor.size());
     auto r = std::make_unique<GeneratedRun>();
     r->code = std::move(p);
     r->recipe = recipe;
@@ -450,6 +470,33 @@ Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
 // over 4.2 M values: 2.7 ms whole or split; 1.4 ms split on ATen's threads).
 constexpr std::int64_t kSplitElements = 65536;
 
+// Note [Split rows]: a reduction whose rows are independent (row sums, layer norm, softmax)
+// runs in parts of whole rows, like a split loop (Note [Split loops]): each row is computed by
+// the same code whichever part it falls in, so the bits are one thread's. Column sums run whole.
+void CpuBackend::run_rows(Generated& g) {
+  const unsigned threads = parallel_ != nullptr ? threads_
+                           : pool_ != nullptr   ? std::min(threads_, pool_->threads())
+                                                : 1;
+  if (threads < 2 || g.numel < kSplitElements || g.row_elems.empty() || g.rows < 2) {
+    g.fns->contig(g.base.data(), g.rows, g.params.data());
+    return;
+  }
+  const auto parts = static_cast<unsigned>(std::min<std::int64_t>(threads, g.rows));
+  auto part = [&](unsigned i) {
+    const std::int64_t begin = g.rows * i / parts, end = g.rows * (i + 1) / parts;
+    if (end <= begin) return;
+    std::vector<char*> ptrs(g.base.size());
+    for (std::size_t o = 0; o < ptrs.size(); ++o) ptrs[o] = g.base[o] + begin * g.row_elems[o] * g.elem_bytes[o];
+    g.fns->contig(ptrs.data(), end - begin, g.params.data());
+  };
+  if (parallel_ != nullptr) {
+    parallel_(parallel_ctx_, parts,
+              [](void* arg, unsigned i) { (*static_cast<decltype(part)*>(arg))(i); }, &part);
+    return;
+  }
+  pool_->run(parts, part);
+}
+
 void CpuBackend::run_contig(Generated& g, ContigFn fn) {
   const unsigned threads = parallel_ != nullptr ? threads_
                            : pool_ != nullptr   ? std::min(threads_, pool_->threads())
@@ -493,9 +540,9 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   const std::size_t nops = p->base.size();
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
-  if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm]: one thread
+  if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
     if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // a double
-    p->fns->contig(p->base.data(), p->rows, p->params.data());
+    run_rows(*p);
     return true;
   }
   for (std::size_t j = 0; j < p->params.size(); ++j)

@@ -266,11 +266,16 @@ class ReduceEmitter {
     i64_ = llvm::Type::getInt64Ty(ctx_);
     elem_ = dt_ == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
     w_ = dt_ == dtype::kFloat64 ? 4 : 8;
-    vec_ = llvm::FixedVectorType::get(elem_, w_);
+    const bool softmax = p_.reduce == ReduceKind::Softmax || p_.reduce == ReduceKind::LogSoftmax;
+    if (softmax) w_ = p_.vec_bytes / (dt_ == dtype::kFloat64 ? 8 : 4);  // Note [Generated softmax]
+    vec_ = llvm::FixedVectorType::get(elem_, static_cast<unsigned>(w_));
     auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
     auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx_),
                                         {bytes_ptr->getPointerTo(), i64_, i64_->getPointerTo()}, false);
     fn_ = new_function(m_, name, fty, target);
+    // Note [Vector math]: a 64-byte vector is passed in one zmm register only when the caller
+    // keeps 512-bit vectors legal (a CPU tuned for 256-bit vectors splits them otherwise).
+    if (softmax) fn_->addFnAttr("min-legal-vector-width", std::to_string(p_.vec_bytes * 8));
     auto arg = fn_->arg_begin();
     llvm::Value* ptrs = &*arg++;
     llvm::Value* rows = &*arg++;
@@ -293,6 +298,8 @@ class ReduceEmitter {
       if (elem_ != eps->getType()) eps = b_.CreateFPTrunc(eps, elem_);
       layer_norm(rows, aff ? operand(1) : nullptr, aff ? operand(2) : nullptr, operand(aff ? 3 : 1),
                  operand(aff ? 4 : 2), operand(aff ? 5 : 3), eps);
+    } else if (softmax) {
+      softmax_rows(rows);
     } else if (p_.reduce == ReduceKind::SumInner) {
       inner(rows);
     } else {
@@ -633,6 +640,136 @@ class ReduceEmitter {
                                : b_.CreateFAdd(b_.CreateFMul(t, llvm::ConstantFP::get(elem_, 1.0)), zero(elem_));
         store(out, k, yrow);
       });
+    });
+  }
+
+  // Note [Generated softmax] (PointwiseProgram.h): ATen's _vec_softmax_lastdim and
+  // _vec_log_softmax_lastdim, per row; misc/ATEN_ORDER.md section 4 gives the order.
+  llvm::Value* lane_mask(llvm::Value* r) {  // lanes [0, r) of a vector
+    std::vector<llvm::Constant*> idx;
+    for (std::int64_t l = 0; l < w_; ++l) idx.push_back(b_.getInt64(static_cast<std::uint64_t>(l)));
+    return b_.CreateICmpSLT(llvm::ConstantVector::get(idx), b_.CreateVectorSplat(static_cast<unsigned>(w_), r));
+  }
+  llvm::Value* load_part(llvm::Value* base, llvm::Value* i, llvm::Value* mask) {  // others 0 (Vec::loadu(p, r))
+    llvm::Value* ptr = b_.CreateBitCast(at(base, i), vec_->getPointerTo());
+    return b_.CreateMaskedLoad(vec_, ptr, llvm::Align(dt_ == dtype::kFloat64 ? 8 : 4), mask, zero(vec_));
+  }
+  void store_part(llvm::Value* v, llvm::Value* base, llvm::Value* i, llvm::Value* mask) {
+    llvm::Value* ptr = b_.CreateBitCast(at(base, i), vec_->getPointerTo());
+    b_.CreateMaskedStore(v, ptr, llvm::Align(dt_ == dtype::kFloat64 ? 8 : 4), mask);
+  }
+  // Vectorized<T>::maximum: a > b ? a : b, every bit set where a or b is NaN.
+  llvm::Value* maximum(llvm::Value* a, llvm::Value* b) {
+    llvm::Value* m = b_.CreateSelect(b_.CreateFCmpOGT(a, b), a, b);
+    llvm::Type* it = a->getType()->isVectorTy()
+                         ? static_cast<llvm::Type*>(llvm::FixedVectorType::get(
+                               b_.getIntNTy(dt_ == dtype::kFloat64 ? 64 : 32), static_cast<unsigned>(w_)))
+                         : b_.getIntNTy(dt_ == dtype::kFloat64 ? 64 : 32);
+    llvm::Value* nan = b_.CreateSExt(b_.CreateFCmpUNO(a, b), it);
+    return b_.CreateBitCast(b_.CreateOr(b_.CreateBitCast(m, it), nan), a->getType());
+  }
+  llvm::Value* math_call(const char* fn, llvm::Value* v) {
+    const std::string name = std::string("crucible_v") + fn + (dt_ == dtype::kFloat64 ? "_f64" : "_f32");
+    llvm::FunctionCallee callee = m_.getOrInsertFunction(name, llvm::FunctionType::get(vec_, {vec_}, false));
+    if (auto* f = llvm::dyn_cast<llvm::Function>(callee.getCallee())) {
+      f->addFnAttr("min-legal-vector-width", std::to_string(p_.vec_bytes * 8));
+      f->addFnAttr(llvm::Attribute::NoUnwind);
+    }
+    return b_.CreateCall(callee, {v});
+  }
+  // vec::map_reduce_all(map, op, row[0, n)) (vec::reduce_all when map is the identity).
+  using VecOp = std::function<llvm::Value*(llvm::Value*, llvm::Value*)>;
+  using VecMap = std::function<llvm::Value*(llvm::Value*)>;
+  llvm::Value* reduce_all(llvm::Value* row, llvm::Value* n, const VecMap& map, const VecOp& op) {
+    llvm::AllocaInst* res = slot(elem_);
+    llvm::BasicBlock *shortb = block("short_row"), *longb = block("long_row"), *done = block("reduced");
+    b_.CreateCondBr(b_.CreateICmpSLT(n, c64(w_)), shortb, longb);
+    b_.SetInsertPoint(shortb);  // vec_reduce_all(op, map(loadu(row, n)), n): lane 0, in order
+    {
+      llvm::Value* v = map(load_part(row, c64(0), lane_mask(n)));
+      llvm::AllocaInst* acc = slot(elem_);
+      b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
+      loop(c64(1), n, [&](llvm::Value* i) {
+        b_.CreateStore(op(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)), acc);
+      });
+      b_.CreateStore(b_.CreateLoad(elem_, acc), res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(longb);
+    {
+      llvm::AllocaInst* acc = slot(vec_);
+      b_.CreateStore(map(load(vec_, row, c64(0))), acc);
+      llvm::Value* whole = b_.CreateSub(n, b_.CreateSRem(n, c64(w_)));
+      loop(c64(w_), whole, [&](llvm::Value* d) {
+        b_.CreateStore(op(b_.CreateLoad(vec_, acc), map(load(vec_, row, d))), acc);
+      }, c64(w_));
+      llvm::Value* r = b_.CreateSub(n, whole);
+      llvm::Value* mask = lane_mask(r);
+      llvm::Value* a = b_.CreateLoad(vec_, acc);
+      llvm::Value* t = op(a, map(load_part(row, whole, mask)));  // no lane when r == 0
+      a = b_.CreateSelect(mask, t, a);
+      llvm::Value* out = nullptr;
+      if (dt_ == dtype::kFloat32) {  // VecReduceAllSIMD<float>: partners i^(W/2), ..., i^1
+        for (std::int64_t sh = w_ / 2; sh >= 1; sh /= 2) {
+          std::vector<int> perm;
+          for (std::int64_t l = 0; l < w_; ++l) perm.push_back(static_cast<int>(l ^ sh));
+          a = op(a, b_.CreateShuffleVector(a, perm));
+        }
+        out = b_.CreateExtractElement(a, std::uint64_t{0});
+      } else {  // vec_reduce_all(op, acc, W): lanes in order
+        out = b_.CreateExtractElement(a, std::uint64_t{0});
+        for (std::int64_t l = 1; l < w_; ++l) out = op(out, b_.CreateExtractElement(a, static_cast<std::uint64_t>(l)));
+      }
+      b_.CreateStore(out, res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(done);
+    return b_.CreateLoad(elem_, res);
+  }
+  // y[j] = f(x[j]) over the row by vectors, the tail a part of one (vec::map).
+  void map_row(llvm::Value* x, llvm::Value* y, llvm::Value* n, const VecMap& f) {
+    llvm::Value* whole = b_.CreateSub(n, b_.CreateSRem(n, c64(w_)));
+    loop(c64(0), whole, [&](llvm::Value* d) { store(f(load(vec_, x, d)), d, y); }, c64(w_));
+    llvm::BasicBlock *tail = block("map_tail"), *done = block("mapped");
+    b_.CreateCondBr(b_.CreateICmpSLT(whole, n), tail, done);
+    b_.SetInsertPoint(tail);
+    llvm::Value* mask = lane_mask(b_.CreateSub(n, whole));
+    store_part(f(load_part(x, whole, mask)), y, whole, mask);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+  void softmax_rows(llvm::Value* rows) {
+    const bool log = p_.reduce == ReduceKind::LogSoftmax;
+    auto id = [](llvm::Value* v) { return v; };
+    auto max_op = [&](llvm::Value* a, llvm::Value* b) { return maximum(a, b); };
+    auto add_op = [&](llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); };
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* x = at(x_, b_.CreateMul(r, cols_));
+      llvm::Value* y = at(out_, b_.CreateMul(r, cols_));
+      llvm::Value* m = reduce_all(x, cols_, id, max_op);
+      llvm::Value* mv = splat(m);
+      llvm::BasicBlock* done = block("row_out");
+      if (p_.safe) {  // _safe_softmax: a row all -inf is +0 (where(all(x == -inf), 0, softmax))
+        llvm::BasicBlock *zeros = block("masked_row"), *normal = block("softmax_row");
+        b_.CreateCondBr(b_.CreateFCmpOEQ(m, llvm::ConstantFP::getInfinity(elem_, true)), zeros, normal);
+        b_.SetInsertPoint(zeros);
+        loop(c64(0), cols_, [&](llvm::Value* j) { store(zero(elem_), j, y); });
+        b_.CreateBr(done);
+        b_.SetInsertPoint(normal);
+      }
+      if (log) {
+        llvm::Value* s = reduce_all(x, cols_, [&](llvm::Value* v) { return math_call("exp", b_.CreateFSub(v, mv)); },
+                                    add_op);
+        llvm::Value* lv = splat(b_.CreateExtractElement(math_call("log", splat(s)), std::uint64_t{0}));
+        map_row(x, y, cols_, [&](llvm::Value* v) { return b_.CreateFSub(b_.CreateFSub(v, mv), lv); });
+      } else {
+        map_row(x, y, cols_, [&](llvm::Value* v) { return math_call("exp", b_.CreateFSub(v, mv)); });
+        llvm::Value* s = reduce_all(y, cols_, id, add_op);
+        llvm::Value* rv = splat(b_.CreateFDiv(llvm::ConstantFP::get(elem_, 1.0), s));
+        map_row(y, y, cols_, [&](llvm::Value* v) { return b_.CreateFMul(v, rv); });
+      }
+      b_.CreateBr(done);
+      b_.SetInsertPoint(done);
     });
   }
 

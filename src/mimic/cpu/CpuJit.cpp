@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "crucible/graph/KernelCache.h"
+#include "crucible/mimic/CpuTarget.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
@@ -26,6 +27,9 @@ struct Jit {
   std::mutex mu;  // loading and compiling
   std::unique_ptr<llvm::orc::LLJIT> lljit;
   graph::KernelCache<CompiledPointwise> memory;
+  std::mutex math_mu;
+  std::optional<VectorMath> math;  // Note [Vector math]
+  bool math_defined = false;       // in lljit's main JITDylib (under mu)
 };
 
 Jit& jit() {
@@ -42,6 +46,31 @@ Result<void*> lookup(llvm::orc::LLJIT& lljit, const std::string& name) {
 #else
   return reinterpret_cast<void*>(static_cast<std::uintptr_t>(sym->getAddress()));
 #endif
+}
+
+// Note [Vector math]: the process's functions, as absolute symbols of the JIT's main JITDylib.
+Status define_vector_math(Jit& j) {
+  std::optional<VectorMath> m = vector_math();
+  if (!m || j.math_defined) return ok_status();
+  llvm::orc::SymbolMap syms;
+  auto add = [&](const char* name, void* fn) {
+#if LLVM_VERSION_MAJOR >= 17
+    syms[j.lljit->mangleAndIntern(name)] = {llvm::orc::ExecutorAddr::fromPtr(fn),
+                                            llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable};
+#else
+    syms[j.lljit->mangleAndIntern(name)] = llvm::JITEvaluatedSymbol(
+        static_cast<llvm::JITTargetAddress>(reinterpret_cast<std::uintptr_t>(fn)),
+        llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable);
+#endif
+  };
+  add("crucible_vexp_f32", m->exp_f32);
+  add("crucible_vexp_f64", m->exp_f64);
+  add("crucible_vlog_f32", m->log_f32);
+  add("crucible_vlog_f64", m->log_f64);
+  if (llvm::Error e = j.lljit->getMainJITDylib().define(llvm::orc::absoluteSymbols(std::move(syms))))
+    return bad_state("cannot give the JIT the vector math: " + message(std::move(e)), "report it");
+  j.math_defined = true;
+  return ok_status();
 }
 
 // Links `object` into the process and finds its two entry points.
@@ -62,6 +91,7 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
     (*made)->getMainJITDylib().addGenerator(std::move(*libc));
     j.lljit = std::move(*made);
   }
+  CRUCIBLE_RETURN_IF_ERROR(define_vector_math(j));
   auto buf = llvm::MemoryBuffer::getMemBufferCopy(object, prefix);
   if (llvm::Error e = j.lljit->addObjectFile(std::move(buf)))
     return bad_state("the JIT refused the object of " + prefix + ": " + message(std::move(e)),
@@ -83,6 +113,39 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
 }
 
 }  // namespace
+
+Status set_vector_math(const VectorMath& m) {
+  if (m.vector_bytes != 32 && m.vector_bytes != 64)
+    return invalid_input("vector math of " + std::to_string(m.vector_bytes) + "-byte vectors",
+                         "give functions over 32-byte (AVX2) or 64-byte (AVX-512) vectors");
+  if (m.name.empty() || m.exp_f32 == nullptr || m.exp_f64 == nullptr || m.log_f32 == nullptr ||
+      m.log_f64 == nullptr)
+    return invalid_input("vector math \"" + m.name + "\" without a name or one of its four functions",
+                         "give exp and log for float32 and float64, and a name");
+  if (m.vector_bytes == 64 && !runs_on("+avx512f", host_target()))
+    return invalid_input("vector math over 64-byte vectors on a CPU without AVX-512",
+                         "give the 32-byte (AVX2) functions");
+  if (!runs_on("+avx2", host_target()))
+    return invalid_input("vector math on a CPU without AVX2", "softmax runs as a library call here: give none");
+  Jit& j = jit();
+  std::lock_guard<std::mutex> lock(j.math_mu);
+  if (j.math) {
+    const VectorMath& o = *j.math;
+    if (o.name == m.name && o.vector_bytes == m.vector_bytes && o.exp_f32 == m.exp_f32 &&
+        o.exp_f64 == m.exp_f64 && o.log_f32 == m.log_f32 && o.log_f64 == m.log_f64)
+      return ok_status();
+    return bad_state("this process was given vector math \"" + o.name + "\" already, now \"" + m.name + "\"",
+                     "give one set of functions per process (compiled kernels call them by name)");
+  }
+  j.math = m;
+  return ok_status();
+}
+
+std::optional<VectorMath> vector_math() {
+  Jit& j = jit();
+  std::lock_guard<std::mutex> lock(j.math_mu);
+  return j.math;
+}
 
 Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwiseProgram& program,
                                                                std::string_view recipe,
