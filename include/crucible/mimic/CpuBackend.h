@@ -50,6 +50,9 @@ struct CpuBackendOptions {
                               void* arg);
   ParallelFn parallel = nullptr;
   void* parallel_ctx = nullptr;
+  // The host's thread count at the time of a launch (the Vessel passes ATen's): float32
+  // _softmax_backward_data's bits depend on it (Note [Generated softmax]). Null: `threads`.
+  unsigned (*current_threads)() = nullptr;
   // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's
   // bits but within a stated bound of them (sqrt; a + c*b rounded once where ATen rounds twice).
   bool fast = false;
@@ -130,6 +133,7 @@ class CpuBackend {
   WorkerPool* pool_ = nullptr;  // Note [Split loops]; unused with parallel_
   CpuBackendOptions::ParallelFn parallel_ = nullptr;
   void* parallel_ctx_ = nullptr;
+  unsigned (*current_threads_)() = nullptr;
   unsigned threads_ = 1;        // parts a loop may run in
 };
 

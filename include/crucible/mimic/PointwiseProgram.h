@@ -106,6 +106,8 @@ enum class ReduceKind : std::uint8_t {
   LayerNorm = 3,
   Softmax = 4,     // Note [Generated softmax]
   LogSoftmax = 5,
+  SoftmaxBwd = 6,  // _softmax_backward_data
+  LogSoftmaxBwd = 7,
 };
 
 // Note [Generated layer norm]: native_layer_norm over a dense float32/float64 input, weight and
@@ -126,7 +128,12 @@ enum class ReduceKind : std::uint8_t {
 // maximum (NaN-propagating; of equal values the later one), exp and log ATen's own (Note
 // [Vector math], CpuJit.h: `math` names them). softmax: e = exp(x - max), y = e * (1/sum);
 // log_softmax: y = (x - max) - log(sum of exp(x - max)); _safe_softmax: softmax, and a row that
-// is all -inf (its max is -inf) +0.
+// is all -inf (its max is -inf) +0. Their backwards (_softmax_backward_data,
+// _log_softmax_backward_data) take operands grad, output, result: softmax's s = the sum of
+// grad * output (the first vector a product, then acc + grad*output unfused, except float32's
+// tail, which ATen's compiled code fuses into one fma only when its loop over rows runs inline:
+// one row, or one thread at the time of the call; a launch parameter says which), result =
+// (grad - s) * output; log_softmax's s = the sum of grad, result = fma(-exp(output), s, grad).
 
 // What is compiled: its content hash is the cache's "what is computed".
 struct PointwiseProgram {
@@ -137,8 +144,8 @@ struct PointwiseProgram {
   bool mean = false;                     // a reduction's sum divided by its element count
   bool affine = false;                   // LayerNorm: weight and bias given
   bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
-  std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax: ATen's vector width
-  std::string math;                      // Softmax, LogSoftmax: VectorMath::name
+  std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax and backwards: ATen's vector width
+  std::string math;                      // the same: VectorMath::name
   ContentHash hash() const;
   std::string text() const;  // one line per instruction, for messages and dumps
   bool scaled() const;  // has AddScaled/SubScaled/Lerp: a fused contiguous loop exists
@@ -190,7 +197,7 @@ bool is_reduction_op(std::string_view op);
 // Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.
 // reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
-// Note [Generated softmax]: call c (_softmax, _log_softmax, _safe_softmax) as a program over
+// Note [Generated softmax]: call c (_softmax, _log_softmax, _safe_softmax and their backwards) as a program over
 // `vec_bytes`-wide vectors with the vector math named `math`, or `unsupported`.
 Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& plan, std::uint32_t call,
                                       unsigned vec_bytes, std::string_view math);

@@ -78,6 +78,7 @@ struct Generated {
   // Note [Split rows]: per operand, its elements per row (0: read whole by every row); empty
   // for a reduction whose rows are not independent (column sums).
   std::vector<std::int64_t> row_elems;
+  bool tail_flag = false;  // params[1]: float32 softmax backward's tail fused (Note [Generated softmax])
 };
 
 struct Run {
@@ -139,6 +140,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::make(CpuBackendOptions options) 
   b->threads_ = options.threads != 0 ? options.threads : hardware;
   b->parallel_ = options.parallel;
   b->parallel_ctx_ = options.parallel_ctx;
+  b->current_threads_ = options.current_threads;
   if (b->parallel_ == nullptr) b->pool_ = &WorkerPool::shared(std::max(b->threads_, hardware));
   if (options.disk_cache) {
     std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
@@ -375,11 +377,14 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->numel = pk.reduce_rows * pk.reduce_cols;
     p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
     if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};  // eps, read each launch
+    p->tail_flag = pk.program.reduce == ReduceKind::SoftmaxBwd;
     const std::int64_t cols = pk.reduce_cols;
     switch (pk.program.reduce) {  // Note [Split rows]
       case ReduceKind::SumInner: p->row_elems = {cols, 1}; break;
       case ReduceKind::Softmax:
       case ReduceKind::LogSoftmax: p->row_elems = {cols, cols}; break;
+      case ReduceKind::SoftmaxBwd:
+      case ReduceKind::LogSoftmaxBwd: p->row_elems = {cols, cols, cols}; break;
       case ReduceKind::LayerNorm:
         p->row_elems = pk.program.affine ? std::vector<std::int64_t>{cols, 0, 0, cols, 1, 1}
                                          : std::vector<std::int64_t>{cols, cols, 1, 1};
@@ -542,6 +547,10 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
     if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // a double
+    if (p->tail_flag) {  // ATen's loop over rows runs inline for one row or on one thread
+      const unsigned now = current_threads_ != nullptr ? current_threads_() : threads_;
+      p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;
+    }
     run_rows(*p);
     return true;
   }

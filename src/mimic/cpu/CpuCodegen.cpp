@@ -266,7 +266,7 @@ class ReduceEmitter {
     i64_ = llvm::Type::getInt64Ty(ctx_);
     elem_ = dt_ == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
     w_ = dt_ == dtype::kFloat64 ? 4 : 8;
-    const bool softmax = p_.reduce == ReduceKind::Softmax || p_.reduce == ReduceKind::LogSoftmax;
+    const bool softmax = p_.reduce >= ReduceKind::Softmax;
     if (softmax) w_ = p_.vec_bytes / (dt_ == dtype::kFloat64 ? 8 : 4);  // Note [Generated softmax]
     vec_ = llvm::FixedVectorType::get(elem_, static_cast<unsigned>(w_));
     auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
@@ -286,18 +286,22 @@ class ReduceEmitter {
     out_ = b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, 1)),
                             elem_->getPointerTo());
     cols_ = b_.CreateLoad(i64_, params);
+    auto operand = [&](std::uint64_t k) {
+      return b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, k)),
+                              elem_->getPointerTo());
+    };
     if (p_.reduce == ReduceKind::LayerNorm) {
       const bool aff = p_.affine;
-      auto operand = [&](std::uint64_t k) {
-        return b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, k)),
-                                elem_->getPointerTo());
-      };
       llvm::Value* eps = b_.CreateLoad(llvm::Type::getDoubleTy(ctx_),
                                        b_.CreateBitCast(b_.CreateConstInBoundsGEP1_64(i64_, params, 1),
                                                         llvm::Type::getDoubleTy(ctx_)->getPointerTo()));
       if (elem_ != eps->getType()) eps = b_.CreateFPTrunc(eps, elem_);
       layer_norm(rows, aff ? operand(1) : nullptr, aff ? operand(2) : nullptr, operand(aff ? 3 : 1),
                  operand(aff ? 4 : 2), operand(aff ? 5 : 3), eps);
+    } else if (p_.reduce == ReduceKind::SoftmaxBwd || p_.reduce == ReduceKind::LogSoftmaxBwd) {
+      // params[1]: float32's tail step fused (ATen's loop over rows ran inline)
+      softmax_backward_rows(rows, operand(1), operand(2),
+                            b_.CreateICmpNE(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1)), c64(0)));
     } else if (softmax) {
       softmax_rows(rows);
     } else if (p_.reduce == ReduceKind::SumInner) {
@@ -708,23 +712,26 @@ class ReduceEmitter {
       llvm::Value* a = b_.CreateLoad(vec_, acc);
       llvm::Value* t = op(a, map(load_part(row, whole, mask)));  // no lane when r == 0
       a = b_.CreateSelect(mask, t, a);
-      llvm::Value* out = nullptr;
-      if (dt_ == dtype::kFloat32) {  // VecReduceAllSIMD<float>: partners i^(W/2), ..., i^1
-        for (std::int64_t sh = w_ / 2; sh >= 1; sh /= 2) {
-          std::vector<int> perm;
-          for (std::int64_t l = 0; l < w_; ++l) perm.push_back(static_cast<int>(l ^ sh));
-          a = op(a, b_.CreateShuffleVector(a, perm));
-        }
-        out = b_.CreateExtractElement(a, std::uint64_t{0});
-      } else {  // vec_reduce_all(op, acc, W): lanes in order
-        out = b_.CreateExtractElement(a, std::uint64_t{0});
-        for (std::int64_t l = 1; l < w_; ++l) out = op(out, b_.CreateExtractElement(a, static_cast<std::uint64_t>(l)));
-      }
-      b_.CreateStore(out, res);
+      b_.CreateStore(fold_lanes(a, op), res);
       b_.CreateBr(done);
     }
     b_.SetInsertPoint(done);
     return b_.CreateLoad(elem_, res);
+  }
+  // vec_reduce_all(op, acc): float32's lanes by VecReduceAllSIMD's tree (partners i^(W/2), ...,
+  // i^1), float64's in order.
+  llvm::Value* fold_lanes(llvm::Value* a, const VecOp& op) {
+    if (dt_ == dtype::kFloat32) {
+      for (std::int64_t sh = w_ / 2; sh >= 1; sh /= 2) {
+        std::vector<int> perm;
+        for (std::int64_t l = 0; l < w_; ++l) perm.push_back(static_cast<int>(l ^ sh));
+        a = op(a, b_.CreateShuffleVector(a, perm));
+      }
+      return b_.CreateExtractElement(a, std::uint64_t{0});
+    }
+    llvm::Value* out = b_.CreateExtractElement(a, std::uint64_t{0});
+    for (std::int64_t l = 1; l < w_; ++l) out = op(out, b_.CreateExtractElement(a, static_cast<std::uint64_t>(l)));
+    return out;
   }
   // y[j] = f(x[j]) over the row by vectors, the tail a part of one (vec::map).
   void map_row(llvm::Value* x, llvm::Value* y, llvm::Value* n, const VecMap& f) {
@@ -735,6 +742,74 @@ class ReduceEmitter {
     b_.SetInsertPoint(tail);
     llvm::Value* mask = lane_mask(b_.CreateSub(n, whole));
     store_part(f(load_part(x, whole, mask)), y, whole, mask);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+  // _softmax_backward_data / _log_softmax_backward_data: x_ the grad, `o` the forward's output,
+  // `gi` the result.
+  void softmax_backward_rows(llvm::Value* rows, llvm::Value* o, llvm::Value* gi, llvm::Value* tail_fused) {
+    const bool log = p_.reduce == ReduceKind::LogSoftmaxBwd;
+    auto add_op = [&](llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); };
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* g = at(x_, b_.CreateMul(r, cols_));
+      llvm::Value* y = at(o, b_.CreateMul(r, cols_));
+      llvm::Value* res = at(gi, b_.CreateMul(r, cols_));
+      if (log) {  // s = reduce_all(+, g); gi = fma(-exp(y), s, g)
+        llvm::Value* sv = splat(reduce_all(g, cols_, [](llvm::Value* v) { return v; }, add_op));
+        map2_row(g, y, res, [&](llvm::Value* gv, llvm::Value* yv) {
+          return fma(b_.CreateFNeg(math_call("exp", yv)), sv, gv);
+        });
+        return;
+      }
+      // s = map2_reduce_all(g * y, +)
+      llvm::AllocaInst* res_s = slot(elem_);
+      llvm::BasicBlock *shortb = block("short_row"), *longb = block("long_row"), *done = block("reduced");
+      b_.CreateCondBr(b_.CreateICmpSLT(cols_, c64(w_)), shortb, longb);
+      b_.SetInsertPoint(shortb);  // the products of the row's lanes, added in order
+      {
+        llvm::Value* mask = lane_mask(cols_);
+        llvm::Value* v = b_.CreateFMul(load_part(g, c64(0), mask), load_part(y, c64(0), mask));
+        llvm::AllocaInst* acc = slot(elem_);
+        b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
+        loop(c64(1), cols_, [&](llvm::Value* i) {
+          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)), acc);
+        });
+        b_.CreateStore(b_.CreateLoad(elem_, acc), res_s);
+        b_.CreateBr(done);
+      }
+      b_.SetInsertPoint(longb);
+      {
+        llvm::AllocaInst* acc = slot(vec_);
+        b_.CreateStore(b_.CreateFMul(load(vec_, g, c64(0)), load(vec_, y, c64(0))), acc);
+        llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
+        loop(c64(w_), whole, [&](llvm::Value* d) {
+          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(vec_, acc), b_.CreateFMul(load(vec_, g, d), load(vec_, y, d))), acc);
+        }, c64(w_));
+        llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
+        llvm::Value* a = b_.CreateLoad(vec_, acc);
+        llvm::Value* gt = load_part(g, whole, mask);
+        llvm::Value* yt = load_part(y, whole, mask);
+        llvm::Value* t = dt_ == dtype::kFloat32
+                             ? b_.CreateSelect(tail_fused, fma(gt, yt, a), b_.CreateFAdd(a, b_.CreateFMul(gt, yt)))
+                             : b_.CreateFAdd(a, b_.CreateFMul(gt, yt));
+        a = b_.CreateSelect(mask, t, a);
+        b_.CreateStore(fold_lanes(a, add_op), res_s);
+        b_.CreateBr(done);
+      }
+      b_.SetInsertPoint(done);
+      llvm::Value* sv = splat(b_.CreateLoad(elem_, res_s));
+      map2_row(g, y, res, [&](llvm::Value* gv, llvm::Value* yv) { return b_.CreateFMul(b_.CreateFSub(gv, sv), yv); });
+    });
+  }
+  // res[j] = f(a[j], b[j]) over the row by vectors, the tail a part of one (vec::map2).
+  void map2_row(llvm::Value* a, llvm::Value* bb, llvm::Value* res, const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& f) {
+    llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
+    loop(c64(0), whole, [&](llvm::Value* d) { store(f(load(vec_, a, d), load(vec_, bb, d)), d, res); }, c64(w_));
+    llvm::BasicBlock *tail = block("map_tail"), *done = block("mapped");
+    b_.CreateCondBr(b_.CreateICmpSLT(whole, cols_), tail, done);
+    b_.SetInsertPoint(tail);
+    llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
+    store_part(f(load_part(a, whole, mask), load_part(bb, whole, mask)), res, whole, mask);
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }

@@ -424,7 +424,7 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
-    if (reduce == ReduceKind::Softmax || reduce == ReduceKind::LogSoftmax) {  // Note [Generated softmax]
+    if (reduce >= ReduceKind::Softmax) {  // Note [Generated softmax]
       h.update_u8(safe ? 1 : 0);
       h.update_u8(vec_bytes);
       h.update_string(math);
@@ -438,10 +438,14 @@ std::string PointwiseProgram::text() const {
   if (reduce == ReduceKind::LayerNorm)
     s += std::string("layer_norm ") + (affine ? "affine " : "") + std::string(scalar_type_info(operands[0].dtype).name) +
          (affine ? ": op0, op1, op2 -> op3, op4, op5\n" : ": op0 -> op1, op2, op3\n");
-  else if (reduce == ReduceKind::Softmax || reduce == ReduceKind::LogSoftmax)
-    s += std::string(reduce == ReduceKind::LogSoftmax ? "log_softmax" : safe ? "safe_softmax" : "softmax") + " " +
-         std::string(scalar_type_info(operands[0].dtype).name) + " " + std::to_string(vec_bytes) + "-byte " + math +
-         ": op0 -> op1\n";
+  else if (reduce >= ReduceKind::Softmax)
+    s += std::string(reduce == ReduceKind::LogSoftmax      ? "log_softmax"
+                     : reduce == ReduceKind::SoftmaxBwd    ? "softmax_backward"
+                     : reduce == ReduceKind::LogSoftmaxBwd ? "log_softmax_backward"
+                     : safe                                ? "safe_softmax"
+                                                           : "softmax") +
+         " " + std::string(scalar_type_info(operands[0].dtype).name) + " " + std::to_string(vec_bytes) + "-byte " +
+         math + (operands.size() == 3 ? ": op0, op1 -> op2\n" : ": op0 -> op1\n");
   else if (reduce != ReduceKind::None)
     s += std::string(mean ? "mean" : "sum") + (reduce == ReduceKind::SumInner ? " inner" : " outer") + " " +
          std::string(scalar_type_info(operands[0].dtype).name) + ": op0 -> op1\n";
@@ -700,7 +704,8 @@ Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& p, std::uint
 }
 
 bool is_softmax_op(std::string_view op) {
-  return op == "aten::_softmax" || op == "aten::_log_softmax" || op == "aten::_safe_softmax";
+  return op == "aten::_softmax" || op == "aten::_log_softmax" || op == "aten::_safe_softmax" ||
+         op == "aten::_softmax_backward_data" || op == "aten::_log_softmax_backward_data";
 }
 
 // Note [Generated softmax].
@@ -709,41 +714,60 @@ Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& p, std::uint32_
   const exec::Call& call = p.calls[c];
   const std::string& name = p.op_names[call.op];
   auto refuse = [&](const std::string& why) { return not_generated(p, c, "a softmax", why); };
-  if (!is_softmax_op(name)) return refuse("not _softmax, _log_softmax or _safe_softmax");
+  if (!is_softmax_op(name)) return refuse("not _softmax, _log_softmax, _safe_softmax or their backward");
   if (math.empty() || (vec_bytes != 32 && vec_bytes != 64))
     return refuse("no exp and log of ATen's were given (Note [Vector math])");
-  if (call.in_count != 1 || call.out_count != 1) return refuse("it has other than one input and one output");
-  const std::uint32_t in_t = p.inputs_of(call)[0].tensor, out_t = p.outputs_of(call)[0].tensor;
+  const bool backward = name.ends_with("_backward_data");
+  if (call.in_count != (backward ? 2u : 1u) || call.out_count != 1)
+    return refuse(backward ? "it has other than two inputs and one output" : "it has other than one input and one output");
+  std::vector<std::uint32_t> ins(call.in_count);
+  for (const exec::Arg& a : p.inputs_of(call)) {
+    if (a.arg_index >= call.in_count) return refuse("a tensor argument at schema position " + std::to_string(a.arg_index));
+    ins[a.arg_index] = a.tensor;
+  }
+  const std::uint32_t in_t = ins[0], out_t = p.outputs_of(call)[0].tensor;
   const exec::TensorRef& in = p.tensors[in_t];
-  if (!is_float(in.dtype) || p.tensors[out_t].dtype != in.dtype)
-    return refuse("its input and result are not both float32 or both float64");
+  if (!is_float(in.dtype) || p.tensors[out_t].dtype != in.dtype || (backward && p.tensors[ins[1]].dtype != in.dtype))
+    return refuse("its tensors are not all float32 or all float64");
   const auto sz = p.sizes(in);
+  if (backward && !std::ranges::equal(p.sizes(p.tensors[ins[1]]), sz)) return refuse("its grad and output differ in shape");
   const auto nd = static_cast<std::int64_t>(sz.size());
   std::optional<std::int64_t> dim;
-  bool other = false;  // half_to_float true, or a dtype given
+  bool other = false;  // half_to_float true, a dtype given, or (backward) an input dtype of another type
+  const std::uint32_t dim_arg = backward ? 2 : 1;
   for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
     const record::ScalarRecord& r = p.scalars[i];
-    if (r.arg_index == 1 && r.kind == record::ScalarKind::Int) dim = static_cast<std::int64_t>(r.bits);
-    if (r.arg_index == 2 && r.kind != record::ScalarKind::None && !(r.kind == record::ScalarKind::Bool && r.bits == 0))
+    if (r.arg_index == dim_arg && r.kind == record::ScalarKind::Int) dim = static_cast<std::int64_t>(r.bits);
+    if (!backward && r.arg_index == 2 && r.kind != record::ScalarKind::None &&
+        !(r.kind == record::ScalarKind::Bool && r.bits == 0))
+      other = true;
+    if (backward && r.arg_index == 3 &&
+        !(r.kind == record::ScalarKind::Int && static_cast<std::int64_t>(r.bits) == in.dtype))
       other = true;
   }
   if (!dim) return refuse("its dim was not recorded");
-  if (other) return refuse(name == "aten::_safe_softmax" ? "a dtype was given" : "half_to_float is set");
+  if (other)
+    return refuse(backward ? "its input dtype is not its grad's" : name == "aten::_safe_softmax" ? "a dtype was given"
+                                                                                               : "half_to_float is set");
   const std::int64_t d = *dim < 0 ? *dim + std::max<std::int64_t>(nd, 1) : *dim;
   if (d != std::max<std::int64_t>(nd, 1) - 1) return refuse("its dim is not the last");
   const std::int64_t cols = nd == 0 ? 1 : sz[static_cast<std::size_t>(nd - 1)];
   std::int64_t numel = 1;
   for (std::int64_t s : sz) numel *= s;
   if (numel == 0) return refuse("it has an empty dim");
-  if (dense_numel(p, in_t) != numel || dense_numel(p, out_t) != numel)
-    return refuse("its input or result is not dense in row-major order");
+  if (dense_numel(p, in_t) != numel || dense_numel(p, out_t) != numel || (backward && dense_numel(p, ins[1]) != numel))
+    return refuse("its inputs or result are not dense in row-major order");
   PointwiseKernel k;
-  k.program.reduce = name == "aten::_log_softmax" ? ReduceKind::LogSoftmax : ReduceKind::Softmax;
+  k.program.reduce = name == "aten::_log_softmax"                 ? ReduceKind::LogSoftmax
+                     : name == "aten::_softmax_backward_data"     ? ReduceKind::SoftmaxBwd
+                     : name == "aten::_log_softmax_backward_data" ? ReduceKind::LogSoftmaxBwd
+                                                                  : ReduceKind::Softmax;
   k.program.safe = name == "aten::_safe_softmax";
   k.program.vec_bytes = static_cast<std::uint8_t>(vec_bytes);
   k.program.math = std::string(math);
-  k.program.operands = {PwOperand{in.dtype, false, true, false}, PwOperand{in.dtype, false, false, true}};
-  k.operand_tensor = {in_t, out_t};
+  const PwOperand rd{in.dtype, false, true, false}, wr{in.dtype, false, false, true};
+  k.program.operands = backward ? std::vector<PwOperand>{rd, rd, wr} : std::vector<PwOperand>{rd, wr};
+  k.operand_tensor = backward ? std::vector<std::uint32_t>{in_t, ins[1], out_t} : std::vector<std::uint32_t>{in_t, out_t};
   k.reduce_rows = numel / cols;
   k.reduce_cols = cols;
   return k;

@@ -116,6 +116,41 @@ def test_softmax_the_backend_does_not_generate_runs_as_a_library_call_with_eager
     assert p["exec_generated_calls"] == 1, p["exec_summary"]
 
 
+def backwards(g, y, ly):
+    return (torch.ops.aten._softmax_backward_data(g, y, -1, g.dtype),
+            torch.ops.aten._log_softmax_backward_data(g, ly, -1, g.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_generated_softmax_backward_gives_eager_bits_as_the_thread_count_changes(dtype):
+    # float32 _softmax_backward_data fuses its tail step only when ATen's loop over rows runs
+    # inline (one row, or one thread at the time of the call): the launch asks each time. The
+    # step is compiled at 2 threads and then called at 1, 2 and 3.
+    gen = torch.Generator().manual_seed(31)
+    args = []
+    for n in WIDTHS:
+        for rows in (1, 5):
+            x = torch.randn(rows, n, dtype=dtype, generator=gen) * 3
+            g = torch.randn(rows, n, dtype=dtype, generator=gen)
+            args += [g, torch.softmax(x, -1), torch.log_softmax(x, -1)]
+
+    def f(*a):
+        return tuple(r for i in range(0, len(a), 3) for r in backwards(*a[i:i + 3]))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        step = crucible.compile(f, backend="cpu", guard=())
+        for threads in (2, 2, 2, 1, 3, 1):
+            torch.set_num_threads(threads)
+            got, want = step(*args), f(*args)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert torch.equal(bits(a), bits(b)), (threads, WIDTHS[i // 4], (1, 5)[i // 2 % 2], i % 2)
+    finally:
+        torch.set_num_threads(before)
+    p = step.plans()[0]
+    assert p["exec_generated_calls"] == p["exec_calls"] == 4 * len(WIDTHS), p["exec_summary"]
+
+
 def test_cross_entropy_generates_its_log_softmax():
     # cross_entropy is _log_softmax (generated) and nll_loss (an ATen call)
     g = torch.Generator().manual_seed(9)
