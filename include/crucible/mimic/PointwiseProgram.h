@@ -108,7 +108,21 @@ enum class ReduceKind : std::uint8_t {
   LogSoftmax = 5,
   SoftmaxBwd = 6,  // _softmax_backward_data
   LogSoftmaxBwd = 7,
+  NllLoss = 8,     // Note [Generated nll_loss]
+  NllLossBwd = 9,
 };
+
+// Note [Generated nll_loss]: nll_loss_forward and nll_loss_backward over a dense float32/float64
+// (N, C) input and an int64 target, no class weight, reduction mean or sum, are one program
+// each. Forward: operands input, target, output, total_weight; ATen's nll_loss_out_frame
+// (misc/ATEN_ORDER.md section 8): an 8-level cascade of partial losses in the dtype, level step
+// 2^max(4, CeilLog2(N)/8), each kept row's -x[b, t] subtracted into level 0 and carried up while
+// b's bits under the level's mask are zero (a row whose target is ignore_index is skipped, with
+// its carry), the levels added in order to 0, total_weight = N - ignored, a mean divided by it.
+// Backward: operands grad_output, target, total_weight, grad_input: grad_input zero-filled,
+// then -(grad_output / total_weight) (mean) or -grad_output (sum) at each kept row's target.
+// ignore_index is parameter 1. A target outside [0, C) (not ignore_index) makes the kernel
+// write nothing and set parameter 2: the call then runs as ATen's, which raises ATen's error.
 
 // Note [Generated layer norm]: native_layer_norm over a dense float32/float64 input, weight and
 // bias both given (dense) or both absent, is one program: operands input, [weight, bias,]
@@ -202,6 +216,9 @@ Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::u
 Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& plan, std::uint32_t call,
                                       unsigned vec_bytes, std::string_view math);
 bool is_softmax_op(std::string_view op);
+// Note [Generated nll_loss]: call c (nll_loss_forward, nll_loss_backward) as a program; its
+// param_scalar[0] is the plan scalar of ignore_index.
+Result<PointwiseKernel> lower_nll_loss(const exec::ExecutionPlan& plan, std::uint32_t call);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

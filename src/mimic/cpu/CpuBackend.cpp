@@ -79,6 +79,9 @@ struct Generated {
   // for a reduction whose rows are not independent (column sums).
   std::vector<std::int64_t> row_elems;
   bool tail_flag = false;  // params[1]: float32 softmax backward's tail fused (Note [Generated softmax])
+  // params[2]: set by the kernel when it wrote nothing and its call must run as ATen's (Note
+  // [Generated nll_loss]: a target out of range, for ATen to raise its error).
+  bool may_refuse = false;
 };
 
 struct Run {
@@ -210,11 +213,13 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const exec::Call& call = plan.calls[c];
     const bool layer_norm = plan.op_names[call.op] == "aten::native_layer_norm";
     const bool softmax = is_softmax_op(plan.op_names[call.op]);
-    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax) {
+    const bool nll = plan.op_names[call.op] == "aten::nll_loss_forward" || plan.op_names[call.op] == "aten::nll_loss_backward";
+    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
         if (layer_norm) return lower_layer_norm(plan, c);
+        if (nll) return lower_nll_loss(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
         return lower_softmax(plan, c, vm ? vm->vector_bytes : 0, vm ? std::string_view(vm->name) : "");
@@ -378,6 +383,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
     if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};  // eps, read each launch
     p->tail_flag = pk.program.reduce == ReduceKind::SoftmaxBwd;
+    p->may_refuse = pk.program.reduce == ReduceKind::NllLoss || pk.program.reduce == ReduceKind::NllLossBwd;
+    if (p->may_refuse) p->params.push_back(0);
     const std::int64_t cols = pk.reduce_cols;
     switch (pk.program.reduce) {  // Note [Split rows]
       case ReduceKind::SumInner: p->row_elems = {cols, 1}; break;
@@ -532,6 +539,7 @@ void CpuBackend::run_contig(Generated& g, ContigFn fn) {
 // Whether launch_generated may return false for `g` (its parameters are patchable, so whether
 // an alpha is 1 is not known before a run).
 bool CpuBackend::may_run_library_calls(const Generated& g) const {
+  if (g.may_refuse) return true;
   if (fast_ || alpha_rounding_ == AlphaRounding::Twice) return false;
   if (!g.always_scaled && g.unit_params.empty()) return false;
   return !(alpha_rounding_ == AlphaRounding::Once && g.contig && g.scaled_unbroadcast);
@@ -552,6 +560,11 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
       p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;
     }
     run_rows(*p);
+    if (p->may_refuse && p->params[2] != 0) {  // Note [Generated nll_loss]: ATen's call says why
+      p->params[2] = 0;
+      ++library_launches_;
+      return false;
+    }
     return true;
   }
   for (std::size_t j = 0; j < p->params.size(); ++j)

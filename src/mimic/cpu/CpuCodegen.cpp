@@ -266,7 +266,7 @@ class ReduceEmitter {
     i64_ = llvm::Type::getInt64Ty(ctx_);
     elem_ = dt_ == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
     w_ = dt_ == dtype::kFloat64 ? 4 : 8;
-    const bool softmax = p_.reduce >= ReduceKind::Softmax;
+    const bool softmax = p_.reduce >= ReduceKind::Softmax && p_.reduce <= ReduceKind::LogSoftmaxBwd;
     if (softmax) w_ = p_.vec_bytes / (dt_ == dtype::kFloat64 ? 8 : 4);  // Note [Generated softmax]
     vec_ = llvm::FixedVectorType::get(elem_, static_cast<unsigned>(w_));
     auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
@@ -298,6 +298,8 @@ class ReduceEmitter {
       if (elem_ != eps->getType()) eps = b_.CreateFPTrunc(eps, elem_);
       layer_norm(rows, aff ? operand(1) : nullptr, aff ? operand(2) : nullptr, operand(aff ? 3 : 1),
                  operand(aff ? 4 : 2), operand(aff ? 5 : 3), eps);
+    } else if (p_.reduce == ReduceKind::NllLoss || p_.reduce == ReduceKind::NllLossBwd) {
+      nll_loss(rows, params);
     } else if (p_.reduce == ReduceKind::SoftmaxBwd || p_.reduce == ReduceKind::LogSoftmaxBwd) {
       // params[1]: float32's tail step fused (ATen's loop over rows ran inline)
       softmax_backward_rows(rows, operand(1), operand(2),
@@ -745,6 +747,99 @@ class ReduceEmitter {
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
+  // Note [Generated nll_loss] (PointwiseProgram.h). rows = N; params: C, ignore_index, the
+  // out-of-range flag this writes.
+  void nll_loss(llvm::Value* n, llvm::Value* params) {
+    const bool fwd = p_.reduce == ReduceKind::NllLoss;
+    auto* bytes_ptr = llvm::Type::getInt8Ty(ctx_)->getPointerTo();
+    llvm::Value* ptrs = fn_->getArg(0);
+    auto operand = [&](std::uint64_t k, llvm::Type* t) {
+      return b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, k)),
+                              t->getPointerTo());
+    };
+    llvm::Value* target = operand(1, i64_);
+    llvm::Value* ignore = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1));
+    auto tgt = [&](llvm::Value* b) {
+      return b_.CreateAlignedLoad(i64_, b_.CreateInBoundsGEP(i64_, target, b), llvm::MaybeAlign(8));
+    };
+    // every target in [0, C) or ignore_index, else the flag and nothing written
+    llvm::BasicBlock *bad = block("bad_target"), *checked = block("targets_checked");
+    loop(c64(0), n, [&](llvm::Value* b) {
+      llvm::Value* t = tgt(b);
+      llvm::Value* out = b_.CreateAnd(b_.CreateICmpNE(t, ignore),
+                                      b_.CreateOr(b_.CreateICmpSLT(t, c64(0)), b_.CreateICmpSGE(t, cols_)));
+      llvm::BasicBlock* ok = block("target_ok");
+      b_.CreateCondBr(out, bad, ok);
+      b_.SetInsertPoint(ok);
+    });
+    b_.CreateBr(checked);
+    b_.SetInsertPoint(bad);
+    b_.CreateStore(c64(1), b_.CreateConstInBoundsGEP1_64(i64_, params, 2));
+    b_.CreateRetVoid();
+    b_.SetInsertPoint(checked);
+    if (!fwd) {  // grad_input = 0, then g at each kept row's target
+      llvm::Value* go = load(elem_, x_, c64(0));
+      llvm::Value* tw = load(elem_, operand(2, elem_), c64(0));
+      llvm::Value* g = b_.CreateFNeg(p_.mean ? b_.CreateFDiv(go, tw) : go);
+      llvm::Value* gi = operand(3, elem_);
+      loop(c64(0), b_.CreateMul(n, cols_), [&](llvm::Value* i) { store(zero(elem_), i, gi); });
+      loop(c64(0), n, [&](llvm::Value* b) {
+        llvm::Value* t = tgt(b);
+        llvm::BasicBlock *kept = block("kept"), *next = block("next_row");
+        b_.CreateCondBr(b_.CreateICmpNE(t, ignore), kept, next);
+        b_.SetInsertPoint(kept);
+        store(g, b_.CreateAdd(b_.CreateMul(b, cols_), t), gi);
+        b_.CreateBr(next);
+        b_.SetInsertPoint(next);
+      });
+      return;
+    }
+    constexpr int kLevels = 8;
+    std::array<llvm::AllocaInst*, kLevels> lv{};
+    for (auto& l : lv) {
+      l = slot(elem_);
+      b_.CreateStore(zero(elem_), l);
+    }
+    llvm::AllocaInst* ignored = slot(i64_);
+    b_.CreateStore(c64(0), ignored);
+    // level_power = max(4, CeilLog2(N) / 8)
+    llvm::Value* bits = b_.CreateSub(c64(64), b_.CreateBinaryIntrinsic(llvm::Intrinsic::ctlz, b_.CreateSub(n, c64(1)),
+                                                                         b_.getFalse()));
+    llvm::Value* cl = b_.CreateSelect(b_.CreateICmpSLE(n, c64(2)), c64(1), bits);
+    llvm::Value* q = b_.CreateUDiv(cl, c64(kLevels));
+    llvm::Value* power = b_.CreateSelect(b_.CreateICmpUGT(q, c64(4)), q, c64(4));
+    llvm::Value* mask = b_.CreateSub(b_.CreateShl(c64(1), power), c64(1));
+    loop(c64(0), n, [&](llvm::Value* b) {
+      llvm::Value* t = tgt(b);
+      llvm::BasicBlock *skip = block("ignored_row"), *kept = block("kept_row"), *next = block("row_done");
+      b_.CreateCondBr(b_.CreateICmpEQ(t, ignore), skip, kept);
+      b_.SetInsertPoint(skip);
+      b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, ignored), c64(1)), ignored);
+      b_.CreateBr(next);
+      b_.SetInsertPoint(kept);
+      llvm::Value* xv = load(elem_, x_, b_.CreateAdd(b_.CreateMul(b, cols_), t));
+      b_.CreateStore(b_.CreateFSub(b_.CreateLoad(elem_, lv[0]), xv), lv[0]);
+      for (int j = 0; j + 1 < kLevels; ++j) {  // carry while b's bits under level j's mask are 0
+        llvm::Value* m = b_.CreateShl(mask, b_.CreateMul(power, c64(j)));
+        llvm::BasicBlock* carry = block("carry");
+        b_.CreateCondBr(b_.CreateICmpNE(b_.CreateAnd(b, m), c64(0)), next, carry);
+        b_.SetInsertPoint(carry);
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, lv[static_cast<std::size_t>(j + 1)]),
+                                     b_.CreateLoad(elem_, lv[static_cast<std::size_t>(j)])),
+                       lv[static_cast<std::size_t>(j + 1)]);
+        b_.CreateStore(zero(elem_), lv[static_cast<std::size_t>(j)]);
+      }
+      b_.CreateBr(next);
+      b_.SetInsertPoint(next);
+    });
+    llvm::Value* tw = b_.CreateSIToFP(b_.CreateSub(n, b_.CreateLoad(i64_, ignored)), elem_);
+    llvm::Value* out = zero(elem_);
+    for (auto* l : lv) out = b_.CreateFAdd(out, b_.CreateLoad(elem_, l));
+    if (p_.mean) out = b_.CreateFDiv(out, tw);
+    store(out, c64(0), operand(2, elem_));
+    store(tw, c64(0), operand(3, elem_));
+  }
+
   // _softmax_backward_data / _log_softmax_backward_data: x_ the grad, `o` the forward's output,
   // `gi` the result.
   void softmax_backward_rows(llvm::Value* rows, llvm::Value* o, llvm::Value* gi, llvm::Value* tail_fused) {

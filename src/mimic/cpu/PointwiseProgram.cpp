@@ -424,7 +424,7 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
-    if (reduce >= ReduceKind::Softmax) {  // Note [Generated softmax]
+    if (reduce >= ReduceKind::Softmax && reduce <= ReduceKind::LogSoftmaxBwd) {  // Note [Generated softmax]
       h.update_u8(safe ? 1 : 0);
       h.update_u8(vec_bytes);
       h.update_string(math);
@@ -438,6 +438,10 @@ std::string PointwiseProgram::text() const {
   if (reduce == ReduceKind::LayerNorm)
     s += std::string("layer_norm ") + (affine ? "affine " : "") + std::string(scalar_type_info(operands[0].dtype).name) +
          (affine ? ": op0, op1, op2 -> op3, op4, op5\n" : ": op0 -> op1, op2, op3\n");
+  else if (reduce == ReduceKind::NllLoss || reduce == ReduceKind::NllLossBwd)
+    s += std::string(reduce == ReduceKind::NllLoss ? "nll_loss " : "nll_loss_backward ") + (mean ? "mean " : "sum ") +
+         std::string(scalar_type_info(operands[0].dtype).name) +
+         (reduce == ReduceKind::NllLoss ? ": op0, op1 -> op2, op3\n" : ": op0, op1, op2 -> op3\n");
   else if (reduce >= ReduceKind::Softmax)
     s += std::string(reduce == ReduceKind::LogSoftmax      ? "log_softmax"
                      : reduce == ReduceKind::SoftmaxBwd    ? "softmax_backward"
@@ -770,6 +774,72 @@ Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& p, std::uint32_
   k.operand_tensor = backward ? std::vector<std::uint32_t>{in_t, ins[1], out_t} : std::vector<std::uint32_t>{in_t, out_t};
   k.reduce_rows = numel / cols;
   k.reduce_cols = cols;
+  return k;
+}
+
+// Note [Generated nll_loss].
+Result<PointwiseKernel> lower_nll_loss(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "an nll_loss", why); };
+  const bool backward = name == "aten::nll_loss_backward";
+  if (!backward && name != "aten::nll_loss_forward") return refuse("not nll_loss_forward or nll_loss_backward");
+  // schema positions: forward self 0, target 1, weight 2, reduction 3, ignore_index 4;
+  // backward grad_output 0, self 1, target 2, weight 3, reduction 4, ignore_index 5, total_weight 6
+  const std::uint32_t self_arg = backward ? 1 : 0, target_arg = backward ? 2 : 1, weight_arg = backward ? 3 : 2;
+  std::optional<std::uint32_t> self, target, go, tw;
+  for (const exec::Arg& a : p.inputs_of(call)) {
+    if (a.arg_index == weight_arg) return refuse("a class weight is given");
+    if (a.arg_index == self_arg) self = a.tensor;
+    else if (a.arg_index == target_arg) target = a.tensor;
+    else if (backward && a.arg_index == 0) go = a.tensor;
+    else if (backward && a.arg_index == 6) tw = a.tensor;
+    else return refuse("a tensor argument at schema position " + std::to_string(a.arg_index));
+  }
+  if (!self || !target || (backward && (!go || !tw))) return refuse("a tensor argument was not recorded");
+  const exec::TensorRef& in = p.tensors[*self];
+  if (!is_float(in.dtype)) return refuse("its input is not float32 or float64");
+  const auto sz = p.sizes(in);
+  if (sz.size() != 2) return refuse("its input is not 2-d (N, C)");
+  const std::int64_t n = sz[0], cls = sz[1];
+  if (n == 0 || cls == 0) return refuse("it has an empty dim");
+  if (p.tensors[*target].dtype != dtype::kInt64 || dense_numel(p, *target) != n || p.sizes(p.tensors[*target]).size() != 1)
+    return refuse("its target is not a dense int64 tensor of N elements");
+  std::optional<std::int64_t> reduction;
+  std::optional<std::uint32_t> ignore;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.kind != record::ScalarKind::Int) continue;
+    if (r.arg_index == (backward ? 4u : 3u)) reduction = static_cast<std::int64_t>(r.bits);
+    if (r.arg_index == (backward ? 5u : 4u)) ignore = i;
+  }
+  if (!reduction || !ignore) return refuse("its reduction or ignore_index was not recorded");
+  if (*reduction != 1 && *reduction != 2) return refuse("its reduction is not mean or sum");
+  auto scalar_of = [&](std::uint32_t t) { return p.tensors[t].dtype == in.dtype && dense_numel(p, t) == 1; };
+  const auto outs = p.outputs_of(call);
+  PointwiseKernel k;
+  k.program.reduce = backward ? ReduceKind::NllLossBwd : ReduceKind::NllLoss;
+  k.program.mean = *reduction == 1;
+  const PwOperand rd{in.dtype, false, true, false}, wr{in.dtype, false, false, true};
+  const PwOperand tg{dtype::kInt64, false, true, false};
+  if (backward) {
+    if (outs.size() != 1 || !scalar_of(*go) || !scalar_of(*tw) || dense_numel(p, outs[0].tensor) != n * cls ||
+        p.tensors[outs[0].tensor].dtype != in.dtype)
+      return refuse("its grad_output, total_weight or result is not of the dense shape and dtype ATen gives");
+    k.program.operands = {rd, tg, rd, wr};
+    k.operand_tensor = {*go, *target, *tw, outs[0].tensor};
+  } else {
+    if (dense_numel(p, *self) != n * cls) return refuse("its input is not dense in row-major order");
+    std::optional<std::uint32_t> out, total;
+    for (const exec::Arg& a : outs) (a.arg_index == 0 ? out : total) = a.tensor;
+    if (outs.size() != 2 || !out || !total || !scalar_of(*out) || !scalar_of(*total))
+      return refuse("its results are not two one-element tensors of its dtype");
+    k.program.operands = {rd, tg, wr, wr};
+    k.operand_tensor = {*self, *target, *out, *total};
+  }
+  k.reduce_rows = n;
+  k.reduce_cols = cls;
+  k.param_scalar = {*ignore};
   return k;
 }
 
