@@ -38,7 +38,11 @@ std::string find_and_give() {
 }  // namespace
 
 const std::string& provide_aten_vector_math() {
-  static const std::string why_not = find_and_give();
+  static const std::string why_not = [] {
+    std::string why = find_and_give();
+    if (!why.empty()) mimic::set_no_vector_math(why);  // said by each softmax not generated
+    return why;
+  }();
   return why_not;
 }
 

@@ -121,7 +121,9 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
     co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
     co.fast = o.fast;
     co.parallel = aten_parallel;  // split loops on ATen's threads (Note [Split loops])
-    co.current_threads = [] { return static_cast<unsigned>(std::max(1, at::get_num_threads())); };
+    co.current_threads = [] {  // ATen runs a parallel_for inline inside a parallel region
+      return at::in_parallel_region() ? 1u : static_cast<unsigned>(std::max(1, at::get_num_threads()));
+    };
     provide_aten_vector_math();   // Note [Vector math]: without it, softmax stays a library call
     auto cpu = mimic::CpuBackend::make(co);
     if (!cpu.ok()) return cpu.status();

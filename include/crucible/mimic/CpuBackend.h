@@ -50,7 +50,8 @@ struct CpuBackendOptions {
                               void* arg);
   ParallelFn parallel = nullptr;
   void* parallel_ctx = nullptr;
-  // The host's thread count at the time of a launch (the Vessel passes ATen's): float32
+  // The threads the host's own kernel would use at the time of a launch (the Vessel passes
+  // ATen's count, 1 inside a parallel region, where ATen runs loops inline): float32
   // _softmax_backward_data's bits depend on it (Note [Generated softmax]). Null: `threads`.
   unsigned (*current_threads)() = nullptr;
   // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's

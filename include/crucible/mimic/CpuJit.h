@@ -60,6 +60,10 @@ struct VectorMath {
 Status set_vector_math(const VectorMath& m);
 // The process's vector math, if given.
 std::optional<VectorMath> vector_math();
+// Why the host has none to give (a CPU capability whose kernels use other functions, a
+// library that does not export them): said when a softmax is not generated. Empty: not said.
+void set_no_vector_math(std::string why);
+std::string no_vector_math();
 
 // The kernel for `program` under `recipe` (its text) on this host. `disk` may be null (no
 // second level). Errors: the code generator's or the JIT's. A disk entry that cannot be

@@ -146,7 +146,8 @@ enum class ReduceKind : std::uint8_t {
 // _log_softmax_backward_data) take operands grad, output, result: softmax's s = the sum of
 // grad * output (the first vector a product, then acc + grad*output unfused, except float32's
 // tail, which ATen's compiled code fuses into one fma only when its loop over rows runs inline:
-// one row, or one thread at the time of the call; a launch parameter says which), result =
+// one row, one thread at the time of the call, or a call inside a parallel region; a launch
+// parameter says which), result =
 // (grad - s) * output; log_softmax's s = the sum of grad, result = fma(-exp(output), s, grad).
 
 // What is compiled: its content hash is the cache's "what is computed".
@@ -212,9 +213,11 @@ bool is_reduction_op(std::string_view op);
 // reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
 // Note [Generated softmax]: call c (_softmax, _log_softmax, _safe_softmax and their backwards) as a program over
-// `vec_bytes`-wide vectors with the vector math named `math`, or `unsupported`.
+// `vec_bytes`-wide vectors with the vector math named `math`, or `unsupported` (without vector
+// math, saying `no_math`: why the host has none).
 Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& plan, std::uint32_t call,
-                                      unsigned vec_bytes, std::string_view math);
+                                      unsigned vec_bytes, std::string_view math,
+                                      std::string_view no_math = {});
 bool is_softmax_op(std::string_view op);
 // Note [Generated nll_loss]: call c (nll_loss_forward, nll_loss_backward) as a program; its
 // param_scalar[0] is the plan scalar of ignore_index.

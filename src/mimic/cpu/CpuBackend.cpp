@@ -222,7 +222,8 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
         if (nll) return lower_nll_loss(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
-        return lower_softmax(plan, c, vm ? vm->vector_bytes : 0, vm ? std::string_view(vm->name) : "");
+        if (!vm) return lower_softmax(plan, c, 0, "", no_vector_math());
+        return lower_softmax(plan, c, vm->vector_bytes, vm->name);
       };
       auto lowered = host_target().triple.rfind("x86_64", 0) == 0
                          ? lower()

@@ -29,6 +29,7 @@ struct Jit {
   graph::KernelCache<CompiledPointwise> memory;
   std::mutex math_mu;
   std::optional<VectorMath> math;  // Note [Vector math]
+  std::string no_math;             // why the host gave none
   bool math_defined = false;       // in lljit's main JITDylib (under mu)
 };
 
@@ -145,6 +146,18 @@ std::optional<VectorMath> vector_math() {
   Jit& j = jit();
   std::lock_guard<std::mutex> lock(j.math_mu);
   return j.math;
+}
+
+void set_no_vector_math(std::string why) {
+  Jit& j = jit();
+  std::lock_guard<std::mutex> lock(j.math_mu);
+  j.no_math = std::move(why);
+}
+
+std::string no_vector_math() {
+  Jit& j = jit();
+  std::lock_guard<std::mutex> lock(j.math_mu);
+  return j.no_math;
 }
 
 Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwiseProgram& program,

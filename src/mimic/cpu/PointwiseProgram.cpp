@@ -714,13 +714,14 @@ bool is_softmax_op(std::string_view op) {
 
 // Note [Generated softmax].
 Result<PointwiseKernel> lower_softmax(const exec::ExecutionPlan& p, std::uint32_t c, unsigned vec_bytes,
-                                      std::string_view math) {
+                                      std::string_view math, std::string_view no_math) {
   const exec::Call& call = p.calls[c];
   const std::string& name = p.op_names[call.op];
   auto refuse = [&](const std::string& why) { return not_generated(p, c, "a softmax", why); };
   if (!is_softmax_op(name)) return refuse("not _softmax, _log_softmax, _safe_softmax or their backward");
   if (math.empty() || (vec_bytes != 32 && vec_bytes != 64))
-    return refuse("no exp and log of ATen's were given (Note [Vector math])");
+    return refuse("no exp and log of ATen's were given (Note [Vector math])" +
+                  (no_math.empty() ? std::string() : ": " + std::string(no_math)));
   const bool backward = name.ends_with("_backward_data");
   if (call.in_count != (backward ? 2u : 1u) || call.out_count != 1)
     return refuse(backward ? "it has other than two inputs and one output" : "it has other than one input and one output");

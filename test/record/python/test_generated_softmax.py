@@ -4,7 +4,11 @@ last-dim kernel (misc/ATEN_ORDER.md section 4) with ATen's own vector exp and lo
 math], CpuJit.h), so every result has eager's bits. Widths straddle the order's branches: rows
 shorter than a vector (lanes in order), whole vectors, tails into the first lanes; rows with
 infinities, NaNs and signed zeros check the max's NaN propagation and its choice among equals."""
+import os
 import platform
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -151,6 +155,64 @@ def test_generated_softmax_backward_gives_eager_bits_as_the_thread_count_changes
     assert p["exec_generated_calls"] == p["exec_calls"] == 4 * len(WIDTHS), p["exec_summary"]
 
 
+@pytest.mark.parametrize("threads", [2, 1])
+def test_rows_split_over_threads_keep_eager_bits(threads):
+    # Note [Split rows]: 65536 elements or more run in parts of whole rows; each operand advances
+    # by its own elements per row (the backwards' three, layer norm's per-row mean and rstd).
+    # 2 threads first: the step's plan (and its thread count) is kept for the next parameter.
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(41)
+        w, b = torch.randn(257, generator=g), torch.randn(257, generator=g)
+
+        def f(x, gr, w, b):
+            y, ly = torch.softmax(x, -1), torch.log_softmax(x, -1)
+            return (*backwards(gr, y, ly), *torch.ops.aten.native_layer_norm(x, [257], w, b, 1e-5),
+                    *torch.ops.aten.native_layer_norm(x, [257], None, None, 1e-5), x.sum(-1))
+        step = crucible.compile(f, backend="cpu", guard=())
+        for call in range(8):  # new values each call: every row of every result is written anew
+            x, gr = torch.randn(300, 257, generator=g) * 3, torch.randn(300, 257, generator=g)
+            for i, (a, e) in enumerate(zip(step(x, gr, w, b), f(x, gr, w, b))):
+                assert torch.equal(bits(a), bits(e)), (call, i)
+        p = step.plans()[0]
+        assert p["exec_generated_calls"] == p["exec_calls"] == 7, p["exec_summary"]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("capability,generated", [("avx2", True), ("default", False)])
+def test_atens_other_cpu_capabilities(capability, generated):
+    # ATEN_CPU_CAPABILITY=avx2: ATen's softmax runs at 32-byte vectors (a 3-step float32 tree),
+    # and so does the generated one, with the AVX2 SLEEF functions. default: ATen uses libm's
+    # exp, which is not SLEEF's: softmax stays a library call, with eager's bits either way.
+    script = textwrap.dedent("""
+        import torch, crucible_native as crucible
+        def bits(t):
+            return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+        def f(x, g):
+            y, ly = torch.softmax(x, -1), torch.log_softmax(x, -1)
+            return (y, ly, torch.ops.aten._softmax_backward_data(g, y, -1, x.dtype),
+                    torch.ops.aten._log_softmax_backward_data(g, ly, -1, x.dtype))
+        n = 0
+        for dt in (torch.float32, torch.float64):
+            for w in (3, 8, 17, 100):
+                x, g = torch.randn(5, w, dtype=dt) * 3, torch.randn(5, w, dtype=dt)
+                step = crucible.compile(f, backend="cpu", guard=())
+                for _ in range(3):
+                    got = step(x, g)
+                assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, f(x, g))), (dt, w)
+                n += step.plans()[0]["exec_generated_calls"]
+        print(torch.backends.cpu.get_cpu_capability(), "generated", n)
+    """)
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cap, _, n = r.stdout.split()[-3:]
+    assert cap == capability.upper(), r.stdout
+    assert int(n) == (32 if generated else 0), r.stdout
+
+
 def test_cross_entropy_generates_its_log_softmax():
     # cross_entropy is _log_softmax and nll_loss_forward, both generated
     g = torch.Generator().manual_seed(9)
@@ -176,3 +238,7 @@ def test_training_steps_with_generated_softmax_keep_eager_bits():
         for i in range(4):
             assert_same_call(step, eager, s.x, s.y, i, f"{name} call {i}")
         assert_same_state(s, ref)
+        ops = " ".join(step.plans()[0]["op_names"])
+        want = ["_log_softmax ", "_log_softmax_backward_data"] + (
+            ["_safe_softmax", "_softmax_backward_data"] if name == "transformer" else [])
+        assert all(w in ops for w in want), ops
