@@ -67,22 +67,7 @@ def omp_ranges(n, T, grain=1):
 
 # ----------------------------------------------------------------------------------
 # vec helpers (functional_base.h, AVX2)
-def vec_reduce_all_tree(v):
-    """VecReduceAllSIMD<float> AVX2: partners i^4, i^2, i^1 -> lane 0."""
-    v = v.copy()
-    W = v.shape[-1]
-    sh = W // 2
-    while sh >= 1:
-        v = v + v[..., np.arange(W) ^ sh]
-        sh //= 2
-    return v[..., 0]
-
-
-def vec_reduce_all_seq(v, size):
-    acc = v[..., 0].copy()
-    for i in range(1, size):
-        acc = acc + v[..., i]
-    return acc
+from softmax_emul import vec_reduce_all_seq, vec_reduce_all_tree  # noqa: E402 (AVX2: W = 8 lanes)
 
 
 def _final(acc):
