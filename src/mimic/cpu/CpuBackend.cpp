@@ -398,7 +398,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
                                          : std::vector<std::int64_t>{cols, cols, 1, 1};
         break;
       default: break;
-    }    p->base.resize(pk.operand_tensor.size());
+    }
+    p->base.resize(pk.operand_tensor.size());
     auto r = std::make_unique<GeneratedRun>();
     r->code = std::move(p);
     r->recipe = recipe;
@@ -555,7 +556,7 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
-    if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // a double
+    if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // eps, ignore_index
     if (p->tail_flag) {  // ATen's loop over rows runs inline for one row or on one thread
       const unsigned now = current_threads_ != nullptr ? current_threads_() : threads_;
       p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;
