@@ -735,17 +735,9 @@ class ReduceEmitter {
     for (std::int64_t l = 1; l < w_; ++l) out = op(out, b_.CreateExtractElement(a, static_cast<std::uint64_t>(l)));
     return out;
   }
-  // y[j] = f(x[j]) over the row by vectors, the tail a part of one (vec::map).
-  void map_row(llvm::Value* x, llvm::Value* y, llvm::Value* n, const VecMap& f) {
-    llvm::Value* whole = b_.CreateSub(n, b_.CreateSRem(n, c64(w_)));
-    loop(c64(0), whole, [&](llvm::Value* d) { store(f(load(vec_, x, d)), d, y); }, c64(w_));
-    llvm::BasicBlock *tail = block("map_tail"), *done = block("mapped");
-    b_.CreateCondBr(b_.CreateICmpSLT(whole, n), tail, done);
-    b_.SetInsertPoint(tail);
-    llvm::Value* mask = lane_mask(b_.CreateSub(n, whole));
-    store_part(f(load_part(x, whole, mask)), y, whole, mask);
-    b_.CreateBr(done);
-    b_.SetInsertPoint(done);
+  // y[j] = f(x[j]) over the row (vec::map): map2_row with one input.
+  void map_row(llvm::Value* x, llvm::Value* y, const VecMap& f) {
+    map2_row(x, nullptr, y, [&](llvm::Value* v, llvm::Value*) { return f(v); });
   }
   // Note [Generated nll_loss] (PointwiseProgram.h). rows = N; params: C, ignore_index, the
   // out-of-range flag this writes.
@@ -896,15 +888,18 @@ class ReduceEmitter {
       map2_row(g, y, res, [&](llvm::Value* gv, llvm::Value* yv) { return b_.CreateFMul(b_.CreateFSub(gv, sv), yv); });
     });
   }
-  // res[j] = f(a[j], b[j]) over the row by vectors, the tail a part of one (vec::map2).
+  // res[j] = f(a[j], b[j]) over the row by vectors, the tail a part of one (vec::map2; bb null:
+  // f's second argument is null, vec::map).
   void map2_row(llvm::Value* a, llvm::Value* bb, llvm::Value* res, const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& f) {
     llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
-    loop(c64(0), whole, [&](llvm::Value* d) { store(f(load(vec_, a, d), load(vec_, bb, d)), d, res); }, c64(w_));
+    loop(c64(0), whole, [&](llvm::Value* d) {
+      store(f(load(vec_, a, d), bb != nullptr ? load(vec_, bb, d) : nullptr), d, res);
+    }, c64(w_));
     llvm::BasicBlock *tail = block("map_tail"), *done = block("mapped");
     b_.CreateCondBr(b_.CreateICmpSLT(whole, cols_), tail, done);
     b_.SetInsertPoint(tail);
     llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
-    store_part(f(load_part(a, whole, mask), load_part(bb, whole, mask)), res, whole, mask);
+    store_part(f(load_part(a, whole, mask), bb != nullptr ? load_part(bb, whole, mask) : nullptr), res, whole, mask);
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
@@ -931,12 +926,12 @@ class ReduceEmitter {
         llvm::Value* s = reduce_all(x, cols_, [&](llvm::Value* v) { return math_call("exp", b_.CreateFSub(v, mv)); },
                                     add_op);
         llvm::Value* lv = splat(b_.CreateExtractElement(math_call("log", splat(s)), std::uint64_t{0}));
-        map_row(x, y, cols_, [&](llvm::Value* v) { return b_.CreateFSub(b_.CreateFSub(v, mv), lv); });
+        map_row(x, y, [&](llvm::Value* v) { return b_.CreateFSub(b_.CreateFSub(v, mv), lv); });
       } else {
-        map_row(x, y, cols_, [&](llvm::Value* v) { return math_call("exp", b_.CreateFSub(v, mv)); });
+        map_row(x, y, [&](llvm::Value* v) { return math_call("exp", b_.CreateFSub(v, mv)); });
         llvm::Value* s = reduce_all(y, cols_, id, add_op);
         llvm::Value* rv = splat(b_.CreateFDiv(llvm::ConstantFP::get(elem_, 1.0), s));
-        map_row(y, y, cols_, [&](llvm::Value* v) { return b_.CreateFMul(v, rv); });
+        map_row(y, y, [&](llvm::Value* v) { return b_.CreateFMul(v, rv); });
       }
       b_.CreateBr(done);
       b_.SetInsertPoint(done);
