@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -122,6 +123,8 @@ class CpuBackend {
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);
+  unsigned split_threads() const;
+  void run_parts(unsigned parts, const std::function<void(unsigned)>& part);
 
   std::unique_ptr<ObjectCache> disk_;
   AlphaRounding alpha_rounding_ = AlphaRounding::Unknown;

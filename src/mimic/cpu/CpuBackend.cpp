@@ -488,9 +488,7 @@ constexpr std::int64_t kSplitElements = 65536;
 // runs in parts of whole rows, like a split loop (Note [Split loops]): each row is computed by
 // the same code whichever part it falls in, so the bits are one thread's. Column sums run whole.
 void CpuBackend::run_rows(Generated& g) {
-  const unsigned threads = parallel_ != nullptr ? threads_
-                           : pool_ != nullptr   ? std::min(threads_, pool_->threads())
-                                                : 1;
+  const unsigned threads = split_threads();
   if (threads < 2 || g.numel < kSplitElements || g.row_elems.empty() || g.rows < 2) {
     g.fns->contig(g.base.data(), g.rows, g.params.data());
     return;
@@ -503,18 +501,11 @@ void CpuBackend::run_rows(Generated& g) {
     for (std::size_t o = 0; o < ptrs.size(); ++o) ptrs[o] = g.base[o] + begin * g.row_elems[o] * g.elem_bytes[o];
     g.fns->contig(ptrs.data(), end - begin, g.params.data());
   };
-  if (parallel_ != nullptr) {
-    parallel_(parallel_ctx_, parts,
-              [](void* arg, unsigned i) { (*static_cast<decltype(part)*>(arg))(i); }, &part);
-    return;
-  }
-  pool_->run(parts, part);
+  run_parts(parts, part);
 }
 
 void CpuBackend::run_contig(Generated& g, ContigFn fn) {
-  const unsigned threads = parallel_ != nullptr ? threads_
-                           : pool_ != nullptr   ? std::min(threads_, pool_->threads())
-                                                : 1;
+  const unsigned threads = split_threads();
   if (threads < 2 || g.numel < kSplitElements) {
     fn(g.base.data(), g.numel, g.params.data());
     return;
@@ -530,9 +521,19 @@ void CpuBackend::run_contig(Generated& g, ContigFn fn) {
       ptrs[o] = g.base[o] + (g.advance[o] ? begin * g.elem_bytes[o] : 0);
     fn(ptrs.data(), end - begin, g.params.data());
   };
+  run_parts(parts, part);
+}
+
+// The threads a split loop or split rows may use, and running their parts on them.
+unsigned CpuBackend::split_threads() const {
+  return parallel_ != nullptr ? threads_ : pool_ != nullptr ? std::min(threads_, pool_->threads()) : 1;
+}
+
+void CpuBackend::run_parts(unsigned parts, const std::function<void(unsigned)>& part) {
   if (parallel_ != nullptr) {
     parallel_(parallel_ctx_, parts,
-              [](void* arg, unsigned i) { (*static_cast<decltype(part)*>(arg))(i); }, &part);
+              [](void* arg, unsigned i) { (*static_cast<const std::function<void(unsigned)>*>(arg))(i); },
+              const_cast<std::function<void(unsigned)>*>(&part));
     return;
   }
   pool_->run(parts, part);
