@@ -2,6 +2,7 @@
 //
 // It passes no tensors across the boundary (so it needs no libtorch_python): storages are
 // named by their StorageImpl address, which Python reads as `storage._cdata`.
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -721,7 +722,9 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("capture_mark_end", &vessel::capture_mark_end);
   m.def("plan_same_path", &vessel::plan_same_path);
   m.def("forms_same_path", &vessel::forms_same_path);
-  m.def("sync_optimizer", &vessel::sync_optimizer);
+  m.def("sync_optimizer", &vessel::sync_optimizer, py::arg("tag"), py::arg("scalars"), py::arg("guards_ok"),
+        py::arg("external") = false);
+  m.def("sync_resume", &vessel::sync_resume);
   m.def("sync_set_paused", &vessel::sync_set_paused);
   m.def("sync_end", [] {
     const auto r = vessel::sync_end();

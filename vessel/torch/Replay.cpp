@@ -763,6 +763,20 @@ bool ints_explained(const c10::IValue& x, const c10::IValue& y, const SizeSymbol
 }
 }  // namespace
 
+// Note [Gradient bindings]: a step that reads its parameters' gradients without making them
+// (an optimizer's step() compiled alone, with backward() run before the call) reads whatever
+// tensor .grad holds as the call begins: the same one each call when gradients are zeroed in
+// place, a new one each call after zero_grad(set_to_none=True). Such a gradient (a Read
+// GradPre) is no persistent tensor of the plan: a whole-step plan binds it from the
+// parameter's .grad before each run, which must have the recorded sizes, strides, offset and
+// dtype (else the run's guard fails and the step is recorded again). A sync-point plan takes it
+// from the call instead (live_exts).
+std::int64_t grad_param(const Form& f, std::uint32_t e) {
+  for (const Form::GradPre& gp : f.grad_pre)
+    if (gp.state == Form::GradPre::Read && gp.grad_ext == e) return gp.ext;
+  return -1;
+}
+
 std::string compare_forms(const Form& a, const Form& b, const std::vector<ScalarSource>* sa,
                           const std::vector<ScalarSource>* sb, std::vector<Patch>* patches,
                           const std::vector<at::Tensor>* a_exts, std::vector<std::uint32_t>* rebind,
@@ -831,6 +845,10 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     const at::Tensor& x = a_exts != nullptr ? (*a_exts)[e] : a.exts[e];
     const at::Tensor& y = b.exts[e];
     if (x.storage().unsafeGetStorageImpl() == y.storage().unsafeGetStorageImpl()) continue;
+    if (live_exts == nullptr && grad_param(a, e) >= 0 && grad_param(a, e) == grad_param(b, e) &&
+        x.sizes() == y.sizes() && x.strides() == y.strides() && x.storage_offset() == y.storage_offset() &&
+        x.scalar_type() == y.scalar_type())
+      continue;   // Note [Gradient bindings]: bound from the parameter's .grad each run
     if (a.ext_lifted[e] != 0 && b.ext_lifted[e] != 0) {   // Note [Lifted constants]: by value
       if (x.sizes() == y.sizes() && x.strides() == y.strides() && x.scalar_type() == y.scalar_type() &&
           x.equal(y))
@@ -1098,6 +1116,17 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   // GradPre). A failure sets the thread's guard-failure flag (take_guard_failure) before the
   // error: crucible.compile then checks the plan against a recorded call instead (nothing has
   // run yet).
+  for (const auto& [ge, pe] : p->grad_binds) {  // Note [Gradient bindings]
+    const at::Tensor& g = p->run_exts[pe].grad();
+    const at::Tensor& want = f.exts[ge];
+    const bool ok = g.defined() && g.layout() == at::kStrided && g.has_storage() && g.sizes() == want.sizes() &&
+                    g.strides() == want.strides() && g.storage_offset() == want.storage_offset() &&
+                    g.scalar_type() == want.scalar_type() && g.device() == want.device();
+    t_guard_failed = !ok;
+    TORCH_CHECK(ok, "a parameter's .grad is not what it was when the step was recorded (None, or other sizes, "
+                "strides or dtype)");
+    p->run_exts[ge] = g;
+  }
   for (std::size_t e = 0; e < p->ext_snap.size(); ++e) {
     const Plan::ExtSnap& x = p->ext_snap[e];
     if (x.storage == nullptr) continue;
@@ -1283,7 +1312,9 @@ namespace replay {
 void snapshot_exts(Plan& p) {
   p.ext_snap.clear();
   for (const at::Tensor& t : p.run_exts) {
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    const bool grad_bound = std::any_of(p.grad_binds.begin(), p.grad_binds.end(),
+                                        [&](const auto& g) { return g.first == p.ext_snap.size(); });
+    if (grad_bound || t.unsafeGetTensorImpl()->is_wrapped_number()) {  // checked as it is bound
       p.ext_snap.push_back(Plan::ExtSnap{nullptr, 0, {}, t.scalar_type(), false});
       continue;
     }
@@ -1376,13 +1407,19 @@ std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
 
 std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
                                const ContentHash& key, const std::vector<ScalarSource>& sources_b,
-                               const std::vector<at::Tensor>* a_exts) {
+                               const std::vector<at::Tensor>* a_exts, bool bind_grads) {
   auto p = std::make_shared<Plan>();
   p->key = key;
   p->patches = std::move(patches);
   const std::vector<at::Tensor>& ax = a_exts != nullptr ? *a_exts : a.exts;
+  for (const Form::GradPre& gp : b->grad_pre)  // Note [Gradient bindings]
+    if (bind_grads && gp.state == Form::GradPre::Read && grad_param(a, gp.grad_ext) == static_cast<std::int64_t>(gp.ext))
+      p->grad_binds.emplace_back(gp.grad_ext, gp.ext);
+  auto bound = [&](std::size_t e) {
+    return std::any_of(p->grad_binds.begin(), p->grad_binds.end(), [&](const auto& g) { return g.first == e; });
+  };
   for (std::size_t e = 0; e < ax.size(); ++e)
-    if (ax[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl())
+    if (ax[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl() && !bound(e))
       p->constants.push_back(static_cast<std::uint32_t>(e));
   p->form = std::move(b);
   index_patches(*p);

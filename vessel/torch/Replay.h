@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,7 +105,15 @@ bool forms_same_path(std::int64_t form_a, std::int64_t form_b);
 // them (the sources' values in `scalars`) and returns true; else false (the step runs eagerly
 // and its ops are matched). guards_ok: per plan the call got, whether the optimizers' state
 // still is what it was recorded from (the step runs eagerly where the current plan's is not).
-bool sync_optimizer(std::int64_t tag, const std::vector<double>& scalars, const std::vector<bool>& guards_ok);
+// With `external` (the caller has its own plan of that optimizer's step, Note [Optimizer
+// plans] in Sync.cpp): where the stretch may run natively and nothing after it reads what it
+// makes, the call is suspended instead and 2 returned; the caller runs the step, then
+// sync_resume. Returns 0 (run it eagerly), 1 (ran natively) or 2. `scalars` is asked only when
+// the stretch runs here.
+int sync_optimizer(std::int64_t tag, const std::function<std::vector<double>()>& scalars,
+                   const std::vector<bool>& guards_ok, bool external);
+// Resumes the call sync_optimizer suspended, the step's stretch done (`native`: by a plan).
+void sync_resume(bool native);
 // Excludes (paused) or readmits the recording key on the calling thread; returns whether it
 // was excluded. Python's own reads during a sync-point call (the optimizer sources' step
 // counters) are not the step's ops.

@@ -187,6 +187,9 @@ struct Plan {
   std::atomic<std::uint64_t> runs{0};
   double build_ms = 0;
   std::vector<std::uint32_t> constants;  // externals made afresh each call with equal values
+  // (gradient external, parameter external): bound from the parameter's .grad before each run
+  // (Note [Gradient bindings], Replay.cpp).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> grad_binds;
   int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
   // The static arena (ReplayArena.h): planned from the first run's allocations.
   enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
@@ -203,6 +206,9 @@ struct Plan {
   struct Segment {
     bool native = false;
     std::string why;  // when not native: the reason, for stats()
+    // An optimizer step whose results nothing after it reads from the plan's slots: it may be
+    // run by other means (its own whole-step plan, Note [Optimizer plans] in Sync.cpp).
+    bool external = false;
   };
   std::vector<Segment> segments;  // one per form mark
 };
@@ -276,10 +282,11 @@ std::pair<std::shared_ptr<const Form>, std::shared_ptr<const Form>> forms_of(
     std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
     const std::vector<ScalarSource>& sources_b);
 // A plan of form b (a: the other recorded call, for the constants made afresh each call;
-// a_exts: the tensors to compare b's externals with, default a.exts).
+// a_exts: the tensors to compare b's externals with, default a.exts; bind_grads: Note
+// [Gradient bindings], Replay.cpp).
 std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std::vector<Patch> patches,
                                const ContentHash& key, const std::vector<ScalarSource>& sources_b,
-                               const std::vector<at::Tensor>* a_exts = nullptr);
+                               const std::vector<at::Tensor>* a_exts = nullptr, bool bind_grads = true);
 // Puts a built plan in the registry (its build time from t0); returns its id.
 std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::time_point t0);
 // A plan tensor's value: `exts` are the externals a run uses, `slots` its intermediates.

@@ -144,8 +144,10 @@ def test_a_gradient_hook_runs_inside_the_engine():
     assert_identical(eager, compiled)
     assert compiled[3] == N
     seg = step.plans()[0]["segments"]
-    # the hook is Python inside backward(): the engine runs it; the optimizer step is native
-    assert step.stats()["sync_native"] >= N - 3, step.stats()
+    # the hook is Python inside backward(): the engine runs it; the optimizer step runs as its
+    # own plan once that plan has recorded its two calls (Note [Optimizer plans])
+    st = step.stats()
+    assert st["sync_native"] >= N - 5 and st["optimizer_plan_runs"] == st["sync_native"], st
 
 
 class Twice(torch.autograd.Function):
@@ -444,3 +446,97 @@ def test_a_pure_step_with_a_data_sized_result_is_not_replayed_whole():
     assert st["plan_runs"] == 0 and st["refusals"] == 0, st
     modes = [e["mode_why"] for e in step.explain() if e["mode"] == "sync"]
     assert modes and "depends on tensor values" in modes[0], step.explain()
+
+
+# -- the optimizer's own plan (Note [Optimizer plans] in vessel/torch/Sync.cpp) ------------------
+@pytest.mark.parametrize("opt_name", ["SGD", "Adadelta", "RMSprop", "Adagrad", "Adam", "AdamW"])
+def test_a_sync_point_step_runs_its_optimizer_step_as_the_optimizers_own_plan(opt_name):
+    def make():
+        m, opt = mlp(opt_name, momentum=0.9) if opt_name == "SGD" else mlp(opt_name)
+        log = []
+        return usual_step(m, opt, after=lambda loss: log.append(loss.item())), m, opt, lambda: list(log)
+
+    eager, compiled, step, caught = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    # calls 1-3 warm up and record the step; calls 4-5 record the optimizer's own plan
+    assert st["optimizer_plan_runs"] >= N - 5, st
+    assert st["sync_native"] >= N - 3 and st["refusals"] == 0, st
+    assert not caught, caught
+
+
+def test_an_optimizer_plan_that_never_runs_gives_the_step_back_to_the_stretch(monkeypatch):
+    import crucible_native._sync as sync
+    monkeypatch.setattr(sync, "OWN_PLAN_TRIES", 1)   # dropped after its first call, which records
+
+    def make():
+        m, opt = mlp("Adam")
+        return usual_step(m, opt), m, opt, lambda: None
+
+    eager, compiled, step, _ = twin_runs(make, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert st["optimizer_plan_runs"] == 0 and st["sync_native"] >= N - 3, st
+    assert all(slot[1] is None for slot in step._opt_plans.values())
+
+
+def _grads_outside(opt_name, set_to_none, n=12, restride_at=None):
+    """backward() outside the compiled optimizer step, gradients zeroed to None or in place:
+    (losses, snapshot, stats or None) for the eager and the compiled optimizer step."""
+    out = []
+    for compiled in (False, True):
+        m, opt = mlp(opt_name, momentum=0.9) if opt_name == "SGD" else mlp(opt_name)
+        step = crucible.compile(opt.step) if compiled else opt.step
+        losses = []
+        for i, (x, y) in enumerate(batches(n, [8], seed=5)):
+            opt.zero_grad(set_to_none=set_to_none)
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            if i == restride_at:   # the same values in a gradient of other strides
+                w = m[0].weight
+                w.grad = w.grad.t().contiguous().t()
+            step()
+            losses.append(loss.detach().clone())
+        out.append((losses, snapshot(m, opt), step.stats() if compiled else None, step))
+    return out
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "AdamW", "RMSprop"])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_an_optimizer_step_compiled_alone_binds_each_calls_gradients(opt_name, set_to_none):
+    # Note [Gradient bindings] (Replay.cpp): zero_grad() makes new gradient tensors every call
+    (le, se, _, _), (lc, sc, st, step) = _grads_outside(opt_name, set_to_none)
+    for a, b in zip(le, lc):
+        assert torch.equal(a, b)
+    assert_same(se, sc)
+    assert st["plan_runs"] >= 12 - 3 and st["refusals"] == 0, (st, step.last_refusal)
+    assert [e["mode"] for e in step.explain()] == ["replay"], step.explain()
+
+
+def test_a_gradient_of_other_strides_fails_the_guard_and_the_step_stays_right():
+    (le, se, _, _), (lc, sc, st, step) = _grads_outside("Adam", True, restride_at=6)
+    for a, b in zip(le, lc):
+        assert torch.equal(a, b)
+    assert_same(se, sc)
+    assert st["guard_failures"] >= 1 and st["plan_runs"] >= 4, st
+
+
+def test_an_error_inside_the_optimizers_own_plan_ends_the_call_and_the_next_calls_run(monkeypatch):
+    import crucible_native._sync as sync
+    m, opt = mlp("SGD", momentum=0.9)
+    step = crucible.compile(usual_step(m, opt), mode="sync")
+    data = batches(N, [8])
+    for x, y in data[:6]:
+        step(x, y)
+    assert step.stats()["optimizer_plan_runs"] >= 1, step.stats()
+
+    def boom(self, slot):
+        raise RuntimeError("raised inside the optimizer's own plan")
+    with monkeypatch.context() as mp:
+        mp.setattr(sync.SyncPoint, "_run_optimizer_plan", boom)
+        with pytest.raises(RuntimeError, match="inside the optimizer's own plan"):
+            step(*data[6])
+    before = step.stats()["optimizer_plan_runs"]
+    for x, y in data[7:]:   # the suspended call was ended: sync-point calls go on
+        assert torch.isfinite(step(x, y))
+    assert step.stats()["optimizer_plan_runs"] == before + len(data[7:]), step.stats()

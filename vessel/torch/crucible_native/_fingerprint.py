@@ -155,8 +155,9 @@ class Fingerprint:
     entry is (fingerprint, parent index, label). Two fingerprints of the same unchanged state
     are equal entry by entry; the first entry that differs names the change."""
 
-    def __init__(self, roots, skip_ids=frozenset(), skip_codes=frozenset()):
+    def __init__(self, roots, skip_ids=frozenset(), skip_codes=frozenset(), param_hooks=True):
         t = _types()
+        self._param_hooks = param_hooks   # False: a step with no backward(), where no parameter hook runs
         self._tensor, self._module, self._ndarray, self._np_gen = t
         self._skip = skip_ids       # objects compared by identity only (schedulers and what they own, ...)
         self._skip_codes = skip_codes   # nested code whose globals are not walked (after_step functions)
@@ -175,7 +176,7 @@ class Fingerprint:
         An entry compared by identity is (_ID, id(obj)), compared in C without calling the
         object's __eq__ (a tensor's is elementwise)."""
         fp, par, lab, seen, skip, objects = self.fp, self.parent, self.label, self._seen, self._skip, self.objects
-        alive = self.alive
+        alive, param_hooks = self.alive, self._param_hooks
         tensor, children, atomic = self._tensor, self._children, _ATOMIC_TYPES
         pop, push = stack.pop, stack.append
         while stack:
@@ -198,7 +199,7 @@ class Fingerprint:
             if oid in skip or isinstance(o, tensor):   # tensors change through ATen ops only
                 fp.append((_ID, oid))
                 alive.append(o)
-                if oid not in skip and o.requires_grad and o.is_leaf:   # a parameter's hooks run Python
+                if param_hooks and oid not in skip and o.requires_grad and o.is_leaf:   # a parameter's hooks run Python
                     self.leaf_tensors.append(o)
                     h = o._backward_hooks
                     if h:

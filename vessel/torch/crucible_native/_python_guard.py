@@ -21,18 +21,21 @@ class PythonGuard:
     schedulers change every call by design. Taken when a captured call has ended and found
     pure, so the state is the one the call began with."""
 
-    def __init__(self, fn, extra, guarded, skip_ids, closures=(), call_args=()):
+    def __init__(self, fn, extra, guarded, skip_ids, closures=(), call_args=(), param_hooks=True):
         """closures: the step's after_step functions. What they reach is theirs to change
         after each call (a log they append to): their code's globals are not walked, nor is
         a function passed to after_step that the step names; the step's own code still
-        guards everything it reads itself."""
+        guards everything it reads itself. param_hooks=False: the step never runs backward()
+        (an optimizer's own step, Note [Optimizer plans]), so its parameters' hooks, which
+        only backward() runs, are not guarded."""
+        self._param_hooks = param_hooks
         self._fn, self._extra = fn, extra
         self._call_args = call_roots(call_args)
         self._skip = frozenset(skip_ids) | frozenset(id(o) for o in guarded) | frozenset(id(f) for f in closures)
         self._skip_codes = frozenset(c for c in (getattr(f, "__code__", None) for f in closures) if c is not None)
         self._attrs = _module_containers(guarded)
-        self._params = _parameters(guarded)   # walked for their hooks (a new one runs Python)
-        self.fp = Fingerprint(self._roots(), self._skip, self._skip_codes)
+        self._params = _parameters(guarded) if param_hooks else []   # walked for their hooks (a new one runs Python)
+        self.fp = Fingerprint(self._roots(), self._skip, self._skip_codes, param_hooks)
         self._native = self._native_guard(self.fp)
 
     def _roots(self):
@@ -48,7 +51,7 @@ class PythonGuard:
         native = self._native
         if native is not None and native.ok():
             return None
-        now = Fingerprint(self._roots(), self._skip, self._skip_codes)
+        now = Fingerprint(self._roots(), self._skip, self._skip_codes, self._param_hooks)
         a = self.fp
         if a.fp == now.fp and a.label == now.label and a.parent == now.parent:
             if native is not None:

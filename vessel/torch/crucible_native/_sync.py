@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 
+from ._compile_stats import live_steps as _live_steps
 from ._native import ext as _ext
 
 MAX_IDLE_REPLANS = 3   # plans of one signature dropped with no plan run between them before it runs eagerly
@@ -23,6 +24,7 @@ MAX_SYNC_MISSES = 3    # sync-point calls in a row that left their plan before i
 MAX_VARIANTS = 3       # plans of other paths a sync-point signature keeps besides its first
 VARIANT_CAPTURES = 4   # calls recorded, after a call that left every plan, to find the path it took
 MAX_VARIANT_SEARCHES = 4
+OWN_PLAN_TRIES = 6     # calls of an optimizer's own plan (Note [Optimizer plans]) without it running before it is dropped
 _MISSING = object()
 
 _tls = threading.local()
@@ -55,10 +57,11 @@ class Hooks:
     step_ok() (sync): per plan of the step, whether the state still is what that plan was
     recorded from (its guard); scalars(): the sources' values for the coming step."""
 
-    def __init__(self, mode, optimizers, step_ok=None, scalars=None):
+    def __init__(self, mode, optimizers, step_ok=None, scalars=None, own_plan=None):
         self.mode = mode
         self.optimizers = optimizers
         self.step_ok, self.scalars = step_ok, scalars
+        self.own_plan = own_plan   # sync: optimizer -> a runner of its own plan, or None (Note [Optimizer plans])
         self.eager_steps = []   # sync: why an optimizer step ran eagerly
         self._saved = []
 
@@ -133,10 +136,19 @@ class Hooks:
             if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or \
                     oo._global_optimizer_pre_hooks or oo._global_optimizer_post_hooks:
                 why = "the optimizer has step hooks"
-            elif _ext.sync_optimizer(tag, self._scalars(), self.step_ok()):
-                if getattr(orig, "_wrapped_by_lr_sched", False):
-                    opt._opt_called = True   # what the scheduler's wrapper of step() records
-                return None
+            else:
+                runner = self.own_plan(opt) if self.own_plan is not None else None
+                done = _ext.sync_optimizer(tag, self._scalars, self.step_ok(), runner is not None)
+                if done == 2:   # the call is suspended: the optimizer's own plan runs the step
+                    native = False
+                    try:
+                        native = runner()
+                    finally:
+                        _ext.sync_resume(native)
+                if done:
+                    if getattr(orig, "_wrapped_by_lr_sched", False):
+                        opt._opt_called = True   # what the scheduler's wrapper of step() records
+                    return None
             if why is not None:   # else the plan said why (sync_end's eager_stretches)
                 self.eager_steps.append(why)
             return orig()
@@ -164,7 +176,8 @@ class SyncPoint:
         sources = self._sources
         guards = [e.guard] + e.var_guards
         hooks = Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
-                       scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [])
+                       scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [],
+                       own_plan=self._optimizer_plan)
         self._sync_start([e.plan] + e.variants, tensors)
         try:
             with hooks:
@@ -205,6 +218,37 @@ class SyncPoint:
                                 f"{self.last_replan}")
         return result
 
+
+    def _optimizer_plan(self, opt):
+        """A runner of `opt`'s step as its own whole-step plan (Note [Optimizer plans],
+        vessel/torch/Sync.cpp), or None where that plan refused or did not run in
+        OWN_PLAN_TRIES calls in a row (the step runs as a stretch of the sync-point plan then).
+        The runner steps the optimizer and returns whether its plan ran."""
+        slot = self._opt_plans.get(id(opt))
+        if slot is None:
+            import types
+            step = type(self)(types.MethodType(type(opt).step, opt), warmup=0, arena=self._arena,
+                              verify_every=self._verify_every, mode="replay",
+                              backend=self._backend if self._backend_asked else None, numerics=self._numerics)
+            step._quiet, step._param_hooks = True, False
+            _live_steps.discard(step)   # its calls are this step's, not the user's
+            step._retire.detach()
+            slot = self._opt_plans[id(opt)] = [opt, step, 0, None]
+            slot[3] = lambda: self._run_optimizer_plan(slot)
+        return slot[3] if slot[1] is not None else None
+
+    def _run_optimizer_plan(self, slot):
+        step = slot[1]
+        runs = step._stats["plan_runs"]
+        step()
+        if step._stats["plan_runs"] > runs:
+            slot[2] = 0
+            self._stats["optimizer_plan_runs"] += 1
+            return True
+        slot[2] += 1
+        if step.last_refusal is not None or slot[2] >= OWN_PLAN_TRIES:
+            slot[1] = None
+        return False
 
     def _capture_variant(self, e, args, kwargs, tensors):
         """A recorded call of a sync-point signature whose last call left every plan it has: the

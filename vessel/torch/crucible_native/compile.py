@@ -517,7 +517,12 @@ class CompiledStep(_SyncPoint):
         self._stats = {k: 0 for k in _COUNTERS}
         self._has_sources = bool(self._sources)
         _live_steps.add(self)
-        weakref.finalize(self, _retire_stats, self._stats)
+        self._retire = weakref.finalize(self, _retire_stats, self._stats)
+        # An optimizer's own plan (Note [Optimizer plans]): its refusals are not the user's, and
+        # it runs no backward(), so no parameter hook runs inside it.
+        self._quiet = False
+        self._param_hooks = True
+        self._opt_plans = {}      # id(optimizer) -> [optimizer, its own CompiledStep or None, calls without a plan, runner]
         self._overflow_warned = False
         self._recording_warned = False
         self._unhashable_warned = False
@@ -545,7 +550,10 @@ class CompiledStep(_SyncPoint):
         the step records again); verifications, divergences, refusals; size_waits (calls of a new
         size run eagerly before it was captured), sizes_derived (plans of a new size built from
         one captured call beside another size's plan, Note [Size families]), sizes_evicted (sizes
-        whose plans made room for a new size of their family); plus plans (live plans)
+        whose plans made room for a new size of their family); sync_calls, sync_native (of those,
+        calls that ran a stretch natively), sync_mismatches, optimizer_plan_runs (optimizer steps
+        of sync-point calls run as the optimizer's own plan, Note [Optimizer plans] in
+        vessel/torch/Sync.cpp); plus plans (live plans)
         and guarded (the modules and optimizers found)."""
         d = dict(self._stats)
         d["plans"] = sum(1 for e in self._entries.values() if e.plan is not None)
@@ -609,6 +617,7 @@ class CompiledStep(_SyncPoint):
             self._drop(e)
         self._entries.clear()
         self._families.clear()
+        self._opt_plans.clear()
 
     def _drop(self, e):
         for f in e.forms:
@@ -634,7 +643,8 @@ class CompiledStep(_SyncPoint):
         e.causes = list(causes or [why])
         self.last_refusal = why
         self._count("refusals")
-        warnings.warn(f"crucible.compile: {why}", CrucibleWarning, stacklevel=3)
+        if not self._quiet:
+            warnings.warn(f"crucible.compile: {why}", CrucibleWarning, stacklevel=3)
 
     # -- a call ------------------------------------------------------------------------
     def _signature(self, args, kwargs):
@@ -1212,7 +1222,8 @@ class CompiledStep(_SyncPoint):
         closures = _closure_stack()[-1]   # after_step calls of this call: their tensors are outputs too
         e.cap_closures = [fn for fn, _ in closures]
         e.cap_py = None if e.mode == "sync" else _PythonGuard(self._fn, self._guard_extra, self._guard_objs,
-                                                              watch.skip_ids, e.cap_closures, (args, kwargs))
+                                                              watch.skip_ids, e.cap_closures, (args, kwargs),
+                                                              param_hooks=self._param_hooks)
         if closures:
             for _, ts in closures:
                 flat.extend(ts)
@@ -1264,7 +1275,7 @@ class CompiledStep(_SyncPoint):
             if idle >= _MAX_IDLE_REPLANS:
                 self._refuse(e, f"its plan was dropped {idle} times without running in between (the step's "
                                 f"state changes faster than a plan can be recorded); the last time: {why}")
-            elif not self._replan_warned:
+            elif not self._replan_warned and not self._quiet:
                 self._replan_warned = True
                 warnings.warn(f"crucible.compile: the plan no longer matches the step and is recorded again "
                               f"(this call and the next two run eagerly): {why}", CrucibleWarning, stacklevel=3)
