@@ -176,7 +176,7 @@ class SyncPoint:
         sources = self._sources
         guards = [e.guard] + e.var_guards
         hooks = Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
-                       scalars=lambda: [v for _, _, v, _ in sources.values(True)] if patched else [],
+                       scalars=lambda: sources.values(True, anchors=False) if patched else [],
                        own_plan=self._optimizer_plan)
         self._sync_start([e.plan] + e.variants, tensors)
         try:

@@ -785,7 +785,7 @@ class CompiledStep(_SyncPoint):
             else:
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
-                vals = [v for _, _, v, _ in self._sources.values(True)] if e.patched else []
+                vals = self._sources.values(True, anchors=False) if e.patched else []
                 t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)

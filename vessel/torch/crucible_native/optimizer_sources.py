@@ -44,54 +44,70 @@ class ScalarSources:
         (a scheduler stepped inside it) used the ones it started with."""
         return [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in self._opts]
 
-    def values(self, upcoming: bool, hyper=None) -> list:
+    def values(self, upcoming: bool, hyper=None, anchors: bool = True) -> list:
         """(op, argument, value, anchor) per source; the anchor is the data pointer of the
         tensor the value belongs to (the parameter; exp_avg_sq for the bias correction).
-        hyper: hyperparameters() taken earlier, used instead of the groups' current ones."""
+        hyper: hyperparameters() taken earlier, used instead of the groups' current ones.
+        anchors=False: the values alone, in the same order (what a plan run takes)."""
         out = []
         for oi, opt in enumerate(self._opts):
             kind = self._kinds[type(opt)]
             for gi, g in enumerate(opt.param_groups):
                 if hyper is not None and oi < len(hyper) and gi < len(hyper[oi]):
                     g = dict(hyper[oi][gi], params=g["params"])
-                if g.get("fused") or g.get("capturable") or g.get("differentiable"):
+                terms = _terms(kind, g)
+                if terms is None:
                     continue
-                foreach = bool(g.get("foreach"))
-                if foreach and kind not in ("sgd", "adadelta", "rmsprop"):
-                    continue   # Adam(W) and Adagrad pass lists of per-parameter scalars
-                lr = g["lr"]
-                add = "aten::_foreach_add_.List" if foreach else "aten::add_.Tensor"
-                if kind in ("sgd", "adadelta") or (kind == "rmsprop" and g.get("momentum", 0) > 0):
-                    out.extend((add, "alpha", -lr, p.data_ptr()) for p in g["params"])
-                    continue
-                if kind == "rmsprop":
-                    addcdiv = "aten::_foreach_addcdiv_.Scalar" if foreach else "aten::addcdiv_"
-                    out.extend((addcdiv, "value", -lr, p.data_ptr()) for p in g["params"])
-                    continue
-                if kind == "adagrad":
-                    for p in g["params"]:
-                        st = opt.state.get(p)
+                per_step, terms = terms
+                state, memo, value = opt.state, {}, None
+                for p in g["params"]:
+                    st = None
+                    if per_step:
+                        st = state.get(p)
                         if not st or "step" not in st:
                             continue
-                        step = float(st["step"]) + (1.0 if upcoming else 0.0)
-                        out.append(("aten::addcdiv_", "value", -(lr / (1 + (step - 1) * g["lr_decay"])), p.data_ptr()))
-                    continue
-                beta1, beta2 = g["betas"]
-                decay = 1 - lr * g["weight_decay"]
-                for p in g["params"]:
-                    st = opt.state.get(p)
-                    if not st or "step" not in st:
+                        value = float(st["step"]) + (1.0 if upcoming else 0.0)
+                    vals = memo.get(value)
+                    if vals is None:   # parameters at the same step share their values
+                        vals = memo[value] = [f(value) for _, _, f, _ in terms]
+                    if not anchors:
+                        out.extend(vals)
                         continue
-                    step = float(st["step"]) + (1.0 if upcoming else 0.0)
-                    bias_correction1 = 1 - beta1 ** step
-                    bias_correction2 = 1 - beta2 ** step
-                    step_size = lr / bias_correction1
-                    sq = st.get("max_exp_avg_sq", st.get("exp_avg_sq"))
-                    sq = sq.data_ptr() if sq is not None else 0
-                    out.append(("aten::addcdiv_", "value", -step_size, p.data_ptr()))
-                    out.append(("aten::div.Tensor", "other", math.sqrt(bias_correction2), sq))  # 1.13
-                    out.append(("aten::div.Tensor", "other", bias_correction2 ** 0.5, sq))     # 2.x
-                    if kind == "adamw":
-                        out.append(("aten::mul_.Tensor", "other", decay, p.data_ptr()))
+                    for (op, arg, _, anchor), v in zip(terms, vals):
+                        if anchor is _SQ:
+                            sq = st.get("max_exp_avg_sq", st.get("exp_avg_sq"))
+                            out.append((op, arg, v, sq.data_ptr() if sq is not None else 0))
+                        else:
+                            out.append((op, arg, v, p.data_ptr()))
         return out
 
+
+_PARAM, _SQ = "param", "exp_avg_sq"   # what a value's anchor is the data pointer of
+
+
+def _terms(kind, g):
+    """The sources of one param group: (per_step, [(op, argument, value(step), anchor)]) with
+    per_step when the values depend on each parameter's step counter (a parameter without one
+    has none yet); None for a group that is not replicated."""
+    if g.get("fused") or g.get("capturable") or g.get("differentiable"):
+        return None
+    foreach = bool(g.get("foreach"))
+    if foreach and kind not in ("sgd", "adadelta", "rmsprop"):
+        return None   # Adam(W) and Adagrad pass lists of per-parameter scalars
+    lr = g["lr"]
+    if kind in ("sgd", "adadelta") or (kind == "rmsprop" and g.get("momentum", 0) > 0):
+        return False, [("aten::_foreach_add_.List" if foreach else "aten::add_.Tensor", "alpha", lambda _: -lr, _PARAM)]
+    if kind == "rmsprop":
+        return False, [("aten::_foreach_addcdiv_.Scalar" if foreach else "aten::addcdiv_", "value", lambda _: -lr,
+                        _PARAM)]
+    if kind == "adagrad":
+        lr_decay = g["lr_decay"]
+        return True, [("aten::addcdiv_", "value", lambda step: -(lr / (1 + (step - 1) * lr_decay)), _PARAM)]
+    beta1, beta2 = g["betas"]
+    decay = 1 - lr * g["weight_decay"]
+    terms = [("aten::addcdiv_", "value", lambda step: -(lr / (1 - beta1 ** step)), _PARAM),
+             ("aten::div.Tensor", "other", lambda step: math.sqrt(1 - beta2 ** step), _SQ),   # 1.13
+             ("aten::div.Tensor", "other", lambda step: (1 - beta2 ** step) ** 0.5, _SQ)]     # 2.x
+    if kind == "adamw":
+        terms.append(("aten::mul_.Tensor", "other", lambda _: decay, _PARAM))
+    return True, terms
