@@ -144,10 +144,11 @@ def test_a_gradient_hook_runs_inside_the_engine():
     assert_identical(eager, compiled)
     assert compiled[3] == N
     seg = step.plans()[0]["segments"]
-    # the hook is Python inside backward(): the engine runs it; the optimizer step runs as its
-    # own plan once that plan has recorded its two calls (Note [Optimizer plans])
+    # the hook is Python inside backward(): the engine runs it; the optimizer step runs
+    # natively, as a stretch three times, then as its own plan, which records two calls first
+    # (Note [Optimizer plans])
     st = step.stats()
-    assert st["sync_native"] >= N - 5 and st["optimizer_plan_runs"] == st["sync_native"], st
+    assert st["sync_native"] >= N - 5 and st["optimizer_plan_runs"] == st["sync_native"] - 3, st
 
 
 class Twice(torch.autograd.Function):
@@ -456,13 +457,36 @@ def test_a_sync_point_step_runs_its_optimizer_step_as_the_optimizers_own_plan(op
         log = []
         return usual_step(m, opt, after=lambda loss: log.append(loss.item())), m, opt, lambda: list(log)
 
-    eager, compiled, step, caught = twin_runs(make, compile_kw={"mode": "sync"})
+    n = 14
+    eager, compiled, step, caught = twin_runs(make, n=n, compile_kw={"mode": "sync"})
     assert_identical(eager, compiled)
     st = step.stats()
-    # calls 1-3 warm up and record the step; calls 4-5 record the optimizer's own plan
-    assert st["optimizer_plan_runs"] >= N - 5, st
-    assert st["sync_native"] >= N - 3 and st["refusals"] == 0, st
+    # calls 1-3 warm up and record the step; in calls 4-6 the optimizer's step runs as a
+    # stretch of the plan, in calls 7-8 its own plan records; then its own plan runs (three
+    # times at least: a plan slower than the stretch is dropped after three runs)
+    assert st["optimizer_plan_runs"] >= 3, st
+    own = list(step._own_plans)
+    assert len(own) == 1 and (own[0].step is not None or "the stretch" in own[0].dropped), own[0].dropped
+    if own[0].step is not None:
+        assert st["optimizer_plan_runs"] == n - 8, st
+    assert st["sync_native"] >= n - 3 and st["refusals"] == 0, st
     assert not caught, caught
+
+
+def test_an_optimizer_plan_slower_than_the_stretch_is_dropped(monkeypatch):
+    import crucible_native._sync as sync
+    monkeypatch.setattr(sync.OwnPlan, "stretch_ran", lambda self, s: self.stretch_s.append(0.0))
+
+    def make():
+        m, opt = mlp("AdamW")
+        return usual_step(m, opt), m, opt, lambda: None
+
+    eager, compiled, step, _ = twin_runs(make, n=16, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    own = list(step._own_plans)
+    assert own[0].step is None and "the stretch 0 us" in own[0].dropped, own[0].dropped
+    assert st["optimizer_plan_runs"] == sync.TIMED and st["sync_native"] >= 16 - 3 - 2, st
 
 
 def test_an_optimizer_plan_that_never_runs_gives_the_step_back_to_the_stretch(monkeypatch):
@@ -477,7 +501,7 @@ def test_an_optimizer_plan_that_never_runs_gives_the_step_back_to_the_stretch(mo
     assert_identical(eager, compiled)
     st = step.stats()
     assert st["optimizer_plan_runs"] == 0 and st["sync_native"] >= N - 3, st
-    assert all(slot[1] is None for slot in step._opt_plans.values())
+    assert all(own.step is None for own in step._own_plans)
 
 
 def _grads_outside(opt_name, set_to_none, n=12, restride_at=None):
@@ -525,18 +549,19 @@ def test_an_error_inside_the_optimizers_own_plan_ends_the_call_and_the_next_call
     import crucible_native._sync as sync
     m, opt = mlp("SGD", momentum=0.9)
     step = crucible.compile(usual_step(m, opt), mode="sync")
-    data = batches(N, [8])
-    for x, y in data[:6]:
+    data = batches(14, [8])
+    for x, y in data[:9]:
         step(x, y)
     assert step.stats()["optimizer_plan_runs"] >= 1, step.stats()
 
-    def boom(self, slot):
+    def boom(self):
         raise RuntimeError("raised inside the optimizer's own plan")
+    monkeypatch.setattr(sync, "TIMED", 0)   # never dropped for its speed
     with monkeypatch.context() as mp:
-        mp.setattr(sync.SyncPoint, "_run_optimizer_plan", boom)
+        mp.setattr(sync.OwnPlan, "run", boom)
         with pytest.raises(RuntimeError, match="inside the optimizer's own plan"):
-            step(*data[6])
+            step(*data[9])
     before = step.stats()["optimizer_plan_runs"]
-    for x, y in data[7:]:   # the suspended call was ended: sync-point calls go on
+    for x, y in data[10:]:   # the suspended call was ended: sync-point calls go on
         assert torch.isfinite(step(x, y))
-    assert step.stats()["optimizer_plan_runs"] == before + len(data[7:]), step.stats()
+    assert step.stats()["optimizer_plan_runs"] == before + len(data[10:]), step.stats()

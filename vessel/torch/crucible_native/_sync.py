@@ -15,6 +15,7 @@ step takes, the search for the plan of a new path, and each plan's guard."""
 from __future__ import annotations
 
 import threading
+import time
 
 from ._compile_stats import live_steps as _live_steps
 from ._native import ext as _ext
@@ -24,7 +25,14 @@ MAX_SYNC_MISSES = 3    # sync-point calls in a row that left their plan before i
 MAX_VARIANTS = 3       # plans of other paths a sync-point signature keeps besides its first
 VARIANT_CAPTURES = 4   # calls recorded, after a call that left every plan, to find the path it took
 MAX_VARIANT_SEARCHES = 4
-OWN_PLAN_TRIES = 6     # calls of an optimizer's own plan (Note [Optimizer plans]) without it running before it is dropped
+# Note [Optimizer plans]: an optimizer's step runs as a stretch of the sync-point plan
+# STRETCHES_FIRST times before its own plan records (a step whose plan churns, or a short loop,
+# pays no eager recordings for it); its own plan is dropped after OWN_PLAN_TRIES calls in a
+# row without running, or when its fastest of its first TIMED runs is slower than the fastest
+# stretch (a small optimizer: a CompiledStep call costs about 30 us more than a stretch).
+STRETCHES_FIRST = 3
+OWN_PLAN_TRIES = 6
+TIMED = 3
 _MISSING = object()
 
 _tls = threading.local()
@@ -57,11 +65,11 @@ class Hooks:
     step_ok() (sync): per plan of the step, whether the state still is what that plan was
     recorded from (its guard); scalars(): the sources' values for the coming step."""
 
-    def __init__(self, mode, optimizers, step_ok=None, scalars=None, own_plan=None):
+    def __init__(self, mode, optimizers, step_ok=None, scalars=None, own_plans=None):
         self.mode = mode
         self.optimizers = optimizers
         self.step_ok, self.scalars = step_ok, scalars
-        self.own_plan = own_plan   # sync: optimizer -> a runner of its own plan, or None (Note [Optimizer plans])
+        self.own_plans = own_plans   # sync: the optimizers' own plans (Note [Optimizer plans]), or None
         self.eager_steps = []   # sync: why an optimizer step ran eagerly
         self._saved = []
 
@@ -137,14 +145,17 @@ class Hooks:
                     oo._global_optimizer_pre_hooks or oo._global_optimizer_post_hooks:
                 why = "the optimizer has step hooks"
             else:
-                runner = self.own_plan(opt) if self.own_plan is not None else None
-                done = _ext.sync_optimizer(tag, self._scalars, self.step_ok(), runner is not None)
+                own = self.own_plans.of(opt) if self.own_plans is not None else None
+                t0 = time.perf_counter()
+                done = _ext.sync_optimizer(tag, self._scalars, self.step_ok(), own is not None and own.ready())
                 if done == 2:   # the call is suspended: the optimizer's own plan runs the step
                     native = False
                     try:
-                        native = runner()
+                        native = own.run()
                     finally:
                         _ext.sync_resume(native)
+                elif done == 1 and own is not None:
+                    own.stretch_ran(time.perf_counter() - t0)
                 if done:
                     if getattr(orig, "_wrapped_by_lr_sched", False):
                         opt._opt_called = True   # what the scheduler's wrapper of step() records
@@ -163,6 +174,82 @@ class Hooks:
             _ext.sync_set_paused(was)
 
 
+class OwnPlan:
+    """One optimizer's step as its own whole-step plan (Note [Optimizer plans],
+    vessel/torch/Sync.cpp): a CompiledStep of the optimizer's step() that runs no backward()
+    and warns nothing itself (it is the sync-point step's, not the user's)."""
+
+    def __init__(self, owner, opt):
+        import types
+        self.opt = opt
+        self._stats = owner._stats
+        self.stretch_s = []  # times of the native stretches of the sync-point plan that ran the step
+        self.own_s = []      # times of the first TIMED runs of the own plan
+        self.misses = 0      # calls in a row in which the own plan did not run
+        self.dropped = None  # why the own plan was dropped
+        self.step = type(owner)(types.MethodType(type(opt).step, opt), warmup=0, arena=owner._arena,
+                                verify_every=owner._verify_every, mode="replay",
+                                backend=owner._backend if owner._backend_asked else None,
+                                numerics=owner._numerics)
+        self.step._quiet, self.step._param_hooks = True, False
+        _live_steps.discard(self.step)   # its calls are the sync-point step's, not the user's
+        self.step._retire.detach()
+
+    def ready(self) -> bool:
+        return self.step is not None and len(self.stretch_s) >= STRETCHES_FIRST
+
+    def stretch_ran(self, seconds):
+        if len(self.stretch_s) < STRETCHES_FIRST:
+            self.stretch_s.append(seconds)
+
+    def run(self) -> bool:
+        """Steps the optimizer through its own CompiledStep; whether its plan ran. Dropped
+        (the stretch again from then on) when it refused, missed OWN_PLAN_TRIES calls, or is
+        slower than the stretch."""
+        step = self.step
+        runs = step._stats["plan_runs"]
+        t0 = time.perf_counter()
+        step()
+        if step._stats["plan_runs"] > runs:
+            self.misses = 0
+            self._stats["optimizer_plan_runs"] += 1
+            if len(self.own_s) < TIMED:
+                self.own_s.append(time.perf_counter() - t0)
+                if len(self.own_s) == TIMED and min(self.own_s) > min(self.stretch_s):
+                    self._drop(f"its plan takes {min(self.own_s) * 1e6:.0f} us, the stretch "
+                               f"{min(self.stretch_s) * 1e6:.0f} us")
+            return True
+        self.misses += 1
+        if step.last_refusal is not None:
+            self._drop(f"its own compile refused it: {step.last_refusal}")
+        elif self.misses >= OWN_PLAN_TRIES:
+            self._drop(f"its plan did not run in {self.misses} calls in a row")
+        return False
+
+    def _drop(self, why):
+        self.step, self.dropped = None, why
+
+
+class OwnPlans:
+    """The own plans of a sync-point step's optimizers, made as each is first offered."""
+
+    def __init__(self, owner):
+        self._owner = owner
+        self._by_id = {}   # id(optimizer) -> OwnPlan (which holds the optimizer: ids stay unique)
+
+    def of(self, opt):
+        own = self._by_id.get(id(opt))
+        if own is None:
+            own = self._by_id[id(opt)] = OwnPlan(self._owner, opt)
+        return own
+
+    def __iter__(self):
+        return iter(self._by_id.values())
+
+    def clear(self):
+        self._by_id.clear()
+
+
 class SyncPoint:
     """CompiledStep's sync-point calls (a mixin: the state is CompiledStep's and its _Entry's)."""
 
@@ -177,7 +264,7 @@ class SyncPoint:
         guards = [e.guard] + e.var_guards
         hooks = Hooks("sync", self._optimizers(), step_ok=lambda: [g.ok() for g in guards],
                        scalars=lambda: sources.values(True, anchors=False) if patched else [],
-                       own_plan=self._optimizer_plan)
+                       own_plans=self._own_plans)
         self._sync_start([e.plan] + e.variants, tensors)
         try:
             with hooks:
@@ -218,37 +305,6 @@ class SyncPoint:
                                 f"{self.last_replan}")
         return result
 
-
-    def _optimizer_plan(self, opt):
-        """A runner of `opt`'s step as its own whole-step plan (Note [Optimizer plans],
-        vessel/torch/Sync.cpp), or None where that plan refused or did not run in
-        OWN_PLAN_TRIES calls in a row (the step runs as a stretch of the sync-point plan then).
-        The runner steps the optimizer and returns whether its plan ran."""
-        slot = self._opt_plans.get(id(opt))
-        if slot is None:
-            import types
-            step = type(self)(types.MethodType(type(opt).step, opt), warmup=0, arena=self._arena,
-                              verify_every=self._verify_every, mode="replay",
-                              backend=self._backend if self._backend_asked else None, numerics=self._numerics)
-            step._quiet, step._param_hooks = True, False
-            _live_steps.discard(step)   # its calls are this step's, not the user's
-            step._retire.detach()
-            slot = self._opt_plans[id(opt)] = [opt, step, 0, None]
-            slot[3] = lambda: self._run_optimizer_plan(slot)
-        return slot[3] if slot[1] is not None else None
-
-    def _run_optimizer_plan(self, slot):
-        step = slot[1]
-        runs = step._stats["plan_runs"]
-        step()
-        if step._stats["plan_runs"] > runs:
-            slot[2] = 0
-            self._stats["optimizer_plan_runs"] += 1
-            return True
-        slot[2] += 1
-        if step.last_refusal is not None or slot[2] >= OWN_PLAN_TRIES:
-            slot[1] = None
-        return False
 
     def _capture_variant(self, e, args, kwargs, tensors):
         """A recorded call of a sync-point signature whose last call left every plan it has: the

@@ -14,7 +14,7 @@ from ._native import ext as _ext
 from .optimizer_sources import ScalarSources as _ScalarSources
 from ._python_guard import PythonGuard as _PythonGuard
 from .purity import Watch as _Watch
-from ._sync import Hooks as _Hooks, SyncPoint as _SyncPoint, MAX_IDLE_REPLANS as _MAX_IDLE_REPLANS, \
+from ._sync import Hooks as _Hooks, SyncPoint as _SyncPoint, OwnPlans as _OwnPlans, MAX_IDLE_REPLANS as _MAX_IDLE_REPLANS, \
     VARIANT_CAPTURES as _VARIANT_CAPTURES
 
 _MISSING = object()
@@ -522,7 +522,7 @@ class CompiledStep(_SyncPoint):
         # it runs no backward(), so no parameter hook runs inside it.
         self._quiet = False
         self._param_hooks = True
-        self._opt_plans = {}      # id(optimizer) -> [optimizer, its own CompiledStep or None, calls without a plan, runner]
+        self._own_plans = _OwnPlans(self)   # Note [Optimizer plans]
         self._overflow_warned = False
         self._recording_warned = False
         self._unhashable_warned = False
@@ -617,7 +617,7 @@ class CompiledStep(_SyncPoint):
             self._drop(e)
         self._entries.clear()
         self._families.clear()
-        self._opt_plans.clear()
+        self._own_plans.clear()
 
     def _drop(self, e):
         for f in e.forms:
