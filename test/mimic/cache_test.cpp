@@ -12,7 +12,10 @@
 #include <iterator>
 
 #include "cache_chain.h"
+#include "crucible/mimic/CpuCodegen.h"
+#include "crucible/mimic/CpuJit.h"
 #include "crucible/mimic/CpuTarget.h"
+#include "crucible/mimic/ObjectCache.h"
 
 namespace crucible::mimic {
 namespace {
@@ -126,6 +129,50 @@ TEST(KernelCache, CorruptTruncatedAndForeignEntriesAreRebuilt) {
 
   c = run_child(dir);
   EXPECT_TRUE(c.has("compiled=0 disk_hits=1 memory_hits=0 rejected=0 correct=1")) << c.out;
+  fs::remove_all(dir);
+}
+
+// A whole entry (its checksum right) holding another kernel's object: it links, but has none
+// of the entry points of the kernel it is filed under. Rejected and rebuilt; and the foreign
+// object's symbols are removed from the JIT again, so the kernel they belong to can still be
+// added (they stayed defined before: "Duplicate definition").
+TEST(KernelCache, AnEntryHoldingAnotherKernelsObjectIsRebuiltAndLeavesNothingInTheJit) {
+  const std::string dir = fresh_dir("foreign_object");
+  auto disk = ObjectCache::open(dir);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  PointwiseProgram x, y;  // programs no other test here compiles: float64 row and column means
+  x.reduce = ReduceKind::SumInner;
+  y.reduce = ReduceKind::SumOuter;
+  for (PointwiseProgram* p : {&x, &y}) {
+    p->mean = true;
+    p->operands = {PwOperand{test::kF64, false, true, false}, PwOperand{test::kF64, false, false, true}};
+  }
+  const std::string recipe = "BITEXACT_STRICT";
+  const CpuTarget& host = host_target();
+  const CpuKernelKey kx = cpu_kernel_key(x.hash(), recipe, host, kCpuOptLevel);
+  const CpuKernelKey ky = cpu_kernel_key(y.hash(), recipe, host, kCpuOptLevel);
+  auto y_object = compile_pointwise(y, "crucible_pw_" + ky.hash.hex(), host);
+  ASSERT_TRUE(y_object.ok()) << y_object.status();
+  ASSERT_TRUE(disk->store(kx, *y_object).ok());
+
+  CacheStats sx;
+  auto fx = get_pointwise(x, recipe, &*disk, &sx);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  EXPECT_NE((*fx)->contig, nullptr);
+  EXPECT_EQ(sx.disk_rejected, 1u);
+  EXPECT_EQ(sx.compiled, 1u);
+  EXPECT_EQ(sx.disk_hits, 0u);
+  EXPECT_NE(sx.last_disk_problem.find("did not link"), std::string::npos) << sx.last_disk_problem;
+  ObjectCache::Loaded again = disk->load(kx, host);
+  ASSERT_EQ(again.outcome, ObjectCache::Outcome::Hit);
+  EXPECT_NE(again.object, *y_object) << "the entry holds x's own object now";
+
+  CacheStats sy;
+  auto fy = get_pointwise(y, recipe, nullptr, &sy);  // y's symbols, linked once under x's name
+  ASSERT_TRUE(fy.ok()) << fy.status();
+  EXPECT_NE((*fy)->contig, nullptr);
+  EXPECT_NE((*fy)->contig, (*fx)->contig);
+  EXPECT_EQ(sy.compiled, 1u);
   fs::remove_all(dir);
 }
 

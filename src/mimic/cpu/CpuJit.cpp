@@ -74,9 +74,8 @@ Status define_vector_math(Jit& j) {
   return ok_status();
 }
 
-// Links `object` into the process and finds its two entry points.
-Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix,
-                               bool fused, bool reduction) {
+// The JIT, started once, with the C library's and the vector math's symbols.
+Status ensure_jit(Jit& j) {
   if (!j.lljit) {
     auto made = llvm::orc::LLJITBuilder().create();
     if (!made)
@@ -92,23 +91,36 @@ Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::str
     (*made)->getMainJITDylib().addGenerator(std::move(*libc));
     j.lljit = std::move(*made);
   }
-  CRUCIBLE_RETURN_IF_ERROR(define_vector_math(j));
+  return define_vector_math(j);
+}
+
+// Links `object` into the started JIT and finds its entry points.
+Result<CompiledPointwise> link(Jit& j, const std::string& object, const std::string& prefix,
+                               bool fused, bool reduction) {
   auto buf = llvm::MemoryBuffer::getMemBufferCopy(object, prefix);
-  if (llvm::Error e = j.lljit->addObjectFile(std::move(buf)))
+  // The object's symbols are tracked: an object that does not provide the entry points (a
+  // cache entry holding another kernel's code) is removed again, or its symbols would stay
+  // defined and the real kernel of that name could never be added ("Duplicate definition").
+  llvm::orc::ResourceTrackerSP tracker = j.lljit->getMainJITDylib().createResourceTracker();
+  if (llvm::Error e = j.lljit->addObjectFile(tracker, std::move(buf)))
     return bad_state("the JIT refused the object of " + prefix + ": " + message(std::move(e)),
                      "remove the kernel cache directory's entry and run again");
-  auto c = lookup(*j.lljit, prefix + "_contig");
-  if (!c.ok()) return c.status();
   CompiledPointwise r;
-  r.contig = reinterpret_cast<ContigFn>(*c);
-  if (reduction) return r;  // Note [Generated sums]: one function
-  auto s = lookup(*j.lljit, prefix + "_strided");
-  if (!s.ok()) return s.status();
-  r.strided = reinterpret_cast<StridedFn>(*s);
-  if (fused) {
-    auto f = lookup(*j.lljit, prefix + "_contig_fused");
-    if (!f.ok()) return f.status();
-    r.contig_fused = reinterpret_cast<ContigFn>(*f);
+  Status missing = ok_status();
+  auto find = [&](const char* suffix) -> void* {
+    if (!missing.ok()) return nullptr;
+    auto f = lookup(*j.lljit, prefix + suffix);
+    if (!f.ok()) missing = f.status();
+    return f.ok() ? *f : nullptr;
+  };
+  r.contig = reinterpret_cast<ContigFn>(find("_contig"));
+  if (!reduction) {  // Note [Generated sums]: a reduction has one function
+    r.strided = reinterpret_cast<StridedFn>(find("_strided"));
+    if (fused) r.contig_fused = reinterpret_cast<ContigFn>(find("_contig_fused"));
+  }
+  if (!missing.ok()) {
+    if (llvm::Error e = tracker->remove()) llvm::consumeError(std::move(e));
+    return missing;
   }
   return r;
 }
@@ -177,6 +189,7 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
     ++stats->memory_hits;
     return hit;
   }
+  CRUCIBLE_RETURN_IF_ERROR(ensure_jit(j));
   const std::string prefix = "crucible_pw_" + key.hash.hex();
   std::string object;
   bool from_disk = false;
@@ -192,7 +205,7 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
       stats->last_disk_problem = l.why;
     }
   }
-  if (!from_disk) {
+  auto compile = [&]() -> Status {
     const auto t = Clock::now();
     auto obj = compile_pointwise(program, prefix, host);
     if (!obj.ok()) return obj.status();
@@ -204,9 +217,22 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
         ++stats->disk_write_failures;
         stats->last_disk_problem = st.ToString();
       }
+    return ok_status();
+  };
+  if (!from_disk) CRUCIBLE_RETURN_IF_ERROR(compile());
+  const bool scaled = program.scaled(), reduction = program.reduce != ReduceKind::None;
+  auto t = Clock::now();
+  auto linked = link(j, object, prefix, scaled, reduction);
+  if (!linked.ok() && from_disk) {
+    // A whole entry (its checksum right) whose object does not link as this kernel: rejected
+    // like a corrupt one, compiled again, and the entry replaced.
+    ++stats->disk_rejected;
+    stats->last_disk_problem = "the cached object of " + prefix + " did not link: " + linked.status().ToString();
+    from_disk = false;
+    CRUCIBLE_RETURN_IF_ERROR(compile());
+    t = Clock::now();
+    linked = link(j, object, prefix, scaled, reduction);
   }
-  const auto t = Clock::now();
-  auto linked = link(j, object, prefix, program.scaled(), program.reduce != ReduceKind::None);
   if (!linked.ok()) return linked.status();
   linked->key = key.text;
   stats->load_seconds += seconds_since(t);
