@@ -4,6 +4,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -771,6 +772,17 @@ bool ints_explained(const c10::IValue& x, const c10::IValue& y, const SizeSymbol
 // parameter's .grad before each run, which must have the recorded sizes, strides, offset and
 // dtype (else the run's guard fails and the step is recorded again). A sync-point plan takes it
 // from the call instead (live_exts).
+// A tensor with t's dtype, sizes, strides and offset over no memory: what a plan holds between
+// runs in place of a gradient it binds, so that the gradient is freed as eager frees it.
+at::Tensor meta_only(const at::Tensor& t) {
+  if (!t.is_cpu()) return t;
+  c10::Storage none(c10::Storage::use_byte_size_t(), 0, c10::GetDefaultCPUAllocator(), /*resizable=*/false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(none), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
 std::int64_t grad_param(const Form& f, std::uint32_t e) {
   for (const Form::GradPre& gp : f.grad_pre)
     if (gp.state == Form::GradPre::Read && gp.grad_ext == e) return gp.ext;
@@ -1116,16 +1128,34 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   // GradPre). A failure sets the thread's guard-failure flag (take_guard_failure) before the
   // error: crucible.compile then checks the plan against a recorded call instead (nothing has
   // run yet).
-  for (const auto& [ge, pe] : p->grad_binds) {  // Note [Gradient bindings]
-    const at::Tensor& g = p->run_exts[pe].grad();
-    const at::Tensor& want = f.exts[ge];
-    const bool ok = g.defined() && g.layout() == at::kStrided && g.has_storage() && g.sizes() == want.sizes() &&
-                    g.strides() == want.strides() && g.storage_offset() == want.storage_offset() &&
-                    g.scalar_type() == want.scalar_type() && g.device() == want.device();
-    t_guard_failed = !ok;
-    TORCH_CHECK(ok, "a parameter's .grad is not what it was when the step was recorded (None, or other sizes, "
-                "strides or dtype)");
-    p->run_exts[ge] = g;
+  struct Unbind {  // Note [Gradient bindings]: the gradients are not held past the run
+    Plan& p;
+    ~Unbind() {
+      for (std::size_t i = 0; i < p.grad_binds.size(); ++i) p.run_exts[p.grad_binds[i].first] = p.grad_idle[i];
+    }
+  } unbind{*p};
+  if (!p->grad_binds.empty()) {
+    absl::flat_hash_map<const c10::StorageImpl*, std::uint32_t> first_on;  // storage -> first binding on it
+    for (std::uint32_t i = 0; i < p->grad_binds.size(); ++i) {
+      const auto [ge, pe] = p->grad_binds[i];
+      const at::Tensor& g = p->run_exts[pe].grad();
+      const at::Tensor& want = f.exts[ge];
+      bool ok = g.defined() && g.layout() == at::kStrided && g.has_storage() && g.sizes() == want.sizes() &&
+                g.strides() == want.strides() && g.storage_offset() == want.storage_offset() &&
+                g.scalar_type() == want.scalar_type() && g.device() == want.device() && !g.is_conj() &&
+                !g.is_neg() && g.requires_grad() == want.requires_grad();
+      // Storage shared where it was shared when recorded, and with no persistent tensor: the
+      // exec plan was planned over those storages.
+      if (ok) {
+        const c10::StorageImpl* st = g.storage().unsafeGetStorageImpl();
+        const auto [it, fresh] = first_on.emplace(st, i);
+        ok = !p->persistent.contains(st) && (fresh ? p->grad_alias[i] == i : p->grad_alias[i] == it->second);
+      }
+      t_guard_failed = !ok;
+      TORCH_CHECK(ok, "a parameter's .grad is not what it was when the step was recorded (None; other sizes, "
+                  "strides, offset, dtype or device; or sharing memory it did not share then)");
+      p->run_exts[ge] = g;
+    }
   }
   for (std::size_t e = 0; e < p->ext_snap.size(); ++e) {
     const Plan::ExtSnap& x = p->ext_snap[e];
@@ -1321,6 +1351,9 @@ void snapshot_exts(Plan& p) {
     p.ext_snap.push_back(Plan::ExtSnap{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
                                        t.scalar_type(), t.requires_grad()});
   }
+  p.persistent.clear();
+  for (const Plan::ExtSnap& x : p.ext_snap)
+    if (x.storage != nullptr) p.persistent.insert(x.storage);
 }
 
 // Patches sorted (wrapped-number externals first, then by op and argument) and each op's
@@ -1424,6 +1457,17 @@ std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std
   p->form = std::move(b);
   index_patches(*p);
   snapshot_exts(*p);
+  const Form& f = *p->form;
+  for (std::size_t i = 0; i < p->grad_binds.size(); ++i) {  // Note [Gradient bindings]
+    const std::uint32_t ge = p->grad_binds[i].first;
+    std::uint32_t alias = static_cast<std::uint32_t>(i);
+    for (std::size_t j = 0; j < i && alias == i; ++j)
+      if (f.exts[p->grad_binds[j].first].storage().unsafeGetStorageImpl() == f.exts[ge].storage().unsafeGetStorageImpl())
+        alias = p->grad_alias[j];
+    p->grad_alias.push_back(alias);
+    p->grad_idle.push_back(meta_only(f.exts[ge]));
+    p->run_exts[ge] = p->grad_idle.back();
+  }
   p->build_sources = sources_b;
   return p;
 }
@@ -1471,7 +1515,10 @@ std::int64_t plan_of(const Form& a, const std::vector<at::Tensor>& a_exts, std::
       bool same = true;
       for (std::size_t e = 0; e < f.exts.size() && same; ++e)
         same = p->run_exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
-               f.exts[e].unsafeGetTensorImpl()->is_wrapped_number() || f.ext_lifted[e] != 0;  // by value: in the key
+               f.exts[e].unsafeGetTensorImpl()->is_wrapped_number() || f.ext_lifted[e] != 0 ||  // by value: in the key
+               std::any_of(p->grad_binds.begin(), p->grad_binds.end(), [&](const auto& g) {  // Note [Gradient bindings]
+                 return g.first == e && grad_param(*b, static_cast<std::uint32_t>(e)) == g.second;
+               });
       p->busy.store(false);
       if (same) {
         ++r.counters.plan_cache_hits;

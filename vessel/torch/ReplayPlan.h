@@ -190,6 +190,9 @@ struct Plan {
   // (gradient external, parameter external): bound from the parameter's .grad before each run
   // (Note [Gradient bindings], Replay.cpp).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> grad_binds;
+  std::vector<at::Tensor> grad_idle;       // per grad_binds: its metadata over no memory, between runs
+  std::vector<std::uint32_t> grad_alias;   // per grad_binds: the first binding recorded on its storage
+  absl::flat_hash_set<const c10::StorageImpl*> persistent;  // the storages ext_snap pins
   int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
   // The static arena (ReplayArena.h): planned from the first run's allocations.
   enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;

@@ -565,3 +565,104 @@ def test_an_error_inside_the_optimizers_own_plan_ends_the_call_and_the_next_call
     for x, y in data[10:]:   # the suspended call was ended: sync-point calls go on
         assert torch.isfinite(step(x, y))
     assert step.stats()["optimizer_plan_runs"] == before + len(data[10:]), step.stats()
+
+
+def test_a_users_own_step_function_on_the_optimizer_keeps_its_ops():
+    # opt.step replaced on the instance by a function with ops of its own: the class's step()
+    # as its own plan would skip them, so the stretch (which replays them) runs it
+    def make():
+        m, opt = mlp("Adam")
+        base = opt.step
+
+        def step_and_shrink():
+            base()
+            with torch.no_grad():
+                m[0].weight.mul_(0.999)
+        opt.step = step_and_shrink
+        return usual_step(m, opt), m, opt, lambda: None
+
+    eager, compiled, step, _ = twin_runs(make, n=14, compile_kw={"mode": "sync"})
+    assert_identical(eager, compiled)
+    st = step.stats()
+    assert st["optimizer_plan_runs"] == 0 and st["sync_native"] >= 14 - 3, st
+
+
+def test_a_recording_inside_a_sync_point_call_gives_the_call_its_hooks_back():
+    import crucible_native._sync as sync
+    with sync.Hooks("sync", []) as outer:
+        with sync.Hooks("capture", []) as inner:   # an optimizer's own plan records
+            assert sync._active() is inner
+        assert sync._active() is outer
+    assert sync._active() is None
+
+
+def test_a_dropped_optimizer_plan_is_released_and_a_replaced_optimizer_forgotten(monkeypatch):
+    import crucible_native._sync as sync
+    monkeypatch.setattr(sync.OwnPlan, "stretch_ran", lambda self, s: self.stretch_s.append(0.0))
+    released = []
+    drop = sync.OwnPlan.drop
+
+    def watched_drop(self, why):
+        inner = self.step
+        drop(self, why)
+        released.append((why, inner.plans() if inner is not None else None))
+    monkeypatch.setattr(sync.OwnPlan, "drop", watched_drop)
+
+    def make():
+        import types
+        m, opt = mlp("AdamW")
+        holder = types.SimpleNamespace(opt=opt)   # found one attribute deep
+        log = []
+
+        def f(x, y):
+            holder.opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            holder.opt.step()
+            log.append(loss.item())
+            return loss
+
+        def observe():
+            return list(log)
+        f.swap = lambda: setattr(holder, "opt", torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+        return f, m, holder.opt, observe
+
+    out = []
+    for compiled in (False, True):
+        f, m, _, observe = make()
+        step = crucible.compile(f, mode="sync") if compiled else f
+        losses = []
+        for i, (x, y) in enumerate(batches(30, [8])):
+            if i == 12:
+                f.swap()
+            losses.append(step(x, y).detach().clone())
+        out.append((losses, {k: p.detach().clone() for k, p in m.named_parameters()}, step))
+    (le, pe, _), (lc, pc, step) = out
+    assert all(torch.equal(a, b) for a, b in zip(le, lc))
+    assert all(torch.equal(pe[k], pc[k]) for k in pe)
+    assert released and released[0][1] == [], released   # slower than the stretch: its plans released
+    own = list(step._own_plans)
+    assert len(own) == 1 and type(own[0].opt).__name__ == "SGD", [type(o.opt).__name__ for o in own]
+    assert any(why == "the step no longer uses this optimizer" for why, _ in released), released
+
+
+def test_gradients_sharing_memory_they_did_not_share_when_recorded_fail_the_guard():
+    # Note [Gradient bindings]: the plan was made over separate gradient storages
+    out = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        step = crucible.compile(opt.step) if compiled else opt.step
+        for i in range(12):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            if i >= 7:
+                m[1].weight.grad = m[0].weight.grad   # one gradient tensor for both
+            step()
+        out.append(([p.detach().clone() for p in m.parameters()], step))
+    (pe, _), (pc, step) = out
+    assert all(torch.equal(a, b) for a, b in zip(pe, pc))
+    st = step.stats()
+    assert st["guard_failures"] >= 1 and st["plan_runs"] >= 3, st

@@ -81,6 +81,7 @@ class Hooks:
                 _orig_engine_run = torch.autograd._engine_run_backward
                 torch.autograd._engine_run_backward = _engine_run_backward
             _installed += 1
+        self._outer = _active()   # an optimizer's own plan records inside a sync-point call
         _tls.hooks = self
         known = _optimizer_types()
         for tag, opt in enumerate(self.optimizers):
@@ -101,7 +102,7 @@ class Hooks:
             else:
                 opt.__dict__.pop("step", None)
         self._saved = []
-        _tls.hooks = None
+        _tls.hooks, self._outer = self._outer, None
         with _install_lock:
             _installed -= 1
             if _installed == 0:
@@ -145,9 +146,13 @@ class Hooks:
                     oo._global_optimizer_pre_hooks or oo._global_optimizer_post_hooks:
                 why = "the optimizer has step hooks"
             else:
-                own = self.own_plans.of(opt) if self.own_plans is not None else None
+                # Not where step() is the user's own function on the instance (its ops are the
+                # stretch's; the class's step() would skip them): only the class's, or it
+                # wrapped by an LR scheduler.
+                own = self.own_plans.of(opt) if self.own_plans is not None and _class_step(opt, orig) else None
+                ok = self.step_ok()
                 t0 = time.perf_counter()
-                done = _ext.sync_optimizer(tag, self._scalars, self.step_ok(), own is not None and own.ready())
+                done = _ext.sync_optimizer(tag, self._scalars, ok, own is not None and own.ready())
                 if done == 2:   # the call is suspended: the optimizer's own plan runs the step
                     native = False
                     try:
@@ -174,6 +179,15 @@ class Hooks:
             _ext.sync_set_paused(was)
 
 
+def _class_step(opt, step) -> bool:
+    """Whether `step` (what opt.step was as the call began) runs the class's step(): the
+    bound method, or an LR scheduler's wrapper of it (which also sets opt._opt_called)."""
+    cls = type(opt).step
+    if getattr(step, "__func__", None) is cls:
+        return True
+    return bool(getattr(step, "_wrapped_by_lr_sched", False)) and getattr(step, "__wrapped__", None) is cls
+
+
 class OwnPlan:
     """One optimizer's step as its own whole-step plan (Note [Optimizer plans],
     vessel/torch/Sync.cpp): a CompiledStep of the optimizer's step() that runs no backward()
@@ -182,7 +196,7 @@ class OwnPlan:
     def __init__(self, owner, opt):
         import types
         self.opt = opt
-        self._stats = owner._stats
+        self._stats = owner._stats   # the sync-point step's (no reference to it: no cycle)
         self.stretch_s = []  # times of the native stretches of the sync-point plan that ran the step
         self.own_s = []      # times of the first TIMED runs of the own plan
         self.misses = 0      # calls in a row in which the own plan did not run
@@ -216,17 +230,19 @@ class OwnPlan:
             if len(self.own_s) < TIMED:
                 self.own_s.append(time.perf_counter() - t0)
                 if len(self.own_s) == TIMED and min(self.own_s) > min(self.stretch_s):
-                    self._drop(f"its plan takes {min(self.own_s) * 1e6:.0f} us, the stretch "
+                    self.drop(f"its plan takes {min(self.own_s) * 1e6:.0f} us, the stretch "
                                f"{min(self.stretch_s) * 1e6:.0f} us")
             return True
         self.misses += 1
-        if step.last_refusal is not None:
-            self._drop(f"its own compile refused it: {step.last_refusal}")
+        if step._stats["refusals"]:
+            self.drop(f"its own compile refused it: {step.last_refusal}")
         elif self.misses >= OWN_PLAN_TRIES:
-            self._drop(f"its plan did not run in {self.misses} calls in a row")
+            self.drop(f"its plan did not run in {self.misses} calls in a row")
         return False
 
-    def _drop(self, why):
+    def drop(self, why):
+        if self.step is not None:
+            self.step.reset()   # its plans and recorded calls go now, not with the step
         self.step, self.dropped = None, why
 
 
@@ -234,19 +250,29 @@ class OwnPlans:
     """The own plans of a sync-point step's optimizers, made as each is first offered."""
 
     def __init__(self, owner):
-        self._owner = owner
+        import weakref
+        self._owner = weakref.ref(owner)   # the step holds this: no cycle through it
         self._by_id = {}   # id(optimizer) -> OwnPlan (which holds the optimizer: ids stay unique)
 
     def of(self, opt):
         own = self._by_id.get(id(opt))
         if own is None:
-            own = self._by_id[id(opt)] = OwnPlan(self._owner, opt)
+            own = self._by_id[id(opt)] = OwnPlan(self._owner(), opt)
         return own
+
+    def keep(self, optimizers):
+        """Drops the own plans of optimizers the step no longer reaches (a new optimizer
+        replaced one): they would keep it, its state and their plans alive."""
+        live = {id(o) for o in optimizers}
+        for k in [k for k in self._by_id if k not in live]:
+            self._by_id.pop(k).drop("the step no longer uses this optimizer")
 
     def __iter__(self):
         return iter(self._by_id.values())
 
     def clear(self):
+        for own in self._by_id.values():
+            own.drop("reset")
         self._by_id.clear()
 
 

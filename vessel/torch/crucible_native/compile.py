@@ -1116,6 +1116,7 @@ class CompiledStep(_SyncPoint):
             self._sources = _ScalarSources(objs)
             self._has_sources = bool(self._sources)
             self._param_list = self._params()
+            self._own_plans.keep(self._optimizers())
 
     def _capture(self, e, args, kwargs, tensors, lifted=None, for_exec=False):
         """Runs the step eagerly while capturing its ops. Returns (result, form or None, spec),
