@@ -133,7 +133,10 @@ def test_printing_logging_and_python_random_happen_every_call(capsys, caplog):
 
 
 # -- what runs the engine or the optimizer's Python instead ----------------------------------------
-def test_a_gradient_hook_runs_inside_the_engine():
+def test_a_gradient_hook_runs_inside_the_engine(monkeypatch):
+    import crucible_native._sync as sync
+    monkeypatch.setattr(sync, "TIMED", 0)   # the own plan is never dropped for its speed here
+
     def make():
         m, opt = mlp("SGD", momentum=0.9)
         count = []
