@@ -266,5 +266,46 @@ TEST(CpuBackendThreads, ALoopSplitOverThreadsGivesTheBitsOfOneLoop) {
     }
 }
 
+// On the host's threads (CpuBackendOptions::parallel), a split loop runs in as many parts as
+// the host's kernels would use at the launch (current_threads), not the count the backend was
+// made with: the host's count can change between runs (torch.set_num_threads).
+unsigned g_host_threads = 1;
+std::vector<unsigned> g_parts;
+TEST(CpuBackendThreads, ASplitLoopOnTheHostsThreadsFollowsTheirCountAtEachLaunch) {
+  const std::int64_t n = 300007;
+  ChainSpec c{"split_host", {n}, {f32({n}), f32({n})}, {step("aten::mul.Tensor", {0, 1}), step("aten::neg", {prev(0)})}};
+  const BuiltPlan bp = build_chain_plan(c);
+  const Dtypes dts = binding_dtypes(c, bp);
+  std::mt19937_64 rng(12);
+  const RunBuffers initial = initial_buffers(bp, dts, rng);
+  CpuBackendOptions o = CpuBackendOptions::memory_only();
+  o.threads = 2;  // the count when the backend is made
+  o.parallel = [](void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
+    g_parts.push_back(parts);
+    for (unsigned i = 0; i < parts; ++i) body(arg, i);
+  };
+  o.current_threads = [] { return g_host_threads; };
+  auto cpu = CpuBackend::make(o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  LoopProvider provider;
+  auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+  std::vector<RunBuffers> results;
+  for (unsigned host : {4u, 1u, 3u}) {
+    SCOPED_TRACE(host);
+    g_host_threads = host;
+    g_parts.clear();
+    RunBuffers b = initial;
+    ASSERT_TRUE(run(**runner, b, patches_for(c, bp, false)).ok());
+    if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: one loop, no parts";
+    else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
+    results.push_back(std::move(b));
+  }
+  for (std::size_t r = 1; r < results.size(); ++r)
+    for (std::size_t out = 0; out < results[0].outputs.size(); ++out)
+      EXPECT_EQ(results[r].outputs[out], results[0].outputs[out]) << "run " << r << ", output " << out;
+}
+
 }  // namespace
 }  // namespace crucible::mimic

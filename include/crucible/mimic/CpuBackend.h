@@ -53,7 +53,8 @@ struct CpuBackendOptions {
   void* parallel_ctx = nullptr;
   // The threads the host's own kernel would use at the time of a launch (the Vessel passes
   // ATen's count, 1 inside a parallel region, where ATen runs loops inline): float32
-  // _softmax_backward_data's bits depend on it (Note [Generated softmax]). Null: `threads`.
+  // _softmax_backward_data's bits depend on it (Note [Generated softmax]), and with `parallel`
+  // split loops and rows run in that many parts. Null: `threads`.
   unsigned (*current_threads)() = nullptr;
   // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's
   // bits but within a stated bound of them (sqrt; a + c*b rounded once where ATen rounds twice).

@@ -524,9 +524,13 @@ void CpuBackend::run_contig(Generated& g, ContigFn fn) {
   run_parts(parts, part);
 }
 
-// The threads a split loop or split rows may use, and running their parts on them.
+// The threads a split loop or split rows may use, and running their parts on them: on the
+// host's threads, as many as the host's own kernel would use at this launch (its count may
+// have changed since the backend was made; 1 inside its parallel region); on the pool, the
+// backend's own count.
 unsigned CpuBackend::split_threads() const {
-  return parallel_ != nullptr ? threads_ : pool_ != nullptr ? std::min(threads_, pool_->threads()) : 1;
+  if (parallel_ != nullptr) return current_threads_ != nullptr ? std::max(1u, current_threads_()) : threads_;
+  return pool_ != nullptr ? std::min(threads_, pool_->threads()) : 1;
 }
 
 void CpuBackend::run_parts(unsigned parts, const std::function<void(unsigned)>& part) {

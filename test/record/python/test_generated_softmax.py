@@ -159,7 +159,8 @@ def test_generated_softmax_backward_gives_eager_bits_as_the_thread_count_changes
 def test_rows_split_over_threads_keep_eager_bits(threads):
     # Note [Split rows]: 65536 elements or more run in parts of whole rows; each operand advances
     # by its own elements per row (the backwards' three, layer norm's per-row mean and rstd).
-    # 2 threads first: the step's plan (and its thread count) is kept for the next parameter.
+    # The step's plan is reused for the next parameter; its parts follow the thread count at
+    # each launch (CpuBackend::split_threads).
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
