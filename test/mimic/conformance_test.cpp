@@ -227,6 +227,27 @@ namespace {
 
 using namespace test;
 
+// Plan `bp` on a CpuBackend made with `o`, every coverable kernel generated; null (the test
+// failed) when the backend or the runner cannot be made.
+struct CpuRun {
+  std::unique_ptr<CpuBackend> cpu;
+  LoopProvider provider;
+  std::unique_ptr<exec::Runner> runner;
+};
+std::unique_ptr<CpuRun> cpu_run(const BuiltPlan& bp, const CpuBackendOptions& o) {
+  auto r = std::make_unique<CpuRun>();
+  auto cpu = CpuBackend::make(o);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  if (!cpu.ok()) return nullptr;
+  r->cpu = std::move(*cpu);
+  auto runner = exec::Runner::make(bp.plan, r->cpu->backend(), r->provider.provider());
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return nullptr;
+  r->runner = std::move(*runner);
+  EXPECT_EQ(r->cpu->generated_kernels(), coverable_kernels(bp.plan));
+  return r;
+}
+
 // Note [Split loops]: a long contiguous chain runs in parts on the worker pool; each part's
 // elements come out as in one loop. The chain has a Python number (a broadcast operand every
 // part reads whole) and an odd length (the last part ends inside a 64-element block).
@@ -247,14 +268,10 @@ TEST(CpuBackendThreads, ALoopSplitOverThreadsGivesTheBitsOfOneLoop) {
     SCOPED_TRACE(threads);
     CpuBackendOptions o = CpuBackendOptions::memory_only();
     o.threads = threads;
-    auto cpu = CpuBackend::make(o);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    LoopProvider provider;
-    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    ASSERT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+    const auto r = cpu_run(bp, o);
+    ASSERT_NE(r, nullptr);
     RunBuffers b = initial;
-    ASSERT_TRUE(run(**runner, b, patches_for(c, bp, false)).ok());
+    ASSERT_TRUE(run(*r->runner, b, patches_for(c, bp, false)).ok());
     results.push_back(std::move(b));
   }
   RunBuffers expect = initial;
@@ -285,19 +302,15 @@ TEST(CpuBackendThreads, ASplitLoopOnTheHostsThreadsFollowsTheirCountAtEachLaunch
     for (unsigned i = 0; i < parts; ++i) body(arg, i);
   };
   o.current_threads = [] { return g_host_threads; };
-  auto cpu = CpuBackend::make(o);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  LoopProvider provider;
-  auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  ASSERT_EQ((*cpu)->generated_kernels(), coverable_kernels(bp.plan));
+  const auto r = cpu_run(bp, o);
+  ASSERT_NE(r, nullptr);
   std::vector<RunBuffers> results;
   for (unsigned host : {4u, 1u, 3u}) {
     SCOPED_TRACE(host);
     g_host_threads = host;
     g_parts.clear();
     RunBuffers b = initial;
-    ASSERT_TRUE(run(**runner, b, patches_for(c, bp, false)).ok());
+    ASSERT_TRUE(run(*r->runner, b, patches_for(c, bp, false)).ok());
     if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: one loop, no parts";
     else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
     results.push_back(std::move(b));
