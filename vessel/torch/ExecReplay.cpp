@@ -436,7 +436,7 @@ std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t b
   replay::exec_changed(*p);
   std::string why;
   try {
-    why = attach(*p, call ? *call : *p->form, t, begin, end, arg_storages, options);
+    why = attach(*p, call ? *call : p->recorded ? *p->recorded : *p->form, t, begin, end, arg_storages, options);
   } catch (const std::exception& e) {
     why = e.what();
   }

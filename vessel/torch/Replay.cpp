@@ -768,12 +768,17 @@ bool ints_explained(const c10::IValue& x, const c10::IValue& y, const SizeSymbol
 // (an optimizer's step() compiled alone, with backward() run before the call) reads whatever
 // tensor .grad holds as the call begins: the same one each call when gradients are zeroed in
 // place, a new one each call after zero_grad(set_to_none=True). Such a gradient (a Read
-// GradPre) is no persistent tensor of the plan: a whole-step plan binds it from the
-// parameter's .grad before each run, which must have the recorded sizes, strides, offset and
-// dtype (else the run's guard fails and the step is recorded again). A sync-point plan takes it
-// from the call instead (live_exts).
-// A tensor with t's dtype, sizes, strides and offset over no memory: what a plan holds between
-// runs in place of a gradient it binds, so that the gradient is freed as eager frees it.
+// GradPre) whose tensor is its whole storage is no persistent tensor of the plan: a whole-step
+// plan binds it from the parameter's .grad before each run, which must have the recorded
+// sizes, strides, offset, dtype, device and requires_grad, be its whole storage too, and share
+// no memory with a persistent tensor or with another bound gradient where they did not share it
+// when recorded (else the run's guard fails and the step is recorded again). Between runs the
+// plan, its form included, holds the gradient's metadata only (meta_only), so the gradient is
+// freed as eager frees it. A gradient that is part of a larger storage (a flat gradient buffer,
+// whose other parts are other parameters' gradients, views the plan reaches through it) stays a
+// persistent tensor. A sync-point plan takes gradients from the call instead (live_exts).
+
+// A tensor with t's dtype, sizes, strides and offset over no memory.
 at::Tensor meta_only(const at::Tensor& t) {
   if (!t.is_cpu()) return t;
   c10::Storage none(c10::Storage::use_byte_size_t(), 0, c10::GetDefaultCPUAllocator(), /*resizable=*/false);
@@ -781,6 +786,13 @@ at::Tensor meta_only(const at::Tensor& t) {
                                                    t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return at::Tensor(std::move(impl));
+}
+
+// Whether t is the whole of its storage (or a meta_only tensor): a gradient a plan may bind.
+bool whole_storage(const at::Tensor& t) {
+  const std::size_t bytes = t.storage().nbytes();
+  return bytes == 0 || (t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+                        bytes == static_cast<std::size_t>(t.numel()) * t.itemsize());
 }
 
 std::int64_t grad_param(const Form& f, std::uint32_t e) {
@@ -859,7 +871,7 @@ std::string compare_forms(const Form& a, const Form& b, const std::vector<Scalar
     if (x.storage().unsafeGetStorageImpl() == y.storage().unsafeGetStorageImpl()) continue;
     if (live_exts == nullptr && grad_param(a, e) >= 0 && grad_param(a, e) == grad_param(b, e) &&
         x.sizes() == y.sizes() && x.strides() == y.strides() && x.storage_offset() == y.storage_offset() &&
-        x.scalar_type() == y.scalar_type())
+        x.scalar_type() == y.scalar_type() && whole_storage(x) && whole_storage(y))
       continue;   // Note [Gradient bindings]: bound from the parameter's .grad each run
     if (a.ext_lifted[e] != 0 && b.ext_lifted[e] != 0) {   // Note [Lifted constants]: by value
       if (x.sizes() == y.sizes() && x.strides() == y.strides() && x.scalar_type() == y.scalar_type() &&
@@ -1143,7 +1155,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
       bool ok = g.defined() && g.layout() == at::kStrided && g.has_storage() && g.sizes() == want.sizes() &&
                 g.strides() == want.strides() && g.storage_offset() == want.storage_offset() &&
                 g.scalar_type() == want.scalar_type() && g.device() == want.device() && !g.is_conj() &&
-                !g.is_neg() && g.requires_grad() == want.requires_grad();
+                !g.is_neg() && g.requires_grad() == want.requires_grad() && whole_storage(g);
       // Storage shared where it was shared when recorded, and with no persistent tensor: the
       // exec plan was planned over those storages.
       if (ok) {
@@ -1153,7 +1165,8 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
       }
       t_guard_failed = !ok;
       TORCH_CHECK(ok, "a parameter's .grad is not what it was when the step was recorded (None; other sizes, "
-                  "strides, offset, dtype or device; or sharing memory it did not share then)");
+                  "strides, offset, dtype or device; part of a larger storage; or sharing memory it did not "
+                  "share then)");
       p->run_exts[ge] = g;
     }
   }
@@ -1254,6 +1267,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   }
   p->runs.fetch_add(1, std::memory_order_relaxed);
   registry().runs.fetch_add(1, std::memory_order_relaxed);
+  p->recorded.reset();  // Note [Gradient bindings]: its gradients go with the first run
   return outs;
 }
 
@@ -1446,7 +1460,8 @@ std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std
   p->patches = std::move(patches);
   const std::vector<at::Tensor>& ax = a_exts != nullptr ? *a_exts : a.exts;
   for (const Form::GradPre& gp : b->grad_pre)  // Note [Gradient bindings]
-    if (bind_grads && gp.state == Form::GradPre::Read && grad_param(a, gp.grad_ext) == static_cast<std::int64_t>(gp.ext))
+    if (bind_grads && gp.state == Form::GradPre::Read && grad_param(a, gp.grad_ext) == static_cast<std::int64_t>(gp.ext) &&
+        whole_storage(b->exts[gp.grad_ext]))
       p->grad_binds.emplace_back(gp.grad_ext, gp.ext);
   auto bound = [&](std::size_t e) {
     return std::any_of(p->grad_binds.begin(), p->grad_binds.end(), [&](const auto& g) { return g.first == e; });
@@ -1454,20 +1469,24 @@ std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std
   for (std::size_t e = 0; e < ax.size(); ++e)
     if (ax[e].storage().unsafeGetStorageImpl() != b->exts[e].storage().unsafeGetStorageImpl() && !bound(e))
       p->constants.push_back(static_cast<std::uint32_t>(e));
+  if (!p->grad_binds.empty()) {  // Note [Gradient bindings]: the plan's form holds their metadata only
+    auto own = std::make_shared<Form>(*b);
+    for (std::size_t i = 0; i < p->grad_binds.size(); ++i) {
+      const std::uint32_t ge = p->grad_binds[i].first;
+      std::uint32_t alias = static_cast<std::uint32_t>(i);
+      for (std::size_t j = 0; j < i && alias == i; ++j)
+        if (b->exts[p->grad_binds[j].first].storage().unsafeGetStorageImpl() == b->exts[ge].storage().unsafeGetStorageImpl())
+          alias = p->grad_alias[j];
+      p->grad_alias.push_back(alias);
+      p->grad_idle.push_back(meta_only(b->exts[ge]));
+      own->exts[ge] = p->grad_idle.back();
+    }
+    p->recorded = std::move(b);
+    b = std::move(own);
+  }
   p->form = std::move(b);
   index_patches(*p);
   snapshot_exts(*p);
-  const Form& f = *p->form;
-  for (std::size_t i = 0; i < p->grad_binds.size(); ++i) {  // Note [Gradient bindings]
-    const std::uint32_t ge = p->grad_binds[i].first;
-    std::uint32_t alias = static_cast<std::uint32_t>(i);
-    for (std::size_t j = 0; j < i && alias == i; ++j)
-      if (f.exts[p->grad_binds[j].first].storage().unsafeGetStorageImpl() == f.exts[ge].storage().unsafeGetStorageImpl())
-        alias = p->grad_alias[j];
-    p->grad_alias.push_back(alias);
-    p->grad_idle.push_back(meta_only(f.exts[ge]));
-    p->run_exts[ge] = p->grad_idle.back();
-  }
   p->build_sources = sources_b;
   return p;
 }
@@ -1517,7 +1536,8 @@ std::int64_t plan_of(const Form& a, const std::vector<at::Tensor>& a_exts, std::
         same = p->run_exts[e].storage().unsafeGetStorageImpl() == b->exts[e].storage().unsafeGetStorageImpl() ||
                f.exts[e].unsafeGetTensorImpl()->is_wrapped_number() || f.ext_lifted[e] != 0 ||  // by value: in the key
                std::any_of(p->grad_binds.begin(), p->grad_binds.end(), [&](const auto& g) {  // Note [Gradient bindings]
-                 return g.first == e && grad_param(*b, static_cast<std::uint32_t>(e)) == g.second;
+                 return g.first == e && grad_param(*b, static_cast<std::uint32_t>(e)) == g.second &&
+                        whole_storage(b->exts[e]);
                });
       p->busy.store(false);
       if (same) {

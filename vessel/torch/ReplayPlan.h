@@ -191,6 +191,9 @@ struct Plan {
   // (Note [Gradient bindings], Replay.cpp).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> grad_binds;
   std::vector<at::Tensor> grad_idle;       // per grad_binds: its metadata over no memory, between runs
+  // The recorded form itself (its gradients' memory), kept until the first run: the exec
+  // stage plans from the storages the trace names.
+  std::shared_ptr<const Form> recorded;
   std::vector<std::uint32_t> grad_alias;   // per grad_binds: the first binding recorded on its storage
   absl::flat_hash_set<const c10::StorageImpl*> persistent;  // the storages ext_snap pins
   int refs = 1;                          // plan_build calls that returned this plan (registry mutex)

@@ -42,7 +42,8 @@ struct CpuBackendOptions {
   std::optional<AlphaRounding> alpha_rounding;
   // Threads for one large contiguous generated loop (Note [Split loops], CpuBackend.cpp); 0: the
   // hardware's. The process shares one pool, sized by the first backend made (at least the
-  // hardware's threads); a backend uses at most its own count of them.
+  // hardware's threads); a backend uses at most its own count of them. With `parallel` and
+  // `current_threads` given, the host's count at each launch instead.
   unsigned threads = 0;
   // Runs body(arg, i) for i in [0, parts) on the host program's own threads, returning when all
   // are done (the Vessel passes ATen's parallel_for: one pool of threads for ATen's kernels and
@@ -139,7 +140,7 @@ class CpuBackend {
   CpuBackendOptions::ParallelFn parallel_ = nullptr;
   void* parallel_ctx_ = nullptr;
   unsigned (*current_threads_)() = nullptr;
-  unsigned threads_ = 1;        // parts a loop may run in
+  unsigned threads_ = 1;        // parts a loop may run in (on the pool, or on the host's without current_threads)
 };
 
 }  // namespace crucible::mimic

@@ -669,3 +669,30 @@ def test_gradients_sharing_memory_they_did_not_share_when_recorded_fail_the_guar
     assert all(torch.equal(a, b) for a, b in zip(pe, pc))
     st = step.stats()
     assert st["guard_failures"] >= 1 and st["plan_runs"] >= 3, st
+
+
+@pytest.mark.parametrize("flat_first", [True, False])
+def test_gradients_in_one_flat_buffer_are_not_bound_and_the_step_stays_right(flat_first):
+    # Note [Gradient bindings]: a gradient that is part of a larger storage (the others are
+    # other parameters' gradients) is not bound; switching between a flat buffer and separate
+    # gradients part-way records the step again or runs it eagerly, never reads stale memory
+    out = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+        params = list(m.parameters())
+        opt = torch.optim.Adam(params, lr=0.01)
+        step = crucible.compile(opt.step, mode="replay") if compiled else opt.step
+        for i in range(14):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            if (i < 7) == flat_first:   # the gradients moved into one buffer, each a view of it
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                at = 0
+                for p in params:
+                    p.grad = flat[at:at + p.numel()].view_as(p)
+                    at += p.numel()
+            step()
+        out.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*out))

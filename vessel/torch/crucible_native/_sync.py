@@ -169,6 +169,8 @@ class Hooks:
                 self.eager_steps.append(why)
             return orig()
         step.__wrapped__ = orig
+        if getattr(orig, "_wrapped_by_lr_sched", False):   # what a scheduler's first step() checks
+            step._wrapped_by_lr_sched = True
         return step
 
     def _scalars(self):
