@@ -192,27 +192,34 @@ def _class_step(opt, step) -> bool:
 
 class OwnPlan:
     """One optimizer's step as its own whole-step plan (Note [Optimizer plans],
-    vessel/torch/Sync.cpp): a CompiledStep of the optimizer's step() that runs no backward()
-    and warns nothing itself (it is the sync-point step's, not the user's)."""
+    vessel/torch/Sync.cpp): a CompiledStep of the optimizer's step(), made once the step has
+    run as a stretch STRETCHES_FIRST times; it runs no backward() and does not warn of its own
+    refusals or replans (it is the sync-point step's, not the user's)."""
 
     def __init__(self, owner, opt):
-        import types
         self.opt = opt
-        self._stats = owner._stats   # the sync-point step's (no reference to it: no cycle)
+        self._owner = owner          # a weakref.ref to the sync-point step (no cycle)
+        self._stats = owner()._stats
         self.stretch_s = []  # times of the native stretches of the sync-point plan that ran the step
         self.own_s = []      # times of the first TIMED runs of the own plan
         self.misses = 0      # calls in a row in which the own plan did not run
         self.dropped = None  # why the own plan was dropped
-        self.step = type(owner)(types.MethodType(type(opt).step, opt), warmup=0, arena=owner._arena,
-                                verify_every=owner._verify_every, mode="replay",
-                                backend=owner._backend if owner._backend_asked else None,
-                                numerics=owner._numerics)
-        self.step._quiet, self.step._param_hooks = True, False
-        _live_steps.discard(self.step)   # its calls are the sync-point step's, not the user's
-        self.step._retire.detach()
+        self.step = None     # the CompiledStep, once ready
 
     def ready(self) -> bool:
-        return self.step is not None and len(self.stretch_s) >= STRETCHES_FIRST
+        if self.dropped is not None or len(self.stretch_s) < STRETCHES_FIRST:
+            return False
+        if self.step is None:
+            import types
+            owner = self._owner()
+            self.step = type(owner)(types.MethodType(type(self.opt).step, self.opt), warmup=0, arena=owner._arena,
+                                    verify_every=owner._verify_every, mode="replay",
+                                    backend=owner._backend if owner._backend_asked else None,
+                                    numerics=owner._numerics)
+            self.step._quiet, self.step._param_hooks = True, False
+            _live_steps.discard(self.step)   # its calls are the sync-point step's, not the user's
+            self.step._retire.detach()
+        return True
 
     def stretch_ran(self, seconds):
         if len(self.stretch_s) < STRETCHES_FIRST:
@@ -259,7 +266,7 @@ class OwnPlans:
     def of(self, opt):
         own = self._by_id.get(id(opt))
         if own is None:
-            own = self._by_id[id(opt)] = OwnPlan(self._owner(), opt)
+            own = self._by_id[id(opt)] = OwnPlan(self._owner, opt)
         return own
 
     def keep(self, optimizers):
