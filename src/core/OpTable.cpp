@@ -551,6 +551,8 @@ constexpr OpTableEntry kByKind[] = {
     opaque("aten::linalg_qr", kFactorization),
     opaque("aten::lstm", kRecurrent),
     opaque("aten::masked_select", kDataDependentShape),
+    opaque("aten::mkldnn_rnn_layer", kRecurrent),           // nn.LSTM's CPU kernel (torch 2.x)
+    opaque("aten::mkldnn_rnn_layer_backward", kRecurrent),
     opaque("aten::nonzero", kDataDependentShape),
     opaque("aten::record_stream",
            "stream bookkeeping for the caching allocator: no data is computed or moved"),
@@ -569,7 +571,7 @@ constexpr OpTableEntry kByKind[] = {
 };
 
 // Rows in the table. A change here is a deliberate edit of the registry (see ckernel_test).
-constexpr std::size_t kOpCount = 475;
+constexpr std::size_t kOpCount = 477;
 static_assert(std::size(kByKind) == kOpCount, "update kOpCount with the rows you add or remove");
 
 constexpr bool by_name(const OpTableEntry& a, const OpTableEntry& b) { return a.name < b.name; }

@@ -713,6 +713,10 @@ PYBIND11_MODULE(_crucible_ext, m) {
                                          const std::string& runs_on) {
     return vessel::plan_build_like(plan, form, to_sources(s), runs_on);
   }, py::arg("plan"), py::arg("form"), py::arg("sources"), py::arg("runs_on") = "");
+  m.def("plan_build_pair", [to_sources](std::int64_t a, std::int64_t b, const SourceTuples& sa, const SourceTuples& sb,
+                                         const std::string& runs_on) {
+    return vessel::plan_build_pair(a, b, to_sources(sa), to_sources(sb), runs_on);
+  }, py::arg("a"), py::arg("b"), py::arg("sources_a"), py::arg("sources_b"), py::arg("runs_on") = "");
   m.def("plan_build_sync_like", [to_sources](std::int64_t plan, std::int64_t form, const SourceTuples& s) {
     return vessel::plan_build_sync_like(plan, form, to_sources(s));
   });

@@ -35,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "crucible/core/ContentHash.h"
+#include "crucible/core/OpTable.h"
 
 namespace crucible::vessel {
 namespace replay {
@@ -256,6 +257,9 @@ class FormBuilder {
           slot_meta_[out.slot] = std::string(c10::toString(t.scalar_type())) + dims(t.sizes()) + dims(t.strides());
         f.slot_sizes.resize(f.num_slots);
         f.slot_sizes[out.slot] = op_time_sizes(t);
+        f.slot_strides.resize(f.num_slots);
+        if (t.defined() && t.layout() == at::kStrided && t.sizes() == c10::IntArrayRef(f.slot_sizes[out.slot]))
+          f.slot_strides[out.slot] = t.strides().vec();
         slot_whole_[out.slot] = t.defined() && t.layout() == at::kStrided && t.has_storage() && t.storage_offset() == 0 &&
                                 t.is_non_overlapping_and_dense() &&
                                 t.storage().nbytes() == static_cast<std::size_t>(t.numel()) * t.element_size();
@@ -266,10 +270,13 @@ class FormBuilder {
         out.count = static_cast<std::uint32_t>(list.size());
         f.num_slots += out.count;
         f.slot_sizes.resize(f.num_slots);
+        f.slot_strides.resize(f.num_slots);
         for (std::size_t e = 0; e < list.size(); ++e) {
           const at::Tensor t = list.get(e);
           if (t.defined()) define(t, Ref{Ref::Slot, out.slot + static_cast<std::uint32_t>(e)});
           f.slot_sizes[out.slot + e] = op_time_sizes(t);
+          if (t.defined() && t.layout() == at::kStrided && t.sizes() == c10::IntArrayRef(f.slot_sizes[out.slot + e]))
+            f.slot_strides[out.slot + e] = t.strides().vec();
         }
       }
       o.outs.push_back(out);
@@ -383,6 +390,8 @@ class FormBuilder {
 
   void finish() {
     slot_whole_.resize(f.num_slots, 0);
+    f.slot_sizes.resize(f.num_slots);
+    f.slot_strides.resize(f.num_slots);
     elide_grad_copies();
     eliminate_dead_ops();
     // Slot lifetimes: a slot is released after its last use (views keep their base).
@@ -1025,6 +1034,25 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const st
   return at::Tensor();
 }
 
+// Note [Bound sizes]: the results of op k of a plan bound to new sizes against the sizes and
+// strides its form predicts for them.
+void check_bound_sizes(const Form& f, std::size_t k, const OutT& out, const std::vector<at::Tensor>& slots) {
+  for (std::uint32_t s = out.slot; s < out.slot + out.count; ++s) {
+    const at::Tensor& t = slots[s];
+    if (!t.defined() || s >= f.slot_sizes.size()) continue;
+    const bool sizes_ok = t.sizes() == c10::IntArrayRef(f.slot_sizes[s]);
+    const bool strides_ok = s >= f.slot_strides.size() || f.slot_strides[s].empty() || t.layout() != at::kStrided ||
+                            t.strides() == c10::IntArrayRef(f.slot_strides[s]);
+    TORCH_CHECK(sizes_ok && strides_ok, "crucible: a plan bound to new sizes without a recorded call expected ",
+                describe_op(f.ops[k], k), " to make a tensor of sizes ", dims(f.slot_sizes[s]),
+                s < f.slot_strides.size() && !f.slot_strides[s].empty() ? " strides " + dims(f.slot_strides[s]) : "",
+                ", and ATen made ", dims(t.sizes()), " strides ", dims(t.strides()),
+                ": the step's sizes are not the functions of its arguments' sizes that two recorded sizes "
+                "suggested. The call stopped at that op (the ops before it ran, as eagerly). Please report "
+                "this; crucible.compile(step, new_sizes=\"record\") records every new size instead.");
+  }
+}
+
 void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
                std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars) {
   const Form& f = *p.form;
@@ -1080,6 +1108,7 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
                     " tensors in the plan, ", out.count, " when captured");
         for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
       }
+      if (p.check_sizes && out.kind != OutT::Ignore) check_bound_sizes(f, k, out, slots);
     }
     for (std::uint32_t s : own_release ? p.sync_release[k] : o.release) slots[s].reset();
   }
@@ -1216,15 +1245,17 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   c10::AutoGradMode restore(c10::GradMode::is_enabled());
   std::vector<at::Tensor>& slots = p->slots;
   slots.assign(f.num_slots, at::Tensor());
+  // A .grad the step discards unread (zero_grad(set_to_none=True) at its start) and replaces
+  // (a grad binding sets the new one after the run) is dropped before the run, as eager drops
+  // it before its backward: its memory can then serve the new gradient (ExecReplay's outputs
+  // of the last run) when nothing else holds it, and a run that fails part way (an index past a
+  // table at a bound size) leaves no .grad, as eager's call would. One the step leaves alone
+  // stays.
+  for (const Form::GradPre& gp : f.grad_pre)
+    if (gp.state == Form::GradPre::Unread &&
+        std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
+      p->run_exts[gp.ext].mutable_grad().reset();
   if (p->exec != nullptr) {
-    // A .grad the step discards unread (zero_grad(set_to_none=True) at its start) and replaces
-    // (a grad binding sets the new one after the run) is dropped before the run, as eager drops
-    // it before its backward: its memory can then serve the new gradient (ExecReplay's outputs
-    // of the last run) when nothing else holds it. One the step leaves alone stays.
-    for (const Form::GradPre& gp : f.grad_pre)
-      if (gp.state == Form::GradPre::Unread &&
-          std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
-        p->run_exts[gp.ext].mutable_grad().reset();
     try {
       p->exec->run(f, p->run_exts, slots, args, scalars);
     } catch (...) {
@@ -1265,6 +1296,7 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     if (mismatch) settle_arena(*p, alive, false);
     else ++p->arena_runs;
   }
+  p->check_sizes = false;  // Note [Bound sizes]: one run made every result as predicted
   p->runs.fetch_add(1, std::memory_order_relaxed);
   registry().runs.fetch_add(1, std::memory_order_relaxed);
   p->recorded.reset();  // Note [Gradient bindings]: its gradients go with the first run
@@ -1612,12 +1644,371 @@ Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSour
 }
 }  // namespace replay
 
+namespace {
+// Note [Bound sizes]: a recorded form at other sizes that plan `id`'s form repeats.
+void set_sibling(std::int64_t id, std::shared_ptr<const Form> f) {
+  auto p = get_plan(id);
+  BusyLock hold(*p);
+  if (p->sibling == nullptr) p->sibling = std::move(f);
+}
+}  // namespace
+
 std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
                              const std::string& runs_on) {
   const auto t0 = std::chrono::steady_clock::now();
   auto b = get_form(form);
   Like r = compare_like(plan, *b, sources, false);
-  return plan_of(*r.a, r.exts, b, std::move(r.patches), sources, runs_on, t0);
+  const std::int64_t id = plan_of(*r.a, r.exts, b, std::move(r.patches), sources, runs_on, t0);
+  set_sibling(id, r.a);
+  return id;
+}
+
+std::int64_t plan_build_pair(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                             const std::vector<ScalarSource>& sources_b, const std::string& runs_on) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [a, b] = forms_of(form_a, form_b, sources_a, sources_b);
+  SizeSymbols syms;
+  std::string why = size_symbols(*a, *b, syms);
+  std::vector<Patch> patches;
+  if (why.empty())
+    why = compare_forms(*a, *b, &sources_a, &sources_b, &patches, nullptr, nullptr, nullptr, nullptr, &syms);
+  if (!why.empty()) throw std::runtime_error(why);
+  const std::int64_t id = plan_of(*a, a->exts, b, std::move(patches), sources_b, runs_on, t0);
+  set_sibling(id, a);
+  return id;
+}
+
+// Note [Bound sizes]: a whole-step plan for new sizes without recording a call. Two plans of
+// one size family — t recorded at some sizes, d derived from one call at others (Note [Size
+// families]) — repeat each other op for op; every integer of their forms (op arguments, view
+// geometry, result sizes and strides, argument metadata) is either equal in both, a constant, or
+// explained by the argument sizes that differ with a one-parameter fit (S + d, c*S, c*S*T). The
+// plan for sizes C is d's form with each explained integer evaluated at C: all fits that explain
+// it must give one integer there, else C is refused (a size of 13 where the fit is S/2). This is
+// only sound where the step's sizes are such functions of its arguments' sizes:
+//   - Python's decisions on sizes are guarded by crucible.compile (Note [Symbolic sizes] in
+//     _sizes.py): the plan is asked for only when every size Python read, compared or computed
+//     holds at C as it held when recorded;
+//   - ATen's own size arithmetic is linear or a product (pointwise, matmul, reductions, views,
+//     cat, norms, losses, optimizers) for every op of the form; a form with an op that divides or
+//     rounds sizes (convolution, pooling, chunk, split by size, unfold, an arange with a step, an
+//     FFT), an op the op table does not know, or one whose sizes depend on data is not bound
+//     (`unbound_op` says which);
+//   - the first run checks every result's sizes and strides against the form's (run_range); a
+//     mismatch stops the call with an error naming the op (never observed: it needs a size
+//     function outside the fits that still fits both recorded sizes).
+// The bound plan runs its ATen ops (no exec stage: that is planned from a recorded call), with
+// d's patch points, persistent tensors, gradient bindings and scalar sources.
+namespace {
+// The value at sizes `c` of an integer that was x at the symbols' first values and y at their
+// second: every fit of size_explained that holds must give the same integer, else none.
+std::optional<std::int64_t> size_at(std::int64_t x, std::int64_t y, const SizeSymbols& syms,
+                                     const std::vector<std::int64_t>& c) {
+  if (x == y) return x;
+  if (x > kMaxSize || x < -kMaxSize || y > kMaxSize || y < -kMaxSize) return std::nullopt;
+  using W = __int128;
+  std::optional<W> v;
+  bool bad = false;
+  auto take = [&](W num, W den) {
+    if (den == 0 || num % den != 0) {
+      bad = true;
+      return;
+    }
+    const W q = num / den;
+    if (q > kMaxSize || q < -kMaxSize || (v && *v != q)) bad = true;
+    v = q;
+  };
+  for (std::size_t i = 0; i < syms.size(); ++i) {
+    const auto [a, b] = syms[i];
+    if (x - a == y - b) take(W(c[i]) + (x - a), 1);
+    if (W(x) * b == W(y) * a) take(W(x) * c[i], a);
+    for (std::size_t j = i; j < syms.size(); ++j) {
+      const auto [e, g] = syms[j];
+      if (W(x) * b * g == W(y) * a * e) take(W(x) * c[i] * c[j], W(a) * e);
+    }
+  }
+  if (bad || !v) return std::nullopt;
+  return static_cast<std::int64_t>(*v);
+}
+
+bool ints_at(c10::IntArrayRef x, c10::IntArrayRef y, const SizeSymbols& syms, const std::vector<std::int64_t>& c,
+             std::vector<std::int64_t>& out) {
+  if (x.size() != y.size()) return false;
+  out.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto v = size_at(x[i], y[i], syms, c);
+    if (!v) return false;
+    out[i] = *v;
+  }
+  return true;
+}
+
+// Why the sizes of form f's results are not all linear functions or products of its arguments'
+// sizes and integer arguments as ATen computes them ("" when they are).
+// Note [Bound sizes]: the sizes ATen gives the result of a convolution or a pooling op (their
+// one division and rounding), from its input's and its arguments; nullopt for other ops.
+std::optional<std::vector<std::int64_t>> window_sizes(const OpT& o, const std::vector<std::int64_t>& in,
+                                                      const std::vector<std::int64_t>* weight) {
+  const std::string name = op_name(o.op);
+  auto ints = [&](std::size_t i) -> std::vector<std::int64_t> {
+    if (i >= o.args.size() || o.args[i].kind != ArgT::Const || !o.args[i].value.isIntList()) return {};
+    return o.args[i].value.toIntVector();
+  };
+  auto at = [](const std::vector<std::int64_t>& v, std::size_t d, std::int64_t dflt) {
+    return v.empty() ? dflt : v.size() == 1 ? v[0] : d < v.size() ? v[d] : dflt;
+  };
+  std::vector<std::int64_t> out;
+  if (name == "aten::convolution" && weight != nullptr && in.size() >= 3 && weight->size() == in.size()) {
+    const auto stride = ints(3), pad = ints(4), dil = ints(5), opad = ints(7);
+    const bool transposed = o.args.size() > 6 && o.args[6].value.isBool() && o.args[6].value.toBool();
+    const std::int64_t groups = o.args.size() > 8 && o.args[8].value.isInt() ? o.args[8].value.toInt() : 1;
+    out = {in[0], transposed ? (*weight)[1] * groups : (*weight)[0]};
+    for (std::size_t d = 0; d + 2 < in.size(); ++d) {
+      const std::int64_t k = (*weight)[d + 2], s = at(stride, d, 1), p = at(pad, d, 0), dl = at(dil, d, 1);
+      if (s <= 0) return std::nullopt;
+      out.push_back(transposed ? (in[d + 2] - 1) * s - 2 * p + dl * (k - 1) + at(opad, d, 0) + 1
+                               : (in[d + 2] + 2 * p - dl * (k - 1) - 1) / s + 1);
+    }
+    return out;
+  }
+  const bool maxp = name == "aten::max_pool2d_with_indices" || name == "aten::max_pool2d";
+  const bool avgp = name == "aten::avg_pool2d";
+  if ((maxp || avgp) && (in.size() == 3 || in.size() == 4)) {
+    const auto kernel = ints(1), stride_a = ints(2), pad = ints(3);
+    const auto dil = maxp ? ints(4) : std::vector<std::int64_t>{};
+    const std::size_t ci = maxp ? 5 : 4;
+    const bool ceil = o.args.size() > ci && o.args[ci].value.isBool() && o.args[ci].value.toBool();
+    const auto stride = stride_a.empty() ? kernel : stride_a;
+    out.assign(in.begin(), in.end() - 2);
+    for (std::size_t d = 0; d < 2; ++d) {
+      const std::int64_t n = in[in.size() - 2 + d], k = at(kernel, d, 1), s = at(stride, d, 1), p = at(pad, d, 0),
+                         dl = at(dil, d, 1);
+      if (s <= 0) return std::nullopt;
+      const std::int64_t span = n + 2 * p - dl * (k - 1) - 1 + (ceil ? s - 1 : 0);
+      std::int64_t m = span / s + 1;  // ATen's pooling_output_shape
+      if (ceil && (m - 1) * s >= n + p) --m;
+      out.push_back(m);
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+// Ops of the Conv and Pooling kinds whose results' sizes need no division (a backward gives its
+// input's sizes; an adaptive pool its output_size argument): linear like any other.
+bool window_linear(std::string_view base) {
+  return base.find("backward") != std::string_view::npos || base.find("adaptive") != std::string_view::npos;
+}
+
+std::string unbound_op(const Form& f) {
+  static const std::string_view kDivides[] = {"chunk", "unsafe_chunk", "split", "unsafe_split", "tensor_split",
+                                              "unfold", "unfold_backward", "im2col", "col2im", "diagonal",
+                                              "diag", "tril_indices", "triu_indices", "set_",
+                                              "_pack_padded_sequence", "_pad_packed_sequence", "stft", "istft"};
+  for (std::size_t k = 0; k < f.ops.size(); ++k) {
+    const OpT& o = f.ops[k];
+    const std::string name = op_name(o.op);
+    const std::string_view base = op_base_name(name);
+    const OpClass c = classify_op(name);
+    std::string why;
+    if (std::none_of(o.outs.begin(), o.outs.end(), [](const OutT& x) { return x.kind != OutT::Ignore; }))
+      continue;  // no tensor result: no sizes
+    const bool windowed = base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" ||
+                          base == "avg_pool2d";   // checked by window_sizes
+    if (((c.kind == CKernel::Conv || c.kind == CKernel::Pooling) && !windowed && !window_linear(base)) ||
+        c.kind == CKernel::Collective)
+      why = "its result's sizes are divided and rounded from its input's";
+    else if (c.kind == CKernel::Opaque && (c.reason == kNotInOpTable || c.reason.find("FFT") != std::string_view::npos ||
+                                           c.reason.find("fft") != std::string_view::npos || o.data_sized))
+      why = std::string("how its result's sizes follow from its input's is not known (") + std::string(c.reason) + ")";
+    else if (base.find("upsample") != std::string_view::npos || base.find("interpolate") != std::string_view::npos ||
+             std::find(std::begin(kDivides), std::end(kDivides), base) != std::end(kDivides))
+      why = "its result's sizes are divided or rounded from its input's or arguments";
+    else if (base == "arange" && o.args.size() >= 3 && o.args[2].kind == ArgT::Const &&
+             !(o.args[2].value.isInt() && (o.args[2].value.toInt() == 1 || o.args[2].value.toInt() == -1)) &&
+             (o.args[2].value.isInt() || o.args[2].value.isDouble()))
+      why = "an arange with a step: its length is a rounded division";
+    if (!why.empty()) return describe_op(o, k) + ": " + why;
+  }
+  return "";
+}
+}  // namespace
+
+std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pd = get_plan(plan);
+  std::shared_ptr<const Form> fa, fb;
+  std::vector<at::Tensor> run_exts;
+  std::vector<Patch> patches;
+  std::vector<ScalarSource> sources;
+  std::vector<std::uint32_t> constants;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> grad_binds;
+  std::vector<at::Tensor> grad_idle;
+  std::vector<std::uint32_t> grad_alias;
+  {
+    BusyLock hd(*pd);
+    if (pd->sync) throw std::runtime_error("a sync-point plan runs its Python: its sizes are not bound");
+    if (pd->sibling == nullptr) throw std::runtime_error("the plan has no recorded call at other sizes");
+    fa = pd->sibling;
+    fb = pd->form;
+    run_exts = pd->run_exts;
+    patches = pd->patches;
+    sources = pd->build_sources;
+    constants = pd->constants;
+    grad_binds = pd->grad_binds;
+    grad_idle = pd->grad_idle;
+    grad_alias = pd->grad_alias;
+  }
+  const Form& a = *fa;
+  const Form& b = *fb;
+  // The symbols: the argument dimensions the two plans differ in, with their values at C.
+  SizeSymbols syms;
+  std::string why = size_symbols(a, b, syms);
+  if (!why.empty()) throw std::runtime_error(why);
+  std::vector<std::int64_t> c;
+  if (args.size() != b.arg_meta.size())
+    throw std::runtime_error("the step takes another number of tensor arguments");
+  for (std::size_t j = 0; j < b.arg_meta.size(); ++j) {
+    const ArgMeta& x = a.arg_meta[j];
+    const ArgMeta& y = b.arg_meta[j];
+    const at::Tensor& t = args[j];
+    if (!t.defined() || t.dim() != static_cast<std::int64_t>(y.sizes.size()) || t.scalar_type() != y.dtype ||
+        t.device() != y.device)
+      throw std::runtime_error("step argument " + std::to_string(j) + " has another rank, dtype or device");
+    for (std::size_t d = 0; d < y.sizes.size(); ++d) {
+      const std::int64_t s = t.size(static_cast<std::int64_t>(d));
+      if (x.sizes[d] == y.sizes[d]) {
+        if (s != y.sizes[d])
+          throw std::runtime_error("step argument " + std::to_string(j) + " dimension " + std::to_string(d) +
+                                   " is " + std::to_string(s) + ", and " + std::to_string(y.sizes[d]) +
+                                   " in both recorded sizes");
+        continue;
+      }
+      if (s < 2 || s > kMaxSize)
+        throw std::runtime_error("step argument " + std::to_string(j) + " dimension " + std::to_string(d) + " is " +
+                                 std::to_string(s) + " (sizes 0 and 1 are specialized, and none past 2^40)");
+      c.push_back(s);
+    }
+  }
+  // The form of C: d's with every integer the fits explain evaluated at C.
+  auto g = std::make_shared<Form>(b);
+  auto fail = [](const std::string& what) {
+    throw std::runtime_error(what + " has no single integer value at these sizes from the recorded two");
+  };
+  if (a.ops.size() != b.ops.size() || a.views.size() != b.views.size() || a.num_slots != b.num_slots ||
+      a.slot_sizes.size() != b.slot_sizes.size() || a.slot_strides.size() != b.slot_strides.size())
+    throw std::runtime_error("the two plans are not of one step");
+  why = unbound_op(b);
+  if (!why.empty()) throw std::runtime_error(why);
+  std::vector<std::int64_t> tmp;
+  for (std::size_t k = 0; k < b.ops.size(); ++k) {
+    const OpT& x = a.ops[k];
+    OpT& y = g->ops[k];
+    if (op_name(x.op) != op_name(y.op) || x.args.size() != y.args.size())
+      throw std::runtime_error("the two plans are not of one step");
+    for (std::size_t i = 0; i < y.args.size(); ++i) {
+      if (x.arg_sig[i] == y.arg_sig[i] || y.args[i].kind != ArgT::Const) continue;
+      if (std::any_of(patches.begin(), patches.end(), [&](const Patch& q) { return q.ext < 0 && q.op == k && q.arg == i; }))
+        continue;  // a patch point: each run's value comes from its source
+      const c10::IValue& u = x.args[i].value;
+      const c10::IValue& v = y.args[i].value;
+      if (u.isInt() && v.isInt()) {
+        const auto z = size_at(u.toInt(), v.toInt(), syms, c);
+        if (!z) fail(describe_op(y, k) + " argument '" + arg_name(y, i) + "'");
+        y.args[i].value = c10::IValue(*z);
+      } else if (u.isIntList() && v.isIntList()) {
+        if (!ints_at(u.toIntVector(), v.toIntVector(), syms, c, tmp))
+          fail(describe_op(y, k) + " argument '" + arg_name(y, i) + "'");
+        y.args[i].value = c10::IValue(tmp);
+      } else {
+        throw std::runtime_error(describe_op(y, k) + " argument '" + arg_name(y, i) +
+                                 "' differs between the two plans and is no size");
+      }
+      y.arg_sig[i].clear();
+      const_text(y.args[i].value, y.arg_sig[i]);
+    }
+  }
+  for (std::size_t v = 0; v < b.views.size(); ++v) {
+    const ViewSpec& x = a.views[v];
+    ViewSpec& y = g->views[v];
+    const auto off = size_at(x.offset_delta, y.offset_delta, syms, c);
+    if (!ints_at(x.sizes, y.sizes, syms, c, y.sizes) || !ints_at(x.strides, y.strides, syms, c, y.strides) || !off)
+      fail("view " + std::to_string(v));
+    y.offset_delta = *off;
+  }
+  for (std::size_t s = 0; s < b.slot_sizes.size(); ++s) {
+    if (!ints_at(a.slot_sizes[s], b.slot_sizes[s], syms, c, g->slot_sizes[s])) fail("result " + std::to_string(s));
+    if (a.slot_strides[s].empty() || b.slot_strides[s].empty()) {
+      g->slot_strides[s].clear();
+    } else if (!ints_at(a.slot_strides[s], b.slot_strides[s], syms, c, g->slot_strides[s])) {
+      fail("result " + std::to_string(s) + "'s strides");
+    }
+  }
+  // Convolutions and pooling: the sizes their one division gives at C must be the fitted ones.
+  auto sizes_of = [&](Ref r) -> const std::vector<std::int64_t>* {
+    static thread_local std::vector<std::int64_t> arg;
+    switch (r.kind) {
+      case Ref::Slot: return r.idx < g->slot_sizes.size() ? &g->slot_sizes[r.idx] : nullptr;
+      case Ref::View: return &g->views[r.idx].sizes;
+      case Ref::Arg: arg = args[r.idx].sizes().vec(); return &arg;
+      case Ref::Ext: arg = g->exts[r.idx].sizes().vec(); return &arg;
+      case Ref::None: return nullptr;
+    }
+    return nullptr;
+  };
+  for (std::size_t k = 0; k < g->ops.size(); ++k) {
+    const OpT& o = g->ops[k];
+    if (o.args.empty() || o.args[0].kind != ArgT::Tensor || o.outs.empty() || o.outs[0].kind != OutT::Tensor) continue;
+    const std::vector<std::int64_t>* in = sizes_of(o.args[0].refs[0]);
+    if (in == nullptr) continue;
+    const std::vector<std::int64_t> input = *in;
+    std::optional<std::vector<std::int64_t>> weight;
+    if (o.args.size() > 1 && o.args[1].kind == ArgT::Tensor)
+      if (const std::vector<std::int64_t>* w = sizes_of(o.args[1].refs[0])) weight = *w;
+    const auto want = window_sizes(o, input, weight ? &*weight : nullptr);
+    if (!want) continue;
+    const std::vector<std::int64_t>& got = g->slot_sizes[o.outs[0].slot];
+    if (*want != got)
+      throw std::runtime_error(describe_op(o, k) + " makes " + dims(*want) + " at these sizes, where the recorded "
+                               "sizes suggest " + dims(got) + " (a rounded division)");
+  }
+  for (std::size_t j = 0; j < b.arg_meta.size(); ++j) {
+    ArgMeta& m = g->arg_meta[j];
+    if (!ints_at(a.arg_meta[j].strides, b.arg_meta[j].strides, syms, c, m.strides))
+      fail("step argument " + std::to_string(j) + "'s strides");
+    m.sizes = args[j].sizes().vec();
+    if (args[j].strides() != c10::IntArrayRef(m.strides))
+      throw std::runtime_error("step argument " + std::to_string(j) + " has strides " + dims(args[j].strides()) +
+                               " where the recorded sizes had " + dims(m.strides) + " at these sizes");
+  }
+  g->tail_sig = tail_text(*g, true);
+  g->hash = hash_ops(g->ops, nullptr, {g->tail_sig});
+  auto p = std::make_shared<Plan>();
+  p->key = [&] {
+    ContentHasher h;
+    const ContentHash k = plan_key(*g, patches);
+    h.update_u64(k.lo);
+    h.update_u64(k.hi);
+    h.update_string("bound");
+    return h.digest();
+  }();
+  p->patches = std::move(patches);
+  p->form = std::move(g);
+  // d's persistent tensors (rebound ones included); its Python numbers the plan's own copies
+  for (std::size_t e = 0; e < run_exts.size(); ++e)
+    if (run_exts[e].unsafeGetTensorImpl()->is_wrapped_number()) run_exts[e] = p->form->exts[e];
+  p->run_exts = std::move(run_exts);
+  p->constants = std::move(constants);
+  p->grad_binds = std::move(grad_binds);
+  p->grad_idle = std::move(grad_idle);
+  p->grad_alias = std::move(grad_alias);
+  index_patches(*p);
+  snapshot_exts(*p);
+  p->build_sources = std::move(sources);
+  p->check_sizes = true;
+  p->sibling = fb;
+  p->exec_note = "sizes bound without a recorded call (Note [Bound sizes]): the plan runs its ATen ops";
+  return register_plan(std::move(p), t0);
 }
 
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
@@ -1798,6 +2189,8 @@ TORCH_LIBRARY(crucible, m) {
   m.def("note_grads(Tensor[] params) -> ()", &crucible::vessel::note_grads_op);
   m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
   m.def("run(int plan, Tensor[] args, float[] scalars) -> Tensor[]", &crucible::vessel::run_op);
+  m.def("plan_bind_sizes(int plan, Tensor[] args) -> int",
+        &crucible::vessel::plan_bind_sizes);
   m.def("capture_mark(int kind, int tag, bool retain_graph, Tensor[] roots, Tensor[] seeds) -> ()",
         &crucible::vessel::capture_mark_op);
 }

@@ -83,6 +83,12 @@ std::int64_t plan_build(std::int64_t form_a, std::int64_t form_b, const std::vec
 // points stay patch points. Throws std::runtime_error with the first difference otherwise.
 std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources,
                              const std::string& runs_on = "");
+// Note [Size families]: the plan of form b from two captured calls of one size family at
+// different sizes (the first call of each of two sizes, before either has a plan): b must
+// repeat a at its own sizes as plan_build_like's call repeats its plan; scalars that differ and
+// are fed by a source become patch points.
+std::int64_t plan_build_pair(std::int64_t form_a, std::int64_t form_b, const std::vector<ScalarSource>& sources_a,
+                             const std::vector<ScalarSource>& sources_b, const std::string& runs_on = "");
 void plan_release(std::int64_t plan);
 
 // Note [Sync-point execution] (Sync.cpp). A sync-point plan: built like plan_build, except

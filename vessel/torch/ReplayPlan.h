@@ -112,6 +112,10 @@ struct Form {
   // them: an op whose output size depends on data, nonzero or a boolean mask, takes the call
   // off the plan when it differs).
   std::vector<std::vector<std::int64_t>> slot_sizes;
+  // Per slot: its strides as recorded, where its sizes at the end of the call were still those
+  // of its op (else empty): what a plan bound to new sizes checks on its first run (Note
+  // [Bound sizes], Replay.cpp).
+  std::vector<std::vector<std::int64_t>> slot_strides;
   std::vector<ArgMeta> arg_meta;
   std::string tail_sig;  // externals' metadata, views, outputs, grad bindings, arguments
   ContentHash hash;
@@ -197,6 +201,12 @@ struct Plan {
   std::vector<std::uint32_t> grad_alias;   // per grad_binds: the first binding recorded on its storage
   absl::flat_hash_set<const c10::StorageImpl*> persistent;  // the storages ext_snap pins
   int refs = 1;                          // plan_build calls that returned this plan (registry mutex)
+  // Note [Bound sizes] (Replay.cpp): a plan bound to new sizes without a recorded call checks
+  // every result's sizes and strides against its form until one run has passed.
+  bool check_sizes = false;
+  // A recorded form at other sizes that this plan's form repeats op for op (Note [Size
+  // families]): what plan_bind_sizes binds new sizes from, beside the plan's own form.
+  std::shared_ptr<const Form> sibling;
   // The static arena (ReplayArena.h): planned from the first run's allocations.
   enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
   ArenaPlan arena;
@@ -305,3 +315,11 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
                std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars);
 
 }  // namespace crucible::vessel::replay
+
+namespace crucible::vessel {
+// Note [Bound sizes] (Replay.cpp): a whole-step plan for the sizes of `args` without a
+// recorded call, from a plan with a sibling (a recorded form at other sizes it repeats, Note
+// [Size families]): the plan's form with every integer the argument sizes explain evaluated at
+// these sizes. Throws std::runtime_error with the reason when they cannot be bound.
+std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args);
+}  // namespace crucible::vessel

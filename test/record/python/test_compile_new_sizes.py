@@ -43,9 +43,12 @@ def test_compile_compiles_every_new_size_at_once():
     assert st["size_waits"] == 0, st
 
 
-def test_auto_compiles_two_sizes_then_a_new_size_runs_eagerly_first():
+def test_auto_compiles_two_sizes_then_a_new_size_runs_eagerly_first(monkeypatch):
     # Sizes 8 and 12 compile at once; the first call at 16 runs eagerly (at least one, to time
     # an eager call of the size; how many more wait depends on measured times, not asserted).
+    # Binding a size without a recorded call (Note [Bound sizes]) is turned off here: the rental
+    # is what a size that cannot be bound goes through.
+    monkeypatch.setattr(ccompile.CompiledStep, "_bind_sizes", lambda self, e, tensors: None)
     sizes = [8] * 4 + [12] * 4 + [16] * 3
     s, ref = models.make("mlp"), models.make("mlp")
     step, eager = crucible.compile(step_of(s), new_sizes="auto"), step_of(ref)
@@ -112,7 +115,7 @@ def test_families_are_signatures_that_differ_only_in_sizes():
 
 
 def test_new_sizes_is_checked():
-    with pytest.raises(crucible.CrucibleValueError, match="new_sizes must be one of auto, compile"):
+    with pytest.raises(crucible.CrucibleValueError, match="new_sizes must be one of auto, compile, record"):
         crucible.compile(lambda: None, new_sizes="never")
     with pytest.raises(crucible.CrucibleTypeError, match="new_sizes must be a string"):
         crucible.compile(lambda: None, new_sizes=2)
@@ -150,7 +153,7 @@ def images(n, g):
     return torch.randn(2, 3, n, n, generator=g), torch.randint(0, 10, (2,), generator=g)
 
 
-def run_family(make_model, batch, sizes, tail=None, **kw):
+def run_family(make_model, batch, sizes, tail=None, new_sizes="compile", **kw):
     """A model + AdamW step over batches of the given sizes, compiled and eager on twins built
     alike (dropout reseeded alike before each call); every loss and the final state compared bit
     for bit. tail(out, x): a term the step adds to the loss. Returns the compiled step."""
@@ -173,7 +176,7 @@ def run_family(make_model, batch, sizes, tail=None, **kw):
             return loss
         return step
 
-    step = crucible.compile(step_for(models_[0], opts[0]), new_sizes="compile", **kw)
+    step = crucible.compile(step_for(models_[0], opts[0]), new_sizes=new_sizes, **kw)
     eager = step_for(models_[1], opts[1])
     g = torch.Generator().manual_seed(3)
     for i, n in enumerate(sizes):
@@ -188,13 +191,14 @@ def run_family(make_model, batch, sizes, tail=None, **kw):
 def test_a_new_size_compiles_from_one_recorded_call(name):
     # The first size records twice (a plan is two calls that agree); every later size records
     # once: its call repeats the first size's plan at its own sizes, so it is a plan at once.
+    # new_sizes="record": no size is bound without a recorded call (Note [Bound sizes], below).
     make_model, batch, sizes = {
         "transformer2": (models.SmallTransformer2, tokens, [12, 5, 9, 16, 7]),
         "lstm": (LSTMNet, tokens, [12, 5, 9, 16]),
         "fully_conv": (FullyConv, images, [16, 20, 24, 12]),
     }[name]
     calls = [n for n in sizes for _ in range(3)] + sizes    # each size three times, then each again
-    step = run_family(make_model, batch, calls)
+    step = run_family(make_model, batch, calls, new_sizes="record")
     st = step.stats()
     assert st["plans_built"] == len(sizes), st
     assert st["sizes_derived"] == len(sizes) - 1, (st, step.last_size_miss)
@@ -211,7 +215,8 @@ def test_a_new_size_compiles_from_one_recorded_call(name):
 
 def test_a_new_size_from_one_recorded_call_on_the_replay_backend():
     # The plan's own ATen ops (no exec stage): the same rule, the same bits.
-    step = run_family(models.SmallTransformer2, tokens, [n for n in (12, 6, 15) for _ in range(3)], backend="replay")
+    step = run_family(models.SmallTransformer2, tokens, [n for n in (12, 6, 15) for _ in range(3)], backend="replay",
+                      new_sizes="record")
     st = step.stats()
     assert st["plans_built"] == 3 and st["sizes_derived"] == 2, st
     assert all(p["exec"] == "" for p in step.plans()), step.plans()
@@ -264,7 +269,7 @@ def test_a_new_size_past_the_signature_limit_evicts_the_least_recent_size(monkey
     with warnings.catch_warnings():
         warnings.simplefilter("error", crucible.CrucibleWarning)
         step = run_family(lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), mlp_like,
-                          [n for n in sizes for _ in range(4)] + [8] * 4)
+                          [n for n in sizes for _ in range(4)] + [8] * 4, new_sizes="record")
     st = step.stats()
     # signatures: each size, the warm-up call's (no .grad yet) and size 8 again
     evicted = len(sizes) + 2 - ccompile._MAX_SIGNATURES
@@ -403,3 +408,181 @@ def test_an_integer_a_sync_point_plan_takes_from_each_call_stays_taken_at_a_new_
     assert st["plans_built"] == 2 and st["sizes_derived"] == 1, (st, step.last_size_miss)
     assert st["captures"] == 3 and st["sync_calls"] == 1 + 3, st   # batch 8: call 4; batch 12: calls 6-8
     assert all(p["sync"] for p in step.plans()), step.plans()
+
+
+# -- Note [Bound sizes]: a new size without a recorded call ---------------------------------
+@pytest.mark.parametrize("name", ["transformer2", "fully_conv"])
+def test_later_sizes_are_bound_without_a_recorded_call(name):
+    # The first size records twice, the second once (derived); every later size is bound from the
+    # two: no recorded call, its plan runs at once, eager's bits on every call and in the state.
+    make_model, batch, sizes = {
+        "transformer2": (models.SmallTransformer2, tokens, [12, 5, 9, 16, 7, 15]),
+        "fully_conv": (FullyConv, images, [16, 20, 24, 12, 32]),   # even sizes: H/2 after the stride-2 conv
+    }[name]
+    calls = [n for n in sizes for _ in range(3)] + sizes
+    step = run_family(make_model, batch, calls)
+    st = step.stats()
+    assert st["captures"] == 3, (st, step.last_bind_miss)
+    assert st["sizes_bound"] == len(sizes) - 2, (st, step.last_bind_miss)
+    assert st["plan_runs"] == len(calls) - 1 - st["captures"], st   # the warm-up call runs eagerly
+    plans = step.plans()
+    assert sum(p["bound"] for p in plans) == len(sizes) - 2, plans
+    assert all(p["exec_note"].startswith("sizes bound") for p in plans if p["bound"]), plans
+
+
+def test_two_first_sizes_recorded_once_each_give_a_plan_and_bind_the_rest():
+    # The warm-up call at 12, then 5 and 9 recorded once each: 9's plan is built from the two (Note
+    # [Size families]); every other size, 12 and 5 included, is bound: two recorded calls in all.
+    calls = [12, 5, 9, 16, 7, 12, 5, 9, 16, 7]
+    step = run_family(models.SmallTransformer2, tokens, calls)
+    st = step.stats()
+    assert st["captures"] == 2, (st, step.last_size_miss)
+    assert st["sizes_bound"] == 4, (st, step.last_bind_miss)
+    assert st["plan_runs"] == len(calls) - 3, st
+
+
+def tail_over_10(out, x):
+    return out.square().mean() if x.shape[1] > 10 else out.new_zeros(())
+
+
+def test_a_python_branch_on_a_size_keeps_a_size_on_the_other_side_from_being_bound():
+    # 12 and 14 take the branch, 8 does not: 16 is bound, 8 is recorded (and gets a plan of its
+    # own path), with eager's bits on every call.
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [14] * 2 + [16] * 2 + [8] * 4, tail=tail_over_10)
+    st = step.stats()
+    assert st["sizes_bound"] == 1, (st, step.last_bind_miss)
+    assert "takes the other branch" in step.last_bind_miss, step.last_bind_miss
+    assert st["captures"] == 3 + 2, st   # 12 twice, 14 once; 8 twice (another path)
+
+
+def test_a_size_python_uses_as_a_plain_int_is_never_bound():
+    # int() turns the length into a plain int Crucible cannot follow: no size is bound, each new
+    # size records a call, and every call has eager's bits.
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [14] * 2 + [16] * 2,
+                      tail=lambda out, x: out[:, : int(x.shape[1]) - 1].sum() * 0.0)
+    st = step.stats()
+    assert st["sizes_bound"] == 0 and st["sizes_derived"] == 2, st
+    assert "cannot follow" in step.last_bind_miss and "__int__" in step.last_bind_miss, step.last_bind_miss
+
+
+def test_an_odd_image_size_after_a_stride_two_convolution_is_not_bound():
+    # (H - 1) // 2 + 1 is H / 2 at 16 and 20, but at 17 the plans' fit gives no integer: 17 is
+    # not bound, nor derived (its 9 x 9 maps are no fit of 16 or 20 either): it records twice.
+    # 24 is bound.
+    step = run_family(FullyConv, images, [16] * 3 + [20] * 2 + [17] * 3 + [24] * 2)
+    st = step.stats()
+    assert st["sizes_bound"] == 1 and st["sizes_derived"] == 1 and st["captures"] == 2 + 1 + 2, \
+        (st, step.last_size_miss)
+    assert "no integer value at these sizes" in step.last_bind_miss, step.last_bind_miss
+
+
+def test_an_lstm_whose_workspace_is_no_fit_of_the_length_is_not_bound():
+    # nn.LSTM's CPU kernel keeps a workspace of 8192 * (S + 2) elements: no one-parameter fit of
+    # S gives it, so each length records one call (derived), never bound.
+    step = run_family(LSTMNet, tokens, [12] * 3 + [5] * 2 + [9] * 2)
+    st = step.stats()
+    assert st["sizes_bound"] == 0 and st["sizes_derived"] == 2, st
+    assert "no single integer value" in step.last_bind_miss, step.last_bind_miss
+
+
+def test_new_sizes_record_never_binds():
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [5] * 2 + [9] * 2, new_sizes="record")
+    st = step.stats()
+    assert st["sizes_bound"] == 0 and st["sizes_derived"] == 2, st
+
+
+def test_a_bound_size_past_a_positional_table_fails_as_eager_does():
+    # 8 and 12 give the plans; 20 is bound (arange(S) and the embedding are linear in S) and its
+    # run raises eager's IndexError; zero_grad(set_to_none=True) had dropped .grad, as eager's had.
+    step = run_family(Positional, tokens, [8] * 3 + [12] * 2)
+    x, y = tokens(20, torch.Generator().manual_seed(0))
+    with pytest.raises(IndexError, match="index out of range"):
+        step(x, y)
+    assert step.stats()["sizes_bound"] == 1, step.stats()
+    assert all(p.grad is None for p in step._param_list), "a run that stopped part way left no .grad"
+
+
+# -- Note [Symbolic sizes]: what Python does with sizes while a call is recorded ------------------
+sizes_mod = importlib.import_module("crucible_native._sizes")
+
+
+def logged(fn, *shapes):
+    """fn run on fresh tensors of the given shapes with its size reads logged."""
+    xs = [torch.zeros(s) for s in shapes]
+    log = sizes_mod.start()
+    try:
+        fn(*xs)
+    finally:
+        sizes_mod.stop(log)
+    return log, [tuple(s) for s in shapes]
+
+
+def guard_of(fn, a, b):
+    g, why = sizes_mod.SizeGuard.make(*logged(fn, *a), *logged(fn, *b))
+    assert g is not None, why
+    return g
+
+
+def test_size_arithmetic_and_comparisons_are_guarded():
+    def fn(x):
+        b, s, h = x.shape
+        n = s // 2                       # floor division: guarded to its fit (S/2)
+        if s * b > 40 and 3 < s:         # comparisons, a reflected one too
+            x = x.view(b * s, h)
+        return x[: n * 2 + (s % 2)], 100 - s, -s, abs(s)
+    g = guard_of(fn, [(4, 12, 8)], [(4, 14, 8)])
+    assert g.check([(4, 16, 8)]) is None
+    assert "(floordiv) is 6 at these sizes, where the recorded sizes give no integer" in g.check([(4, 13, 8)])
+    assert "(8 gt 40) and takes the other branch" in g.check([(4, 2, 8)])
+    assert "dimension 0 is 1, and 4 in both recorded sizes" in g.check([(1, 20, 8)])
+
+
+def test_a_size_that_escapes_rules_binding_out_when_it_varies():
+    for use in (int, float, hash, str, lambda s: s / 2, lambda s: s << 1, lambda s: [0] * s):
+        def fn(x, use=use):
+            use(x.shape[1])
+        g, why = sizes_mod.SizeGuard.make(*logged(fn, (2, 12)), *logged(fn, (2, 14)))
+        assert g is None and "cannot follow" in why, (use, why)
+        # the same use of a dimension that does not vary: a constant, checked at new sizes
+        def fn0(x, use=use):
+            use(x.shape[0])
+        g = guard_of(fn0, [(2, 12)], [(2, 14)])
+        assert g.check([(2, 16)]) is None
+        assert "dimension 0 is 3" in g.check([(3, 16)])
+
+
+def test_every_size_accessor_is_logged_and_restored():
+    names = ("shape", "size", "stride", "numel", "nelement", "storage_offset", "__len__")
+    before = {n: torch.Tensor.__dict__.get(n) for n in names}
+    numel = torch.numel
+
+    def fn(x):
+        return (x.shape[0], x.size()[1], x.size(1), x.stride(0), x.stride()[0], x.numel(), x.nelement(),
+                x.storage_offset(), torch.numel(x), len(x))
+    log, _ = logged(fn, (3, 5))
+    kinds = [d[1] for d in log.nodes if d[0] == "read"]
+    for k in ("shape", "size", "stride", "numel", "offset", "len"):
+        assert k in kinds, (k, kinds)
+    assert ("esc", next(i for i, d in enumerate(log.nodes) if d[:2] == ("read", "len")), "len") in log.events
+    assert {n: torch.Tensor.__dict__.get(n) for n in names} == before and torch.numel is numel
+    assert type(torch.zeros(2, 3).shape[0]) is int, "sizes outside a capture are plain ints"
+
+
+def test_only_the_capturing_thread_is_logged_and_copies_are_plain_ints():
+    import copy
+    import pickle
+    import threading
+    seen = []
+    log = sizes_mod.start()
+    try:
+        s = torch.zeros(4, 6).shape[1]
+        t = threading.Thread(target=lambda: seen.append(type(torch.zeros(2).shape[0])))
+        t.start()
+        t.join()
+        assert type(copy.copy(s)) is int and type(pickle.loads(pickle.dumps(s))) is int
+    finally:
+        sizes_mod.stop(log)
+    assert seen == [int], "another thread's reads are plain ints"
+    assert s + 1 == 7 and s * 2 == 12   # after the capture, an int like any other, logging nothing
+    assert len(log.nodes) == 2, log.nodes   # .shape read both dimensions
+    assert [e[2] for e in log.events] == ["copy", "pickle"], log.events

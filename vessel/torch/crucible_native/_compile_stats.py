@@ -7,7 +7,8 @@ _lock = threading.Lock()
 COUNTERS = ("calls", "plan_runs", "eager_calls", "captures", "plans_built", "guard_misses",
              "guard_failures", "plan_updates", "hyper_learned", "rebinds", "replans",
              "verifications", "divergences", "refusals", "impure_captures", "sync_calls", "sync_native",
-             "sync_mismatches", "optimizer_plan_runs", "size_waits", "sizes_derived", "sizes_evicted")
+             "sync_mismatches", "optimizer_plan_runs", "size_waits", "sizes_derived", "sizes_evicted",
+             "sizes_bound")
 _compile_totals = {k: 0 for k in COUNTERS}   # of compiled steps already garbage-collected
 live_steps = weakref.WeakSet()
 

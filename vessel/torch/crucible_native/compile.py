@@ -7,6 +7,7 @@ import time
 import weakref
 
 from . import recorder as _recording
+from . import _sizes
 from ._args import _nonnegative_int
 from ._compile_stats import COUNTERS as _COUNTERS, live_steps as _live_steps, retire_stats as _retire_stats
 from ._errors import CrucibleError, CrucibleTypeError, CrucibleValueError, CrucibleWarning
@@ -45,7 +46,7 @@ _LIKE_TRIES = 4   # Note [Size families]: plans of other sizes a new size's firs
 
 class _Family:
     """The signatures of a step that differ only in tensor sizes and strides (Note [New sizes])."""
-    __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s", "derived_s")
+    __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s", "derived_s", "bind", "bind_why")
 
     def __init__(self, free):
         self.free = free       # sizes compiled at once
@@ -55,6 +56,9 @@ class _Family:
         self.plan_s = None
         self.onboard_s = None  # the least compiling a size took beyond the eager calls it replaced
         self.derived_s = None  # the same for a size derived from one recorded call (Note [Size families])
+        # Note [Bound sizes]: (template entry, derived entry, SizeGuard) that new sizes are bound
+        # from without a recorded call; else why not (for stats and plans())
+        self.bind, self.bind_why = None, None
 
     @staticmethod
     def _mean(old, new):
@@ -106,7 +110,7 @@ _BACKENDS = ("replay", "null", "cpu")
 _DEFAULT_BACKEND = "cpu"
 # What the CPU backend may generate (Note [Fast numerics], src/mimic/cpu/CpuBackend.cpp).
 _NUMERICS = ("bitwise", "fast")
-_NEW_SIZES = ("auto", "compile")   # Note [New sizes]
+_NEW_SIZES = ("auto", "compile", "record")   # Note [New sizes]
 
 
 def _rules_dir() -> str:
@@ -360,7 +364,7 @@ class _Entry:
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
                  "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting",
-                 "sync_lifted")
+                 "sync_lifted", "bound", "bind_tried", "cap_sizes", "form_sizes", "size_log")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -399,6 +403,11 @@ class _Entry:
         # arguments' storage ids (the exec stage plans the call from the trace)
         self.exec_ranges, self.cap_range = {}, None
         self.var_guards = []   # per plan of another path: its guard (e.guard is the first path's)
+        # Note [Symbolic sizes] (_sizes.py): the last capture's size log and argument shapes,
+        # the same per recorded form, and the plan's (of the form it was built from)
+        self.cap_sizes, self.form_sizes, self.size_log = None, {}, None
+        self.bound = False       # its plan was bound to its sizes without a recorded call (Note [Bound sizes])
+        self.bind_tried = False  # binding was tried for it
 
 
 class CompiledStep(_SyncPoint):
@@ -466,6 +475,7 @@ class CompiledStep(_SyncPoint):
             raise CrucibleValueError(f"crucible.compile: new_sizes must be one of {', '.join(_NEW_SIZES)}, "
                                      f"got {new_sizes!r}")
         self._free_sizes = _FREE_SIZES if new_sizes == "auto" else math.inf
+        self._record_sizes = new_sizes == "record"   # Note [Bound sizes]: never bind a size without recording
         self._numerics = numerics
         self._backend = backend
         self._backend_asked = backend_asked   # a fallback to the plan's own ops warns only when asked for
@@ -509,6 +519,7 @@ class CompiledStep(_SyncPoint):
         self._entries = {}
         self._families = {}       # Note [New sizes]: _family_key -> _Family
         self._run = torch.ops.crucible.run
+        self._bind = torch.ops.crucible.plan_bind_sizes
         self._finish = torch.ops.crucible.capture_finish
         self._note_grads = torch.ops.crucible.note_grads
         self._sync_start = torch.ops.crucible.sync_start
@@ -533,6 +544,7 @@ class CompiledStep(_SyncPoint):
         self.last_guard_failure = None   # what Python state changed, when it was that
         self.last_replan = None          # why the last plan was dropped and recorded again
         self.last_size_miss = None       # why the last new size needed a second recorded call
+        self.last_bind_miss = None       # why the last new size could not be bound without recording (Note [Bound sizes])
         self.last_sync_mismatch = None   # why the last sync-point call left its plan
         self.last_sync_eager = None      # why a backward() or step() of a sync-point call last ran eagerly
         self._replan_warned = False
@@ -587,7 +599,7 @@ class CompiledStep(_SyncPoint):
             sizes = self._sizes_text(key, e.family)
             for p in [e.plan] + e.variants:
                 info = _ext.plan_info(p)
-                info["sizes"], info["derived"] = sizes, e.derived
+                info["sizes"], info["derived"], info["bound"] = sizes, e.derived, e.bound
                 out.append(info)
         return out
 
@@ -627,7 +639,11 @@ class CompiledStep(_SyncPoint):
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
         e.derived, e.sync_lifted = False, {}
+        e.bound, e.size_log, e.form_sizes = False, None, {}
         e.hypers, e.sync_misses = [], 0
+        fam = e.family
+        if fam is not None and fam.bind is not None and fam.bind[0] is e:
+            fam.bind, fam.bind_why = None, "the plan sizes are bound from was dropped"
         for p in e.variants:
             _ext.plan_release(p)
         for f, *_ in e.var_forms:
@@ -769,6 +785,12 @@ class CompiledStep(_SyncPoint):
                 e.family = self._families[fkey] = _Family(self._free_sizes)
             e.family.signatures += 1
         e.used = st["calls"]
+        if e.plan is None and not e.bind_tried and e.refused is None:
+            if e.family.bind is not None:
+                e.bind_tried = True
+                self._bind_sizes(e, tensors)
+            elif e.family.bind_why is not None:
+                self.last_bind_miss = e.family.bind_why
         if e.plan is not None and e.mode == "sync":
             if e.capture_left > 0:
                 return self._capture_variant(e, args, kwargs, tensors)
@@ -873,6 +895,7 @@ class CompiledStep(_SyncPoint):
         e.spec = spec
         if e.cap_range is not None:
             e.exec_ranges[form] = e.cap_range
+        e.form_sizes[form] = e.cap_sizes
         e.forms.append(form)
         e.srcs.append(e.cap_srcs)
         e.form_closures.append(e.cap_closures)
@@ -906,7 +929,7 @@ class CompiledStep(_SyncPoint):
         # the newest plans first (the path the step takes now); a few at most, each a comparison
         likes = [o for o in self._other_sizes(e) if o.mode == mode and o.scheds is not None
                  and [(id(s), n) for s, n in o.scheds] == scheds][:_LIKE_TRIES]
-        why = None
+        why, t = None, None
         for t in likes:
             if mode == "replay":
                 # what the template's runs return and hand to after_step must be what this call did
@@ -931,6 +954,10 @@ class CompiledStep(_SyncPoint):
                     why = why or str(err)
             if plan is not None:
                 break
+        t_log = t.size_log if plan is not None else None
+        if plan is None and mode == "replay":
+            plan, t_log, why = self._build_pair(e, form, why)
+            t = None
         if plan is None:
             if why:
                 self.last_size_miss = why
@@ -940,6 +967,7 @@ class CompiledStep(_SyncPoint):
             return False
         e.plan = plan
         _ext.form_release(form)
+        e.size_log, e.form_sizes = e.form_sizes.get(form), {}
         e.forms, e.srcs, e.hypers, e.guards = [], [], [], []
         e.closures, e.form_closures = e.cap_closures, []
         e.mode = mode
@@ -952,7 +980,7 @@ class CompiledStep(_SyncPoint):
             e.guard = e.cap_guard.without(e.sync_lifted)
             e.sync_misses = 0
         else:
-            e.lifted = {g: set(ks) for g, ks in t.lifted.items()}
+            e.lifted = {g: set(ks) for g, ks in t.lifted.items()} if t is not None else {}
             if not self._arena:
                 _ext.plan_set_arena(e.plan, False)
             if self._backend != "replay":
@@ -963,7 +991,86 @@ class CompiledStep(_SyncPoint):
         e.derived = True
         self._count("plans_built")
         self._count("sizes_derived")
+        if mode == "replay" and not self._record_sizes:
+            self._note_bindable(t_log, e)
         return True
+
+    def _build_pair(self, e, form, why):
+        """Note [Size families]: no other size has a plan yet, but one has recorded a call: e's
+        plan is built from that call and e's (which must repeat it at e's sizes). Returns
+        (plan, that call's size log, why not)."""
+        scheds = [(id(s), n) for s, n in e.scheds]
+        for o in reversed(self._entries.values()):
+            if (o is e or o.family is not e.family or o.plan is not None or o.refused is not None or not o.forms
+                    or o.mode not in (None, "replay") or o.scheds is None
+                    or [(id(s), n) for s, n in o.scheds] != scheds):
+                continue
+            if o.spec != e.spec:
+                why = why or "the step returned a different structure at this size"
+                continue
+            differ = _closures_differ(o.form_closures[-1], e.cap_closures)
+            if differ:
+                why = why or differ
+                continue
+            try:
+                plan = _ext.plan_build_pair(o.forms[-1], form, o.srcs[-1], e.srcs[0],
+                                            self._backend if self._backend == "replay"
+                                            else f"{self._backend}/{self._numerics}")
+            except RuntimeError as err:
+                why = why or str(err)
+                continue
+            return plan, o.form_sizes.get(o.forms[-1]), why
+        return None, None, why
+
+    def _note_bindable(self, t_log, d):
+        """Note [Bound sizes]: d's plan repeats a call recorded at other sizes (t_log: that
+        call's size log); when the step's Python did the same with sizes in both recorded calls,
+        later sizes are bound from the two without a recorded call."""
+        fam = d.family
+        if t_log is None or d.size_log is None:
+            if fam.bind is None:
+                fam.bind_why = "a recorded call's size reads are not known"
+            return
+        guard, why = _sizes.SizeGuard.make(t_log[0], t_log[1], d.size_log[0], d.size_log[1])
+        if guard is not None:
+            fam.bind, fam.bind_why = (d, guard), None
+        elif fam.bind is None:   # a pair that cannot bind leaves one that can
+            fam.bind_why = why
+
+    def _bind_sizes(self, e, tensors):
+        """Note [Bound sizes]: e's plan bound from its family's two plans, when its sizes keep
+        the step's Python on their path and every integer of the plans has a value here."""
+        fam = e.family
+        d, guard = fam.bind
+        if d.plan is None or d.mode != "replay":
+            fam.bind, fam.bind_why = None, "the plan sizes are bound from was dropped"
+            return
+        if not d.guard.ok() or d.py.changed() is not None:
+            return   # the state moved since d was recorded: this size records as any other
+        why = guard.check([tuple(x.shape) for x in tensors])
+        if why is None:
+            try:
+                plan = self._bind(d.plan, list(tensors))
+            except RuntimeError as err:
+                why = str(err).split("\nException raised from")[0]
+        if why is not None:
+            self.last_bind_miss = why
+            return
+        for f in e.forms:   # recorded calls of its own, not needed now
+            _ext.form_release(f)
+        e.forms, e.srcs, e.form_closures, e.hypers, e.guards, e.form_sizes = [], [], [], [], [], {}
+        self._forget_captures(e)
+        e.plan, e.mode, e.spec, e.scheds = plan, "replay", d.spec, d.scheds
+        e.closures = d.closures
+        e.lifted = {g: set(ks) for g, ks in d.lifted.items()}
+        e.guard, e.py = d.guard, d.py
+        e.patched = _ext.plan_info(plan)["patches"] > 0
+        e.size_log = None   # its plan's form was bound, not recorded: no size log of its own
+        e.started = e.derived = e.bound = True
+        if not self._arena:
+            _ext.plan_set_arena(plan, False)
+        self._count("plans_built")
+        self._count("sizes_bound")
 
     def _build(self, e):
         """A plan from two of the signature's recorded calls: whole-step when both were pure and
@@ -1020,6 +1127,7 @@ class CompiledStep(_SyncPoint):
             if e.attempts >= _MAX_ATTEMPTS:
                 self._refuse(e, why, causes)
             else:   # maybe a one-off (state that changed between the two calls): try the next pair
+                e.form_sizes.pop(e.forms[0], None)
                 _ext.form_release(e.forms.pop(0))
                 e.srcs.pop(0)
                 e.form_closures.pop(0)
@@ -1027,6 +1135,8 @@ class CompiledStep(_SyncPoint):
                 e.guards.pop(0)
             return
         e.plan = plan
+        e.size_log = e.form_sizes.get(b)
+        e.form_sizes = {}
         lifted = self._lifted_between(e.hypers[ia], e.hypers[ib])
         guard = e.guards[ib].without(lifted)
         for i, f in enumerate(e.forms):
@@ -1171,12 +1281,16 @@ class CompiledStep(_SyncPoint):
             watch.stop()
             self._refuse(e, str(err))
             return self._fn(*args, **kwargs), None, None
+        sizes = _sizes.start()   # Note [Symbolic sizes]
         try:
             result = self._fn(*args, **kwargs)
         except BaseException:
+            _sizes.stop(sizes)
             _ext.capture_discard()
             watch.stop()
             raise
+        _sizes.stop(sizes)
+        e.cap_sizes = (sizes, [tuple(t.shape) for t in tensors])
         _ext.capture_stop()
         watch.stop()
         e.cap_range = None
