@@ -1019,15 +1019,15 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
 // `exts` is the plan's run_exts: the form's externals, with the Python numbers it patches
 // replaced by its own copies (the form keeps the values of the call it was captured from).
 at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const std::vector<at::Tensor>& slots,
-                    at::TensorList args, Ref r) {
+                    at::TensorList args, Ref r, const std::vector<ViewSpec>* views) {
   switch (r.kind) {
     case Ref::None: return at::Tensor();
     case Ref::Slot: return slots[r.idx];
     case Ref::Arg: return args[r.idx];
     case Ref::Ext: return exts[r.idx];
     case Ref::View: {
-      const ViewSpec& v = f.views[r.idx];
-      const at::Tensor base = value_of(f, exts, slots, args, v.base);
+      const ViewSpec& v = views != nullptr ? (*views)[r.idx] : f.views[r.idx];
+      const at::Tensor base = value_of(f, exts, slots, args, v.base, views);
       return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
     }
   }
@@ -1035,27 +1035,15 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const st
 }
 
 // Note [Bound sizes]: the results of op k of a plan bound to new sizes against the sizes and
-// strides its form predicts for them.
-void check_bound_sizes(const Form& f, std::size_t k, const OutT& out, const std::vector<at::Tensor>& slots) {
-  for (std::uint32_t s = out.slot; s < out.slot + out.count; ++s) {
-    const at::Tensor& t = slots[s];
-    if (!t.defined() || s >= f.slot_sizes.size()) continue;
-    const bool sizes_ok = t.sizes() == c10::IntArrayRef(f.slot_sizes[s]);
-    const bool strides_ok = s >= f.slot_strides.size() || f.slot_strides[s].empty() || t.layout() != at::kStrided ||
-                            t.strides() == c10::IntArrayRef(f.slot_strides[s]);
-    TORCH_CHECK(sizes_ok && strides_ok, "crucible: a plan bound to new sizes without a recorded call expected ",
-                describe_op(f.ops[k], k), " to make a tensor of sizes ", dims(f.slot_sizes[s]),
-                s < f.slot_strides.size() && !f.slot_strides[s].empty() ? " strides " + dims(f.slot_strides[s]) : "",
-                ", and ATen made ", dims(t.sizes()), " strides ", dims(t.strides()),
-                ": the step's sizes are not the functions of its arguments' sizes that two recorded sizes "
-                "suggested. The call stopped at that op (the ops before it ran, as eagerly). Please report "
-                "this; crucible.compile(step, new_sizes=\"record\") records every new size instead.");
-  }
-}
+// strides its binding predicts for them (defined with the binding, below).
+void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const OutT& out,
+                       const std::vector<at::Tensor>& slots);
 
 void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
                std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars) {
   const Form& f = *p.form;
+  const SizeBinding* bound = p.bound.get();  // Note [Bound sizes]
+  const std::vector<ViewSpec>* views = bound != nullptr ? &bound->views : nullptr;
   const bool own_release = !p.sync_release.empty();
   torch::jit::Stack stack;
   bool grad = c10::GradMode::is_enabled();
@@ -1065,6 +1053,7 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
     if (o.grad_mode != grad) c10::GradMode::set_enabled(grad = o.grad_mode);
     stack.clear();
     std::int32_t patch = p.op_patch[k];
+    std::int32_t sized = bound != nullptr ? bound->op_first[k] : -1;
     for (std::size_t i = 0; i < o.args.size(); ++i) {
       const ArgT& a = o.args[i];
       switch (a.kind) {
@@ -1073,15 +1062,19 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
               p.patches[patch].arg == i && p.patches[patch].ext < 0) {
             stack.emplace_back(scalars[p.patches[patch].source]);
             ++patch;
+          } else if (sized >= 0 && static_cast<std::size_t>(sized) < bound->args.size() &&
+                     bound->args[sized].first == (static_cast<std::uint64_t>(k) << 32 | i)) {
+            stack.push_back(bound->args[sized].second);
+            ++sized;
           } else {
             stack.push_back(a.value);
           }
           break;
-        case ArgT::Tensor: stack.emplace_back(value_of(f, exts, slots, args, a.refs[0])); break;
+        case ArgT::Tensor: stack.emplace_back(value_of(f, exts, slots, args, a.refs[0], views)); break;
         case ArgT::TensorList: {
           c10::List<at::Tensor> l;
           l.reserve(a.refs.size());
-          for (Ref r : a.refs) l.push_back(value_of(f, exts, slots, args, r));
+          for (Ref r : a.refs) l.push_back(value_of(f, exts, slots, args, r, views));
           stack.emplace_back(std::move(l));
           break;
         }
@@ -1090,7 +1083,7 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
           l.reserve(a.refs.size());
           for (Ref r : a.refs) {
             if (r.kind == Ref::None) l.push_back(c10::nullopt);
-            else l.push_back(value_of(f, exts, slots, args, r));
+            else l.push_back(value_of(f, exts, slots, args, r, views));
           }
           stack.emplace_back(std::move(l));
           break;
@@ -1108,7 +1101,7 @@ void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vec
                     " tensors in the plan, ", out.count, " when captured");
         for (std::size_t e = 0; e < list.size(); ++e) slots[out.slot + e] = list.get(e);
       }
-      if (p.check_sizes && out.kind != OutT::Ignore) check_bound_sizes(f, k, out, slots);
+      if (p.check_sizes && bound != nullptr && out.kind != OutT::Ignore) check_bound_sizes(f, *bound, k, out, slots);
     }
     for (std::uint32_t s : own_release ? p.sync_release[k] : o.release) slots[s].reset();
   }
@@ -1154,10 +1147,12 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     ~Unbusy() { p.busy.store(false); }
   } unbusy{*p};
   const Form& f = *p->form;
-  TORCH_CHECK(args.size() == f.arg_meta.size(), "crucible plan ", plan_id, " takes ", f.arg_meta.size(),
+  const std::vector<ArgMeta>& arg_meta = p->bound != nullptr ? p->bound->arg_meta : f.arg_meta;
+  const std::vector<ViewSpec>* views = p->bound != nullptr ? &p->bound->views : nullptr;
+  TORCH_CHECK(args.size() == arg_meta.size(), "crucible plan ", plan_id, " takes ", arg_meta.size(),
               " tensor arguments, got ", args.size());
   for (std::size_t j = 0; j < args.size(); ++j) {
-    const ArgMeta& m = f.arg_meta[j];
+    const ArgMeta& m = arg_meta[j];
     TORCH_CHECK(args[j].defined() && args[j].sizes() == c10::IntArrayRef(m.sizes) &&
                     args[j].strides() == c10::IntArrayRef(m.strides) && args[j].scalar_type() == m.dtype &&
                     args[j].device() == m.device,
@@ -1272,12 +1267,12 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
   }
   for (const auto& [e, r] : f.grads) {
-    at::Tensor g = value_of(f, p->run_exts, slots, args, r);
+    at::Tensor g = value_of(f, p->run_exts, slots, args, r, views);
     p->run_exts[e].mutable_grad() = std::move(g);
   }
   std::vector<at::Tensor> outs;
   outs.reserve(f.outputs.size());
-  for (Ref r : f.outputs) outs.push_back(value_of(f, p->run_exts, slots, args, r));
+  for (Ref r : f.outputs) outs.push_back(value_of(f, p->run_exts, slots, args, r, views));
   slots.assign(f.num_slots, at::Tensor());
   if (profile != nullptr) {
     alloc.reset();
@@ -1402,6 +1397,23 @@ void snapshot_exts(Plan& p) {
     if (x.storage != nullptr) p.persistent.insert(x.storage);
 }
 
+// A copy of a Python number (a 0-d CPU tensor) made without an op: binding a size makes a plan's
+// own copies of them, and an op through the dispatcher costs microseconds each.
+at::Tensor own_number(const at::Tensor& t) {
+  if (!t.is_cpu() || t.dim() != 0 || !t.is_contiguous()) {
+    at::Tensor c = t.clone();
+    c.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return c;
+  }
+  const std::size_t bytes = t.itemsize();
+  c10::Storage st(c10::Storage::use_byte_size_t(), bytes, c10::GetDefaultCPUAllocator(), /*resizable=*/false);
+  std::memcpy(st.mutable_data(), t.const_data_ptr(), bytes);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(c10::IntArrayRef{}, c10::IntArrayRef{});
+  impl->set_wrapped_number(true);
+  return at::Tensor(std::move(impl));
+}
+
 // Patches sorted (wrapped-number externals first, then by op and argument) and each op's
 // first patch indexed, as run_op walks them.
 void index_patches(Plan& p) {
@@ -1418,8 +1430,7 @@ void index_patches(Plan& p) {
     if (pt.ext < 0) continue;
     at::Tensor& t = p.run_exts[static_cast<std::size_t>(pt.ext)];
     if (t.unsafeGetTensorImpl() != p.form->exts[static_cast<std::size_t>(pt.ext)].unsafeGetTensorImpl()) continue;
-    t = t.clone();  // the plan's own Python number, written before each run
-    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    t = own_number(t);  // the plan's own Python number, written before each run
   }
 }
 
@@ -1834,49 +1845,176 @@ std::string unbound_op(const Form& f) {
 }
 }  // namespace
 
+}  // namespace crucible::vessel
+
+// What binding sizes from a plan needs, found once per plan: the forms, the symbols, every
+// integer that differs between them (where and its two values), and the convolutions and
+// pooling ops whose sizes are checked by their own formula.
+struct crucible::vessel::replay::BindTemplate {
+  std::string refusal;  // non-empty: no size is bound from this plan
+  std::shared_ptr<const Form> a, b;
+  SizeSymbols syms;
+  struct ArgPos {
+    std::uint32_t op = 0, arg = 0;
+    bool list = false;
+    std::vector<std::int64_t> x, y;
+  };
+  std::vector<ArgPos> args;
+  std::vector<std::uint32_t> views;               // views that differ
+  std::vector<std::uint32_t> slot_sizes, slot_strides;  // slots that differ
+  std::vector<std::uint32_t> windowed;            // ops window_sizes checks
+};
+
+namespace crucible::vessel {
+namespace replay {
+// A slot's sizes (or strides) at a binding's sizes: the form's, or evaluated from the two recorded
+// calls where they differ (empty strides: not checked).
+void bound_slot(const SizeBinding& bind, const Form& f, std::uint32_t s, bool strides, std::vector<std::int64_t>& out) {
+  const BindTemplate& t = *bind.from;
+  const std::vector<std::uint32_t>& differ = strides ? t.slot_strides : t.slot_sizes;
+  const auto& form = strides ? f.slot_strides : f.slot_sizes;
+  if (!std::binary_search(differ.begin(), differ.end(), s)) {
+    out = form[s];
+    return;
+  }
+  const auto& a = strides ? t.a->slot_strides[s] : t.a->slot_sizes[s];
+  const auto& b = strides ? t.b->slot_strides[s] : t.b->slot_sizes[s];
+  if (a.empty() || b.empty() || !ints_at(a, b, t.syms, bind.symbols, out)) out.clear();
+}
+
+void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const OutT& out,
+                       const std::vector<at::Tensor>& slots) {
+  std::vector<std::int64_t> want, want_st;
+  for (std::uint32_t s = out.slot; s < out.slot + out.count; ++s) {
+    const at::Tensor& t = slots[s];
+    if (!t.defined() || s >= f.slot_sizes.size() || s >= f.slot_strides.size()) continue;
+    bound_slot(b, f, s, false, want);
+    bound_slot(b, f, s, true, want_st);
+    const bool sizes_ok = t.sizes() == c10::IntArrayRef(want);
+    const bool strides_ok = want_st.empty() || t.layout() != at::kStrided || t.strides() == c10::IntArrayRef(want_st);
+    TORCH_CHECK(sizes_ok && strides_ok, "crucible: a plan bound to new sizes without a recorded call expected ",
+                describe_op(f.ops[k], k), " to make a tensor of sizes ", dims(want),
+                want_st.empty() ? "" : " strides " + dims(want_st),
+                ", and ATen made ", dims(t.sizes()), " strides ", dims(t.strides()),
+                ": the step's sizes are not the functions of its arguments' sizes that two recorded sizes "
+                "suggested. The call stopped at that op (the ops before it ran, as eagerly). Please report "
+                "this; crucible.compile(step, new_sizes=\"record\") records every new size instead.");
+  }
+}
+}  // namespace replay
+
+namespace {
+using replay::BindTemplate;
+
+std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const Form> fa, std::shared_ptr<const Form> fb,
+                                                       const std::vector<Patch>& patches) {
+  auto t = std::make_shared<BindTemplate>();
+  t->a = fa;
+  t->b = fb;
+  const Form& a = *fa;
+  const Form& b = *fb;
+  t->refusal = size_symbols(a, b, t->syms);
+  if (!t->refusal.empty()) return t;
+  if (a.ops.size() != b.ops.size() || a.views.size() != b.views.size() || a.num_slots != b.num_slots ||
+      a.slot_sizes.size() != b.slot_sizes.size() || a.slot_strides.size() != b.slot_strides.size() ||
+      a.arg_meta.size() != b.arg_meta.size()) {
+    t->refusal = "the two recorded calls are not of one step";
+    return t;
+  }
+  t->refusal = unbound_op(b);
+  if (!t->refusal.empty()) return t;
+  for (std::uint32_t k = 0; k < b.ops.size(); ++k) {
+    const OpT& x = a.ops[k];
+    const OpT& y = b.ops[k];
+    if (op_name(x.op) != op_name(y.op) || x.args.size() != y.args.size()) {
+      t->refusal = "the two recorded calls are not of one step";
+      return t;
+    }
+    const std::string base(op_base_name(op_name(y.op)));
+    if (base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" || base == "avg_pool2d")
+      t->windowed.push_back(k);
+    for (std::uint32_t i = 0; i < y.args.size(); ++i) {
+      if (x.arg_sig[i] == y.arg_sig[i] || y.args[i].kind != ArgT::Const) continue;
+      if (std::any_of(patches.begin(), patches.end(), [&](const Patch& q) { return q.ext < 0 && q.op == k && q.arg == i; }))
+        continue;  // a patch point: each run's value comes from its source
+      const c10::IValue& u = x.args[i].value;
+      const c10::IValue& v = y.args[i].value;
+      BindTemplate::ArgPos pos{k, i, false, {}, {}};
+      if (u.isInt() && v.isInt()) {
+        pos.x = {u.toInt()};
+        pos.y = {v.toInt()};
+      } else if (u.isIntList() && v.isIntList() && u.toIntVector().size() == v.toIntVector().size()) {
+        pos.list = true;
+        pos.x = u.toIntVector();
+        pos.y = v.toIntVector();
+      } else {
+        t->refusal = describe_op(y, k) + " argument '" + arg_name(y, i) + "' differs between the two recorded calls "
+                     "and is no size";
+        return t;
+      }
+      t->args.push_back(std::move(pos));
+    }
+  }
+  for (std::uint32_t v = 0; v < b.views.size(); ++v) {
+    const ViewSpec& x = a.views[v];
+    const ViewSpec& y = b.views[v];
+    if (x.sizes.size() != y.sizes.size() || x.strides.size() != y.strides.size()) {
+      t->refusal = "the two recorded calls are not of one step";
+      return t;
+    }
+    if (x.sizes != y.sizes || x.strides != y.strides || x.offset_delta != y.offset_delta) t->views.push_back(v);
+  }
+  for (std::uint32_t s = 0; s < b.slot_sizes.size(); ++s) {
+    if (a.slot_sizes[s] != b.slot_sizes[s]) t->slot_sizes.push_back(s);
+    if (a.slot_strides[s] != b.slot_strides[s]) t->slot_strides.push_back(s);
+  }
+  return t;
+}
+}  // namespace
+
 std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
   const auto t0 = std::chrono::steady_clock::now();
   auto pd = get_plan(plan);
-  std::shared_ptr<const Form> fa, fb;
-  std::vector<at::Tensor> run_exts;
-  std::vector<Patch> patches;
-  std::vector<ScalarSource> sources;
-  std::vector<std::uint32_t> constants;
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> grad_binds;
-  std::vector<at::Tensor> grad_idle;
-  std::vector<std::uint32_t> grad_alias;
+  std::shared_ptr<const BindTemplate> tp;
+  auto p = std::make_shared<Plan>();
   {
     BusyLock hd(*pd);
     if (pd->sync) throw std::runtime_error("a sync-point plan runs its Python: its sizes are not bound");
     if (pd->sibling == nullptr) throw std::runtime_error("the plan has no recorded call at other sizes");
-    fa = pd->sibling;
-    fb = pd->form;
-    run_exts = pd->run_exts;
-    patches = pd->patches;
-    sources = pd->build_sources;
-    constants = pd->constants;
-    grad_binds = pd->grad_binds;
-    grad_idle = pd->grad_idle;
-    grad_alias = pd->grad_alias;
+    if (pd->bind_template == nullptr) pd->bind_template = make_bind_template(pd->sibling, pd->form, pd->patches);
+    tp = pd->bind_template;
+    if (!tp->refusal.empty()) throw std::runtime_error(tp->refusal);
+    p->form = pd->form;
+    p->run_exts = pd->run_exts;
+    p->patches = pd->patches;
+    p->build_sources = pd->build_sources;
+    p->constants = pd->constants;
+    p->grad_binds = pd->grad_binds;
+    p->grad_idle = pd->grad_idle;
+    p->grad_alias = pd->grad_alias;
+    p->sibling = pd->sibling;
+    p->key = pd->key;
+    p->ext_snap = pd->ext_snap;  // the same persistent tensors (a Python number: checked as it is set)
+    p->persistent = pd->persistent;
   }
-  const Form& a = *fa;
-  const Form& b = *fb;
-  // The symbols: the argument dimensions the two plans differ in, with their values at C.
-  SizeSymbols syms;
-  std::string why = size_symbols(a, b, syms);
-  if (!why.empty()) throw std::runtime_error(why);
+  const BindTemplate& t = *tp;
+  const Form& a = *t.a;
+  const Form& b = *t.b;
+  // The symbols' values at C: the argument dimensions the two recorded calls differ in.
   std::vector<std::int64_t> c;
-  if (args.size() != b.arg_meta.size())
-    throw std::runtime_error("the step takes another number of tensor arguments");
+  if (args.size() != b.arg_meta.size()) throw std::runtime_error("the step takes another number of tensor arguments");
+  auto sb = std::make_shared<SizeBinding>();
+  SizeBinding& bind = *sb;
+  bind.arg_meta = b.arg_meta;
   for (std::size_t j = 0; j < b.arg_meta.size(); ++j) {
     const ArgMeta& x = a.arg_meta[j];
     const ArgMeta& y = b.arg_meta[j];
-    const at::Tensor& t = args[j];
-    if (!t.defined() || t.dim() != static_cast<std::int64_t>(y.sizes.size()) || t.scalar_type() != y.dtype ||
-        t.device() != y.device)
+    const at::Tensor& arg = args[j];
+    if (!arg.defined() || arg.dim() != static_cast<std::int64_t>(y.sizes.size()) || arg.scalar_type() != y.dtype ||
+        arg.device() != y.device)
       throw std::runtime_error("step argument " + std::to_string(j) + " has another rank, dtype or device");
     for (std::size_t d = 0; d < y.sizes.size(); ++d) {
-      const std::int64_t s = t.size(static_cast<std::int64_t>(d));
+      const std::int64_t s = arg.size(static_cast<std::int64_t>(d));
       if (x.sizes[d] == y.sizes[d]) {
         if (s != y.sizes[d])
           throw std::runtime_error("step argument " + std::to_string(j) + " dimension " + std::to_string(d) +
@@ -1890,123 +2028,88 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
       c.push_back(s);
     }
   }
-  // The form of C: d's with every integer the fits explain evaluated at C.
-  auto g = std::make_shared<Form>(b);
   auto fail = [](const std::string& what) {
     throw std::runtime_error(what + " has no single integer value at these sizes from the recorded two");
   };
-  if (a.ops.size() != b.ops.size() || a.views.size() != b.views.size() || a.num_slots != b.num_slots ||
-      a.slot_sizes.size() != b.slot_sizes.size() || a.slot_strides.size() != b.slot_strides.size())
-    throw std::runtime_error("the two plans are not of one step");
-  why = unbound_op(b);
-  if (!why.empty()) throw std::runtime_error(why);
+  // Every integer that differs, evaluated at C.
+  bind.op_first.assign(b.ops.size(), -1);
+  bind.args.reserve(t.args.size());
   std::vector<std::int64_t> tmp;
-  for (std::size_t k = 0; k < b.ops.size(); ++k) {
-    const OpT& x = a.ops[k];
-    OpT& y = g->ops[k];
-    if (op_name(x.op) != op_name(y.op) || x.args.size() != y.args.size())
-      throw std::runtime_error("the two plans are not of one step");
-    for (std::size_t i = 0; i < y.args.size(); ++i) {
-      if (x.arg_sig[i] == y.arg_sig[i] || y.args[i].kind != ArgT::Const) continue;
-      if (std::any_of(patches.begin(), patches.end(), [&](const Patch& q) { return q.ext < 0 && q.op == k && q.arg == i; }))
-        continue;  // a patch point: each run's value comes from its source
-      const c10::IValue& u = x.args[i].value;
-      const c10::IValue& v = y.args[i].value;
-      if (u.isInt() && v.isInt()) {
-        const auto z = size_at(u.toInt(), v.toInt(), syms, c);
-        if (!z) fail(describe_op(y, k) + " argument '" + arg_name(y, i) + "'");
-        y.args[i].value = c10::IValue(*z);
-      } else if (u.isIntList() && v.isIntList()) {
-        if (!ints_at(u.toIntVector(), v.toIntVector(), syms, c, tmp))
-          fail(describe_op(y, k) + " argument '" + arg_name(y, i) + "'");
-        y.args[i].value = c10::IValue(tmp);
-      } else {
-        throw std::runtime_error(describe_op(y, k) + " argument '" + arg_name(y, i) +
-                                 "' differs between the two plans and is no size");
-      }
-      y.arg_sig[i].clear();
-      const_text(y.args[i].value, y.arg_sig[i]);
-    }
+  for (const BindTemplate::ArgPos& pos : t.args) {
+    if (!ints_at(pos.x, pos.y, t.syms, c, tmp))
+      fail(describe_op(b.ops[pos.op], pos.op) + " argument '" + arg_name(b.ops[pos.op], pos.arg) + "'");
+    if (bind.op_first[pos.op] < 0) bind.op_first[pos.op] = static_cast<std::int32_t>(bind.args.size());
+    bind.args.emplace_back(static_cast<std::uint64_t>(pos.op) << 32 | pos.arg,
+                           pos.list ? c10::IValue(tmp) : c10::IValue(tmp[0]));
   }
-  for (std::size_t v = 0; v < b.views.size(); ++v) {
+  bind.views = b.views;
+  for (std::uint32_t v : t.views) {
     const ViewSpec& x = a.views[v];
-    ViewSpec& y = g->views[v];
-    const auto off = size_at(x.offset_delta, y.offset_delta, syms, c);
-    if (!ints_at(x.sizes, y.sizes, syms, c, y.sizes) || !ints_at(x.strides, y.strides, syms, c, y.strides) || !off)
+    ViewSpec& y = bind.views[v];
+    const auto off = size_at(x.offset_delta, y.offset_delta, t.syms, c);
+    if (!ints_at(x.sizes, b.views[v].sizes, t.syms, c, y.sizes) ||
+        !ints_at(x.strides, b.views[v].strides, t.syms, c, y.strides) || !off)
       fail("view " + std::to_string(v));
     y.offset_delta = *off;
   }
-  for (std::size_t s = 0; s < b.slot_sizes.size(); ++s) {
-    if (!ints_at(a.slot_sizes[s], b.slot_sizes[s], syms, c, g->slot_sizes[s])) fail("result " + std::to_string(s));
-    if (a.slot_strides[s].empty() || b.slot_strides[s].empty()) {
-      g->slot_strides[s].clear();
-    } else if (!ints_at(a.slot_strides[s], b.slot_strides[s], syms, c, g->slot_strides[s])) {
+  // The results' sizes and strides must have values here (checked on the first run: evaluated
+  // again then, not kept).
+  bind.symbols = c;
+  bind.from = tp;
+  for (std::uint32_t s : t.slot_sizes)
+    if (!ints_at(a.slot_sizes[s], b.slot_sizes[s], t.syms, c, tmp)) fail("result " + std::to_string(s));
+  for (std::uint32_t s : t.slot_strides)
+    if (!a.slot_strides[s].empty() && !b.slot_strides[s].empty() &&
+        !ints_at(a.slot_strides[s], b.slot_strides[s], t.syms, c, tmp))
       fail("result " + std::to_string(s) + "'s strides");
-    }
-  }
   // Convolutions and pooling: the sizes their one division gives at C must be the fitted ones.
-  auto sizes_of = [&](Ref r) -> const std::vector<std::int64_t>* {
-    static thread_local std::vector<std::int64_t> arg;
+  std::vector<std::int64_t> got;
+  auto sizes_of = [&](Ref r, std::vector<std::int64_t>& out) -> bool {
     switch (r.kind) {
-      case Ref::Slot: return r.idx < g->slot_sizes.size() ? &g->slot_sizes[r.idx] : nullptr;
-      case Ref::View: return &g->views[r.idx].sizes;
-      case Ref::Arg: arg = args[r.idx].sizes().vec(); return &arg;
-      case Ref::Ext: arg = g->exts[r.idx].sizes().vec(); return &arg;
-      case Ref::None: return nullptr;
+      case Ref::Slot: bound_slot(bind, b, r.idx, false, out); return true;
+      case Ref::View: out = bind.views[r.idx].sizes; return true;
+      case Ref::Arg: out = args[r.idx].sizes().vec(); return true;
+      case Ref::Ext: out = b.exts[r.idx].sizes().vec(); return true;
+      case Ref::None: return false;
     }
-    return nullptr;
+    return false;
   };
-  for (std::size_t k = 0; k < g->ops.size(); ++k) {
-    const OpT& o = g->ops[k];
+  std::vector<std::int64_t> input, weight;
+  for (std::uint32_t k : t.windowed) {
+    const OpT& o = b.ops[k];
     if (o.args.empty() || o.args[0].kind != ArgT::Tensor || o.outs.empty() || o.outs[0].kind != OutT::Tensor) continue;
-    const std::vector<std::int64_t>* in = sizes_of(o.args[0].refs[0]);
-    if (in == nullptr) continue;
-    const std::vector<std::int64_t> input = *in;
-    std::optional<std::vector<std::int64_t>> weight;
-    if (o.args.size() > 1 && o.args[1].kind == ArgT::Tensor)
-      if (const std::vector<std::int64_t>* w = sizes_of(o.args[1].refs[0])) weight = *w;
-    const auto want = window_sizes(o, input, weight ? &*weight : nullptr);
+    if (!sizes_of(o.args[0].refs[0], input)) continue;
+    const bool has_weight = o.args.size() > 1 && o.args[1].kind == ArgT::Tensor && sizes_of(o.args[1].refs[0], weight);
+    const auto want = window_sizes(o, input, has_weight ? &weight : nullptr);
     if (!want) continue;
-    const std::vector<std::int64_t>& got = g->slot_sizes[o.outs[0].slot];
+    bound_slot(bind, b, o.outs[0].slot, false, got);
     if (*want != got)
       throw std::runtime_error(describe_op(o, k) + " makes " + dims(*want) + " at these sizes, where the recorded "
                                "sizes suggest " + dims(got) + " (a rounded division)");
   }
   for (std::size_t j = 0; j < b.arg_meta.size(); ++j) {
-    ArgMeta& m = g->arg_meta[j];
-    if (!ints_at(a.arg_meta[j].strides, b.arg_meta[j].strides, syms, c, m.strides))
+    ArgMeta& m = bind.arg_meta[j];
+    if (!ints_at(a.arg_meta[j].strides, b.arg_meta[j].strides, t.syms, c, m.strides))
       fail("step argument " + std::to_string(j) + "'s strides");
     m.sizes = args[j].sizes().vec();
     if (args[j].strides() != c10::IntArrayRef(m.strides))
       throw std::runtime_error("step argument " + std::to_string(j) + " has strides " + dims(args[j].strides()) +
                                " where the recorded sizes had " + dims(m.strides) + " at these sizes");
   }
-  g->tail_sig = tail_text(*g, true);
-  g->hash = hash_ops(g->ops, nullptr, {g->tail_sig});
-  auto p = std::make_shared<Plan>();
-  p->key = [&] {
+  p->bound = std::move(sb);
+  {  // its own content address: d's at these sizes (never taken for d's plan by plan_of)
     ContentHasher h;
-    const ContentHash k = plan_key(*g, patches);
-    h.update_u64(k.lo);
-    h.update_u64(k.hi);
+    h.update_u64(p->key.lo);
+    h.update_u64(p->key.hi);
     h.update_string("bound");
-    return h.digest();
-  }();
-  p->patches = std::move(patches);
-  p->form = std::move(g);
+    for (std::int64_t v : c) h.update_u64(static_cast<std::uint64_t>(v));
+    p->key = h.digest();
+  }
   // d's persistent tensors (rebound ones included); its Python numbers the plan's own copies
-  for (std::size_t e = 0; e < run_exts.size(); ++e)
-    if (run_exts[e].unsafeGetTensorImpl()->is_wrapped_number()) run_exts[e] = p->form->exts[e];
-  p->run_exts = std::move(run_exts);
-  p->constants = std::move(constants);
-  p->grad_binds = std::move(grad_binds);
-  p->grad_idle = std::move(grad_idle);
-  p->grad_alias = std::move(grad_alias);
+  for (std::size_t e = 0; e < p->run_exts.size(); ++e)
+    if (p->run_exts[e].unsafeGetTensorImpl()->is_wrapped_number()) p->run_exts[e] = p->form->exts[e];
   index_patches(*p);
-  snapshot_exts(*p);
-  p->build_sources = std::move(sources);
   p->check_sizes = true;
-  p->sibling = fb;
   p->exec_note = "sizes bound without a recorded call (Note [Bound sizes]): the plan runs its ATen ops";
   return register_plan(std::move(p), t0);
 }

@@ -121,6 +121,22 @@ struct Form {
   ContentHash hash;
 };
 
+// Note [Bound sizes] (Replay.cpp): a plan bound to new sizes shares the form of the plan it was
+// bound from and holds only what differs at its sizes: integer arguments (by op), the views'
+// geometry, the results' sizes and strides (checked on the first run) and the arguments'
+// metadata.
+struct BindTemplate;  // Replay.cpp: what binding a plan's sizes needs, found once per plan
+struct SizeBinding {
+  std::vector<std::int32_t> op_first;                        // per op: first index into args, or -1
+  std::vector<std::pair<std::uint64_t, c10::IValue>> args;   // ((op << 32) | arg, value), by position
+  std::vector<ViewSpec> views;                               // every view of the form, at these sizes
+  std::vector<ArgMeta> arg_meta;
+  // The results' sizes and strides, evaluated when checked: the symbols' values here, and the
+  // template that says which slots differ and how.
+  std::vector<std::int64_t> symbols;
+  std::shared_ptr<const BindTemplate> from;
+};
+
 struct Patch {
   std::uint32_t op = 0, arg = 0;  // a constant argument...
   std::int64_t ext = -1;          // ...or a Python number (wrapped tensor) external
@@ -207,6 +223,8 @@ struct Plan {
   // A recorded form at other sizes that this plan's form repeats op for op (Note [Size
   // families]): what plan_bind_sizes binds new sizes from, beside the plan's own form.
   std::shared_ptr<const Form> sibling;
+  std::shared_ptr<const BindTemplate> bind_template;  // made on the first binding from this plan
+  std::shared_ptr<const SizeBinding> bound;           // this plan's sizes where not its form's
   // The static arena (ReplayArena.h): planned from the first run's allocations.
   enum class Arena : std::uint8_t { Unplanned, Ready, Off } arena_state = Arena::Unplanned;
   ArenaPlan arena;
@@ -306,8 +324,9 @@ std::shared_ptr<Plan> new_plan(const Form& a, std::shared_ptr<const Form> b, std
 // Puts a built plan in the registry (its build time from t0); returns its id.
 std::int64_t register_plan(std::shared_ptr<Plan> p, std::chrono::steady_clock::time_point t0);
 // A plan tensor's value: `exts` are the externals a run uses, `slots` its intermediates.
+// views: the views' geometry when not the form's (a bound plan's, Note [Bound sizes]).
 at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const std::vector<at::Tensor>& slots,
-                    at::TensorList args, Ref r);
+                    at::TensorList args, Ref r, const std::vector<ViewSpec>* views = nullptr);
 // Runs ops [begin, end) of the plan's form on `slots` (results stored, dead slots released),
 // with the sources' values for this run in `scalars` (patch points). The caller holds the
 // dispatch state a run needs (key excluded, below ADInplaceOrView).

@@ -24,11 +24,13 @@ _PLAIN = (bool, int, float, str, type(None), tuple)
 _ONE_TENSOR = ("t",)
 _MAX_SIGNATURES = 64   # call signatures (plans) per compiled step; more run eagerly (a new size evicts one)
 
-# Note [New sizes]: a plan is built for the exact sizes of its recorded calls (no symbolic plans
-# yet), so each new size of a step whose sizes vary (a sequence length, a short last batch)
-# costs captured calls and a build — one capture when the call repeats another size's plan
-# (Note [Size families], Replay.cpp; _build_like), else two — which only calls at that size can
-# win back. The first _FREE_SIZES sizes of a family (the
+# Note [New sizes]: a plan's form holds the sizes of its recorded calls. A new size of a step
+# whose sizes vary (a sequence length, a short last batch) is bound without a recorded call when
+# two sizes of a whole-step plan are known and its sizes keep the step's Python on their path
+# (Note [Bound sizes], Replay.cpp; _bind_sizes): that costs about a tenth of a millisecond, and
+# is tried first. Else it costs captured calls and a build — one capture when the call repeats
+# another size's plan (Note [Size families], Replay.cpp; _build_like), else two — which only
+# calls at that size can win back. The first _FREE_SIZES sizes of a family (the
 # signatures that differ only in tensor sizes and strides) compile at once; after that a new size
 # runs eagerly until the time its calls could have saved covers what compiling a size costs
 # (ski rental: never more than twice the better choice in hindsight), both measured on the
@@ -438,11 +440,14 @@ class CompiledStep(_SyncPoint):
     CrucibleWarning says which op and argument. A plan holds the exact sizes it was recorded at:
     a new size that repeats another size's plan op for op (integers that differ explained by the
     sizes; whole-step or sync-point alike) is compiled from one recorded call
-    (stats()["sizes_derived"]), else from two.
+    (stats()["sizes_derived"]), else from two; once two sizes of a whole-step plan are known, a
+    later size whose sizes keep the step's Python on the recorded path is bound without a
+    recorded call (stats()["sizes_bound"]; last_bind_miss says why one was not).
     When sizes vary (a sequence length), new_sizes="auto" (the default) compiles the first two
-    sizes of a signature at once and each later one only once its calls, run eagerly meanwhile,
-    could have saved what compiling a size costs (measured; stats()["size_waits"]);
-    new_sizes="compile" compiles every new size at once (a long loop over few sizes)."""
+    sizes of a signature at once and each later one that cannot be bound only once its calls,
+    run eagerly meanwhile, could have saved what compiling a size costs (measured;
+    stats()["size_waits"]); new_sizes="compile" compiles every new size at once (a long loop
+    over few sizes); new_sizes="record" never binds (every new size recorded, at once)."""
 
     def __init__(self, fn, verify_every: int = 0, warmup: int = 1, guard=(), arena: bool = True,
                  mode: str = "auto", backend: str = None, numerics: str = "bitwise", new_sizes: str = "auto"):
@@ -561,7 +566,8 @@ class CompiledStep(_SyncPoint):
         patch points; rebinds, new persistent tensors bound) or a replan (the plan dropped,
         the step records again); verifications, divergences, refusals; size_waits (calls of a new
         size run eagerly before it was captured), sizes_derived (plans of a new size built from
-        one captured call beside another size's plan, Note [Size families]), sizes_evicted (sizes
+        one captured call beside another size's plan, Note [Size families]), sizes_bound (plans of a
+        new size bound from two recorded sizes without a recorded call, Note [Bound sizes]), sizes_evicted (sizes
         whose plans made room for a new size of their family); sync_calls, sync_native (of those,
         calls that ran a stretch natively), sync_mismatches, optimizer_plan_runs (optimizer steps
         of sync-point calls run as the optimizer's own plan, Note [Optimizer plans] in
@@ -590,8 +596,9 @@ class CompiledStep(_SyncPoint):
         """plan_info() of every live plan: kernel calls, slots, externals, hash, build time (a
         sync-point signature's plan of each path it takes, its first path first); plus sizes
         (its tensor arguments' sizes, the dimensions that differ between its family's compiled
-        sizes named: "[4, S0=12], [4, S0=12]") and derived (built from one recorded call beside
-        another size's plan: Note [Size families])."""
+        sizes named: "[4, S0=12], [4, S0=12]"), derived (built from one recorded call beside
+        another size's plan: Note [Size families]) and bound (bound to its sizes without a recorded
+        call: Note [Bound sizes])."""
         out = []
         for key, e in self._entries.items():
             if e.plan is None:
@@ -1045,8 +1052,8 @@ class CompiledStep(_SyncPoint):
         if d.plan is None or d.mode != "replay":
             fam.bind, fam.bind_why = None, "the plan sizes are bound from was dropped"
             return
-        if not d.guard.ok() or d.py.changed() is not None:
-            return   # the state moved since d was recorded: this size records as any other
+        # d's guards become this size's: the call checks them next, before the plan runs (a
+        # state that moved since d was recorded records this size again then)
         why = guard.check([tuple(x.shape) for x in tensors])
         if why is None:
             try:
@@ -1064,7 +1071,7 @@ class CompiledStep(_SyncPoint):
         e.closures = d.closures
         e.lifted = {g: set(ks) for g, ks in d.lifted.items()}
         e.guard, e.py = d.guard, d.py
-        e.patched = _ext.plan_info(plan)["patches"] > 0
+        e.patched = d.patched   # d's patch points
         e.size_log = None   # its plan's form was bound, not recorded: no size log of its own
         e.started = e.derived = e.bound = True
         if not self._arena:
