@@ -129,6 +129,7 @@ PYBIND11_MODULE(_crucible_exec, m) {
       py::arg("plan"), py::arg("trace"), py::arg("begin"), py::arg("end"), py::arg("arg_storages"),
       py::arg("rules_dir"), py::arg("hardware") = "cpu-avx2", py::arg("backend") = "cpu", py::arg("form") = -1,
       py::arg("numerics") = "bitwise");
+  m.def("bind_exec", &vessel::bind_exec, py::arg("bound"), py::arg("plan_a"), py::arg("plan_b"));
   m.def("exec_plan", &exec_plan, py::arg("trace"), py::arg("rules_dir"),
         py::arg("hardware") = "cpu-avx2", py::arg("thread") = -1,
         py::arg("escaping") = std::vector<std::uint64_t>{}, py::arg("backend") = "null",

@@ -18,12 +18,17 @@
 #include "ReplayPlan.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "crucible/core/OpTable.h"
 #include "crucible/exec/NullBackend.h"
+#include "crucible/exec/VerifyPlan.h"
 #include "crucible/forge/Ir001.h"
 #include "crucible/forge/Passes.h"
 #include "crucible/forge/Rules.h"
 
 namespace crucible::vessel {
+
+// The backend (null, or Mimic's CPU backend as `fast` says) and the Runner over h.sp.plan.
+Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache);
 
 std::uint32_t ExecStep::generated_calls() const {
   std::uint32_t n = 0;
@@ -114,12 +119,17 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
   if (!plan.ok()) return plan.status();
   h->recomputed = fe->recomputed;
   h->sp = exec::SteppedPlan{std::move(fe->ir), std::move(fe->plan), std::move(*plan)};
+  if (Status st = start_runner(*h, o.backend, o.fast, o.memory_only_cache); !st.ok()) return st;
+  return h;
+}
+
+Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache) {
   exec::Backend b = exec::null_backend();
-  if (o.backend == "cpu") {
-    mimic::CpuBackendOptions co = o.memory_only_cache ? mimic::CpuBackendOptions::memory_only()
-                                                      : mimic::CpuBackendOptions{};
+  if (backend == "cpu") {
+    mimic::CpuBackendOptions co = memory_only_cache ? mimic::CpuBackendOptions::memory_only()
+                                                    : mimic::CpuBackendOptions{};
     co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
-    co.fast = o.fast;
+    co.fast = fast;
     co.parallel = aten_parallel;  // split loops on ATen's threads (Note [Split loops])
     co.current_threads = [] {  // ATen runs a parallel_for inline inside a parallel region
       return at::in_parallel_region() ? 1u : static_cast<unsigned>(std::max(1, at::get_num_threads()));
@@ -127,13 +137,13 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
     provide_aten_vector_math();   // Note [Vector math]: without it, softmax stays a library call
     auto cpu = mimic::CpuBackend::make(co);
     if (!cpu.ok()) return cpu.status();
-    h->cpu = std::move(*cpu);
-    b = h->cpu->backend();
+    h.cpu = std::move(*cpu);
+    b = h.cpu->backend();
   }
-  auto r = exec::Runner::make(h->sp.plan, b, h->provider.provider());
+  auto r = exec::Runner::make(h.sp.plan, b, h.provider.provider());
   if (!r.ok()) return r.status();
-  h->runner = std::move(*r);
-  return h;
+  h.runner = std::move(*r);
+  return ok_status();
 }
 
 namespace {
@@ -422,6 +432,232 @@ std::string attach(replay::Plan& p, const Form& call, const record::Trace& t, st
 }
 
 }  // namespace
+
+namespace {
+// Note [Bound exec plans]: the exec stage of a plan bound to new sizes (Note [Bound sizes],
+// Replay.cpp), without Forge: two exec plans of the family at the sizes the binding was made
+// from, planned from their recorded calls, must be one plan table for table — the same kernels,
+// calls, arguments, tensors, slots, scalar kinds and patch points — differing only in integers:
+// tensors' sizes, strides and offsets, and integer scalars. Each such integer is evaluated at the
+// new sizes by the fits of the argument sizes that differ (size_at, as the binding's integers
+// are); a Double scalar that differs must be a patch point. Slots' bytes follow from the tensors
+// in them (the rule is checked to give both recorded plans' bytes), the arena is placed again,
+// verify_plan checks the result, and a Runner over it prepares the backend's kernels (generated
+// code depends on no size: the JIT's cache serves them). The bound plan's outputs and .grad
+// fields are taken from the exec plan's memory as for any plan, at their sizes here.
+std::uint64_t slot_extent(const exec::ExecutionPlan& p, std::uint32_t slot) {
+  std::uint64_t bytes = 0;
+  for (const exec::TensorRef& t : p.tensors) {
+    if (t.slot != slot) continue;
+    const auto sz = p.sizes(t);
+    const auto st = p.strides(t);
+    if (std::any_of(sz.begin(), sz.end(), [](std::int64_t d) { return d == 0; })) continue;
+    std::int64_t last = t.offset;
+    for (std::size_t d = 0; d < sz.size(); ++d) last += (sz[d] - 1) * st[d];
+    const std::uint64_t item = c10::elementSize(static_cast<c10::ScalarType>(t.dtype));
+    bytes = std::max<std::uint64_t>(bytes, static_cast<std::uint64_t>(last + 1) * item);
+  }
+  return bytes;
+}
+
+std::uint64_t slot_bytes_rule(const exec::ExecutionPlan& p, std::uint32_t s) {
+  const exec::Slot& slot = p.slots[s];
+  const std::uint64_t e = slot_extent(p, s);
+  if (slot.kind == exec::SlotKind::Arena || slot.kind == exec::SlotKind::Constant)
+    return (std::max<std::uint64_t>(e, 1) + p.alignment - 1) / p.alignment * p.alignment;
+  return e;
+}
+
+// Whether exec plans a and b are one plan but for their integers. Slots are numbered by the
+// recorded storage ids, which differ between recorded calls: slots correspond through the tensors
+// on them (tensors are numbered by first use), `perm` (a's slot -> b's).
+std::string same_tables(const exec::ExecutionPlan& a, const exec::ExecutionPlan& b, std::vector<std::uint32_t>& perm) {
+  if (a.kernels.size() != b.kernels.size() || a.calls.size() != b.calls.size() || a.args.size() != b.args.size() ||
+      a.tensors.size() != b.tensors.size() || a.dims.size() != b.dims.size() || a.slots.size() != b.slots.size() ||
+      a.scalars.size() != b.scalars.size() || a.op_names != b.op_names || a.inputs.size() != b.inputs.size() ||
+      a.outputs.size() != b.outputs.size() || a.results != b.results || a.patches.size() != b.patches.size() ||
+      a.alignment != b.alignment)
+    return "the exec plans of the two recorded sizes differ in their tables (Forge planned them apart)";
+  perm.assign(a.slots.size(), exec::kNone);
+  std::vector<std::uint32_t> back(b.slots.size(), exec::kNone);
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const exec::TensorRef &x = a.tensors[i], &y = b.tensors[i];
+    if (x.dtype != y.dtype || x.flags != y.flags || x.ndim != y.ndim || x.dims != y.dims || x.slot >= perm.size() ||
+        y.slot >= back.size() || (perm[x.slot] != exec::kNone && perm[x.slot] != y.slot) ||
+        (back[y.slot] != exec::kNone && back[y.slot] != x.slot))
+      return "the exec plans of the two recorded sizes have other tensors";
+    perm[x.slot] = y.slot;
+    back[y.slot] = x.slot;
+  }
+  if (std::find(perm.begin(), perm.end(), exec::kNone) != perm.end())
+    return "a slot of an exec plan holds no tensor";
+  for (std::size_t k = 0; k < a.kernels.size(); ++k) {
+    const exec::Kernel &x = a.kernels[k], &y = b.kernels[k];
+    if (x.group != y.group || x.kernel != y.kernel || x.recipe != y.recipe || x.call_begin != y.call_begin ||
+        x.call_count != y.call_count)
+      return "the exec plans of the two recorded sizes have other kernels (kernel " + std::to_string(k) + ")";
+  }
+  for (std::size_t c = 0; c < a.calls.size(); ++c) {
+    const exec::Call &x = a.calls[c], &y = b.calls[c];
+    if (x.op != y.op || x.schema_hash != y.schema_hash || x.kind != y.kind || x.phase != y.phase ||
+        x.grad_mode != y.grad_mode || x.in_begin != y.in_begin || x.in_count != y.in_count ||
+        x.out_begin != y.out_begin || x.out_count != y.out_count || x.scalar_begin != y.scalar_begin ||
+        x.scalar_count != y.scalar_count)
+      return "the exec plans of the two recorded sizes have other calls (call " + std::to_string(c) + ")";
+  }
+  for (std::size_t i = 0; i < a.args.size(); ++i)
+    if (a.args[i].tensor != b.args[i].tensor || a.args[i].arg_index != b.args[i].arg_index ||
+        a.args[i].list_index != b.args[i].list_index)
+      return "the exec plans of the two recorded sizes wire their calls otherwise";
+  for (std::size_t i = 0; i < a.slots.size(); ++i) {
+    const exec::Slot &x = a.slots[i], &y = b.slots[perm[i]];
+    if (x.kind != y.kind || x.dtype != y.dtype || x.first != y.first || x.last != y.last ||
+        (x.kind == exec::SlotKind::Constant && std::bit_cast<std::uint64_t>(x.value) != std::bit_cast<std::uint64_t>(y.value) &&
+         std::none_of(b.patches.begin(), b.patches.end(), [&](const exec::PatchPoint& q) {
+           return q.kind == exec::PatchKind::Constant && q.index == perm[i]; })))
+      return "the exec plans of the two recorded sizes have other slots";
+  }
+  for (std::size_t i = 0; i < a.patches.size(); ++i)
+    if (a.patches[i].kind != b.patches[i].kind ||
+        (a.patches[i].kind == exec::PatchKind::Scalar ? a.patches[i].index != b.patches[i].index
+                                                      : perm[a.patches[i].index] != b.patches[i].index))
+      return "the exec plans of the two recorded sizes have other patch points";
+  for (std::size_t i = 0; i < a.scalars.size(); ++i) {
+    const record::ScalarRecord &x = a.scalars[i], &y = b.scalars[i];
+    if (x.kind != y.kind || x.arg_index != y.arg_index || x.aux != y.aux)
+      return "the exec plans of the two recorded sizes have other scalars";
+  }
+  return "";
+}
+}  // namespace
+
+std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan_b) {
+  std::shared_ptr<replay::Plan> pc = replay::get_plan(bound);
+  std::shared_ptr<replay::Plan> pa = replay::get_plan(plan_a);
+  std::shared_ptr<replay::Plan> pb = replay::get_plan(plan_b);
+  if (pa == pb || pc == pa || pc == pb) return "binding an exec plan needs plans of three sizes";
+  std::shared_ptr<replay::ExecReplay> xa, xb;
+  std::shared_ptr<const replay::Form> fa, fb;
+  {
+    replay::BusyLock ha(*pa);
+    xa = pa->exec;
+    fa = pa->form;
+  }
+  {
+    replay::BusyLock hb(*pb);
+    xb = pb->exec;
+    fb = pb->form;
+  }
+  auto* ea = dynamic_cast<ExecReplayImpl*>(xa.get());
+  auto* eb = dynamic_cast<ExecReplayImpl*>(xb.get());
+  if (ea == nullptr || eb == nullptr) return "a plan of the two recorded sizes runs no exec stage";
+  if (ea->backend_name != eb->backend_name || ea->fast != eb->fast)
+    return "the exec stages of the two recorded sizes run on other backends";
+  replay::BusyLock hc(*pc);
+  if (pc->bound == nullptr) return "the plan was not bound to its sizes";
+  // The symbols: the argument dimensions plans a and b differ in, with their values here.
+  replay::SizeSymbols syms;
+  std::string why = replay::size_symbols(*fa, *fb, syms);
+  if (!why.empty()) return why;
+  std::vector<std::int64_t> c;
+  const std::vector<replay::ArgMeta>& here = pc->bound->arg_meta;
+  if (here.size() != fa->arg_meta.size()) return "the plans take other arguments";
+  for (std::size_t j = 0; j < here.size(); ++j)
+    for (std::size_t d = 0; d < here[j].sizes.size() && d < fa->arg_meta[j].sizes.size(); ++d)
+      if (fa->arg_meta[j].sizes[d] != fb->arg_meta[j].sizes[d]) c.push_back(here[j].sizes[d]);
+  if (c.size() != syms.size()) return "the plans' sizes vary in other dimensions";
+  const exec::ExecutionPlan& a = ea->step->sp.plan;
+  const exec::ExecutionPlan& b = eb->step->sp.plan;
+  std::vector<std::uint32_t> perm;  // a's slot -> b's
+  why = same_tables(a, b, perm);
+  if (!why.empty()) return why;
+  if (ea->input_src.size() != eb->input_src.size() || ea->input_src.size() != a.inputs.size() ||
+      eb->input_src.size() != b.inputs.size() || ea->slot_tensors.size() != eb->slot_tensors.size() ||
+      ea->patch_source != eb->patch_source)
+    return "the exec stages of the two recorded sizes bind other tensors";
+  // each input binding of a reads, on b's corresponding slot, b's binding of the same tensor
+  for (std::size_t k = 0; k < a.inputs.size(); ++k) {
+    const exec::Slot& y = b.slots[perm[a.inputs[k]]];
+    if (y.binding >= eb->input_src.size() || ea->input_src[k].kind != eb->input_src[y.binding].kind ||
+        ea->input_src[k].idx != eb->input_src[y.binding].idx)
+      return "the exec stages of the two recorded sizes bind other tensors";
+  }
+  for (std::uint32_t s = 0; s < a.slots.size(); ++s)
+    if (slot_bytes_rule(a, s) != a.slots[s].bytes || slot_bytes_rule(b, s) != b.slots[s].bytes)
+      return "slot " + std::to_string(s) + "'s bytes are not its tensors' extent in a recorded exec plan";
+  auto at = [&](std::int64_t x, std::int64_t y, const std::string& what) -> std::optional<std::int64_t> {
+    auto v = replay::size_at_sizes(x, y, syms, c);
+    if (!v) why = what + " has no single integer value at these sizes";
+    return v;
+  };
+  auto h = std::make_unique<ExecStep>();
+  exec::ExecutionPlan& p = h->sp.plan;
+  p = b;
+  for (std::size_t i = 0; i < p.dims.size() && why.empty(); ++i)
+    if (auto v = at(a.dims[i], b.dims[i], "an exec tensor's size or stride")) p.dims[i] = *v;
+  for (std::size_t i = 0; i < p.tensors.size() && why.empty(); ++i)
+    if (auto v = at(a.tensors[i].offset, b.tensors[i].offset, "an exec tensor's offset")) p.tensors[i].offset = *v;
+  for (std::size_t i = 0; i < p.scalars.size() && why.empty(); ++i) {
+    const record::ScalarRecord &x = a.scalars[i], &y = b.scalars[i];
+    if (x.bits == y.bits) continue;
+    if (x.kind == record::ScalarKind::Int) {
+      if (auto v = at(static_cast<std::int64_t>(x.bits), static_cast<std::int64_t>(y.bits), "an integer argument"))
+        p.scalars[i].bits = static_cast<std::uint64_t>(*v);
+    } else if (std::none_of(b.patches.begin(), b.patches.end(), [&](const exec::PatchPoint& q) {
+                 return q.kind == exec::PatchKind::Scalar && q.index == i;
+               })) {
+      std::size_t call = 0;
+      while (call + 1 < b.calls.size() &&
+             !(b.calls[call].scalar_begin <= i && i < b.calls[call].scalar_begin + b.calls[call].scalar_count))
+        ++call;
+      // a host read's recorded value (item() of a step count): what the call read then, not an
+      // argument it is given
+      if (classify_op(b.op_names[b.calls[call].op]).traits & op_trait::kHostRead) continue;
+      char vals[96];
+      std::snprintf(vals, sizeof vals, " (%.17g and %.17g)", std::bit_cast<double>(x.bits), std::bit_cast<double>(y.bits));
+      why = "argument " + std::to_string(y.arg_index) + " of call " + std::to_string(call) + " (" +
+            b.op_names[b.calls[call].op] + ") differs between the exec plans of the two recorded sizes and is no "
+            "size" + (x.kind == record::ScalarKind::Double ? std::string(vals) : std::string());
+    }
+  }
+  if (!why.empty()) return why;
+  for (std::uint32_t s = 0; s < p.slots.size(); ++s) p.slots[s].bytes = slot_bytes_rule(p, s);
+  auto layout = exec::place_arena(p, exec::plan_memory_use(p));
+  if (!layout.ok()) return "the bound exec plan's arena: " + std::string(layout.status().message());
+  for (std::size_t s = 0; s < p.slots.size(); ++s) p.slots[s].offset = layout->offsets[s];
+  p.arena_bytes = layout->arena_bytes;
+  if (Status st = exec::verify_plan(p); !st.ok()) return "the bound exec plan: " + std::string(st.message());
+  h->recomputed = eb->step->recomputed;
+  if (Status st = start_runner(*h, eb->backend_name, eb->fast, false); !st.ok())
+    return "the bound exec plan: " + std::string(st.message());
+  auto impl = std::make_shared<ExecReplayImpl>();
+  impl->backend_name = eb->backend_name;
+  impl->fast = eb->fast;
+  impl->input_src = eb->input_src;
+  impl->patch_source = eb->patch_source;
+  for (std::size_t i = 0; i < eb->slot_tensors.size(); ++i) {
+    const SlotTensor &x = ea->slot_tensors[i], &y = eb->slot_tensors[i];
+    if (x.slot != y.slot || perm[x.exec] != y.exec || x.dtype != y.dtype || x.sizes.size() != y.sizes.size())
+      return "the exec stages of the two recorded sizes hand out other tensors";
+    SlotTensor v = y;
+    const auto off = replay::size_at_sizes(x.offset, y.offset, syms, c);
+    if (!off) return "an output's offset has no single integer value at these sizes";
+    v.offset = *off;
+    for (std::size_t d = 0; d < v.sizes.size(); ++d) {
+      const auto sz = replay::size_at_sizes(x.sizes[d], y.sizes[d], syms, c);
+      const auto st = replay::size_at_sizes(x.strides[d], y.strides[d], syms, c);
+      if (!sz || !st) return "an output's sizes have no single integer value at these sizes";
+      v.sizes[d] = *sz;
+      v.strides[d] = *st;
+    }
+    impl->slot_tensors.push_back(std::move(v));
+  }
+  impl->step = std::move(h);
+  pc->exec = std::move(impl);
+  replay::exec_changed(*pc);
+  pc->exec_note = "";
+  return "";
+}
 
 std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t begin, std::size_t end,
                         const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options,

@@ -76,4 +76,10 @@ std::string attach_exec(std::int64_t plan, const record::Trace& t, std::size_t b
                         const std::vector<std::uint64_t>& arg_storages, const ExecStepOptions& options,
                         std::int64_t form = -1);
 
+// Note [Bound exec plans] (ExecReplay.cpp): the exec stage of plan `bound` (bound to new sizes,
+// Note [Bound sizes]) from the exec stages of plans `plan_a` and `plan_b` at the two sizes its
+// binding was made from: their exec plan with every integer evaluated at the bound sizes, the
+// arena placed again. Returns "" or why not (the plan keeps running its ATen ops then).
+std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan_b);
+
 }  // namespace crucible::vessel

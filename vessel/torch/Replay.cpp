@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -1657,10 +1658,14 @@ Like compare_like(std::int64_t plan, const Form& b, const std::vector<ScalarSour
 
 namespace {
 // Note [Bound sizes]: a recorded form at other sizes that plan `id`'s form repeats.
-void set_sibling(std::int64_t id, std::shared_ptr<const Form> f) {
+// Its metadata only: the recorded call's tensors (a gradient it read) are not held for it.
+void set_sibling(std::int64_t id, const std::shared_ptr<const Form>& f) {
   auto p = get_plan(id);
   BusyLock hold(*p);
-  if (p->sibling == nullptr) p->sibling = std::move(f);
+  if (p->sibling != nullptr) return;
+  auto m = std::make_shared<Form>(*f);
+  for (at::Tensor& t : m->exts) t = meta_only(t);
+  p->sibling = std::move(m);
 }
 }  // namespace
 
@@ -1742,6 +1747,16 @@ std::optional<std::int64_t> size_at(std::int64_t x, std::int64_t y, const SizeSy
   return static_cast<std::int64_t>(*v);
 }
 
+}  // namespace
+
+namespace replay {
+std::optional<std::int64_t> size_at_sizes(std::int64_t x, std::int64_t y, const SizeSymbols& syms,
+                                          const std::vector<std::int64_t>& c) {
+  return size_at(x, y, syms, c);
+}
+}  // namespace replay
+
+namespace {
 bool ints_at(c10::IntArrayRef x, c10::IntArrayRef y, const SizeSymbols& syms, const std::vector<std::int64_t>& c,
              std::vector<std::int64_t>& out) {
   if (x.size() != y.size()) return false;
@@ -1780,6 +1795,23 @@ std::optional<std::vector<std::int64_t>> window_sizes(const OpT& o, const std::v
       out.push_back(transposed ? (in[d + 2] - 1) * s - 2 * p + dl * (k - 1) + at(opad, d, 0) + 1
                                : (in[d + 2] + 2 * p - dl * (k - 1) - 1) / s + 1);
     }
+    return out;
+  }
+  if (name == "aten::slice.Tensor" && o.args.size() >= 5 && o.args[1].value.isInt()) {
+    // ATen's slice: start and end clamped into the dimension, then a rounded division by the step
+    const std::int64_t dim = o.args[1].value.toInt() < 0 ? o.args[1].value.toInt() + static_cast<std::int64_t>(in.size())
+                                                          : o.args[1].value.toInt();
+    if (dim < 0 || dim >= static_cast<std::int64_t>(in.size()) || !o.args[4].value.isInt()) return std::nullopt;
+    const std::int64_t n = in[static_cast<std::size_t>(dim)], step = o.args[4].value.toInt();
+    if (step <= 0) return std::nullopt;
+    std::int64_t start = o.args[2].value.isInt() ? o.args[2].value.toInt() : 0;
+    std::int64_t end = o.args[3].value.isInt() ? o.args[3].value.toInt() : std::numeric_limits<std::int64_t>::max();
+    if (start < 0) start += n;
+    if (end < 0) end += n;
+    start = std::clamp<std::int64_t>(start, 0, n);
+    end = std::clamp<std::int64_t>(end, start, n);
+    out = in;
+    out[static_cast<std::size_t>(dim)] = (end - start + step - 1) / step;
     return out;
   }
   const bool maxp = name == "aten::max_pool2d_with_indices" || name == "aten::max_pool2d";
@@ -1931,8 +1963,9 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
       return t;
     }
     const std::string base(op_base_name(op_name(y.op)));
-    if (base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" || base == "avg_pool2d")
-      t->windowed.push_back(k);
+    if (base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" || base == "avg_pool2d" ||
+        base == "slice")
+      t->windowed.push_back(k);   // skipped ops too: Python may have read their sizes
     for (std::uint32_t i = 0; i < y.args.size(); ++i) {
       if (x.arg_sig[i] == y.arg_sig[i] || y.args[i].kind != ArgT::Const) continue;
       if (std::any_of(patches.begin(), patches.end(), [&](const Patch& q) { return q.ext < 0 && q.op == k && q.arg == i; }))
@@ -1972,7 +2005,7 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
 }
 }  // namespace
 
-std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
+std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArrayRef sibling_sizes) {
   const auto t0 = std::chrono::steady_clock::now();
   auto pd = get_plan(plan);
   std::shared_ptr<const BindTemplate> tp;
@@ -1981,6 +2014,11 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
     BusyLock hd(*pd);
     if (pd->sync) throw std::runtime_error("a sync-point plan runs its Python: its sizes are not bound");
     if (pd->sibling == nullptr) throw std::runtime_error("the plan has no recorded call at other sizes");
+    std::vector<std::int64_t> sib;  // the sizes the caller's guard was made from must be the sibling's
+    for (const ArgMeta& m : pd->sibling->arg_meta) sib.insert(sib.end(), m.sizes.begin(), m.sizes.end());
+    if (c10::IntArrayRef(sib) != sibling_sizes)
+      throw std::runtime_error("the plan's recorded call at other sizes is another than the one its guard was made "
+                               "from (a plan shared between steps)");
     if (pd->bind_template == nullptr) pd->bind_template = make_bind_template(pd->sibling, pd->form, pd->patches);
     tp = pd->bind_template;
     if (!tp->refusal.empty()) throw std::runtime_error(tp->refusal);
@@ -2076,7 +2114,11 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
   };
   std::vector<std::int64_t> input, weight;
   for (std::uint32_t k : t.windowed) {
-    const OpT& o = b.ops[k];
+    OpT o = b.ops[k];   // with its integers as bound here
+    for (std::int32_t i = bind.op_first[k]; i >= 0 && static_cast<std::size_t>(i) < bind.args.size() &&
+                                            bind.args[i].first >> 32 == k;
+         ++i)
+      o.args[bind.args[i].first & 0xffffffffu].value = bind.args[i].second;
     if (o.args.empty() || o.args[0].kind != ArgT::Tensor || o.outs.empty() || o.outs[0].kind != OutT::Tensor) continue;
     if (!sizes_of(o.args[0].refs[0], input)) continue;
     const bool has_weight = o.args.size() > 1 && o.args[1].kind == ArgT::Tensor && sizes_of(o.args[1].refs[0], weight);
@@ -2114,12 +2156,72 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args) {
   return register_plan(std::move(p), t0);
 }
 
+namespace {
+// Note [Bound sizes]: a call recorded at a bound plan's sizes against the plan: the same step as
+// the form the plan shares (a call at other sizes, Note [Size families]), and every integer —
+// op arguments, views, results' sizes, arguments' metadata — the one the binding gives.
+std::string bound_diff(const Plan& p, const Form& f, const std::vector<ScalarSource>& sources, std::vector<Patch>* found) {
+  const Form& d = *p.form;
+  const SizeBinding& b = *p.bound;
+  SizeSymbols syms;
+  std::string why = size_symbols(d, f, syms);
+  if (why.empty()) {
+    std::vector<at::Tensor> exts = d.exts;
+    for (std::size_t e = 0; e < exts.size() && e < p.run_exts.size(); ++e)
+      if (!exts[e].unsafeGetTensorImpl()->is_wrapped_number()) exts[e] = p.run_exts[e];
+    why = compare_forms(d, f, &p.build_sources, &sources, found, &exts, nullptr, nullptr, nullptr, &syms);
+  }
+  if (!why.empty()) return why;
+  std::string want;
+  for (std::size_t k = 0; k < d.ops.size(); ++k) {
+    std::int32_t at = b.op_first[k];
+    for (std::size_t i = 0; i < d.ops[k].args.size(); ++i) {
+      const ArgT& a = d.ops[k].args[i];
+      if (a.kind != ArgT::Const) continue;
+      const bool patched = std::any_of(p.patches.begin(), p.patches.end(),
+                                       [&](const Patch& q) { return q.ext < 0 && q.op == k && q.arg == i; });
+      const bool bound = at >= 0 && static_cast<std::size_t>(at) < b.args.size() &&
+                         b.args[at].first == (static_cast<std::uint64_t>(k) << 32 | i);
+      if (patched) {
+        if (bound) ++at;
+        continue;
+      }
+      want.clear();
+      if (bound) const_text(b.args[at++].second, want);
+      else want = d.ops[k].arg_sig[i];
+      if (want != f.ops[k].arg_sig[i])
+        return describe_op(d.ops[k], k) + " argument '" + arg_name(d.ops[k], i) + "' is " + f.ops[k].arg_sig[i] +
+               " in the call and " + want + " in the plan bound to its sizes";
+    }
+  }
+  for (std::size_t v = 0; v < d.views.size(); ++v) {
+    const ViewSpec& x = b.views[v];
+    const ViewSpec& y = f.views[v];
+    if (x.sizes != y.sizes || x.strides != y.strides || x.offset_delta != y.offset_delta)
+      return "view " + std::to_string(v) + " is " + dims(y.sizes) + dims(y.strides) + " in the call and " +
+             dims(x.sizes) + dims(x.strides) + " in the plan bound to its sizes";
+  }
+  std::vector<std::int64_t> sz;
+  for (std::uint32_t s = 0; s < d.slot_sizes.size() && s < f.slot_sizes.size(); ++s) {
+    bound_slot(b, d, s, false, sz);
+    if (sz != f.slot_sizes[s])
+      return "result " + std::to_string(s) + " is " + dims(f.slot_sizes[s]) + " in the call and " + dims(sz) +
+             " in the plan bound to its sizes";
+  }
+  for (std::size_t j = 0; j < b.arg_meta.size() && j < f.arg_meta.size(); ++j)
+    if (b.arg_meta[j].sizes != f.arg_meta[j].sizes || b.arg_meta[j].strides != f.arg_meta[j].strides)
+      return "step argument " + std::to_string(j) + " is not of the plan's sizes";
+  return "";
+}
+}  // namespace
+
 std::string plan_check(std::int64_t plan, std::int64_t form, const std::vector<ScalarSource>& sources) {
   auto p = get_plan(plan);
   auto f = get_form(form);
   BusyLock hold(*p);
   std::vector<Patch> found;
-  const std::string diff = diff_against_plan(*p, *f, sources, &found);
+  const std::string diff = p->bound != nullptr ? bound_diff(*p, *f, sources, &found)
+                                               : diff_against_plan(*p, *f, sources, &found);
   if (!diff.empty()) return diff;
   for (const Patch& pt : found) {
     bool expected = false;
@@ -2292,7 +2394,7 @@ TORCH_LIBRARY(crucible, m) {
   m.def("note_grads(Tensor[] params) -> ()", &crucible::vessel::note_grads_op);
   m.def("capture_finish(Tensor[] args, Tensor[] outputs) -> int", &crucible::vessel::capture_finish_op);
   m.def("run(int plan, Tensor[] args, float[] scalars) -> Tensor[]", &crucible::vessel::run_op);
-  m.def("plan_bind_sizes(int plan, Tensor[] args) -> int",
+  m.def("plan_bind_sizes(int plan, Tensor[] args, int[] sibling_sizes) -> int",
         &crucible::vessel::plan_bind_sizes);
   m.def("capture_mark(int kind, int tag, bool retain_graph, Tensor[] roots, Tensor[] seeds) -> ()",
         &crucible::vessel::capture_mark_op);

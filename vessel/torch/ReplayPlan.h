@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -283,6 +284,10 @@ std::string ref_text(Ref r);
 using SizeSymbols = std::vector<std::pair<std::int64_t, std::int64_t>>;
 std::string size_symbols(const Form& a, const Form& b, SizeSymbols& out);
 bool size_explained(std::int64_t x, std::int64_t y, const SizeSymbols& syms);
+// Note [Bound sizes]: the value at the symbols' values `c` of an integer that was x and y at
+// their two recorded values (every fit that explains it agreeing), else nullopt.
+std::optional<std::int64_t> size_at_sizes(std::int64_t x, std::int64_t y, const SizeSymbols& syms,
+                                          const std::vector<std::int64_t>& c);
 // Does form b repeat form a (Replay.cpp)? "" when it does, else the first difference, for a
 // user. A scalar that differs and is fed by a source becomes a patch (into `patches`); with
 // live_args/live_exts (a sync-point plan) one with no source is taken from each call instead.
@@ -340,5 +345,5 @@ namespace crucible::vessel {
 // recorded call, from a plan with a sibling (a recorded form at other sizes it repeats, Note
 // [Size families]): the plan's form with every integer the argument sizes explain evaluated at
 // these sizes. Throws std::runtime_error with the reason when they cannot be bound.
-std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args);
+std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArrayRef sibling_sizes);
 }  // namespace crucible::vessel

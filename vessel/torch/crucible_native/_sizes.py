@@ -24,14 +24,15 @@ computed value is the one its own fit predicts (a value Python could have passed
 bound plan's integer comes from that fit). Then C takes the recorded path with the integers the
 plan is bound with, and needs no recorded call.
 
-What is not followed: a size turned into a plain int by C code that calls no method of it
-(range(), indexing a list, torch.Size.numel(), NumPy). Such a value either reaches an ATen op,
-where the plans' comparison explains it or refuses the family; or shows as a different number
-of ops when it differs between the two recorded sizes (a loop over range(n)); a value equal at
-both sizes and not computed by a logged operation (a read of a dimension that does not vary)
-is a constant of the plan either way. What stays open: Python branching on such a plain int in
-a way that gives the same ops at both recorded sizes and others at a third; the documented way
-out is crucible.compile(step, new_sizes="record").
+C functions that take an int's value without calling a method of it are wrapped while a call
+is captured, their size arguments logged as escapes: range() and the math functions of _MATH.
+What is not followed: a size made a plain int by C code that is not wrapped (indexing or slicing
+a Python list with it, torch.Size.numel(), NumPy, other extensions). Such a value that reaches
+an ATen op and differs between the two recorded sizes is explained by a fit or refuses the
+family; one that changes the number of ops shows between the two recorded calls; but one equal
+at both recorded sizes is a constant of the bound plan, and would go unnoticed if it differed at
+a third (a size-indexed table of integers). verify_every=N compares bound plans with recorded
+calls; crucible.compile(step, new_sizes="record") records every new size instead.
 """
 from __future__ import annotations
 
@@ -100,10 +101,13 @@ class _Sym(int):
 def _arith(name, reflected=False):
     plain = getattr(int, f"__{'r' if reflected else ''}{name}__")
 
-    def op(self, other):
-        res = plain(self, other)
+    def op(self, other, *mod):
+        res = plain(self, other, *mod)
         log = self._log
         if not log.live():
+            return res
+        if mod:   # pow(s, e, m)
+            log.events.append(("esc", self._n, "pow"))
             return res
         if res is NotImplemented:
             if not isinstance(other, _tensor_type()):   # a tensor's own operator takes the int to ATen
@@ -191,6 +195,33 @@ for _n in ("numerator", "denominator", "real", "imag"):
 
 
 # -- the reads ----------------------------------------------------------------------------------
+# math functions that take an int's value without calling its methods (sqrt, ceil, floor call
+# __float__, __ceil__, __floor__: escapes already)
+_MATH = ("isqrt", "log", "log2", "log10", "log1p", "gcd", "lcm", "comb", "perm", "factorial", "dist", "hypot")
+_builtin_range = range
+
+
+class _RangeMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _builtin_range)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _builtin_range)
+
+
+class _Range(metaclass=_RangeMeta):
+    """builtins.range while a call is captured: a real range, its size arguments logged as escapes
+    (a loop's count is the number of ops it makes, compared between the recorded calls; a count
+    equal at both and not at a third would go unseen)."""
+
+    def __new__(cls, *a):
+        log = _log_now()
+        if log is not None:
+            for x in a:
+                if isinstance(x, _Sym) and x._log is log:
+                    log.events.append(("esc", x._n, "range"))
+        return _builtin_range(*a)
+
 _state = threading.local()
 _active = []          # the live logs (one per capturing thread)
 _lock = threading.Lock()
@@ -230,7 +261,7 @@ def _install():
             return s if got is None else torch.Size(got)
         v = size_m(self, dim)
         log = _log_now()
-        return v if log is None else log.node(("read", "size", _index(dim)), v)
+        return v if log is None else log.node(("read", "size", dim if isinstance(dim, str) else _index(dim)), v)
 
     def stride(self, dim=None):
         if dim is None:
@@ -239,7 +270,7 @@ def _install():
             return s if got is None else tuple(got)
         v = stride_m(self, dim)
         log = _log_now()
-        return v if log is None else log.node(("read", "stride", _index(dim)), v)
+        return v if log is None else log.node(("read", "stride", dim if isinstance(dim, str) else _index(dim)), v)
 
     def scalar_read(kind, m):
         def read(self):
@@ -260,6 +291,27 @@ def _install():
             return numel_f(t)
         return scalar_read("numel", numel_m)(t)
 
+    # C functions that read a size as a plain int without calling a method of it: while a call is
+    # captured, a size given to them is an escape (its value checked, never followed)
+    import builtins
+    import math
+
+    def escaping(fn, how):
+        def call(*a, **k):
+            log = _log_now()
+            if log is not None:
+                for x in list(a) + list(k.values()):
+                    if isinstance(x, _Sym) and x._log is log:
+                        log.events.append(("esc", x._n, how))
+            return fn(*a, **k)
+        call.__wrapped__ = fn
+        return call
+    for name in _MATH:
+        if hasattr(math, name):
+            _saved["math." + name] = getattr(math, name)
+            setattr(math, name, escaping(getattr(math, name), "math." + name))
+    _saved["range"] = builtins.range
+    builtins.range = _Range
     _saved.update(shape=T.__dict__.get("shape"), size=T.__dict__.get("size"), stride=T.__dict__.get("stride"),
                   numel=T.__dict__.get("numel"), nelement=T.__dict__.get("nelement"),
                   storage_offset=T.__dict__.get("storage_offset"), __len__=T.__dict__.get("__len__"),
@@ -285,6 +337,12 @@ def _uninstall():
         else:
             setattr(T, name, old)
     torch.numel = _saved["torch_numel"]
+    import builtins
+    import math
+    builtins.range = _saved["range"]
+    for name in _MATH:
+        if "math." + name in _saved:
+            setattr(math, name, _saved["math." + name])
     _saved.clear()
 
 
@@ -385,6 +443,11 @@ class SizeGuard:
                               f"is no simple function of the argument sizes")
             fits.append(f)
         return SizeGuard(log_a.nodes, log_a.events, va, [s for s, _, _ in syms], fits, shapes_a), None
+
+    @property
+    def sibling_shapes(self):
+        """The argument shapes of the first recorded call (the plan's sibling, Note [Bound sizes])."""
+        return self._shapes
 
     def check(self, shapes):
         """None when a call with these argument sizes takes the recorded path, else why not."""

@@ -366,7 +366,7 @@ class _Entry:
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
                  "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting",
-                 "sync_lifted", "bound", "bind_tried", "cap_sizes", "form_sizes", "size_log")
+                 "sync_lifted", "bound", "bind_tried", "cap_sizes", "form_sizes", "size_log", "bind_from")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -410,6 +410,9 @@ class _Entry:
         self.cap_sizes, self.form_sizes, self.size_log = None, {}, None
         self.bound = False       # its plan was bound to its sizes without a recorded call (Note [Bound sizes])
         self.bind_tried = False  # binding was tried for it
+        # (sib, d, ran): the sizes whose exec plans its bound plan's exec plan is made from, at
+        # its first call after a run (Note [Bound exec plans]); None when done or not wanted
+        self.bind_from = None
 
 
 class CompiledStep(_SyncPoint):
@@ -646,7 +649,7 @@ class CompiledStep(_SyncPoint):
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
         e.derived, e.sync_lifted = False, {}
-        e.bound, e.size_log, e.form_sizes = False, None, {}
+        e.bound, e.size_log, e.form_sizes, e.bind_from = False, None, {}, None
         e.hypers, e.sync_misses = [], 0
         fam = e.family
         if fam is not None and fam.bind is not None and fam.bind[0] is e:
@@ -792,7 +795,9 @@ class CompiledStep(_SyncPoint):
                 e.family = self._families[fkey] = _Family(self._free_sizes)
             e.family.signatures += 1
         e.used = st["calls"]
-        if e.plan is None and not e.bind_tried and e.refused is None:
+        if e.plan is None and not e.bind_tried and e.refused is None and not e.forms:
+            # (a size that has recorded a call is compared with it: that call is evidence the
+            # binding would not see)
             if e.family.bind is not None:
                 e.bind_tried = True
                 self._bind_sizes(e, tensors)
@@ -815,15 +820,24 @@ class CompiledStep(_SyncPoint):
                 if self._verify_every and (st["plan_runs"] + st["verifications"] + 1) % self._verify_every == 0:
                     return self._verify(e, args, kwargs, tensors)
                 vals = self._sources.values(True, anchors=False) if e.patched else []
+                if e.bind_from is not None and e.bind_from[2]:
+                    sib, d, _ = e.bind_from
+                    e.bind_from = None
+                    self._bind_exec(e.plan, sib, d)
                 t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)
-                except RuntimeError:
+                except RuntimeError as err:
+                    if e.bound and "bound to new sizes without a recorded call" in str(err):
+                        self._drop(e)   # its sizes were not what the binding predicted: recorded next time
+                        e.bind_tried = True
                     if not _ext.take_guard_failure():
                         raise
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
+                if e.bind_from is not None:
+                    e.bind_from = (e.bind_from[0], e.bind_from[1], True)   # its sizes checked by a run
                 e.family.note_plan(time.perf_counter() - t0)
                 e.replans_idle = 0
                 if e.scheds:
@@ -961,10 +975,11 @@ class CompiledStep(_SyncPoint):
                     why = why or str(err)
             if plan is not None:
                 break
-        t_log = t.size_log if plan is not None else None
+        t_log, sib, partner = (t.size_log, t, None) if plan is not None else (None, None, None)
         if plan is None and mode == "replay":
-            plan, t_log, why = self._build_pair(e, form, why)
-            t = None
+            plan, partner, why = self._build_pair(e, form, why)
+            t, sib = None, partner
+            t_log = partner.form_sizes.get(partner.forms[-1]) if partner is not None else None
         if plan is None:
             if why:
                 self.last_size_miss = why
@@ -993,19 +1008,24 @@ class CompiledStep(_SyncPoint):
             if self._backend != "replay":
                 self._attach_exec(e, form)
             e.guard, e.py = e.cap_guard.without(e.lifted), e.cap_py
-        self._forget_captures(e)
         e.attempts = 0
         e.derived = True
         self._count("plans_built")
         self._count("sizes_derived")
+        if partner is not None and partner.plan is None and len(partner.forms) == 1:
+            # the size e was paired with is derived from e's plan now, while its recorded call is
+            # still in the trace (its exec stage is planned from it): two sizes with exec plans,
+            # which a bound size's exec plan is made from (Note [Bound exec plans])
+            self._build_like(partner)
+        self._forget_captures(e)
         if mode == "replay" and not self._record_sizes:
-            self._note_bindable(t_log, e)
+            self._note_bindable(t_log, e, sib)
         return True
 
     def _build_pair(self, e, form, why):
         """Note [Size families]: no other size has a plan yet, but one has recorded a call: e's
         plan is built from that call and e's (which must repeat it at e's sizes). Returns
-        (plan, that call's size log, why not)."""
+        (plan, the size that recorded that call, why not)."""
         scheds = [(id(s), n) for s, n in e.scheds]
         for o in reversed(self._entries.values()):
             if (o is e or o.family is not e.family or o.plan is not None or o.refused is not None or not o.forms
@@ -1026,13 +1046,14 @@ class CompiledStep(_SyncPoint):
             except RuntimeError as err:
                 why = why or str(err)
                 continue
-            return plan, o.form_sizes.get(o.forms[-1]), why
+            return plan, o, why
         return None, None, why
 
-    def _note_bindable(self, t_log, d):
+    def _note_bindable(self, t_log, d, sib):
         """Note [Bound sizes]: d's plan repeats a call recorded at other sizes (t_log: that
-        call's size log); when the step's Python did the same with sizes in both recorded calls,
-        later sizes are bound from the two without a recorded call."""
+        call's size log; sib: the size that recorded it); when the step's Python did the same
+        with sizes in both recorded calls, later sizes are bound from the two without a recorded
+        call."""
         fam = d.family
         if t_log is None or d.size_log is None:
             if fam.bind is None:
@@ -1040,15 +1061,30 @@ class CompiledStep(_SyncPoint):
             return
         guard, why = _sizes.SizeGuard.make(t_log[0], t_log[1], d.size_log[0], d.size_log[1])
         if guard is not None:
-            fam.bind, fam.bind_why = (d, guard), None
+            fam.bind, fam.bind_why = (d, guard, sib), None
         elif fam.bind is None:   # a pair that cannot bind leaves one that can
             fam.bind_why = why
+
+    def _bind_exec(self, plan, sib, d):
+        """Note [Bound exec plans]: the bound plan runs through the exec stage made from the
+        exec plans of sib's and d's sizes; else its ATen ops (plans()' exec_note says why)."""
+        from ._native import load_exec
+        if sib is None or sib.plan is None or sib.mode != "replay":
+            why = "no exec plan of the other recorded size"
+        else:
+            try:
+                why = load_exec().bind_exec(plan, sib.plan, d.plan)
+            except (ImportError, OSError, RuntimeError) as err:
+                why = f"the exec stage is not available: {err}"
+        if why:
+            _ext.plan_set_exec_note(plan, f"sizes bound without a recorded call (Note [Bound sizes]); the plan "
+                                          f"runs its ATen ops: {why}")
 
     def _bind_sizes(self, e, tensors):
         """Note [Bound sizes]: e's plan bound from its family's two plans, when its sizes keep
         the step's Python on their path and every integer of the plans has a value here."""
         fam = e.family
-        d, guard = fam.bind
+        d, guard, sib = fam.bind
         if d.plan is None or d.mode != "replay":
             fam.bind, fam.bind_why = None, "the plan sizes are bound from was dropped"
             return
@@ -1057,7 +1093,7 @@ class CompiledStep(_SyncPoint):
         why = guard.check([tuple(x.shape) for x in tensors])
         if why is None:
             try:
-                plan = self._bind(d.plan, list(tensors))
+                plan = self._bind(d.plan, list(tensors), [n for shape in guard.sibling_shapes for n in shape])
             except RuntimeError as err:
                 why = str(err).split("\nException raised from")[0]
         if why is not None:
@@ -1067,6 +1103,9 @@ class CompiledStep(_SyncPoint):
             _ext.form_release(f)
         e.forms, e.srcs, e.form_closures, e.hypers, e.guards, e.form_sizes = [], [], [], [], [], {}
         self._forget_captures(e)
+        # Note [Bound exec plans]: at the size's second call, after one run of its ATen ops has
+        # checked every result's sizes (and a size called once pays nothing for it)
+        e.bind_from = (sib, d, False) if self._backend != "replay" else None
         e.plan, e.mode, e.spec, e.scheds = plan, "replay", d.spec, d.scheds
         e.closures = d.closures
         e.lifted = {g: set(ks) for g, ks in d.lifted.items()}
@@ -1363,7 +1402,14 @@ class CompiledStep(_SyncPoint):
         (a scheduler's learning rate) and are fed by a source become patch points, and that
         hyperparameter is no longer guarded, so later changes cost nothing; persistent tensors
         that are new objects of the same kind (a loaded optimizer state, a replaced parameter)
-        are bound instead. Anything else drops the plan, and the step records again."""
+        are bound instead. Anything else drops the plan, and the step records again. A bound
+        size's plan (Note [Bound sizes]) is dropped and the call recorded as a new size's."""
+        if e.bound:
+            self._drop(e)
+            e.bind_tried = e.started = True
+            e.seen = self._warmup + 1   # past its warm-up: its next call records too, if this one is not enough
+            e.mode = None               # whole-step or sync-point, as the recorded calls say
+            return self._capture_call(e, args, kwargs, tensors)
         changed = [(d, k) for d, k, v in e.guard._hyper if d.get(k, _MISSING) != v]
         lifted = {g: set(ks) for g, ks in e.lifted.items()}
         for d, k in changed:   # if the plan takes them over, that group's value comes from the sources
