@@ -1694,27 +1694,32 @@ std::int64_t plan_build_pair(std::int64_t form_a, std::int64_t form_b, const std
   return id;
 }
 
-// Note [Bound sizes]: a whole-step plan for new sizes without recording a call. Two plans of
-// one size family — t recorded at some sizes, d derived from one call at others (Note [Size
-// families]) — repeat each other op for op; every integer of their forms (op arguments, view
-// geometry, result sizes and strides, argument metadata) is either equal in both, a constant, or
-// explained by the argument sizes that differ with a one-parameter fit (S + d, c*S, c*S*T). The
-// plan for sizes C is d's form with each explained integer evaluated at C: all fits that explain
-// it must give one integer there, else C is refused (a size of 13 where the fit is S/2). This is
-// only sound where the step's sizes are such functions of its arguments' sizes:
+// Note [Bound sizes]: a whole-step plan for new sizes without recording a call. A plan d and its
+// sibling (a recorded call at other sizes it repeats op for op: the template it was derived from,
+// or the call it was paired with, Note [Size families]) differ only in integers — op arguments,
+// view geometry, result sizes and strides, argument metadata — each either equal in both (a
+// constant) or explained by the argument sizes that differ with a one-parameter fit (S + d, c*S,
+// c*S*T). The plan for sizes C shares d's form and holds a SizeBinding: each explained integer
+// evaluated at C, where all fits that explain it must give one integer, else C is refused (13
+// where the fit is S/2). What to evaluate is found once per plan (BindTemplate). This is only
+// sound where the step's sizes are such functions of its arguments' sizes:
 //   - Python's decisions on sizes are guarded by crucible.compile (Note [Symbolic sizes] in
 //     _sizes.py): the plan is asked for only when every size Python read, compared or computed
 //     holds at C as it held when recorded;
 //   - ATen's own size arithmetic is linear or a product (pointwise, matmul, reductions, views,
-//     cat, norms, losses, optimizers) for every op of the form; a form with an op that divides or
-//     rounds sizes (convolution, pooling, chunk, split by size, unfold, an arange with a step, an
-//     FFT), an op the op table does not know, or one whose sizes depend on data is not bound
-//     (`unbound_op` says which);
-//   - the first run checks every result's sizes and strides against the form's (run_range); a
-//     mismatch stops the call with an error naming the op (never observed: it needs a size
-//     function outside the fits that still fits both recorded sizes).
-// The bound plan runs its ATen ops (no exec stage: that is planned from a recorded call), with
-// d's patch points, persistent tensors, gradient bindings and scalar sources.
+//     cat, norms, losses, optimizers) for every op of the form; convolutions, pooling and slices
+//     (which clamp their start and end) are checked at C by ATen's formula (window_sizes),
+//     skipped ops included; a form with another op that divides or rounds sizes (chunk, split by
+//     size, unfold, an arange with a step, an FFT), an op the op table does not know, or one
+//     whose sizes depend on data is not bound (`unbound_op` says which);
+//   - the first run checks every result's sizes and strides against the binding's (run_range); a
+//     mismatch stops the call with an error naming the op, and crucible.compile records that
+//     size at its next call (never observed: it needs a size function outside the fits and the
+//     formulas that still fits both recorded sizes).
+// The bound plan has d's patch points, persistent tensors, gradient bindings and scalar sources.
+// It runs its ATen ops; crucible.compile gives it an exec stage at its size's second call
+// (Note [Bound exec plans], ExecReplay.cpp). plan_check compares a recorded call at its sizes
+// with the binding (bound_diff): verify_every verifies bound plans too.
 namespace {
 // The value at sizes `c` of an integer that was x at the symbols' first values and y at their
 // second: every fit of size_explained that holds must give the same integer, else none.

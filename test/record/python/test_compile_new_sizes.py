@@ -458,6 +458,8 @@ def test_a_python_branch_on_a_size_keeps_a_size_on_the_other_side_from_being_bou
     assert st["sizes_bound"] == 1, (st, step.last_bind_miss)
     assert "takes the other branch" in step.last_bind_miss, step.last_bind_miss
     assert st["captures"] == 3 + 2, st   # 12 twice, 14 once; 8 twice (another path)
+    (bound,) = [p for p in step.plans() if p["bound"]]
+    assert "S0 > 10" in bound["size_guards"], bound["size_guards"]   # the branch, over the length
 
 
 def test_a_size_python_uses_as_a_plain_int_is_never_bound():

@@ -442,12 +442,60 @@ class SizeGuard:
                 return None, (f"the step's Python read a size ({desc[1]} {desc[2]}: {va[n]} and {vb[n]}) that "
                               f"is no simple function of the argument sizes")
             fits.append(f)
-        return SizeGuard(log_a.nodes, log_a.events, va, [s for s, _, _ in syms], fits, shapes_a), None
+        g = SizeGuard(log_a.nodes, log_a.events, va, [s for s, _, _ in syms], fits, shapes_a)
+        g._pairs = pairs
+        return g, None
 
     @property
     def sibling_shapes(self):
         """The argument shapes of the first recorded call (the plan's sibling, Note [Bound sizes])."""
         return self._shapes
+
+    def describe(self) -> list:
+        """The guards as text over the symbols (S0, S1, ...: the argument dimensions that vary,
+        named in order): each comparison Python made ("S0 > 10"), each computed value held to its
+        fit ("S0 // 2 == S0/2"), each escaped value held to its recorded one ("int(64) == 64")."""
+        names = {}   # one name per pair of recorded values (inputs and targets of one length: one S0)
+        sym_names = [names.setdefault(pair, f"S{len(names)}") for pair in self._pairs]
+
+        def fit_text(fits):
+            add, x, i, j, den = fits[0]
+            if add:
+                return sym_names[i] + (f" + {x}" if x > 0 else f" - {-x}" if x < 0 else "")
+            from fractions import Fraction
+            c = Fraction(x, den)
+            term = sym_names[i] + (f"*{sym_names[j]}" if j is not None else "")
+            return term if c == 1 else f"{c}*{term}"
+        text = []
+        for n, desc in enumerate(self._nodes):
+            f = self._fits[n]
+            if desc[0] == "read":
+                text.append(str(self._va[n]) if f is None else fit_text(f) if f else "?")
+                continue
+
+            def opd(o):
+                return str(o[1]) if isinstance(o, tuple) else f"({text[o]})"
+            sym = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%", "pow": "**"}
+            if desc[0] in _UNARY:
+                text.append(f"{desc[0]}{opd(desc[1])}")
+            else:
+                text.append(f"{opd(desc[1])} {sym[desc[0]]} {opd(desc[2])}")
+        out = []
+        cmp = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+        for ev in self._events:
+            if ev[0] == "cmp":
+                _, name, x, y, res = ev
+                xs = str(x[1]) if isinstance(x, tuple) else text[x]
+                ys = str(y[1]) if isinstance(y, tuple) else text[y]
+                out.append(f"{xs} {cmp[name]} {ys}" if res else f"not {xs} {cmp[name]} {ys}")
+            else:
+                out.append(f"{ev[2]}({text[ev[1]]}) == {self._va[ev[1]]}")
+        for n, desc in enumerate(self._nodes):   # values of a division or a power: held to their fit
+            if desc[0] in ("floordiv", "mod", "pow") and any(
+                    isinstance(o, int) and self._fits[o] is not None for o in desc[1:] if o is not None):
+                f = self._fits[n]
+                out.append(f"{text[n]} == " + (str(self._va[n]) if f is None else fit_text(f) if f else "?"))
+        return out
 
     def check(self, shapes):
         """None when a call with these argument sizes takes the recorded path, else why not."""

@@ -366,7 +366,8 @@ class _Entry:
                  "form_closures", "replans_idle", "mode", "mode_why", "sync_misses", "hypers",
                  "cap_hyper", "variants", "var_forms", "capture_left", "searches", "guards", "var_guards",
                  "exec_ranges", "cap_range", "family", "started", "waited", "onboard", "used", "derived", "evicting",
-                 "sync_lifted", "bound", "bind_tried", "cap_sizes", "form_sizes", "size_log", "bind_from")
+                 "sync_lifted", "bound", "bind_tried", "cap_sizes", "form_sizes", "size_log", "bind_from",
+                 "bind_guard")
 
     def __init__(self):
         self.plan, self.forms, self.srcs, self.spec, self.seen, self.refused, self.guard = None, [], [], None, 0, None, None
@@ -413,6 +414,7 @@ class _Entry:
         # (sib, d, ran): the sizes whose exec plans its bound plan's exec plan is made from, at
         # its first call after a run (Note [Bound exec plans]); None when done or not wanted
         self.bind_from = None
+        self.bind_guard = None   # the SizeGuard it was bound under (plans() describes it)
 
 
 class CompiledStep(_SyncPoint):
@@ -600,8 +602,9 @@ class CompiledStep(_SyncPoint):
         sync-point signature's plan of each path it takes, its first path first); plus sizes
         (its tensor arguments' sizes, the dimensions that differ between its family's compiled
         sizes named: "[4, S0=12], [4, S0=12]"), derived (built from one recorded call beside
-        another size's plan: Note [Size families]) and bound (bound to its sizes without a recorded
-        call: Note [Bound sizes])."""
+        another size's plan: Note [Size families]), bound (bound to its sizes without a recorded
+        call: Note [Bound sizes]) and size_guards (a bound plan's guards on the sizes, over the
+        varying argument dimensions S0, S1, ...: "S0 > 10", "(S0) // 2 == 1/2*S0")."""
         out = []
         for key, e in self._entries.items():
             if e.plan is None:
@@ -610,6 +613,7 @@ class CompiledStep(_SyncPoint):
             for p in [e.plan] + e.variants:
                 info = _ext.plan_info(p)
                 info["sizes"], info["derived"], info["bound"] = sizes, e.derived, e.bound
+                info["size_guards"] = e.bind_guard.describe() if e.bound and e.bind_guard is not None else []
                 out.append(info)
         return out
 
@@ -649,7 +653,7 @@ class CompiledStep(_SyncPoint):
             _ext.plan_release(e.plan)
         e.plan, e.seen, e.guard, e.lifted, e.patched, e.scheds = None, 0, None, {}, False, None
         e.derived, e.sync_lifted = False, {}
-        e.bound, e.size_log, e.form_sizes, e.bind_from = False, None, {}, None
+        e.bound, e.size_log, e.form_sizes, e.bind_from, e.bind_guard = False, None, {}, None, None
         e.hypers, e.sync_misses = [], 0
         fam = e.family
         if fam is not None and fam.bind is not None and fam.bind[0] is e:
@@ -1112,6 +1116,7 @@ class CompiledStep(_SyncPoint):
         e.guard, e.py = d.guard, d.py
         e.patched = d.patched   # d's patch points
         e.size_log = None   # its plan's form was bound, not recorded: no size log of its own
+        e.bind_guard = guard
         e.started = e.derived = e.bound = True
         if not self._arena:
             _ext.plan_set_arena(plan, False)
