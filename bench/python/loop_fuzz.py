@@ -34,7 +34,8 @@ def worker(first, count, minimize, compile_kw):
         r = lg.check(s, compile_kw=compile_kw)
         rec = {"seed": seed, "outcome": r.outcome, "plan_runs": r.stats.get("plan_runs", 0),
                "sync_native": r.stats.get("sync_native", 0),
-               "calls": r.stats.get("calls", 0), "why": r.why[:1], "s": time.perf_counter() - t0}
+               "calls": r.stats.get("calls", 0), "sizes_derived": r.stats.get("sizes_derived", 0),
+               "sizes_bound": r.stats.get("sizes_bound", 0), "why": r.why[:1], "s": time.perf_counter() - t0}
         if r.failed:
             rec["report"] = r.report()
             rec["kind"] = r.kind
@@ -109,6 +110,11 @@ def main():
               + ("   FAIL" if o in ("mismatch", "crash") and counts[o] else ""))
     print(f"  a plan ran in {ran} loops ({100 * ran / max(n, 1):.1f} %); compiled and correct: "
           f"{ok_ran} ({100 * ok_ran / max(n, 1):.1f} %): whole-step {whole}, sync-point {ok_ran - whole}")
+    derived = sum(1 for r in records if r.get("sizes_derived", 0))
+    bound = [r for r in records if r.get("sizes_bound", 0)]
+    print(f"  new sizes: derived from one recorded call in {derived} loops, bound without one in {len(bound)} "
+          f"({sum(r['sizes_bound'] for r in bound)} sizes; {sum(1 for r in bound if r['outcome'] == 'compiled')} of "
+          f"those loops correct)")
     refused = collections.Counter(r.get("cause", "") for r in records if r["outcome"] == "refused")
     if refused:
         print("refused, by the refusal's first words:")

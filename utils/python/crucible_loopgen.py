@@ -189,6 +189,7 @@ class LoopSpec:
     aug: str = ""                  # "random" | "numpy": a flip decided by Python's / NumPy's RNG
     const: bool = False            # the loss scaled by a tensor made in the step (torch.tensor)
     method: bool = False           # the step is a method of a Trainer (else a closure)
+    lengths: tuple = ()            # per call, the sequence length (token and recurrent models; else 6 or 5)
 
     # -- what it is ------------------------------------------------------------------------
     def _opt_text(self, name, kw):
@@ -220,6 +221,8 @@ class LoopSpec:
             ev.append(f"the loop sets side.interrupt before call {self.exc_at}")
         if self.hook:
             ev.append("a forward hook on the first child counts calls into side.hooks")
+        if self.lengths:
+            ev.append(f"sequence lengths {', '.join(map(str, self.lengths))}")
         return (f"loop seed={self.seed}: {self.calls} calls; {m}; {opts}; {sch}"
                 + (f"; {'; '.join(ev)}" if ev else ""))
 
@@ -403,13 +406,14 @@ class Instance:
         data = []
         for i in range(s.calls):
             b = s.small if s.small_every and (i + 1) % s.small_every == 0 else BATCH
+            n = s.lengths[i % len(s.lengths)] if s.lengths else None
             if s.model in TOKEN_MODELS:
-                x = torch.randint(0, VOCAB, (b, 6), generator=g)
-                y = torch.randint(0, VOCAB, (b, 6), generator=g)
+                x = torch.randint(0, VOCAB, (b, n or 6), generator=g)
+                y = torch.randint(0, VOCAB, (b, n or 6), generator=g)
                 if s.exc == "index" and i == s.exc_at:
                     x[0, 0] = VOCAB
             else:
-                shape = {"mlp": (b, 8), "cnn_bn": (b, 2, 6, 6)}.get(s.model, (b, 5, 4))
+                shape = {"mlp": (b, 8), "cnn_bn": (b, 2, 6, 6)}.get(s.model, (b, n or 5, 4))
                 x = torch.randn(shape, generator=g)
                 y = torch.randint(0, 4, (b,), generator=g)
                 if s.branch == "data":
@@ -485,6 +489,8 @@ def spec(seed: int) -> LoopSpec:
     # New choices are drawn after the existing ones, so that every seed keeps its loop (and
     # lists of known-failing seeds stay valid).
     f["const"] = rng.random() < 0.1
+    if f["model"] not in ("mlp", "cnn_bn") and rng.random() < 0.35:   # lengths that vary (Note [Bound sizes])
+        f["lengths"] = tuple(rng.randint(3, 9) for _ in range(n))
     return LoopSpec(**f)
 
 
@@ -756,7 +762,8 @@ def control(s: LoopSpec) -> list:
 _FEATURES = (("opt2", "opt2_kw"), ("sched", "sched_kw", "sched_inside"), ("clip", "clip_foreach"),
              ("accum",), ("accum_calls",), ("log",), ("counter",), ("branch", "branch_at"),
              ("eval_at", "train_at"), ("train_at",), ("small_every", "small"), ("exc", "exc_at"),
-             ("hook",), ("aug",), ("const",), ("method",), ("zero_grad_to_none",), ("dropout",), ("act",))
+             ("hook",), ("aug",), ("const",), ("method",), ("zero_grad_to_none",), ("dropout",), ("act",),
+             ("lengths",))
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(LoopSpec)}
 
 

@@ -452,10 +452,17 @@ std::uint64_t slot_extent(const exec::ExecutionPlan& p, std::uint32_t slot) {
     const auto sz = p.sizes(t);
     const auto st = p.strides(t);
     if (std::any_of(sz.begin(), sz.end(), [](std::int64_t d) { return d == 0; })) continue;
-    std::int64_t last = t.offset;
-    for (std::size_t d = 0; d < sz.size(); ++d) last += (sz[d] - 1) * st[d];
-    const std::uint64_t item = c10::elementSize(static_cast<c10::ScalarType>(t.dtype));
-    bytes = std::max<std::uint64_t>(bytes, static_cast<std::uint64_t>(last + 1) * item);
+    std::int64_t last = t.offset, step = 0;
+    bool overflow = false;
+    for (std::size_t d = 0; d < sz.size(); ++d) {
+      overflow |= sz[d] < 0 || st[d] < 0 || __builtin_mul_overflow(sz[d] - 1, st[d], &step) ||
+                  __builtin_add_overflow(last, step, &last);
+    }
+    const std::int64_t item = static_cast<std::int64_t>(c10::elementSize(static_cast<c10::ScalarType>(t.dtype)));
+    std::int64_t end = 0;
+    if (overflow || last < 0 || __builtin_add_overflow(last, 1, &end) || __builtin_mul_overflow(end, item, &end))
+      return UINT64_MAX;   // no plan holds it: verify_plan and the bytes check refuse it
+    bytes = std::max<std::uint64_t>(bytes, static_cast<std::uint64_t>(end));
   }
   return bytes;
 }
@@ -463,6 +470,7 @@ std::uint64_t slot_extent(const exec::ExecutionPlan& p, std::uint32_t slot) {
 std::uint64_t slot_bytes_rule(const exec::ExecutionPlan& p, std::uint32_t s) {
   const exec::Slot& slot = p.slots[s];
   const std::uint64_t e = slot_extent(p, s);
+  if (e > (std::uint64_t{1} << 62)) return UINT64_MAX;
   if (slot.kind == exec::SlotKind::Arena || slot.kind == exec::SlotKind::Constant)
     return (std::max<std::uint64_t>(e, 1) + p.alignment - 1) / p.alignment * p.alignment;
   return e;
@@ -555,6 +563,14 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
     return "the exec stages of the two recorded sizes run on other backends";
   replay::BusyLock hc(*pc);
   if (pc->bound == nullptr) return "the plan was not bound to its sizes";
+  // the exec stages' form slots and bindings are b's: the bound plan must run b's form, with b's
+  // patch points, and a the sibling it was bound from
+  if (pc->form != fb) return "the bound plan does not share the form of the plan whose exec stage it takes";
+  if (pc->patches.size() != pb->patches.size()) return "the plan the size was bound from has other patch points now";
+  if (pc->sibling == nullptr || pc->sibling->arg_meta.size() != fa->arg_meta.size()) return "the plans are not of one step";
+  for (std::size_t j = 0; j < fa->arg_meta.size(); ++j)
+    if (pc->sibling->arg_meta[j].sizes != fa->arg_meta[j].sizes || fa->arg_meta[j].offset != fb->arg_meta[j].offset)
+      return "the exec plans are not of the sizes the plan was bound from";
   // The symbols: the argument dimensions plans a and b differ in, with their values here.
   replay::SizeSymbols syms;
   std::string why = replay::size_symbols(*fa, *fb, syms);
@@ -650,6 +666,15 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
       v.sizes[d] = *sz;
       v.strides[d] = *st;
     }
+    // its elements inside its slot (an Output's memory, or the Input's storage of that size)
+    std::int64_t last = v.offset, step = 0;
+    bool bad = v.offset < 0;
+    for (std::size_t d = 0; d < v.sizes.size(); ++d)
+      bad |= v.sizes[d] < 0 || v.strides[d] < 0 || __builtin_mul_overflow(v.sizes[d] > 0 ? v.sizes[d] - 1 : 0, v.strides[d], &step) ||
+             __builtin_add_overflow(last, step, &last);
+    const std::uint64_t item = c10::elementSize(v.dtype);
+    if (bad || static_cast<std::uint64_t>(last + 1) * item > p.slots[v.exec].bytes)
+      return "an output's elements would lie outside its memory at these sizes";
     impl->slot_tensors.push_back(std::move(v));
   }
   impl->step = std::move(h);

@@ -182,7 +182,7 @@ class FormBuilder {
 
   void add_arg(const at::Tensor& t, std::size_t j) {
     check_strided(t, "step argument " + std::to_string(j));
-    ArgMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()};
+    ArgMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device(), t.storage_offset()};
     f.arg_meta.push_back(std::move(m));
     define(t, Ref{Ref::Arg, static_cast<std::uint32_t>(j)});
   }
@@ -1251,7 +1251,10 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
     if (gp.state == Form::GradPre::Unread &&
         std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
       p->run_exts[gp.ext].mutable_grad().reset();
-  if (p->exec != nullptr) {
+  // The exec stage planned its memory from the recorded arguments' offsets in their storages.
+  bool offsets_ok = true;
+  for (std::size_t j = 0; j < args.size(); ++j) offsets_ok &= args[j].storage_offset() == arg_meta[j].offset;
+  if (p->exec != nullptr && offsets_ok) {
     try {
       p->exec->run(f, p->run_exts, slots, args, scalars);
     } catch (...) {
@@ -1943,6 +1946,20 @@ void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const
 namespace {
 using replay::BindTemplate;
 
+// Two recorded sizes tell a function of one varying size apart from a constant; of two sizes that
+// vary independently they do not (batch 8 and length 5, then 5 and 8: B*S is 40 in both calls,
+// and a constant to the fits). Sizes are bound only where every dimension that varies varies
+// with one pair of values (a sequence length in the inputs and the targets).
+std::string independent_sizes(const SizeSymbols& syms) {
+  for (const auto& s : syms)
+    if (s != syms[0])
+      return "two argument sizes vary independently between the recorded calls (" + std::to_string(syms[0].first) +
+             " -> " + std::to_string(syms[0].second) + ", " + std::to_string(s.first) + " -> " +
+             std::to_string(s.second) + "): two recorded sizes cannot tell their functions apart, so no size is "
+             "bound from them";
+  return "";
+}
+
 std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const Form> fa, std::shared_ptr<const Form> fb,
                                                        const std::vector<Patch>& patches) {
   auto t = std::make_shared<BindTemplate>();
@@ -1951,6 +1968,8 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
   const Form& a = *fa;
   const Form& b = *fb;
   t->refusal = size_symbols(a, b, t->syms);
+  if (!t->refusal.empty()) return t;
+  t->refusal = independent_sizes(t->syms);
   if (!t->refusal.empty()) return t;
   if (a.ops.size() != b.ops.size() || a.views.size() != b.views.size() || a.num_slots != b.num_slots ||
       a.slot_sizes.size() != b.slot_sizes.size() || a.slot_strides.size() != b.slot_strides.size() ||

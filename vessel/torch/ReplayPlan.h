@@ -72,6 +72,10 @@ struct ArgMeta {
   std::vector<std::int64_t> sizes, strides;
   c10::ScalarType dtype;
   c10::Device device{c10::kCPU};
+  // Where the argument starts in its storage when recorded: the exec stage planned its memory
+  // from there (a call given another offset, a sliding window over one tensor, runs the plan's
+  // ATen ops instead).
+  std::int64_t offset = 0;
 };
 
 struct Use {  // where an external is first used, for messages

@@ -27,7 +27,8 @@ plan is bound with, and needs no recorded call.
 C functions that take an int's value without calling a method of it are wrapped while a call
 is captured, their size arguments logged as escapes: range() and the math functions of _MATH.
 What is not followed: a size made a plain int by C code that is not wrapped (indexing or slicing
-a Python list with it, torch.Size.numel(), NumPy, other extensions). Such a value that reaches
+a Python list with it, torch.Size.numel(), a math function imported by name before the capture,
+`from math import log2`, NumPy, other extensions). Such a value that reaches
 an ATen op and differs between the two recorded sizes is explained by a fit or refuses the
 family; one that changes the number of ops shows between the two recorded calls; but one equal
 at both recorded sizes is a constant of the bound plan, and would go unnoticed if it differed at
@@ -427,6 +428,10 @@ class SizeGuard:
         if not syms:
             return None, "no argument size differs"
         pairs = [(x, y) for _, x, y in syms]
+        if len(set(pairs)) > 1:   # as Replay.cpp's independent_sizes says
+            (x0, y0), (x1, y1) = sorted(set(pairs))[:2]
+            return None, (f"two argument sizes vary independently between the recorded calls ({x0} -> {y0}, "
+                          f"{x1} -> {y1}): two recorded sizes cannot tell their functions apart")
         va, vb = log_a.vals, log_b.vals
         for ev in log_a.events:
             if ev[0] == "esc" and va[ev[1]] != vb[ev[1]]:

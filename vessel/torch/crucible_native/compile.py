@@ -831,11 +831,13 @@ class CompiledStep(_SyncPoint):
                 t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)
-                except RuntimeError as err:
-                    if e.bound and "bound to new sizes without a recorded call" in str(err):
-                        self._drop(e)   # its sizes were not what the binding predicted: recorded next time
-                        e.bind_tried = True
+                except RuntimeError:
                     if not _ext.take_guard_failure():
+                        if e.bound:   # a bound plan that fails (its sizes not as bound, an error eager
+                            self._drop(e)   # raises too): the size is recorded at its next call
+                            e.bind_tried = e.started = True
+                            e.seen = self._warmup + 1
+                            e.mode = None
                         raise
                     st["guard_failures"] += 1   # checked before anything ran
                     return self._update(e, args, kwargs, tensors)
@@ -1073,8 +1075,8 @@ class CompiledStep(_SyncPoint):
         """Note [Bound exec plans]: the bound plan runs through the exec stage made from the
         exec plans of sib's and d's sizes; else its ATen ops (plans()' exec_note says why)."""
         from ._native import load_exec
-        if sib is None or sib.plan is None or sib.mode != "replay":
-            why = "no exec plan of the other recorded size"
+        if sib is None or sib.plan is None or sib.mode != "replay" or d.plan is None or d.mode != "replay":
+            why = "no exec plans of the two recorded sizes (one was dropped)"
         else:
             try:
                 why = load_exec().bind_exec(plan, sib.plan, d.plan)
