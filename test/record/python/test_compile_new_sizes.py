@@ -720,3 +720,17 @@ def test_a_window_sliding_over_one_tensor_reads_each_window(backend):
     assert step.stats()["plan_runs"] >= 5, step.stats()
     for a, b in zip(pair[0][0].parameters(), pair[1][0].parameters()):
         assert torch.equal(a, b)
+
+
+def test_range_during_a_capture_behaves_as_the_builtin():
+    import builtins
+    import pickle
+    log = sizes_mod.start()
+    try:
+        r = range(1, 7, 2)
+        assert isinstance(r, range) and list(r) == [1, 3, 5] and issubclass(type(r), range)
+        assert range.count(r, 3) == 1 and range.__name__ == "range"
+        assert pickle.loads(pickle.dumps(range)) is range, "a reference to range pickles as the builtin"
+    finally:
+        sizes_mod.stop(log)
+    assert builtins.range is sizes_mod._builtin_range, "restored when the capture ends"

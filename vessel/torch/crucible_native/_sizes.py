@@ -209,6 +209,9 @@ class _RangeMeta(type):
     def __subclasscheck__(cls, sub):
         return issubclass(sub, _builtin_range)
 
+    def __getattr__(cls, name):   # range.index, range.count, ... as the builtin's
+        return getattr(_builtin_range, name)
+
 
 class _Range(metaclass=_RangeMeta):
     """builtins.range while a call is captured: a real range, its size arguments logged as escapes
@@ -222,6 +225,11 @@ class _Range(metaclass=_RangeMeta):
                 if isinstance(x, _Sym) and x._log is log:
                     log.events.append(("esc", x._n, "range"))
         return _builtin_range(*a)
+
+
+# Named as the builtin (pickling a reference to `range` during a capture finds it in builtins).
+_Range.__name__ = _Range.__qualname__ = "range"
+_Range.__module__ = "builtins"
 
 _state = threading.local()
 _active = []          # the live logs (one per capturing thread)

@@ -1105,10 +1105,6 @@ class CompiledStep(_SyncPoint):
         if why is not None:
             self.last_bind_miss = why
             return
-        for f in e.forms:   # recorded calls of its own, not needed now
-            _ext.form_release(f)
-        e.forms, e.srcs, e.form_closures, e.hypers, e.guards, e.form_sizes = [], [], [], [], [], {}
-        self._forget_captures(e)
         # Note [Bound exec plans]: at the size's second call, after one run of its ATen ops has
         # checked every result's sizes (and a size called once pays nothing for it)
         e.bind_from = (sib, d, False) if self._backend != "replay" else None
