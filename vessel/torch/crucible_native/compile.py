@@ -1022,7 +1022,10 @@ class CompiledStep(_SyncPoint):
             # the size e was paired with is derived from e's plan now, while its recorded call is
             # still in the trace (its exec stage is planned from it): two sizes with exec plans,
             # which a bound size's exec plan is made from (Note [Bound exec plans])
-            self._build_like(partner)
+            try:
+                self._build_like(partner)
+            except Exception as err:   # noqa: BLE001  (the partner stays a size with one recorded call)
+                self.last_size_miss = f"the size paired with this one could not be derived from its plan: {err!r}"
         self._forget_captures(e)
         if mode == "replay" and not self._record_sizes:
             self._note_bindable(t_log, e, sib)
