@@ -1845,6 +1845,12 @@ std::optional<std::vector<std::int64_t>> window_sizes(const OpT& o, const std::v
   return std::nullopt;
 }
 
+// Ops whose results' sizes window_sizes computes (checked at each bound size by ATen's formula).
+bool has_window_rule(std::string_view base) {
+  return base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" || base == "avg_pool2d" ||
+         base == "slice";
+}
+
 // Ops of the Conv and Pooling kinds whose results' sizes need no division (a backward gives its
 // input's sizes; an adaptive pool its output_size argument): linear like any other.
 bool window_linear(std::string_view base) {
@@ -1864,9 +1870,7 @@ std::string unbound_op(const Form& f) {
     std::string why;
     if (std::none_of(o.outs.begin(), o.outs.end(), [](const OutT& x) { return x.kind != OutT::Ignore; }))
       continue;  // no tensor result: no sizes
-    const bool windowed = base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" ||
-                          base == "avg_pool2d";   // checked by window_sizes
-    if (((c.kind == CKernel::Conv || c.kind == CKernel::Pooling) && !windowed && !window_linear(base)) ||
+    if (((c.kind == CKernel::Conv || c.kind == CKernel::Pooling) && !has_window_rule(base) && !window_linear(base)) ||
         c.kind == CKernel::Collective)
       why = "its result's sizes are divided and rounded from its input's";
     else if (c.kind == CKernel::Opaque && (c.reason == kNotInOpTable || c.reason.find("FFT") != std::string_view::npos ||
@@ -1986,9 +1990,7 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
       t->refusal = "the two recorded calls are not of one step";
       return t;
     }
-    const std::string base(op_base_name(op_name(y.op)));
-    if (base == "convolution" || base == "max_pool2d_with_indices" || base == "max_pool2d" || base == "avg_pool2d" ||
-        base == "slice")
+    if (has_window_rule(op_base_name(op_name(y.op))))
       t->windowed.push_back(k);   // skipped ops too: Python may have read their sizes
     for (std::uint32_t i = 0; i < y.args.size(); ++i) {
       if (x.arg_sig[i] == y.arg_sig[i] || y.args[i].kind != ArgT::Const) continue;
