@@ -415,8 +415,9 @@ class SizeGuard:
     """The sizes two recorded calls of a size family read and decided on; check(shapes) says
     whether a call at other sizes takes their path (Note [Symbolic sizes])."""
 
-    def __init__(self, nodes, events, va, syms, fits, shapes):
+    def __init__(self, nodes, events, va, syms, pairs, fits, shapes):
         self._nodes, self._events, self._va, self._syms, self._fits = nodes, events, va, syms, fits
+        self._pairs = pairs     # per symbol, its values in the two recorded calls
         self._shapes = shapes   # the first recorded call's argument shapes (the dimensions that do not vary)
 
     @staticmethod
@@ -455,9 +456,7 @@ class SizeGuard:
                 return None, (f"the step's Python read a size ({desc[1]} {desc[2]}: {va[n]} and {vb[n]}) that "
                               f"is no simple function of the argument sizes")
             fits.append(f)
-        g = SizeGuard(log_a.nodes, log_a.events, va, [s for s, _, _ in syms], fits, shapes_a)
-        g._pairs = pairs
-        return g, None
+        return SizeGuard(log_a.nodes, log_a.events, va, [s for s, _, _ in syms], pairs, fits, shapes_a), None
 
     @property
     def sibling_shapes(self):
