@@ -1765,18 +1765,6 @@ std::optional<std::int64_t> size_at_sizes(std::int64_t x, std::int64_t y, const 
 }  // namespace replay
 
 namespace {
-bool ints_at(c10::IntArrayRef x, c10::IntArrayRef y, const SizeSymbols& syms, const std::vector<std::int64_t>& c,
-             std::vector<std::int64_t>& out) {
-  if (x.size() != y.size()) return false;
-  out.resize(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const auto v = size_at(x[i], y[i], syms, c);
-    if (!v) return false;
-    out[i] = *v;
-  }
-  return true;
-}
-
 // Why the sizes of form f's results are not all linear functions or products of its arguments'
 // sizes and integer arguments as ATen computes them ("" when they are).
 // Note [Bound sizes]: the sizes ATen gives the result of a convolution or a pooling op (their
@@ -1893,20 +1881,65 @@ std::string unbound_op(const Form& f) {
 
 // What binding sizes from a plan needs, found once per plan: the forms, the symbols, every
 // integer that differs between them (where and its two values), and the convolutions and
-// pooling ops whose sizes are checked by their own formula.
+// pooling ops whose sizes are checked by their own formula. The integers that differ take few
+// distinct value pairs (a length 12 -> 11 in hundreds of places): each pair is evaluated once
+// per binding (`pairs`), every position reads its pair's value by index (`Idx`).
 struct crucible::vessel::replay::BindTemplate {
+  static constexpr std::uint32_t kSame = UINT32_MAX;     // equal in both forms: the form's value
+  static constexpr std::uint32_t kBad = UINT32_MAX - 1;  // the two forms' lists differ in length
+  using Idx = std::vector<std::uint32_t>;                // per element: an index into pairs, kSame or kBad
   std::string refusal;  // non-empty: no size is bound from this plan
   std::shared_ptr<const Form> a, b;
   SizeSymbols syms;
+  std::vector<std::pair<std::int64_t, std::int64_t>> pairs;  // distinct (a's value, b's value) that differ
+  absl::flat_hash_map<std::pair<std::int64_t, std::int64_t>, std::uint32_t> pair_of;
   struct ArgPos {
     std::uint32_t op = 0, arg = 0;
     bool list = false;
-    std::vector<std::int64_t> x, y;
+    std::vector<std::int64_t> y;  // b's value
+    Idx at;
   };
   std::vector<ArgPos> args;
-  std::vector<std::uint32_t> views;               // views that differ
-  std::vector<std::uint32_t> slot_sizes, slot_strides;  // slots that differ
-  std::vector<std::uint32_t> windowed;            // ops window_sizes checks
+  struct ViewPos {
+    std::uint32_t view = 0;
+    Idx sizes, strides;
+    std::uint32_t offset = kSame;
+  };
+  std::vector<ViewPos> views;                           // views that differ
+  std::vector<std::uint32_t> slot_sizes, slot_strides;  // slots that differ...
+  std::vector<Idx> slot_size_at, slot_stride_at;        // ...and how (parallel to them)
+  std::vector<Idx> arg_stride_at;                       // per step argument
+  std::vector<std::uint32_t> windowed;                  // ops window_sizes checks
+
+  std::uint32_t index(std::int64_t x, std::int64_t y) {
+    if (x == y) return kSame;
+    auto [it, fresh] = pair_of.try_emplace(std::pair{x, y}, static_cast<std::uint32_t>(pairs.size()));
+    if (fresh) pairs.emplace_back(x, y);
+    return it->second;
+  }
+  Idx indices(c10::IntArrayRef x, c10::IntArrayRef y) {
+    if (x.size() != y.size()) return Idx(std::max<std::size_t>(y.size(), 1), kBad);
+    Idx out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = index(x[i], y[i]);
+    return out;
+  }
+  // y's elements at a binding's values of the pairs (nullopt: no single integer there); false
+  // where one has none.
+  static bool fill(const Idx& at, c10::IntArrayRef y, const std::vector<std::optional<std::int64_t>>& values,
+                   std::vector<std::int64_t>& out) {
+    if (at.size() != y.size()) return false;
+    out.resize(y.size());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      if (at[i] == kSame) {
+        out[i] = y[i];
+      } else if (at[i] < values.size() && values[at[i]]) {
+        out[i] = *values[at[i]];
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
 };
 
 namespace crucible::vessel {
@@ -1917,13 +1950,15 @@ void bound_slot(const SizeBinding& bind, const Form& f, std::uint32_t s, bool st
   const BindTemplate& t = *bind.from;
   const std::vector<std::uint32_t>& differ = strides ? t.slot_strides : t.slot_sizes;
   const auto& form = strides ? f.slot_strides : f.slot_sizes;
-  if (!std::binary_search(differ.begin(), differ.end(), s)) {
+  const auto it = std::lower_bound(differ.begin(), differ.end(), s);
+  if (it == differ.end() || *it != s) {
     out = form[s];
     return;
   }
   const auto& a = strides ? t.a->slot_strides[s] : t.a->slot_sizes[s];
   const auto& b = strides ? t.b->slot_strides[s] : t.b->slot_sizes[s];
-  if (a.empty() || b.empty() || !ints_at(a, b, t.syms, bind.symbols, out)) out.clear();
+  const auto& at = (strides ? t.slot_stride_at : t.slot_size_at)[static_cast<std::size_t>(it - differ.begin())];
+  if (a.empty() || b.empty() || !BindTemplate::fill(at, b, bind.values, out)) out.clear();
 }
 
 void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const OutT& out,
@@ -2000,12 +2035,12 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
       const c10::IValue& v = y.args[i].value;
       BindTemplate::ArgPos pos{k, i, false, {}, {}};
       if (u.isInt() && v.isInt()) {
-        pos.x = {u.toInt()};
         pos.y = {v.toInt()};
+        pos.at = {t->index(u.toInt(), v.toInt())};
       } else if (u.isIntList() && v.isIntList() && u.toIntVector().size() == v.toIntVector().size()) {
         pos.list = true;
-        pos.x = u.toIntVector();
         pos.y = v.toIntVector();
+        pos.at = t->indices(u.toIntVector(), pos.y);
       } else {
         t->refusal = describe_op(y, k) + " argument '" + arg_name(y, i) + "' differs between the two recorded calls "
                      "and is no size";
@@ -2021,12 +2056,22 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
       t->refusal = "the two recorded calls are not of one step";
       return t;
     }
-    if (x.sizes != y.sizes || x.strides != y.strides || x.offset_delta != y.offset_delta) t->views.push_back(v);
+    if (x.sizes != y.sizes || x.strides != y.strides || x.offset_delta != y.offset_delta)
+      t->views.push_back({v, t->indices(x.sizes, y.sizes), t->indices(x.strides, y.strides),
+                          t->index(x.offset_delta, y.offset_delta)});
   }
   for (std::uint32_t s = 0; s < b.slot_sizes.size(); ++s) {
-    if (a.slot_sizes[s] != b.slot_sizes[s]) t->slot_sizes.push_back(s);
-    if (a.slot_strides[s] != b.slot_strides[s]) t->slot_strides.push_back(s);
+    if (a.slot_sizes[s] != b.slot_sizes[s]) {
+      t->slot_sizes.push_back(s);
+      t->slot_size_at.push_back(t->indices(a.slot_sizes[s], b.slot_sizes[s]));
+    }
+    if (a.slot_strides[s] != b.slot_strides[s]) {
+      t->slot_strides.push_back(s);
+      t->slot_stride_at.push_back(t->indices(a.slot_strides[s], b.slot_strides[s]));
+    }
   }
+  for (std::size_t j = 0; j < b.arg_meta.size(); ++j)
+    t->arg_stride_at.push_back(t->indices(a.arg_meta[j].strides, b.arg_meta[j].strides));
   return t;
 }
 }  // namespace
@@ -2095,37 +2140,44 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArr
   auto fail = [](const std::string& what) {
     throw std::runtime_error(what + " has no single integer value at these sizes from the recorded two");
   };
-  // Every integer that differs, evaluated at C.
+  // Every integer that differs, evaluated at C: each distinct pair once.
+  bind.values.resize(t.pairs.size());
+  for (std::size_t i = 0; i < t.pairs.size(); ++i) bind.values[i] = size_at(t.pairs[i].first, t.pairs[i].second, t.syms, c);
   bind.op_first.assign(b.ops.size(), -1);
   bind.args.reserve(t.args.size());
   std::vector<std::int64_t> tmp;
   for (const BindTemplate::ArgPos& pos : t.args) {
-    if (!ints_at(pos.x, pos.y, t.syms, c, tmp))
+    if (!BindTemplate::fill(pos.at, pos.y, bind.values, tmp))
       fail(describe_op(b.ops[pos.op], pos.op) + " argument '" + arg_name(b.ops[pos.op], pos.arg) + "'");
     if (bind.op_first[pos.op] < 0) bind.op_first[pos.op] = static_cast<std::int32_t>(bind.args.size());
     bind.args.emplace_back(static_cast<std::uint64_t>(pos.op) << 32 | pos.arg,
                            pos.list ? c10::IValue(tmp) : c10::IValue(tmp[0]));
   }
   bind.views = b.views;
-  for (std::uint32_t v : t.views) {
-    const ViewSpec& x = a.views[v];
-    ViewSpec& y = bind.views[v];
-    const auto off = size_at(x.offset_delta, y.offset_delta, t.syms, c);
-    if (!ints_at(x.sizes, b.views[v].sizes, t.syms, c, y.sizes) ||
-        !ints_at(x.strides, b.views[v].strides, t.syms, c, y.strides) || !off)
-      fail("view " + std::to_string(v));
-    y.offset_delta = *off;
+  for (const BindTemplate::ViewPos& vp : t.views) {
+    const ViewSpec& y = b.views[vp.view];
+    ViewSpec& out = bind.views[vp.view];
+    const std::optional<std::int64_t> off = vp.offset == BindTemplate::kSame ? std::optional<std::int64_t>(y.offset_delta)
+                                            : vp.offset < bind.values.size() ? bind.values[vp.offset]
+                                                                             : std::nullopt;
+    if (!BindTemplate::fill(vp.sizes, y.sizes, bind.values, out.sizes) ||
+        !BindTemplate::fill(vp.strides, y.strides, bind.values, out.strides) || !off)
+      fail("view " + std::to_string(vp.view));
+    out.offset_delta = *off;
   }
   // The results' sizes and strides must have values here (checked on the first run: evaluated
   // again then, not kept).
   bind.symbols = c;
   bind.from = tp;
-  for (std::uint32_t s : t.slot_sizes)
-    if (!ints_at(a.slot_sizes[s], b.slot_sizes[s], t.syms, c, tmp)) fail("result " + std::to_string(s));
-  for (std::uint32_t s : t.slot_strides)
+  for (std::size_t i = 0; i < t.slot_sizes.size(); ++i)
+    if (!BindTemplate::fill(t.slot_size_at[i], b.slot_sizes[t.slot_sizes[i]], bind.values, tmp))
+      fail("result " + std::to_string(t.slot_sizes[i]));
+  for (std::size_t i = 0; i < t.slot_strides.size(); ++i) {
+    const std::uint32_t s = t.slot_strides[i];
     if (!a.slot_strides[s].empty() && !b.slot_strides[s].empty() &&
-        !ints_at(a.slot_strides[s], b.slot_strides[s], t.syms, c, tmp))
+        !BindTemplate::fill(t.slot_stride_at[i], b.slot_strides[s], bind.values, tmp))
       fail("result " + std::to_string(s) + "'s strides");
+  }
   // Convolutions and pooling: the sizes their one division gives at C must be the fitted ones.
   std::vector<std::int64_t> got;
   auto sizes_of = [&](Ref r, std::vector<std::int64_t>& out) -> bool {
@@ -2157,7 +2209,7 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArr
   }
   for (std::size_t j = 0; j < b.arg_meta.size(); ++j) {
     ArgMeta& m = bind.arg_meta[j];
-    if (!ints_at(a.arg_meta[j].strides, b.arg_meta[j].strides, t.syms, c, m.strides))
+    if (!BindTemplate::fill(t.arg_stride_at[j], b.arg_meta[j].strides, bind.values, m.strides))
       fail("step argument " + std::to_string(j) + "'s strides");
     m.sizes = args[j].sizes().vec();
     if (args[j].strides() != c10::IntArrayRef(m.strides))
