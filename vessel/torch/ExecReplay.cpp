@@ -442,13 +442,17 @@ namespace {
 // new sizes by the fits of the argument sizes that differ (size_at, as the binding's integers
 // are); a Double scalar that differs must be a patch point. Slots' bytes follow from the tensors
 // in them (the rule is checked to give both recorded plans' bytes), the arena is placed again,
-// verify_plan checks the result, and a Runner over it prepares the backend's kernels (generated
+// the Runner made over it checks it (verify_plan) and prepares the backend's kernels (generated
 // code depends on no size: the JIT's cache serves them). The bound plan's outputs and .grad
 // fields are taken from the exec plan's memory as for any plan, at their sizes here.
-std::uint64_t slot_extent(const exec::ExecutionPlan& p, std::uint32_t slot) {
-  std::uint64_t bytes = 0;
+
+// Every slot's bytes by the rule: its tensors' extent (the furthest element's byte + 1), rounded
+// up to the alignment for Arena and Constant slots; UINT64_MAX where an extent overflows (no plan
+// holds it: verify_plan and the bytes check refuse it). One pass over the tensors.
+std::vector<std::uint64_t> slot_bytes_rule(const exec::ExecutionPlan& p) {
+  std::vector<std::uint64_t> extent(p.slots.size(), 0);
   for (const exec::TensorRef& t : p.tensors) {
-    if (t.slot != slot) continue;
+    if (t.slot >= extent.size()) return std::vector<std::uint64_t>(p.slots.size(), UINT64_MAX);
     const auto sz = p.sizes(t);
     const auto st = p.strides(t);
     if (std::any_of(sz.begin(), sz.end(), [](std::int64_t d) { return d == 0; })) continue;
@@ -461,19 +465,19 @@ std::uint64_t slot_extent(const exec::ExecutionPlan& p, std::uint32_t slot) {
     const std::int64_t item = static_cast<std::int64_t>(c10::elementSize(static_cast<c10::ScalarType>(t.dtype)));
     std::int64_t end = 0;
     if (overflow || last < 0 || __builtin_add_overflow(last, 1, &end) || __builtin_mul_overflow(end, item, &end))
-      return UINT64_MAX;   // no plan holds it: verify_plan and the bytes check refuse it
-    bytes = std::max<std::uint64_t>(bytes, static_cast<std::uint64_t>(end));
+      extent[t.slot] = UINT64_MAX;
+    else
+      extent[t.slot] = std::max<std::uint64_t>(extent[t.slot], static_cast<std::uint64_t>(end));
   }
-  return bytes;
-}
-
-std::uint64_t slot_bytes_rule(const exec::ExecutionPlan& p, std::uint32_t s) {
-  const exec::Slot& slot = p.slots[s];
-  const std::uint64_t e = slot_extent(p, s);
-  if (e > (std::uint64_t{1} << 62)) return UINT64_MAX;
-  if (slot.kind == exec::SlotKind::Arena || slot.kind == exec::SlotKind::Constant)
-    return (std::max<std::uint64_t>(e, 1) + p.alignment - 1) / p.alignment * p.alignment;
-  return e;
+  for (std::size_t s = 0; s < extent.size(); ++s) {
+    const std::uint64_t e = extent[s];
+    if (e > (std::uint64_t{1} << 62)) {
+      extent[s] = UINT64_MAX;
+    } else if (p.slots[s].kind == exec::SlotKind::Arena || p.slots[s].kind == exec::SlotKind::Constant) {
+      extent[s] = (std::max<std::uint64_t>(e, 1) + p.alignment - 1) / p.alignment * p.alignment;
+    }
+  }
+  return extent;
 }
 
 // Whether exec plans a and b are one plan but for their integers. Slots are numbered by the
@@ -598,11 +602,22 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
         ea->input_src[k].idx != eb->input_src[y.binding].idx)
       return "the exec stages of the two recorded sizes bind other tensors";
   }
-  for (std::uint32_t s = 0; s < a.slots.size(); ++s)
-    if (slot_bytes_rule(a, s) != a.slots[s].bytes || slot_bytes_rule(b, s) != b.slots[s].bytes)
-      return "slot " + std::to_string(s) + "'s bytes are not its tensors' extent in a recorded exec plan";
+  {
+    const std::vector<std::uint64_t> ra = slot_bytes_rule(a), rb = slot_bytes_rule(b);
+    for (std::uint32_t s = 0; s < a.slots.size(); ++s)
+      if (ra[s] != a.slots[s].bytes || rb[s] != b.slots[s].bytes)
+        return "slot " + std::to_string(s) + "'s bytes are not its tensors' extent in a recorded exec plan";
+  }
+  // The integers that differ take few distinct value pairs: each evaluated once.
+  absl::flat_hash_map<std::pair<std::int64_t, std::int64_t>, std::optional<std::int64_t>> memo;
+  auto value = [&](std::int64_t x, std::int64_t y) -> std::optional<std::int64_t> {
+    if (x == y) return x;
+    auto [it, fresh] = memo.try_emplace(std::pair{x, y});
+    if (fresh) it->second = replay::size_at_sizes(x, y, syms, c);
+    return it->second;
+  };
   auto at = [&](std::int64_t x, std::int64_t y, const std::string& what) -> std::optional<std::int64_t> {
-    auto v = replay::size_at_sizes(x, y, syms, c);
+    auto v = value(x, y);
     if (!v) why = what + " has no single integer value at these sizes";
     return v;
   };
@@ -637,13 +652,16 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
     }
   }
   if (!why.empty()) return why;
-  for (std::uint32_t s = 0; s < p.slots.size(); ++s) p.slots[s].bytes = slot_bytes_rule(p, s);
+  {
+    const std::vector<std::uint64_t> rp = slot_bytes_rule(p);
+    for (std::uint32_t s = 0; s < p.slots.size(); ++s) p.slots[s].bytes = rp[s];
+  }
   auto layout = exec::place_arena(p, exec::plan_memory_use(p));
   if (!layout.ok()) return "the bound exec plan's arena: " + std::string(layout.status().message());
   for (std::size_t s = 0; s < p.slots.size(); ++s) p.slots[s].offset = layout->offsets[s];
   p.arena_bytes = layout->arena_bytes;
-  if (Status st = exec::verify_plan(p); !st.ok()) return "the bound exec plan: " + std::string(st.message());
   h->recomputed = eb->step->recomputed;
+  // Runner::make verifies the plan (verify_plan) before anything runs on it
   if (Status st = start_runner(*h, eb->backend_name, eb->fast, false); !st.ok())
     return "the bound exec plan: " + std::string(st.message());
   auto impl = std::make_shared<ExecReplayImpl>();
@@ -656,12 +674,12 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
     if (x.slot != y.slot || perm[x.exec] != y.exec || x.dtype != y.dtype || x.sizes.size() != y.sizes.size())
       return "the exec stages of the two recorded sizes hand out other tensors";
     SlotTensor v = y;
-    const auto off = replay::size_at_sizes(x.offset, y.offset, syms, c);
+    const auto off = value(x.offset, y.offset);
     if (!off) return "an output's offset has no single integer value at these sizes";
     v.offset = *off;
     for (std::size_t d = 0; d < v.sizes.size(); ++d) {
-      const auto sz = replay::size_at_sizes(x.sizes[d], y.sizes[d], syms, c);
-      const auto st = replay::size_at_sizes(x.strides[d], y.strides[d], syms, c);
+      const auto sz = value(x.sizes[d], y.sizes[d]);
+      const auto st = value(x.strides[d], y.strides[d]);
       if (!sz || !st) return "an output's sizes have no single integer value at these sizes";
       v.sizes[d] = *sz;
       v.strides[d] = *st;
