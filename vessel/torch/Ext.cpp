@@ -784,6 +784,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["hash"] = i.hash;
     d["build_ms"] = i.build_ms;
     d["op_names"] = i.op_names;
+    d["shapes"] = i.shapes;
     d["constant_uses"] = i.constant_uses;
     d["value_reads"] = i.value_reads;
     d["sync"] = i.sync;

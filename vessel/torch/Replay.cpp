@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -1679,6 +1680,7 @@ std::int64_t plan_build_like(std::int64_t plan, std::int64_t form, const std::ve
   Like r = compare_like(plan, *b, sources, false);
   const std::int64_t id = plan_of(*r.a, r.exts, b, std::move(r.patches), sources, runs_on, t0);
   set_sibling(id, r.a);
+  set_sibling(plan, b);   // the template's sibling too, where it had none (plan_info's shapes)
   return id;
 }
 
@@ -1755,6 +1757,39 @@ std::optional<std::int64_t> size_at(std::int64_t x, std::int64_t y, const SizeSy
   return static_cast<std::int64_t>(*v);
 }
 
+}  // namespace
+
+namespace {
+// An integer that is x at the symbols' first values and y at their second, as text over the
+// symbols' names (one name per distinct pair: "S0"): its first fit ("S0 + 2", "4*S0",
+// "1/2*S0", "S0*S0"); x itself where it does not differ, "x?" where no fit explains it.
+std::string size_text(std::int64_t x, std::int64_t y, const SizeSymbols& syms, const std::vector<std::string>& names) {
+  if (x == y) return std::to_string(x);
+  auto times = [](std::int64_t num, std::int64_t den, const std::string& term) {
+    const std::int64_t g = std::gcd(num, den);
+    num /= g;
+    den /= g;
+    if (den < 0) num = -num, den = -den;
+    if (den == 1) return num == 1 ? term : std::to_string(num) + "*" + term;
+    return std::to_string(num) + "/" + std::to_string(den) + "*" + term;
+  };
+  if (x <= kMaxSize && x >= -kMaxSize && y <= kMaxSize && y >= -kMaxSize) {
+    using W = __int128;
+    for (std::size_t i = 0; i < syms.size(); ++i) {
+      const auto [a, b] = syms[i];
+      if (x - a == y - b) {
+        const std::int64_t d = x - a;
+        return names[i] + (d > 0 ? " + " + std::to_string(d) : d < 0 ? " - " + std::to_string(-d) : "");
+      }
+      if (W(x) * b == W(y) * a) return times(x, a, names[i]);
+      for (std::size_t j = i; j < syms.size(); ++j) {
+        const auto [e, g] = syms[j];
+        if (W(x) * b * g == W(y) * a * e && W(a) * e <= kMaxSize) return times(x, a * e, names[i] + "*" + names[j]);
+      }
+    }
+  }
+  return std::to_string(y) + "?";
+}
 }  // namespace
 
 namespace replay {
@@ -2405,6 +2440,45 @@ PlanInfo plan_info(std::int64_t id) {
     if (o.skip) continue;
     ++i.ops;
     i.op_names.push_back(op_name(o.op) + " (" + record::phase_name(o.phase) + ")");
+  }
+  {  // each kernel call's results' sizes, over the varying sizes where the plan has a sibling
+    SizeSymbols syms;
+    const Form* a = p->sibling.get();
+    if (a == nullptr || !size_symbols(*a, f, syms).empty() || a->ops.size() != f.ops.size() ||
+        a->slot_sizes.size() != f.slot_sizes.size())
+      a = nullptr;
+    std::vector<std::string> names;
+    std::vector<std::pair<std::int64_t, std::int64_t>> seen;
+    for (const auto& pr : syms) {
+      auto it = std::find(seen.begin(), seen.end(), pr);
+      if (it == seen.end()) {
+        seen.push_back(pr);
+        names.push_back("S" + std::to_string(seen.size() - 1));
+      } else {
+        names.push_back(names[static_cast<std::size_t>(it - seen.begin())]);
+      }
+    }
+    for (std::size_t k = 0; k < f.ops.size(); ++k) {
+      if (f.ops[k].skip) continue;
+      std::string text;
+      for (const OutT& out : f.ops[k].outs) {
+        if (out.kind == OutT::Ignore) continue;
+        const std::uint32_t n = out.kind == OutT::Tensor ? 1 : out.count;
+        std::string one = out.kind == OutT::TensorList ? "[" : "";
+        for (std::uint32_t s = out.slot; s < out.slot + n && s < f.slot_sizes.size(); ++s) {
+          const auto& y = f.slot_sizes[s];
+          const std::vector<std::int64_t>* x = a != nullptr ? &a->slot_sizes[s] : nullptr;
+          if (x != nullptr && x->size() != y.size()) x = nullptr;
+          std::string dims_text = "[";
+          for (std::size_t d = 0; d < y.size(); ++d)
+            dims_text += (d ? ", " : "") + (x != nullptr ? size_text((*x)[d], y[d], syms, names) : std::to_string(y[d]));
+          one += (s > out.slot ? ", " : "") + dims_text + "]";
+        }
+        if (out.kind == OutT::TensorList) one += "]";
+        text += (text.empty() ? "" : ", ") + one;
+      }
+      i.shapes.push_back(std::move(text));
+    }
   }
   i.slots = f.num_slots;
   i.externals = f.exts.size() - p->constants.size();

@@ -183,6 +183,10 @@ struct PlanInfo {
   std::string hash;
   double build_ms = 0;
   std::vector<std::string> op_names;  // per kernel call, "aten::addmm (forward)"
+  // per kernel call, its results' sizes: where the plan has a sibling (Note [Size families]),
+  // each size that differs from the sibling's as a function of the varying argument sizes S0,
+  // S1, ... ("[4*S0, 64]"; "8208?" where no fit explains it), else as recorded
+  std::vector<std::string> shapes;
   std::vector<std::string> constant_uses;  // where each constant is first read, and what it is
   std::vector<std::string> value_reads;    // .item() outside the optimizer: Python saw a tensor's value
   bool sync = false;                       // a sync-point plan (plan_build_sync)

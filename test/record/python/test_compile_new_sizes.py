@@ -734,3 +734,63 @@ def test_range_during_a_capture_behaves_as_the_builtin():
     finally:
         sizes_mod.stop(log)
     assert builtins.range is sizes_mod._builtin_range, "restored when the capture ends"
+
+
+def shape_at(text, n):
+    """A plans() shape text ("[4*S0, 50]") with S0 = n, as a list of ints."""
+    out = []
+    for part in text.strip("[]").split(","):
+        v = eval(part.replace("S0", str(n)), {"__builtins__": {}})   # digits, S0, + - * /
+        assert v == int(v), (text, n)
+        out.append(int(v))
+    return out
+
+
+def test_plans_show_each_result_shape_over_the_varying_length():
+    # Every plan of the family shows one symbolic form (Note [Size families]): the recorded,
+    # derived and bound sizes alike. At the bound length each shape is eager's: the ops' results
+    # as a TorchDispatchMode sees them in an eager step at that length.
+    from torch.utils._python_dispatch import TorchDispatchMode
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [5] * 2 + [9] * 2)
+    plans = step.plans()
+    assert len({tuple(p["shapes"]) for p in plans}) == 1, [p["sizes"] for p in plans]
+    (bound,) = [p for p in plans if p["bound"]]
+    assert bound["sizes"] == "[4, S0=9], [4, S0=9]", bound["sizes"]
+    named = list(zip(bound["op_names"], bound["shapes"]))
+    assert ("aten::_log_softmax (forward)", "[4*S0, 50]") in named, named
+    assert ("aten::_safe_softmax (forward)", "[4, 4, S0, S0]") in named, named
+    assert not any("?" in t for _, t in named), named
+    watch = ("aten::embedding", "aten::_safe_softmax", "aten::_log_softmax", "aten::addmm")
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = "aten::" + func.__name__.split(".")[0]
+            if name in watch and getattr(func, "_overloadname", "default") == "default":
+                self.seen.append((name, list(out.shape)))
+            return out
+    torch.manual_seed(0)
+    m = models.SmallTransformer2()
+    x, y = tokens(9, torch.Generator().manual_seed(1))
+    with Shapes() as mode:
+        out = m(x)
+        torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    want = mode.seen
+    got = [(n.split(" ")[0], shape_at(t, 9)) for n, t in named
+           if n.split(" ")[0] in watch and n.endswith("(forward)")]
+    assert len(want) >= 8 and got == want, (got, want)
+
+
+def test_a_size_no_fit_explains_shows_as_its_value_with_a_question_mark():
+    # nn.LSTM's workspace (8192 * (S + 2) elements) is no fit of the length: its plans show it as
+    # their own value, marked.
+    step = run_family(LSTMNet, tokens, [12] * 3 + [5] * 2)
+    texts = {p["sizes"]: dict(zip(p["op_names"], p["shapes"])) for p in step.plans()}
+    workspace = {s: t["aten::mkldnn_rnn_layer (forward)"].split("], ")[-1] for s, t in texts.items()}
+    assert workspace == {"[4, S0=12], [4, S0=12]": f"[{8192 * 14}?]", "[4, S0=5], [4, S0=5]": f"[{8192 * 7}?]"}, \
+        workspace
+    assert all(t["aten::mkldnn_rnn_layer (forward)"].startswith("[S0, 4, 32], ") for t in texts.values()), texts

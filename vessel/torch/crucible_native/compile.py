@@ -604,7 +604,9 @@ class CompiledStep(_SyncPoint):
         sizes named: "[4, S0=12], [4, S0=12]"), derived (built from one recorded call beside
         another size's plan: Note [Size families]), bound (bound to its sizes without a recorded
         call: Note [Bound sizes]) and size_guards (a bound plan's guards on the sizes, over the
-        varying argument dimensions S0, S1, ...: "S0 > 10", "(S0) // 2 == 1/2*S0")."""
+        varying argument dimensions S0, S1, ...: "S0 > 10", "(S0) // 2 == 1/2*S0"). plan_info's
+        shapes gives each kernel call's results' sizes, over S0, S1, ... in a family with two
+        sizes ("[4*S0, 50]"; "114688?": a size no fit of them explains, its value here)."""
         out = []
         for key, e in self._entries.items():
             if e.plan is None:
