@@ -2393,7 +2393,7 @@ void plan_set_arena(std::int64_t id, bool on) {
   BusyLock hold(*p);
   if (!on) {
     p->arena_state = Plan::Arena::Off;
-    p->arena_note = "turned off (crucible.compile(arena=False))";
+    p->arena_note = "turned off (crucible.compile(arena=False); a bound size until its exec stage runs)";
   } else if (p->arena_state == Plan::Arena::Off && p->arena_mismatches == 0) {
     p->arena_state = Plan::Arena::Unplanned;
   }

@@ -794,3 +794,14 @@ def test_a_size_no_fit_explains_shows_as_its_value_with_a_question_mark():
     assert workspace == {"[4, S0=12], [4, S0=12]": f"[{8192 * 14}?]", "[4, S0=5], [4, S0=5]": f"[{8192 * 7}?]"}, \
         workspace
     assert all(t["aten::mkldnn_rnn_layer (forward)"].startswith("[S0, 4, 32], ") for t in texts.values()), texts
+
+
+def test_a_bound_size_plans_its_arena_from_its_exec_stage_runs():
+    # A bound size's first run is the check (its ATen ops); its arena is planned from the exec
+    # stage's first run and serves the runs after it, none of them a mismatch (Note [Bound exec
+    # plans]; an arena planned from the ATen ops' run would not match the exec stage's).
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [5] * 2 + [9] * 5)
+    (bound,) = [p for p in step.plans() if p["bound"]]
+    assert bound["exec"] == "cpu" and bound["exec_note"] == "", bound["exec_note"]
+    assert bound["arena"] == "ready" and bound["arena_mismatches"] == 0, (bound["arena"], bound["arena_mismatches"])
+    assert bound["arena_runs"] == 5 - 2 and bound["arena_served"] > 0, (bound["arena_runs"], bound["arena_served"])

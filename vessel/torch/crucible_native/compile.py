@@ -830,6 +830,8 @@ class CompiledStep(_SyncPoint):
                     sib, d, _ = e.bind_from
                     e.bind_from = None
                     self._bind_exec(e.plan, sib, d)
+                    if self._arena:   # planned from this run on (_bind_sizes)
+                        _ext.plan_set_arena(e.plan, True)
                 t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)
@@ -1121,7 +1123,9 @@ class CompiledStep(_SyncPoint):
         e.size_log = None   # its plan's form was bound, not recorded: no size log of its own
         e.bind_guard = guard
         e.started = e.derived = e.bound = True
-        if not self._arena:
+        if not self._arena or e.bind_from is not None:
+            # the first run is the check (its ATen ops), the later ones the exec stage's: its
+            # arena is planned from the first of those (turned on again after _bind_exec)
             _ext.plan_set_arena(plan, False)
         self._count("plans_built")
         self._count("sizes_bound")
