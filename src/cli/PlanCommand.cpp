@@ -5,7 +5,7 @@
 // from (the kernel cache: memory, disk, compiled).
 //
 //   crucible plan [--hardware cpu-avx2|h200] [--rules DIR] [--infer] [--allow-differs ID]...
-//                 [--setting KEY=VALUE]... [--budget-us N] [--json] TRACE
+//                 [--setting KEY=VALUE]... [--budget-us N] [--sizes-from TRACE2] [--json] TRACE
 //   crucible venn [--hardware ...] [--rules DIR] [--json] TRACE
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +30,7 @@ struct PlanArgs {
   std::string hardware = "cpu-avx2";
   std::string rules_dir = CRUCIBLE_RULES_DIR;
   std::string trace;
+  std::string sizes_from;  // --sizes-from: the same program recorded at other sizes
   forge::Policy policy;
   double budget_us = 50'000;
   bool json = false;
@@ -58,6 +59,8 @@ int parse(std::string_view path, Args args, bool plan, PlanArgs& out) {
     } else if (plan && a == "--setting") {
       if (!value(&v) || v.find('=') == std::string::npos) return usage_error(path, "--setting needs KEY=VALUE");
       out.policy.settings[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (plan && a == "--sizes-from") {
+      if (!value(&out.sizes_from)) return usage_error(path, "--sizes-from needs a trace of the program at other sizes");
     } else if (plan && a == "--budget-us") {
       if (!value(&v)) return usage_error(path, "--budget-us needs a number");
       char* end = nullptr;
@@ -75,25 +78,16 @@ int parse(std::string_view path, Args args, bool plan, PlanArgs& out) {
   return -1;
 }
 
-// Trace -> last steady iteration -> IR001 -> front end. Prints the error and returns the exit code
-// on failure.
-int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
-              const forge::Hardware** hw, forge::FrontEndResult* out) {
-  *hw = forge::hardware_by_name(a.hardware);
-  if (*hw == nullptr) {
-    std::string names;
-    for (std::string_view n : forge::hardware_names()) names += (names.empty() ? "" : ", ") + std::string(n);
-    std::fprintf(stderr, "crucible: unknown hardware class '%s' (known: %s)\n", a.hardware.c_str(), names.c_str());
-    return kExitUsage;
-  }
-  auto trace = record::load_trace(a.trace);
+// Trace -> last steady iteration -> IR001. Prints the error and returns the exit code on failure.
+int load_ir(const std::string& path, forge::ExprPool& pool, forge::Ir001* out) {
+  auto trace = record::load_trace(path);
   if (!trace.ok()) {
-    std::fprintf(stderr, "crucible: %s: %s\n", a.trace.c_str(), std::string(trace.status().message()).c_str());
+    std::fprintf(stderr, "crucible: %s: %s\n", path.c_str(), std::string(trace.status().message()).c_str());
     return trace.status().code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitRefused;
   }
   auto it = graph::analyze_latest_iteration(*trace, -1);
   if (!it.ok()) {
-    std::fprintf(stderr, "crucible: %s: no iteration to plan: %s\n", a.trace.c_str(),
+    std::fprintf(stderr, "crucible: %s: no iteration to plan: %s\n", path.c_str(),
                  std::string(it.status().message()).c_str());
     return kExitRefused;
   }
@@ -102,19 +96,37 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
                  "crucible: warning: %s: the planned iteration is incomplete: %llu of its ops were recorded "
                  "right after dropped ones (drop_when_full), so the plan covers only what was recorded; "
                  "record with back-pressure (the default) or larger rings\n",
-                 a.trace.c_str(), static_cast<unsigned long long>((*it)->analysis->ops_after_drop));
+                 path.c_str(), static_cast<unsigned long long>((*it)->analysis->ops_after_drop));
   auto ir = forge::build_ir001(*trace, (*it)->ops(), pool);
   if (!ir.ok()) {
     std::fprintf(stderr, "crucible: %s\n", std::string(ir.status().message()).c_str());
     return kExitRefused;
   }
+  *out = std::move(*ir);
+  return -1;
+}
+
+// Trace -> IR001 -> front end (the IR before it kept in `recorded` when asked). Prints the error
+// and returns the exit code on failure.
+int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
+              const forge::Hardware** hw, forge::FrontEndResult* out, forge::Ir001* recorded = nullptr) {
+  *hw = forge::hardware_by_name(a.hardware);
+  if (*hw == nullptr) {
+    std::string names;
+    for (std::string_view n : forge::hardware_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+    std::fprintf(stderr, "crucible: unknown hardware class '%s' (known: %s)\n", a.hardware.c_str(), names.c_str());
+    return kExitUsage;
+  }
+  forge::Ir001 ir_value;
+  if (int rc = load_ir(a.trace, pool, &ir_value); rc >= 0) return rc;
+  if (recorded != nullptr) *recorded = ir_value;
   auto rs = forge::load_rules_dir(a.rules_dir, a.hardware);
   if (!rs.ok()) {
     std::fprintf(stderr, "crucible: rules: %s\n", std::string(rs.status().message()).c_str());
     return kExitUsage;
   }
   *rules = std::move(*rs);
-  auto fe = forge::run_front_end(std::move(*ir), *rules, a.policy, a.budget_us);
+  auto fe = forge::run_front_end(std::move(ir_value), *rules, a.policy, a.budget_us);
   if (!fe.ok()) {
     std::fprintf(stderr, "crucible: plan: %s\n", std::string(fe.status().message()).c_str());
     return kExitRefused;
@@ -199,6 +211,64 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
   }
 }
 
+// --sizes-from: the recorded iteration's shapes over the sizes that differ from another recording
+// of the program (forge::symbolize_sizes), appended to the report: the symbols, then each node
+// whose results' shapes hold one. Returns the exit code on failure (the error printed).
+int add_symbolic_section(const PlanArgs& a, forge::ExprPool& pool, const forge::Ir001& here,
+                         forge::PlanReport* r) {
+  forge::Ir001 other;
+  if (int rc = load_ir(a.sizes_from, pool, &other); rc >= 0) return rc;
+  std::vector<forge::SizeSymbol> found;
+  auto sym = forge::symbolize_sizes(here, other, pool, &found);
+  if (!sym.ok()) {
+    std::fprintf(stderr, "crucible: plan: --sizes-from %s: %s\n", a.sizes_from.c_str(),
+                 std::string(sym.status().message()).c_str());
+    return kExitRefused;
+  }
+  std::string text = "\nsymbolic shapes (the sizes that differ in " + a.sizes_from + " named):\n";
+  nlohmann::json symbols = nlohmann::json::array(), nodes = nlohmann::json::array();
+  for (const forge::SizeSymbol& s : found) {
+    text += "  " + s.name + " = " + std::to_string(s.a) + " here, " + std::to_string(s.b) + " there (input value " +
+            std::to_string(s.value) + ", dim " + std::to_string(s.dim) + ")\n";
+    symbols.push_back({{"name", s.name}, {"here", s.a}, {"there", s.b}, {"value", s.value}, {"dim", s.dim}});
+  }
+  auto shape_text = [](const std::vector<const forge::Expr*>& shape) {
+    std::string t = "[";
+    for (std::size_t d = 0; d < shape.size(); ++d) t += (d ? ", " : "") + forge::ExprPool::to_string(shape[d]);
+    return t + "]";
+  };
+  std::size_t shown = 0;
+  for (std::size_t n = 0; n < sym->nodes.size(); ++n) {
+    const forge::Node& node = sym->nodes[n];
+    bool symbolic = false;
+    nlohmann::json shapes = nlohmann::json::array();
+    std::string outs;
+    for (std::uint32_t v : node.outputs) {
+      const auto& shape = sym->values[v].shape;
+      symbolic |= std::any_of(shape.begin(), shape.end(), [](const forge::Expr* e) {
+        return e->kind != forge::Expr::Kind::Const;
+      });
+      shapes.push_back(shape_text(shape));
+      outs += (outs.empty() ? "" : ", ") + shape_text(shape);
+    }
+    if (!symbolic) continue;
+    ++shown;
+    char line[64];
+    std::snprintf(line, sizeof line, "  node %-5zu %-32s ", n, node.op.c_str());
+    text += line + outs + "\n";
+    nodes.push_back({{"node", n}, {"op", node.op}, {"shapes", shapes}});
+  }
+  text += "  " + std::to_string(shown) + " of " + std::to_string(sym->nodes.size()) +
+          " nodes have a result whose shape holds a symbol\n";
+  r->text += text;
+  if (!r->json.empty()) {
+    nlohmann::json report = nlohmann::json::parse(r->json);
+    report["symbolic"] = {{"symbols", symbols}, {"nodes", nodes}};
+    r->json = report.dump(2);
+  }
+  return -1;
+}
+
 // Both commands: parse, run the front end, print the report (text or --json).
 int run_report(std::string_view path, Args args, bool plan) {
   PlanArgs a;
@@ -207,9 +277,12 @@ int run_report(std::string_view path, Args args, bool plan) {
   forge::RuleSet rules;
   const forge::Hardware* hw = nullptr;
   forge::FrontEndResult fe;
-  if (int rc = front_end(a, pool, &rules, &hw, &fe); rc >= 0) return rc;
+  forge::Ir001 recorded;
+  if (int rc = front_end(a, pool, &rules, &hw, &fe, a.sizes_from.empty() ? nullptr : &recorded); rc >= 0) return rc;
   forge::PlanReport r = plan ? forge::plan_report(fe, rules, *hw) : forge::venn_report(fe, *hw);
   if (plan && a.hardware.starts_with("cpu")) add_backend_section(fe, &r);
+  if (!a.sizes_from.empty())
+    if (int rc = add_symbolic_section(a, pool, recorded, &r); rc >= 0) return rc;
   std::fputs((a.json ? r.json : r.text).c_str(), stdout);
   if (a.json && !r.json.empty() && r.json.back() != '\n') std::fputc('\n', stdout);
   return kExitOk;

@@ -24,6 +24,7 @@ constexpr Command kTopLevel[] = {
      "  --allow-differs ID   allow a rule whose numerics differ from the reference\n"
      "  --setting KEY=VALUE  state a policy setting rules may read\n"
      "  --budget-us N        wall-clock budget per phase (default 50000)\n"
+     "  --sizes-from TRACE2  the program recorded at other sizes: each shape over the sizes that differ\n"
      "  --json               machine-readable output",
      plan_command, nullptr},
     {"venn", "[--hardware CLASS] [--rules DIR] [--json] TRACE",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -430,6 +431,137 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
                            "this program's shapes cannot be expressed in the batch size; plan it per batch size");
     }
   }
+  return out;
+}
+
+namespace {
+// Note [Size symbols]: the expression of an integer that is x at the symbols' values in one
+// recording and y in the other: its first one-parameter fit (S + d, c*S, c*S*T with c rational;
+// a division only where both recorded values divide), else nullptr. Two values always fit a line
+// a*S + b, so a free affine fit would explain anything.
+const Expr* size_fit(std::int64_t x, std::int64_t y, const std::vector<std::pair<std::int64_t, std::int64_t>>& at,
+                     const std::vector<const Expr*>& syms, ExprPool& pool) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 40;
+  if (x > kMax || x < -kMax || y > kMax || y < -kMax) return nullptr;
+  using W = __int128;
+  auto times = [&](std::int64_t num, std::int64_t den, const Expr* term) -> const Expr* {
+    const std::int64_t g = std::gcd(num, den);
+    num /= g;
+    den /= g;
+    if (den < 0) num = -num, den = -den;
+    const Expr* e = num == 1 ? term : pool.mul(pool.constant(num), term);
+    return den == 1 ? e : pool.floordiv(e, pool.constant(den));
+  };
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    const auto [a, b] = at[i];
+    if (x - a == y - b) return x == a ? syms[i] : pool.add(syms[i], pool.constant(x - a));
+    if (W(x) * b == W(y) * a) return times(x, a, syms[i]);
+    for (std::size_t j = i; j < at.size(); ++j) {
+      const auto [e, g] = at[j];
+      if (W(x) * b * g == W(y) * a * e && W(a) * e <= kMax) return times(x, a * e, pool.mul(syms[i], syms[j]));
+    }
+  }
+  return nullptr;
+}
+}  // namespace
+
+Result<Ir001> symbolize_sizes(const Ir001& a, const Ir001& b, ExprPool& pool, std::vector<SizeSymbol>* symbols) {
+  if (a.pool != &pool || b.pool != &pool)
+    return invalid_input("symbolize_sizes: both IRs must come from this pool", "build them with the same ExprPool");
+  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size())
+    return invalid_input("symbolize_sizes: the recordings differ in structure (" + std::to_string(a.nodes.size()) +
+                             " vs " + std::to_string(b.nodes.size()) + " nodes, " + std::to_string(a.values.size()) +
+                             " vs " + std::to_string(b.values.size()) + " values)",
+                         "record one program at two sizes");
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.scalars.size() != y.scalars.size())
+      return invalid_input("symbolize_sizes: node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
+                           "the program's ops must not depend on its sizes");
+  }
+  auto cst = [](const Expr* e) { return e->kind == Expr::Kind::Const ? e->value : -1; };
+  // The symbols: the dims of the batch inputs that differ, one per distinct pair of values.
+  std::vector<std::pair<std::int64_t, std::int64_t>> at;
+  std::vector<const Expr*> syms;
+  std::vector<SizeSymbol> found;
+  const char* const letters[] = {"S", "T", "U", "V"};
+  for (std::size_t v = 0; v < a.values.size(); ++v) {
+    const Value& x = a.values[v];
+    const Value& y = b.values[v];
+    if (x.producer != kNoNode || x.external != static_cast<std::uint8_t>(record::ExternalKind::Input)) continue;
+    if (x.shape.size() != y.shape.size())
+      return invalid_input("symbolize_sizes: input value " + std::to_string(v) + " has rank " +
+                               std::to_string(x.shape.size()) + " vs " + std::to_string(y.shape.size()),
+                           "record one program at two sizes of the same ranks");
+    for (std::size_t d = 0; d < x.shape.size(); ++d) {
+      const std::int64_t p = cst(x.shape[d]), q = cst(y.shape[d]);
+      if (p == q) continue;
+      if (p < 2 || q < 2)
+        return invalid_input("symbolize_sizes: dim " + std::to_string(d) + " of input value " + std::to_string(v) +
+                                 " is " + std::to_string(p) + " and " + std::to_string(q) +
+                                 " (sizes 0 and 1 change broadcasting: they are never symbols)",
+                             "record at sizes of at least 2");
+      if (std::find(at.begin(), at.end(), std::pair{p, q}) != at.end()) continue;
+      std::string name = p == a.batch_size && q == b.batch_size && a.batch_size != b.batch_size && d == 0 ? "B" : "";
+      for (std::size_t k = 0; name.empty() || std::any_of(found.begin(), found.end(),
+                                                           [&](const SizeSymbol& f) { return f.name == name; });
+           ++k)
+        name = k < 4 ? letters[k] : "S" + std::to_string(k);
+      at.emplace_back(p, q);
+      syms.push_back(pool.symbol(name));
+      found.push_back({name, p, q, static_cast<std::uint32_t>(v), static_cast<std::uint32_t>(d)});
+    }
+  }
+  if (at.empty())
+    return invalid_input("symbolize_sizes: no dim of a batch input differs between the recordings",
+                         "record the program at two sizes (a batch, a sequence length)");
+  Ir001 out = a;
+  out.symbolic = true;
+  out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    for (std::size_t k = 0; k < x.scalars.size(); ++k) {
+      const record::ScalarRecord& r = x.scalars[k];
+      const record::ScalarRecord& q = y.scalars[k];
+      if (r.kind == q.kind && r.arg_index == q.arg_index && r.aux == q.aux && r.bits == q.bits) continue;
+      const auto va = static_cast<std::int64_t>(r.bits), vb = static_cast<std::int64_t>(q.bits);
+      const Expr* e = r.kind == record::ScalarKind::Int && q.kind == r.kind && r.arg_index == q.arg_index
+                          ? size_fit(va, vb, at, syms, pool)
+                          : nullptr;
+      if (e == nullptr)
+        return invalid_input("symbolize_sizes: scalar argument " + std::to_string(r.arg_index) + " of node #" +
+                                 std::to_string(i) + " " + x.op + " is " + std::to_string(va) + " and " +
+                                 std::to_string(vb) + ": no function of the input sizes that differ (S + d, c*S, c*S*T)",
+                             "plan this program per size");
+      Node& n = out.nodes[i];
+      if (n.scalar_exprs.empty()) n.scalar_exprs.assign(n.scalars.size(), nullptr);
+      n.scalar_exprs[k] = e;
+    }
+  }
+  for (std::size_t v = 0; v < a.values.size(); ++v) {
+    const auto& sa = a.values[v].shape;
+    const auto& sb = b.values[v].shape;
+    if (sa.size() != sb.size())
+      return invalid_input("symbolize_sizes: value " + std::to_string(v) + " has rank " + std::to_string(sa.size()) +
+                               " vs " + std::to_string(sb.size()),
+                           "the program's ranks must not depend on its sizes");
+    for (std::size_t d = 0; d < sa.size(); ++d) {
+      if (sa[d] == sb[d]) continue;
+      const Expr* e = size_fit(cst(sa[d]), cst(sb[d]), at, syms, pool);
+      if (e == nullptr || cst(sa[d]) < 0 || cst(sb[d]) < 0) {
+        const std::uint32_t p = a.values[v].producer;
+        return invalid_input("symbolize_sizes: dim " + std::to_string(d) + " of value " + std::to_string(v) +
+                                 (p == kNoNode ? std::string(" (external)") : " (output of node #" + std::to_string(p) + " " + a.nodes[p].op + ")") +
+                                 " is " + std::to_string(cst(sa[d])) + " and " + std::to_string(cst(sb[d])) +
+                                 ": no function of the input sizes that differ (S + d, c*S, c*S*T)",
+                             "plan this program per size");
+      }
+      out.values[v].shape[d] = e;
+    }
+  }
+  if (symbols != nullptr) *symbols = std::move(found);
   return out;
 }
 

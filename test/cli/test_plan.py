@@ -208,3 +208,36 @@ def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(
 def test_plan_for_a_gpu_class_has_no_cpu_backend_section():
     d = plan_json("--hardware", "h200", trace("mlp"))
     assert "mimic" not in d
+
+
+def seq_trace(n):
+    return os.path.join(TRACES, f"transformer_s{n}.crtrace")
+
+
+def test_sizes_from_shows_each_shape_over_the_sequence_length():
+    # The transformer recorded at lengths 12 and 9 (make_traces.py): one symbol S, each node's
+    # results over it; the same texts from either recording's side.
+    here = plan_json("--sizes-from", seq_trace(9), seq_trace(12))["symbolic"]
+    there = plan_json("--sizes-from", seq_trace(12), seq_trace(9))["symbolic"]
+    assert here["symbols"] == [{"name": "S", "here": 12, "there": 9, "value": here["symbols"][0]["value"], "dim": 1}]
+    assert there["symbols"][0]["here"] == 9 and there["symbols"][0]["there"] == 12
+    assert here["nodes"] == there["nodes"]
+    shapes = {n["op"]: n["shapes"] for n in here["nodes"]}
+    assert shapes["aten::embedding"] == ["[4, S, 32]"], shapes["aten::embedding"]
+    assert any(n["op"].startswith("aten::_softmax") or n["op"].startswith("aten::_safe_softmax")
+               for n in here["nodes"] if n["shapes"] == ["[4, 4, S, S]"]), here["nodes"]
+    text = run("plan", "--sizes-from", seq_trace(9), seq_trace(12))
+    assert text.returncode == 0, text.stderr
+    assert "S = 12 here, 9 there" in text.stdout and "[4, S, 32]" in text.stdout
+
+
+def test_sizes_from_names_the_batch_b_and_refuses_another_program(tmp_path):
+    d = plan_json("--sizes-from", os.path.join(TRACES, "transformer_b8.crtrace"), trace("transformer"))
+    assert [s["name"] for s in d["symbolic"]["symbols"]] == ["B"]
+    assert ["[B, 12, 32]"] in [n["shapes"] for n in d["symbolic"]["nodes"]]
+    r = run("plan", "--sizes-from", trace("mlp"), trace("transformer"))
+    assert r.returncode == 1 and "--sizes-from" in r.stderr and "differ in structure" in r.stderr, r.stderr
+    r = run("plan", "--sizes-from", trace("transformer"), trace("transformer"))
+    assert r.returncode == 1 and "no dim of a batch input differs" in r.stderr, r.stderr
+    r = run("plan", "--sizes-from")
+    assert r.returncode == 2 and "--sizes-from needs" in r.stderr, r.stderr

@@ -305,7 +305,98 @@ TEST(Ir001, RecordedModelsBuildVerifyAndSymbolize) {
         }
       }
     }
+    // symbolize_sizes names the batch "B" and finds the same expressions as symbolize_batch.
+    std::vector<SizeSymbol> found;
+    auto sizes = symbolize_sizes(*a, *b, pool, &found);
+    ASSERT_TRUE(sizes.ok()) << model << ": " << sizes.status();
+    ASSERT_EQ(found.size(), 1u) << model;
+    EXPECT_EQ(found[0].name, "B");
+    EXPECT_EQ(found[0].a, batches[0]);
+    EXPECT_EQ(found[0].b, batches[1]);
+    for (std::size_t v = 0; v < sym->values.size(); ++v)
+      ASSERT_EQ(sizes->values[v].shape, sym->values[v].shape) << model << " value " << v;
+    for (std::size_t n = 0; n < sym->nodes.size(); ++n)
+      for (std::size_t k = 0; k < sym->nodes[n].scalar_exprs.size(); ++k)
+        EXPECT_EQ(sizes->nodes[n].scalar_exprs[k], sym->nodes[n].scalar_exprs[k]) << model << " node " << n;
   }
+}
+
+// A step over a sequence of length s (batch 4): x[4,s,8] (batch input) viewed [4s,8] @ w[8,16]
+// -> viewed [4,s,16]; scores [4,s,16] @ [4,16,s] -> [4,s,s]; a cat of one more position ->
+// [4,s+1,16]; a view [s/2, 128]; with `flat`, the cat's result viewed flat: 64*s + 64 elements.
+Builder seq_model(std::int64_t s, bool flat = false) {
+  Builder b;
+  b.trace.externals[1] = record::ExternalKind::Input;
+  b.trace.externals[2] = record::ExternalKind::Parameter;
+  b.trace.externals[9] = record::ExternalKind::Parameter;
+  b.op("aten::view", {{1, 0, {4, s, 8}}}, {{1, 0, {4 * s, 8}, 6, 0, true}}, record::Phase::Forward, "", {4 * s, 8});
+  b.op("aten::mm", {{1, 0, {4 * s, 8}, 6, 0, true}, {2, 0, {8, 16}}}, {{3, 0, {4 * s, 16}}});
+  b.op("aten::view", {{3, 0, {4 * s, 16}}}, {{3, 0, {4, s, 16}, 6, 0, true}}, record::Phase::Forward, "", {4, s, 16});
+  b.op("aten::transpose", {{3, 0, {4, s, 16}, 6, 0, true}}, {{3, 0, {4, 16, s}, 6, 0, true}}, record::Phase::Forward, "",
+       {1, 2});
+  b.op("aten::bmm", {{3, 0, {4, s, 16}, 6, 0, true}, {3, 0, {4, 16, s}, 6, 0, true}}, {{4, 0, {4, s, s}}});
+  b.op("aten::cat", {{3, 0, {4, s, 16}, 6, 0, true}, {9, 0, {4, 1, 16}}}, {{5, 0, {4, s + 1, 16}}},
+       record::Phase::Forward, "", {1});
+  b.op("aten::view", {{3, 0, {4 * s, 16}}}, {{3, 0, {s / 2, 128}, 6, 0, true}}, record::Phase::Forward, "",
+       {s / 2, 128});
+  if (flat)
+    b.op("aten::view", {{5, 0, {4, s + 1, 16}}}, {{5, 0, {4 * (s + 1) * 16}, 6, 0, true}}, record::Phase::Forward, "",
+         {4 * (s + 1) * 16});
+  return b;
+}
+
+TEST(Ir001, SymbolizeSizesOverASequenceLengthMatchesAThirdLength) {
+  ExprPool pool;
+  Builder b12 = seq_model(12), b8 = seq_model(8), b16 = seq_model(16);
+  auto i12 = build_ir001(b12.trace, b12.all(), pool);
+  auto i8 = build_ir001(b8.trace, b8.all(), pool);
+  auto i16 = build_ir001(b16.trace, b16.all(), pool);
+  ASSERT_TRUE(i12.ok() && i8.ok() && i16.ok());
+  std::vector<SizeSymbol> found;
+  auto sym = symbolize_sizes(*i12, *i8, pool, &found);
+  ASSERT_TRUE(sym.ok()) << sym.status();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].name, "S");  // the leading dim (4) is no batch that varies
+  EXPECT_EQ(found[0].a, 12);
+  EXPECT_EQ(found[0].b, 8);
+  EXPECT_TRUE(sym->symbolic);
+  EXPECT_TRUE(verify(*sym).ok());
+  const Expr* S = pool.symbol("S");
+  auto shape_of = [&](std::size_t node) { return sym->values[sym->nodes[node].outputs[0]].shape; };
+  EXPECT_EQ(shape_of(1), (std::vector<const Expr*>{pool.mul(pool.constant(4), S), pool.constant(16)}));
+  EXPECT_EQ(shape_of(4), (std::vector<const Expr*>{pool.constant(4), S, S}));
+  EXPECT_EQ(shape_of(5), (std::vector<const Expr*>{pool.constant(4), pool.add(S, pool.constant(1)), pool.constant(16)}));
+  EXPECT_EQ(shape_of(6), (std::vector<const Expr*>{pool.floordiv(S, pool.constant(2)), pool.constant(128)}));
+  EXPECT_EQ(ExprPool::to_string(shape_of(5)[1]), "S+1");
+  auto at16 = instantiate(*sym, {{"S", 16}});
+  ASSERT_TRUE(at16.ok()) << at16.status();
+  ASSERT_EQ(at16->values.size(), i16->values.size());
+  for (std::size_t v = 0; v < i16->values.size(); ++v) EXPECT_EQ(at16->values[v].shape, i16->values[v].shape) << v;
+  for (std::size_t n = 0; n < i16->nodes.size(); ++n)
+    for (std::size_t k = 0; k < i16->nodes[n].scalars.size(); ++k)
+      EXPECT_EQ(at16->nodes[n].scalars[k].bits, i16->nodes[n].scalars[k].bits) << "node " << n << " scalar " << k;
+}
+
+TEST(Ir001, SymbolizeSizesRefusesWhatNoFitExplains) {
+  ExprPool pool;
+  // 64*S + 64 (the flat view of [4, S+1, 16]) is no one-parameter fit of S: 832 and 576.
+  Builder a = seq_model(12, true), b = seq_model(8, true);
+  auto ia = build_ir001(a.trace, a.all(), pool);
+  auto ib = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  auto sym = symbolize_sizes(*ia, *ib, pool);
+  ASSERT_FALSE(sym.ok());
+  EXPECT_NE(sym.status().message().find("is 832 and 576: no function of the input sizes"), absl::string_view::npos)
+      << sym.status();
+  EXPECT_FALSE(symbolize_sizes(*ia, *ia, pool).ok());  // one size: no symbol
+  // Sizes 0 and 1 are never symbols.
+  Builder one = seq_model(2), two = seq_model(1);
+  auto i1 = build_ir001(one.trace, one.all(), pool);
+  auto i2 = build_ir001(two.trace, two.all(), pool);
+  ASSERT_TRUE(i1.ok() && i2.ok());
+  auto s01 = symbolize_sizes(*i1, *i2, pool);
+  ASSERT_FALSE(s01.ok());
+  EXPECT_NE(s01.status().message().find("never symbols"), absl::string_view::npos) << s01.status();
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 Each model (test/record/python/models.py: mlp, cnn, resnet18, transformer; SGD or AdamW) is
 recorded for --steps training steps at its default batch, twice it and four times it, so the
 forge tests can symbolize shapes over the batch (two sizes unify, the third checks the result).
+The transformer is also recorded at sequence lengths 12 and 9 (its default batch):
+<dir>/transformer_s<length>.crtrace, for `crucible plan --sizes-from` over a length.
 Every recording runs in a fresh Python process: the recorder's module paths and storage ids
 start from the same state, so the same program gives the same trace.
 
@@ -21,14 +23,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PATHS = [os.path.join(ROOT, "vessel", "torch"), os.path.join(ROOT, "test", "record", "python")]
 MULTIPLES = (1, 2, 4)
+LENGTHS = {"transformer": (12, 9)}   # sequence lengths recorded beside the batches
 
-# Runs in the child process: argv = model, batch, steps, output path.
+# Runs in the child process: argv = model, batch, steps, output path[, sequence length].
 RECORD_ONE = """
 import sys
+import torch
 import crucible_native as crucible
 import models
 name, batch, steps, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 s = models.make(name, batch=batch)
+if len(sys.argv) > 5:   # tokens of another length
+    g = torch.Generator().manual_seed(0)
+    s.x = torch.randint(0, 50, (batch, int(sys.argv[5])), generator=g)
+    s.y = torch.randint(0, 50, (batch, int(sys.argv[5])), generator=g)
 counts = models.record(s, steps)
 crucible.track_optimizer(s.opt)  # gradients and optimizer state exist only after step 1
 st = crucible.export(path)
@@ -64,13 +72,15 @@ def main(argv=None):
     index = {}
     for name in names:
         batches = [models.DEFAULT_BATCH[name] * k for k in MULTIPLES]
-        for b in batches:
-            path = os.path.join(args.dir, f"{name}_b{b}.crtrace")
-            r = subprocess.run([sys.executable, "-c", RECORD_ONE, name, str(b), str(args.steps), path],
+        runs = [(f"{name}_b{b}.crtrace", b, []) for b in batches]
+        runs += [(f"{name}_s{n}.crtrace", models.DEFAULT_BATCH[name], [str(n)]) for n in LENGTHS.get(name, ())]
+        for file, b, extra in runs:
+            path = os.path.join(args.dir, file)
+            r = subprocess.run([sys.executable, "-c", RECORD_ONE, name, str(b), str(args.steps), path, *extra],
                                env=env, capture_output=True, text=True)
             if r.returncode != 0:
                 sys.stderr.write(r.stdout + r.stderr)
-                print(f"make_traces: recording {name} at batch {b} failed (exit {r.returncode}); "
+                print(f"make_traces: recording {file} failed (exit {r.returncode}); "
                       "check that CRUCIBLE_BUILD_DIR names a build with the Vessel (_crucible_ext)",
                       file=sys.stderr)
                 return 1

@@ -111,6 +111,23 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
 // k*B). Anything else is an error naming the first node and dim or argument that differ.
 Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool,
                               std::string_view symbol = "B");
+// One symbol of symbolize_sizes: its name, its values in the two recordings, and the batch input
+// dim it was first seen at.
+struct SizeSymbol {
+  std::string name;
+  std::int64_t a = 0, b = 0;
+  std::uint32_t value = 0, dim = 0;
+};
+// Unifies two IRs of one program recorded at other sizes of its batch inputs (a batch, a sequence
+// length): each distinct pair of values a batch input's dim takes is a symbol ("B" for the leading
+// dim at the recorded batch sizes, else S, T, U, V, S4, ...), and every dim and int scalar argument
+// that differs is its first one-parameter fit of them (Note [Size symbols]: S + d, c*S, c*S*T with c
+// rational, "(3*S)//2" only where both values divide). Sizes 0 and 1 are never symbols. Anything
+// else is an error naming the first value or argument no fit explains. Two recordings cannot tell
+// fits apart that agree at both (a size S*T where S and T vary together), nor a rounded division
+// (S//2 at two even S): instantiate at a third size and compare where it matters.
+Result<Ir001> symbolize_sizes(const Ir001& a, const Ir001& b, ExprPool& pool,
+                              std::vector<SizeSymbol>* symbols = nullptr);
 // The IR with every symbol bound (shapes constant again).
 Result<Ir001> instantiate(const Ir001& ir, const std::map<std::string, std::int64_t, std::less<>>& bindings);
 
