@@ -14,6 +14,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -1715,12 +1716,16 @@ std::int64_t plan_build_pair(std::int64_t form_a, std::int64_t form_b, const std
 //     cat, norms, losses, optimizers) for every op of the form; convolutions, pooling and slices
 //     (which clamp their start and end) are checked at C by ATen's formula (window_sizes),
 //     skipped ops included; a form with another op that divides or rounds sizes (chunk, split by
-//     size, unfold, an arange with a step, an FFT), an op the op table does not know, or one
-//     whose sizes depend on data is not bound (`unbound_op` says which);
-//   - the first run checks every result's sizes and strides against the binding's (run_range); a
-//     mismatch stops the call with an error naming the op, and crucible.compile records that
-//     size at its next call (never observed: it needs a size function outside the fits and the
-//     formulas that still fits both recorded sizes).
+//     size, unfold, an arange with a step, an FFT), one whose library chooses a result's size (a
+//     workspace: oneDNN's LSTM), an op the op table does not know, or one whose sizes depend on
+//     data is not bound (`unbound_op` says which);
+//   - the first run checks every result's sizes and strides against the binding's (run_range,
+//     check_bound_sizes). A mismatch (a size function outside the fits that fits both recorded
+//     sizes: oneDNN's LSTM workspace is 118784 elements at lengths 13 and 14, 122880 at 15)
+//     stops the run at that op; when no op before it drew random numbers or wrote a persistent
+//     tensor or an argument, it is a guard failure and crucible.compile runs the call eagerly and
+//     records it as the size's own, else the call raises the error and the size is recorded at
+//     its next call.
 // The bound plan has d's patch points, persistent tensors, gradient bindings and scalar sources.
 // It runs its ATen ops; crucible.compile gives it an exec stage at its size's second call
 // (Note [Bound exec plans], ExecReplay.cpp). plan_check compares a recorded call at its sizes
@@ -1885,6 +1890,15 @@ std::string unbound_op(const Form& f) {
                                               "unfold", "unfold_backward", "im2col", "col2im", "diagonal",
                                               "diag", "tril_indices", "triu_indices", "set_",
                                               "_pack_padded_sequence", "_pad_packed_sequence", "stft", "istft"};
+  // A workspace whose size is the library's choice (oneDNN's LSTM: 118784 elements at lengths 13
+  // and 14, 122880 at 15), or a result padded to its block size.
+  static const std::string_view kWorkspace[] = {"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward", "mkldnn_rnn",
+                                                "_cudnn_rnn", "_cudnn_rnn_backward", "miopen_rnn",
+                                                "miopen_rnn_backward", "_scaled_dot_product_efficient_attention",
+                                                "_efficient_attention_forward"};
+  // CRUCIBLE_BIND_TRUST_OPS=a,b: base names bound anyway (tests of the first run's check, below).
+  const char* trust_env = std::getenv("CRUCIBLE_BIND_TRUST_OPS");
+  const std::string trust = trust_env != nullptr ? "," + std::string(trust_env) + "," : "";
   for (std::size_t k = 0; k < f.ops.size(); ++k) {
     const OpT& o = f.ops[k];
     const std::string name = op_name(o.op);
@@ -1893,6 +1907,7 @@ std::string unbound_op(const Form& f) {
     std::string why;
     if (std::none_of(o.outs.begin(), o.outs.end(), [](const OutT& x) { return x.kind != OutT::Ignore; }))
       continue;  // no tensor result: no sizes
+    if (!trust.empty() && trust.find("," + std::string(base) + ",") != std::string::npos) continue;
     if (((c.kind == CKernel::Conv || c.kind == CKernel::Pooling) && !has_window_rule(base) && !window_linear(base)) ||
         c.kind == CKernel::Collective)
       why = "its result's sizes are divided and rounded from its input's";
@@ -1902,6 +1917,8 @@ std::string unbound_op(const Form& f) {
     else if (base.find("upsample") != std::string_view::npos || base.find("interpolate") != std::string_view::npos ||
              std::find(std::begin(kDivides), std::end(kDivides), base) != std::end(kDivides))
       why = "its result's sizes are divided or rounded from its input's or arguments";
+    else if (std::find(std::begin(kWorkspace), std::end(kWorkspace), base) != std::end(kWorkspace))
+      why = "the library it calls chooses the size of a result (a workspace)";
     else if (base == "arange" && o.args.size() >= 3 && o.args[2].kind == ArgT::Const &&
              !(o.args[2].value.isInt() && (o.args[2].value.toInt() == 1 || o.args[2].value.toInt() == -1)) &&
              (o.args[2].value.isInt() || o.args[2].value.isDouble()))
@@ -1996,6 +2013,29 @@ void bound_slot(const SizeBinding& bind, const Form& f, std::uint32_t s, bool st
   if (a.empty() || b.empty() || !BindTemplate::fill(at, b, bind.values, out)) out.clear();
 }
 
+// Whether ops [0, k) of f left everything outside the run as it was: none drew random numbers
+// (the generator would have moved on) and none wrote a persistent tensor or a step argument (or
+// a view of one). Then a run stopped at op k may be replaced by an eager call of the step.
+bool effect_free_before(const Form& f, std::size_t k) {
+  auto outside = [&](Ref r) {
+    for (int hops = 0; r.kind == Ref::View && r.idx < f.views.size() && hops < 64; ++hops) r = f.views[r.idx].base;
+    return r.kind == Ref::Ext || r.kind == Ref::Arg || r.kind == Ref::View;
+  };
+  for (std::size_t i = 0; i < k && i < f.ops.size(); ++i) {
+    const OpT& o = f.ops[i];
+    if (o.skip) continue;
+    if (may_draw_random(op_name(o.op))) return false;
+    const auto& schema_args = o.op.schema().arguments();
+    for (std::size_t a = 0; a < o.args.size() && a < schema_args.size(); ++a) {
+      const auto* alias = schema_args[a].alias_info();
+      if (alias == nullptr || !alias->isWrite()) continue;
+      for (Ref r : o.args[a].refs)
+        if (outside(r)) return false;
+    }
+  }
+  return true;
+}
+
 void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const OutT& out,
                        const std::vector<at::Tensor>& slots) {
   std::vector<std::int64_t> want, want_st;
@@ -2006,13 +2046,21 @@ void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const
     bound_slot(b, f, s, true, want_st);
     const bool sizes_ok = t.sizes() == c10::IntArrayRef(want);
     const bool strides_ok = want_st.empty() || t.layout() != at::kStrided || t.strides() == c10::IntArrayRef(want_st);
-    TORCH_CHECK(sizes_ok && strides_ok, "crucible: a plan bound to new sizes without a recorded call expected ",
+    if (sizes_ok && strides_ok) continue;
+    // Nothing the ops before it did is seen outside the run: the call is run eagerly instead
+    // (crucible.compile records it as the size's own, take_guard_failure). Else it stops here.
+    const bool recoverable = effect_free_before(f, k);
+    t_guard_failed = recoverable;
+    TORCH_CHECK(false, "crucible: a plan bound to new sizes without a recorded call expected ",
                 describe_op(f.ops[k], k), " to make a tensor of sizes ", dims(want),
                 want_st.empty() ? "" : " strides " + dims(want_st),
                 ", and ATen made ", dims(t.sizes()), " strides ", dims(t.strides()),
                 ": the step's sizes are not the functions of its arguments' sizes that two recorded sizes "
-                "suggested. The call stopped at that op (the ops before it ran, as eagerly). Please report "
-                "this; crucible.compile(step, new_sizes=\"record\") records every new size instead.");
+                "suggested. ",
+                recoverable ? "No op before it changed anything outside the call: the call runs eagerly and is "
+                              "recorded as this size's instead."
+                            : "The call stopped at that op (the ops before it ran, as eagerly). Please report "
+                              "this; crucible.compile(step, new_sizes=\"record\") records every new size instead.");
   }
 }
 }  // namespace replay

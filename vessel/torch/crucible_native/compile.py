@@ -835,7 +835,7 @@ class CompiledStep(_SyncPoint):
                 t0 = time.perf_counter()   # Note [New sizes]
                 try:
                     outs = self._run(e.plan, tensors, vals)
-                except RuntimeError:
+                except RuntimeError as err:
                     if not _ext.take_guard_failure():
                         if e.bound:   # a bound plan that fails (its sizes not as bound, an error eager
                             self._drop(e)   # raises too): the size is recorded at its next call
@@ -843,7 +843,9 @@ class CompiledStep(_SyncPoint):
                             e.seen = self._warmup + 1
                             e.mode = None
                         raise
-                    st["guard_failures"] += 1   # checked before anything ran
+                    st["guard_failures"] += 1   # checked before anything ran (or nothing seen outside it)
+                    if e.bound:   # a result of other sizes than its binding's, found before any effect
+                        self.last_bind_miss = str(err).split("\nException raised from")[0]
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
                 if e.bind_from is not None:
