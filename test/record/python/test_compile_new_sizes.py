@@ -869,3 +869,43 @@ def test_lstm_lengths_are_never_bound_their_workspace_is_the_librarys_choice():
     st = step.stats()
     assert st["sizes_bound"] == 0 and st["sizes_derived"] == 5, st
     assert "aten::mkldnn_rnn_layer" in step.last_bind_miss and "workspace" in step.last_bind_miss, step.last_bind_miss
+
+
+def guards_for_compiled_check():
+    """Size guards of several kinds: arithmetic, comparisons, a power, a constant dimension used
+    as a plain int and compared with a float, and the guard of a bound transformer2 size."""
+    def arith(x):
+        b, s, h = x.shape
+        n = s // 2
+        if s * b > 40 and 3 < s:
+            x = x.view(b * s, h)
+        return x[: n * 2 + (s % 2)], 100 - s, -s, abs(s), s ** 2 - (s - 1) * (s + 1)
+
+    def constant_dim(x):
+        int(x.shape[0])
+        return x.shape[1] * 3 >= 20, x.shape[0] > 1.5
+    out = [guard_of(arith, [(4, 12, 8)], [(4, 14, 8)]), guard_of(constant_dim, [(2, 12)], [(2, 14)])]
+    step = run_family(models.SmallTransformer2, tokens, [12] * 3 + [5] * 2 + [9])
+    (fam,) = [f for f in step._families.values() if f.bind is not None]
+    out.append(fam.bind[1])
+    return out
+
+
+def test_the_compiled_size_guard_answers_as_the_interpreted_one():
+    # check() runs the guard compiled to one function (a few microseconds, Note [Symbolic sizes]);
+    # check_interpreted() walks the log: the same answer, message included, at any shapes.
+    from hypothesis import given, settings, strategies as st
+    guards = guards_for_compiled_check()
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.integers(0, len(guards) - 1), st.data())
+    def same(i, data):
+        g = guards[i]
+        base = g.sibling_shapes
+        if data.draw(st.booleans()):   # mostly well-formed: the recorded ranks, dims near the recorded
+            shapes = [tuple(data.draw(st.one_of(st.just(v), st.integers(0, 40))) for v in shape) for shape in base]
+        else:
+            shapes = data.draw(st.lists(st.lists(st.integers(0, 40), max_size=4).map(tuple), max_size=3))
+        assert g.check(shapes) == g.check_interpreted(shapes), shapes
+    same()
+    assert all(g._compiled is not None and g._compiled != g.check_interpreted for g in guards)

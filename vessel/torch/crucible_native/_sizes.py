@@ -419,6 +419,7 @@ class SizeGuard:
         self._nodes, self._events, self._va, self._syms, self._fits = nodes, events, va, syms, fits
         self._pairs = pairs     # per symbol, its values in the two recorded calls
         self._shapes = shapes   # the first recorded call's argument shapes (the dimensions that do not vary)
+        self._compiled = None   # check() as one Python function (_compile), made at the first check
 
     @staticmethod
     def make(log_a, shapes_a, log_b, shapes_b):
@@ -510,7 +511,91 @@ class SizeGuard:
         return out
 
     def check(self, shapes):
-        """None when a call with these argument sizes takes the recorded path, else why not."""
+        """None when a call with these argument sizes takes the recorded path, else why not (the
+        guard compiled to one function: check_interpreted's answer, in a few microseconds)."""
+        if self._compiled is None:
+            try:
+                self._compiled = self._compile()
+            except (ValueError, TypeError, SyntaxError):   # a log the compiler does not know: walked
+                self._compiled = self.check_interpreted
+        return self._compiled(shapes)
+
+    def _compile(self):
+        """check_interpreted as straight-line Python source over this guard's log, compiled once:
+        each node and event one or two statements, its message the interpreter's. Text from the
+        log (labels) reaches the source only as constants in the function's globals."""
+        va, fits = self._va, self._fits
+        env = {"_fit_at": _fit_at, "_UNARY": _UNARY, "_BINARY": _BINARY, "_COMPARE": _COMPARE, "FITS": fits,
+               "RANK": "the arguments have another number or rank"}
+        lines = ["def check(shapes):", f"    if len(shapes) != {len(self._shapes)}: return RANK"]
+        for j, y in enumerate(self._shapes):
+            lines += [f"    s{j} = shapes[{j}]", f"    if len(s{j}) != {len(y)}: return RANK"]
+        varies = set(self._syms)
+        for j, y in enumerate(self._shapes):
+            for d, v in enumerate(y):
+                if (j, d) not in varies:
+                    lines.append(f'    if s{j}[{d}] != {int(v)}: return f"step argument {j} dimension {d} is '
+                                 f'{{s{j}[{d}]}}, and {int(v)} in both recorded sizes"')
+        lines.append("    c = [" + "".join(f"s{j}[{d}], " for j, d in self._syms) + "]")
+
+        fitted = {}   # one evaluation per distinct fit (a length read in many places)
+
+        def fit_value(n):
+            key = tuple(fits[n])
+            if key not in fitted:
+                fitted[key] = f"f{len(fitted)}"
+                lines.append(f"    {fitted[key]} = _fit_at(FITS[{n}], c)")
+            return fitted[key]
+
+        def operand(o):
+            if not isinstance(o, tuple):
+                return f"v{int(o)}"
+            if type(o[1]) not in (int, float, bool) or o[1] != o[1] or o[1] in (float("inf"), float("-inf")):
+                raise ValueError(f"size guard: a constant {o[1]!r} with no literal")
+            return repr(o[1])
+        for n, desc in enumerate(self._nodes):
+            f = fits[n]
+            if desc[0] == "read":
+                if f is None:
+                    lines.append(f"    v{n} = {int(va[n])}")
+                else:
+                    env[f"M{n}"] = f"a size the step reads ({desc[1]} {desc[2]}) has no integer value at these sizes"
+                    lines += [f"    v{n} = {fit_value(n)}", f"    if v{n} is None: return M{n}"]
+                continue
+            op = desc[0]
+            if op not in _UNARY and op not in _BINARY:
+                raise ValueError(f"size guard: unknown operation {op!r}")
+            call = (f"_UNARY[{op!r}]({operand(desc[1])})" if op in _UNARY
+                    else f"_BINARY[{op!r}]({operand(desc[1])}, {operand(desc[2])})")
+            want = repr(int(va[n])) if f is None else (fit_value(n) if f else f"v{n}")
+            lines += ["    try:", f"        v{n} = {call}",
+                      "    except (ZeroDivisionError, ValueError, OverflowError):",
+                      f'        return "the step\'s size arithmetic ({op}) fails at these sizes"',
+                      f'    if not isinstance(v{n}, int): return "the step\'s size arithmetic ({op}) gives no integer '
+                      f'at these sizes"',
+                      f"    w{n} = {want}",
+                      f'    if w{n} != v{n}: return (f"a size the step computes ({op}) is {{v{n}}} at these sizes, '
+                      f'where the recorded sizes give " + (f"{{w{n}}}" if w{n} is not None else "no integer"))']
+        for e, ev in enumerate(self._events):
+            if ev[0] == "cmp":
+                _, name, x, y, res = ev
+                if name not in _COMPARE:
+                    raise ValueError(f"size guard: unknown comparison {name!r}")
+                xv, yv = operand(x), operand(y)
+                lines.append(f'    if _COMPARE[{name!r}]({xv}, {yv}) != {bool(res)}: return (f"the step\'s Python '
+                             f'compares a size ({{{xv}}} {name} {{{yv}}}) and takes the other branch at these sizes")')
+            else:
+                k = int(ev[1])
+                env[f"L{e}"] = ev[2]
+                lines.append(f'    if v{k} != {int(va[k])}: return (f"the step\'s Python uses a size ({{L{e}}}) that '
+                             f'would be {{v{k}}} here, {int(va[k])} when recorded")')
+        lines.append("    return None")
+        exec(compile("\n".join(lines), "<crucible size guard>", "exec"), env)   # our own text, constants checked
+        return env["check"]
+
+    def check_interpreted(self, shapes):
+        """None when a call with these argument sizes takes the recorded path, else why not:
+        the guard's log walked node by node (check() is this, compiled)."""
         if len(shapes) != len(self._shapes) or any(len(x) != len(y) for x, y in zip(shapes, self._shapes)):
             return "the arguments have another number or rank"
         varies = set(self._syms)
