@@ -253,8 +253,10 @@ int add_symbolic_section(const PlanArgs& a, forge::ExprPool& pool, const forge::
     }
     if (!symbolic) continue;
     ++shown;
-    char line[64];
-    std::snprintf(line, sizeof line, "  node %-5zu %-32s ", n, node.op.c_str());
+    std::string line = "  node " + std::to_string(n);
+    line.resize(std::max<std::size_t>(line.size() + 1, 13), ' ');
+    line += node.op;
+    line.resize(std::max<std::size_t>(line.size() + 1, 46), ' ');
     text += line + outs + "\n";
     nodes.push_back({{"node", n}, {"op", node.op}, {"shapes", shapes}});
   }

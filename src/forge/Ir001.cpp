@@ -436,13 +436,18 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
 
 namespace {
 // Note [Size symbols]: the expression of an integer that is x at the symbols' values in one
-// recording and y in the other: its first one-parameter fit (S + d, c*S, c*S*T with c rational;
-// a division only where both recorded values divide), else nullptr. Two values always fit a line
-// a*S + b, so a free affine fit would explain anything.
+// recording and y in the other: a symbol's own pair of values is that symbol, else its first
+// one-parameter fit (S + d, c*S, c*S*T with c rational; a division only where both recorded
+// values divide), else nullptr. Two values always fit a line a*S + b, so a free affine fit would
+// explain anything. With several symbols, two recordings cannot tell apart fits over symbols
+// that vary alike (a length 16 -> 32 beside a batch 4 -> 8: 4*S and 16*B agree at both): the
+// first symbol's fit is taken.
 const Expr* size_fit(std::int64_t x, std::int64_t y, const std::vector<std::pair<std::int64_t, std::int64_t>>& at,
                      const std::vector<const Expr*>& syms, ExprPool& pool) {
   constexpr std::int64_t kMax = std::int64_t{1} << 40;
   if (x > kMax || x < -kMax || y > kMax || y < -kMax) return nullptr;
+  for (std::size_t i = 0; i < at.size(); ++i)
+    if (at[i] == std::pair{x, y}) return syms[i];
   using W = __int128;
   auto times = [&](std::int64_t num, std::int64_t den, const Expr* term) -> const Expr* {
     const std::int64_t g = std::gcd(num, den);
@@ -502,6 +507,10 @@ Result<Ir001> symbolize_sizes(const Ir001& a, const Ir001& b, ExprPool& pool, st
                                  " is " + std::to_string(p) + " and " + std::to_string(q) +
                                  " (sizes 0 and 1 change broadcasting: they are never symbols)",
                              "record at sizes of at least 2");
+      if (p > (std::int64_t{1} << 40) || q > (std::int64_t{1} << 40))
+        return invalid_input("symbolize_sizes: dim " + std::to_string(d) + " of input value " + std::to_string(v) +
+                                 " is " + std::to_string(p) + " and " + std::to_string(q) + ": past 2^40",
+                             "record at sizes below 2^40");
       if (std::find(at.begin(), at.end(), std::pair{p, q}) != at.end()) continue;
       std::string name = p == a.batch_size && q == b.batch_size && a.batch_size != b.batch_size && d == 0 ? "B" : "";
       for (std::size_t k = 0; name.empty() || std::any_of(found.begin(), found.end(),

@@ -377,6 +377,32 @@ TEST(Ir001, SymbolizeSizesOverASequenceLengthMatchesAThirdLength) {
       EXPECT_EQ(at16->nodes[n].scalars[k].bits, i16->nodes[n].scalars[k].bits) << "node " << n << " scalar " << k;
 }
 
+TEST(Ir001, SymbolizeSizesKeepsEachInputDimItsOwnSymbol) {
+  // Batch 4 -> 8 and length 16 -> 32 vary alike (S = 4*B in both recordings): the length dim is
+  // S, not 4*B. (Their product is any fit the two agree on: 4*B*B is taken, Note [Size symbols].)
+  auto rec = [](std::int64_t b, std::int64_t s) {
+    Builder x;
+    x.trace.externals[1] = record::ExternalKind::Input;
+    x.trace.externals[2] = record::ExternalKind::Parameter;
+    x.op("aten::view", {{1, 0, {b, s, 8}}}, {{1, 0, {b * s, 8}, 6, 0, true}}, record::Phase::Forward, "", {b * s, 8});
+    x.op("aten::mm", {{1, 0, {b * s, 8}, 6, 0, true}, {2, 0, {8, 16}}}, {{3, 0, {b * s, 16}}});
+    return x;
+  };
+  ExprPool pool;
+  Builder a = rec(4, 16), b = rec(8, 32);
+  auto ia = build_ir001(a.trace, a.all(), pool);
+  auto ib = build_ir001(b.trace, b.all(), pool);
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  std::vector<SizeSymbol> found;
+  auto sym = symbolize_sizes(*ia, *ib, pool, &found);
+  ASSERT_TRUE(sym.ok()) << sym.status();
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].name, "B");
+  EXPECT_EQ(found[1].name, "S");
+  const Value& x = sym->values[sym->nodes[0].inputs[0]];
+  EXPECT_EQ(x.shape, (std::vector<const Expr*>{pool.symbol("B"), pool.symbol("S"), pool.constant(8)}));
+}
+
 TEST(Ir001, SymbolizeSizesRefusesWhatNoFitExplains) {
   ExprPool pool;
   // 64*S + 64 (the flat view of [4, S+1, 16]) is no one-parameter fit of S: 832 and 576.

@@ -1141,6 +1141,7 @@ void settle_arena(Plan& p, bool alive, bool failed) {
 }
 
 std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::ArrayRef<double> scalars) {
+  t_guard_failed = false;  // set below only by a failure before anything was seen outside the run
   std::shared_ptr<Plan> p = get_plan(plan_id);
   bool idle = false;
   TORCH_CHECK(p->busy.compare_exchange_strong(idle, true),
@@ -1249,10 +1250,11 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   // of the last run) when nothing else holds it, and a run that fails part way (an index past a
   // table at a bound size) leaves no .grad, as eager's call would. One the step leaves alone
   // stays.
+  std::vector<std::pair<std::uint32_t, at::Tensor>> dropped;  // given back if the call runs eagerly instead
   for (const Form::GradPre& gp : f.grad_pre)
     if (gp.state == Form::GradPre::Unread &&
         std::any_of(f.grads.begin(), f.grads.end(), [&](const auto& g) { return g.first == gp.ext; }))
-      p->run_exts[gp.ext].mutable_grad().reset();
+      dropped.emplace_back(gp.ext, std::exchange(p->run_exts[gp.ext].mutable_grad(), at::Tensor()));
   // The exec stage planned its memory from the recorded arguments' offsets in their storages.
   bool offsets_ok = true;
   for (std::size_t j = 0; j < args.size(); ++j) offsets_ok &= args[j].storage_offset() == arg_meta[j].offset;
@@ -1270,7 +1272,13 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
       throw;
     }
   } else {
-    run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
+    try {
+      run_range(*p, 0, f.ops.size(), p->run_exts, slots, args, scalars);
+    } catch (...) {
+      if (t_guard_failed)  // nothing seen outside the run (check_bound_sizes): as before it
+        for (auto& [e, g] : dropped) p->run_exts[e].mutable_grad() = std::move(g);
+      throw;
+    }
   }
   for (const auto& [e, r] : f.grads) {
     at::Tensor g = value_of(f, p->run_exts, slots, args, r, views);
@@ -1722,8 +1730,8 @@ std::int64_t plan_build_pair(std::int64_t form_a, std::int64_t form_b, const std
 //   - the first run checks every result's sizes and strides against the binding's (run_range,
 //     check_bound_sizes). A mismatch (a size function outside the fits that fits both recorded
 //     sizes: oneDNN's LSTM workspace is 118784 elements at lengths 13 and 14, 122880 at 15)
-//     stops the run at that op; when no op before it drew random numbers or wrote a persistent
-//     tensor or an argument, it is a guard failure and crucible.compile runs the call eagerly and
+//     stops the run at that op; when no op up to it drew random numbers or wrote any tensor
+//     (effect_free_through), it is a guard failure and crucible.compile runs the call eagerly and
 //     records it as the size's own, else the call raises the error and the size is recorded at
 //     its next call.
 // The bound plan has d's patch points, persistent tensors, gradient bindings and scalar sources.
@@ -1766,8 +1774,9 @@ std::optional<std::int64_t> size_at(std::int64_t x, std::int64_t y, const SizeSy
 
 namespace {
 // An integer that is x at the symbols' first values and y at their second, as text over the
-// symbols' names (one name per distinct pair: "S0"): its first fit ("S0 + 2", "4*S0",
-// "1/2*S0", "S0*S0"); x itself where it does not differ, "x?" where no fit explains it.
+// symbols' names (one name per distinct pair: "S0"): a symbol's own pair is the symbol, else its
+// first fit ("S0 + 2", "4*S0", "1/2*S0", "S0*S0"); x itself where it does not differ, "y?" (the
+// plan's own value) where no fit explains it.
 std::string size_text(std::int64_t x, std::int64_t y, const SizeSymbols& syms, const std::vector<std::string>& names) {
   if (x == y) return std::to_string(x);
   auto times = [](std::int64_t num, std::int64_t den, const std::string& term) {
@@ -1778,6 +1787,8 @@ std::string size_text(std::int64_t x, std::int64_t y, const SizeSymbols& syms, c
     if (den == 1) return num == 1 ? term : std::to_string(num) + "*" + term;
     return std::to_string(num) + "/" + std::to_string(den) + "*" + term;
   };
+  for (std::size_t i = 0; i < syms.size(); ++i)
+    if (syms[i] == std::pair{x, y}) return names[i];
   if (x <= kMaxSize && x >= -kMaxSize && y <= kMaxSize && y >= -kMaxSize) {
     using W = __int128;
     for (std::size_t i = 0; i < syms.size(); ++i) {
@@ -1896,7 +1907,7 @@ std::string unbound_op(const Form& f) {
                                                 "_cudnn_rnn", "_cudnn_rnn_backward", "miopen_rnn",
                                                 "miopen_rnn_backward", "_scaled_dot_product_efficient_attention",
                                                 "_efficient_attention_forward"};
-  // CRUCIBLE_BIND_TRUST_OPS=a,b: base names bound anyway (tests of the first run's check, below).
+  // CRUCIBLE_BIND_TRUST_OPS=a,b: kWorkspace ops bound anyway (tests of the first run's check).
   const char* trust_env = std::getenv("CRUCIBLE_BIND_TRUST_OPS");
   const std::string trust = trust_env != nullptr ? "," + std::string(trust_env) + "," : "";
   for (std::size_t k = 0; k < f.ops.size(); ++k) {
@@ -1907,7 +1918,6 @@ std::string unbound_op(const Form& f) {
     std::string why;
     if (std::none_of(o.outs.begin(), o.outs.end(), [](const OutT& x) { return x.kind != OutT::Ignore; }))
       continue;  // no tensor result: no sizes
-    if (!trust.empty() && trust.find("," + std::string(base) + ",") != std::string::npos) continue;
     if (((c.kind == CKernel::Conv || c.kind == CKernel::Pooling) && !has_window_rule(base) && !window_linear(base)) ||
         c.kind == CKernel::Collective)
       why = "its result's sizes are divided and rounded from its input's";
@@ -1917,7 +1927,8 @@ std::string unbound_op(const Form& f) {
     else if (base.find("upsample") != std::string_view::npos || base.find("interpolate") != std::string_view::npos ||
              std::find(std::begin(kDivides), std::end(kDivides), base) != std::end(kDivides))
       why = "its result's sizes are divided or rounded from its input's or arguments";
-    else if (std::find(std::begin(kWorkspace), std::end(kWorkspace), base) != std::end(kWorkspace))
+    else if (std::find(std::begin(kWorkspace), std::end(kWorkspace), base) != std::end(kWorkspace) &&
+             trust.find("," + std::string(base) + ",") == std::string::npos)
       why = "the library it calls chooses the size of a result (a workspace)";
     else if (base == "arange" && o.args.size() >= 3 && o.args[2].kind == ArgT::Const &&
              !(o.args[2].value.isInt() && (o.args[2].value.toInt() == 1 || o.args[2].value.toInt() == -1)) &&
@@ -2013,24 +2024,21 @@ void bound_slot(const SizeBinding& bind, const Form& f, std::uint32_t s, bool st
   if (a.empty() || b.empty() || !BindTemplate::fill(at, b, bind.values, out)) out.clear();
 }
 
-// Whether ops [0, k) of f left everything outside the run as it was: none drew random numbers
-// (the generator would have moved on) and none wrote a persistent tensor or a step argument (or
-// a view of one). Then a run stopped at op k may be replaced by an eager call of the step.
-bool effect_free_before(const Form& f, std::size_t k) {
-  auto outside = [&](Ref r) {
-    for (int hops = 0; r.kind == Ref::View && r.idx < f.views.size() && hops < 64; ++hops) r = f.views[r.idx].base;
-    return r.kind == Ref::Ext || r.kind == Ref::Arg || r.kind == Ref::View;
-  };
-  for (std::size_t i = 0; i < k && i < f.ops.size(); ++i) {
+// Whether ops [0, k] of f (op k has run too) left everything outside the run as it was: none
+// drew random numbers (the generator would have moved on; an attention kernel may, with its
+// dropout) and none wrote any tensor in place or through out= — a view an op returned may alias
+// a persistent tensor or a step argument (a KV cache's slice), so no write is taken for local.
+// Then a run stopped at op k may be replaced by an eager call of the step.
+bool effect_free_through(const Form& f, std::size_t k) {
+  for (std::size_t i = 0; i <= k && i < f.ops.size(); ++i) {
     const OpT& o = f.ops[i];
     if (o.skip) continue;
-    if (may_draw_random(op_name(o.op))) return false;
+    const std::string name = op_name(o.op);
+    if (may_draw_random(name) || name.find("attention") != std::string::npos) return false;
     const auto& schema_args = o.op.schema().arguments();
     for (std::size_t a = 0; a < o.args.size() && a < schema_args.size(); ++a) {
       const auto* alias = schema_args[a].alias_info();
-      if (alias == nullptr || !alias->isWrite()) continue;
-      for (Ref r : o.args[a].refs)
-        if (outside(r)) return false;
+      if (alias != nullptr && alias->isWrite()) return false;
     }
   }
   return true;
@@ -2049,7 +2057,7 @@ void check_bound_sizes(const Form& f, const SizeBinding& b, std::size_t k, const
     if (sizes_ok && strides_ok) continue;
     // Nothing the ops before it did is seen outside the run: the call is run eagerly instead
     // (crucible.compile records it as the size's own, take_guard_failure). Else it stops here.
-    const bool recoverable = effect_free_before(f, k);
+    const bool recoverable = effect_free_through(f, k);
     t_guard_failed = recoverable;
     TORCH_CHECK(false, "crucible: a plan bound to new sizes without a recorded call expected ",
                 describe_op(f.ops[k], k), " to make a tensor of sizes ", dims(want),

@@ -777,8 +777,8 @@ def test_plans_show_each_result_shape_over_the_varying_length():
 
 
 def test_a_size_no_fit_explains_shows_as_its_value_with_a_question_mark():
-    # nn.LSTM's workspace (8192 * (S + 2) elements) is no fit of the length: its plans show it as
-    # their own value, marked.
+    # nn.LSTM's workspace (oneDNN's choice: 114688 elements at length 12, 57344 at 5) is no fit of
+    # the length: its plans show it as their own value, marked.
     step = run_family(LSTMNet, tokens, [12] * 3 + [5] * 2)
     texts = {p["sizes"]: dict(zip(p["op_names"], p["shapes"])) for p in step.plans()}
     workspace = {s: t["aten::mkldnn_rnn_layer (forward)"].split("], ")[-1] for s, t in texts.items()}
@@ -859,6 +859,22 @@ def test_a_binding_its_first_run_contradicts_after_a_random_draw_stops_the_call(
         step(x, y)
     for i, n in enumerate([15, 15, 12], start=100):
         assert_same_call(step, eager, *tokens(n, g), i, f"call {i} (length {n})")
+
+
+def test_a_binding_its_first_run_contradicts_after_an_in_place_write_stops_the_call(monkeypatch):
+    # The same after a write to a persistent tensor at the step's start, through a slice of it (a
+    # counter; a KV cache's window): an eager call now would write it twice. The call stops with
+    # the error.
+    monkeypatch.setenv("CRUCIBLE_BIND_TRUST_OPS", LSTM_TRUSTED)
+    counter = torch.zeros(2)
+    step, eager = lstm_twins(head=lambda: counter[:1].add_(1))
+    g = torch.Generator().manual_seed(3)
+    for i, n in enumerate(LSTM_WARM):
+        assert_same_call(step, eager, *tokens(n, g), i, f"call {i} (length {n})")
+    before = counter[0].item()
+    with pytest.raises(RuntimeError, match="The call stopped at that op"):
+        step(*tokens(15, g))
+    assert counter[0].item() == before + 1 and counter[1].item() == 0   # written once, by the run that stopped
 
 
 def test_lstm_lengths_are_never_bound_their_workspace_is_the_librarys_choice():
