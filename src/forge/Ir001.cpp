@@ -354,6 +354,27 @@ Result<Ir001> build_ir001(const record::Trace& t, std::span<const std::size_t> o
   return ir;
 }
 
+namespace {
+// Two recordings of one program: the same nodes, each with the same op, inputs, outputs and
+// number of scalars, over the same values. `who` names the caller in the error, `fix` says what
+// to do.
+Status same_program(const Ir001& a, const Ir001& b, std::string_view who, std::string_view fix) {
+  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size())
+    return invalid_input(std::string(who) + ": the recordings differ in structure (" + std::to_string(a.nodes.size()) +
+                             " vs " + std::to_string(b.nodes.size()) + " nodes, " + std::to_string(a.values.size()) +
+                             " vs " + std::to_string(b.values.size()) + " values)",
+                         std::string(fix));
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.scalars.size() != y.scalars.size())
+      return invalid_input(std::string(who) + ": node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
+                           std::string(fix));
+  }
+  return ok_status();
+}
+}  // namespace
+
 Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, std::string_view symbol) {
   if (a.pool != &pool || b.pool != &pool) {
     return invalid_input("symbolize_batch: both IRs must come from this pool", "build them with the same ExprPool");
@@ -363,20 +384,9 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
                              std::to_string(a.batch_size) + " and " + std::to_string(b.batch_size) + ")",
                          "record the step at two batch sizes with inputs marked as batch inputs");
   }
-  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size()) {
-    return invalid_input("symbolize_batch: the recordings differ in structure (" + std::to_string(a.nodes.size()) +
-                             " vs " + std::to_string(b.nodes.size()) + " nodes, " + std::to_string(a.values.size()) +
-                             " vs " + std::to_string(b.values.size()) + " values)",
-                         "the program's ops must not depend on the batch size");
-  }
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const Node& x = a.nodes[i];
-    const Node& y = b.nodes[i];
-    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.scalars.size() != y.scalars.size()) {
-      return invalid_input("symbolize_batch: node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
-                           "the program's ops must not depend on the batch size");
-    }
-  }
+  if (Status st = same_program(a, b, "symbolize_batch", "the program's ops must not depend on the batch size");
+      !st.ok())
+    return st;
   Ir001 out = a;
   out.symbolic = true;
   out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
@@ -473,18 +483,8 @@ const Expr* size_fit(std::int64_t x, std::int64_t y, const std::vector<std::pair
 Result<Ir001> symbolize_sizes(const Ir001& a, const Ir001& b, ExprPool& pool, std::vector<SizeSymbol>* symbols) {
   if (a.pool != &pool || b.pool != &pool)
     return invalid_input("symbolize_sizes: both IRs must come from this pool", "build them with the same ExprPool");
-  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size())
-    return invalid_input("symbolize_sizes: the recordings differ in structure (" + std::to_string(a.nodes.size()) +
-                             " vs " + std::to_string(b.nodes.size()) + " nodes, " + std::to_string(a.values.size()) +
-                             " vs " + std::to_string(b.values.size()) + " values)",
-                         "record one program at two sizes");
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const Node& x = a.nodes[i];
-    const Node& y = b.nodes[i];
-    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.scalars.size() != y.scalars.size())
-      return invalid_input("symbolize_sizes: node #" + std::to_string(i) + " differs (" + x.op + " vs " + y.op + ")",
-                           "the program's ops must not depend on its sizes");
-  }
+  if (Status st = same_program(a, b, "symbolize_sizes", "the program's ops must not depend on its sizes"); !st.ok())
+    return st;
   auto cst = [](const Expr* e) { return e->kind == Expr::Kind::Const ? e->value : -1; };
   // The symbols: the dims of the batch inputs that differ, one per distinct pair of values.
   std::vector<std::pair<std::int64_t, std::int64_t>> at;

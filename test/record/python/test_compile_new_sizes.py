@@ -637,22 +637,7 @@ def test_a_state_change_at_a_bound_size_records_it_as_a_new_size():
     # dropped and the call recorded as a new size's, derived from another size's plan, without a
     # replan warning; every call has eager's bits.
     import warnings
-    pair = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        m = models.SmallTransformer2()
-        pair.append((m, torch.optim.AdamW(m.parameters(), lr=1e-3)))
-
-    def step_for(m, o):
-        def step(x, y):
-            o.zero_grad()
-            out = m(x)
-            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-            loss.backward()
-            o.step()
-            return loss
-        return step
-    step, eager = crucible.compile(step_for(*pair[0]), new_sizes="compile"), step_for(*pair[1])
+    step, eager, pair = compiled_twins(models.SmallTransformer2)
     g = torch.Generator().manual_seed(3)
     calls = [(12, 1e-3)] * 3 + [(5, 1e-3)] * 2 + [(9, 1e-3)] * 2 + [(9, 5e-4)] * 2
     with warnings.catch_warnings():
@@ -799,11 +784,17 @@ def test_a_bound_size_plans_its_arena_from_its_exec_stage_runs():
 
 
 def lstm_twins(head=None):
-    """LSTMNet + AdamW, compiled (new_sizes="compile") and eager; head(): run at each step's start."""
+    step, eager, _ = compiled_twins(LSTMNet, head)
+    return step, eager
+
+
+def compiled_twins(make_model, head=None):
+    """A model + AdamW step, compiled (new_sizes="compile") and eager on twins built alike, and
+    the twins' (model, optimizer) pairs; head(): run at each step's start."""
     twins = []
     for _ in range(2):
         torch.manual_seed(0)
-        m = LSTMNet()
+        m = make_model()
         twins.append((m, torch.optim.AdamW(m.parameters(), lr=1e-3)))
 
     def step_for(m, o):
@@ -817,7 +808,7 @@ def lstm_twins(head=None):
             o.step()
             return loss
         return step
-    return crucible.compile(step_for(*twins[0]), new_sizes="compile"), step_for(*twins[1])
+    return crucible.compile(step_for(*twins[0]), new_sizes="compile"), step_for(*twins[1]), twins
 
 
 # oneDNN's LSTM workspace: 118784 elements at lengths 13 and 14, 122880 at 15. With the deny list
