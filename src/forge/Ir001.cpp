@@ -3,6 +3,7 @@
 #include "crucible/forge/Ir001.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <string>
@@ -373,6 +374,69 @@ Status same_program(const Ir001& a, const Ir001& b, std::string_view who, std::s
   }
   return ok_status();
 }
+
+// How two recordings of one program become one symbolic IR: fit(x, y) is the expression of an
+// integer that is x in the first and y in the second (nullptr: none), values_text(x, y) says
+// what two values were refused ("is 48 at batch 4 and 56 at batch 8: not proportional to the
+// batch").
+struct Symbolizer {
+  std::string who;
+  std::function<const Expr*(std::int64_t, std::int64_t)> fit;
+  std::function<std::string(std::int64_t, std::int64_t)> values_text;
+  std::string scalar_fix, rank_fix, dim_fix;
+};
+
+// a's IR with every int scalar argument and every value dim that differs from b's replaced by
+// its fit (dims negative or not constant have none); the first one without a fit is the error.
+Result<Ir001> symbolize_with(const Ir001& a, const Ir001& b, const Symbolizer& s) {
+  Ir001 out = a;
+  out.symbolic = true;
+  out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& x = a.nodes[i];
+    const Node& y = b.nodes[i];
+    for (std::size_t k = 0; k < x.scalars.size(); ++k) {
+      const record::ScalarRecord& r = x.scalars[k];
+      const record::ScalarRecord& q = y.scalars[k];
+      if (r.kind == q.kind && r.arg_index == q.arg_index && r.aux == q.aux && r.bits == q.bits) continue;
+      const auto va = static_cast<std::int64_t>(r.bits), vb = static_cast<std::int64_t>(q.bits);
+      const Expr* e = r.kind == record::ScalarKind::Int && q.kind == r.kind && r.arg_index == q.arg_index
+                          ? s.fit(va, vb)
+                          : nullptr;
+      if (e == nullptr)
+        return invalid_input(s.who + ": scalar argument " + std::to_string(r.arg_index) + " of node #" +
+                                 std::to_string(i) + " " + x.op + s.values_text(va, vb),
+                             s.scalar_fix);
+      Node& n = out.nodes[i];
+      if (n.scalar_exprs.empty()) n.scalar_exprs.assign(n.scalars.size(), nullptr);
+      n.scalar_exprs[k] = e;
+    }
+  }
+  for (std::size_t v = 0; v < a.values.size(); ++v) {
+    const auto& sa = a.values[v].shape;
+    const auto& sb = b.values[v].shape;
+    if (sa.size() != sb.size())
+      return invalid_input(s.who + ": value " + std::to_string(v) + " has rank " + std::to_string(sa.size()) + " vs " +
+                               std::to_string(sb.size()),
+                           s.rank_fix);
+    for (std::size_t d = 0; d < sa.size(); ++d) {
+      if (sa[d] == sb[d]) continue;
+      const std::int64_t da = sa[d]->kind == Expr::Kind::Const ? sa[d]->value : -1;
+      const std::int64_t db = sb[d]->kind == Expr::Kind::Const ? sb[d]->value : -1;
+      const Expr* e = da >= 0 && db >= 0 ? s.fit(da, db) : nullptr;
+      if (e == nullptr) {
+        const std::uint32_t p = a.values[v].producer;
+        return invalid_input(s.who + ": dim " + std::to_string(d) + " of value " + std::to_string(v) +
+                                 (p == kNoNode ? std::string(" (external)")
+                                               : " (output of node #" + std::to_string(p) + " " + a.nodes[p].op + ")") +
+                                 s.values_text(da, db),
+                             s.dim_fix);
+      }
+      out.values[v].shape[d] = e;
+    }
+  }
+  return out;
+}
 }  // namespace
 
 Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, std::string_view symbol) {
@@ -387,61 +451,22 @@ Result<Ir001> symbolize_batch(const Ir001& a, const Ir001& b, ExprPool& pool, st
   if (Status st = same_program(a, b, "symbolize_batch", "the program's ops must not depend on the batch size");
       !st.ok())
     return st;
-  Ir001 out = a;
-  out.symbolic = true;
-  out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
   const Expr* sym = pool.symbol(symbol);
-  // Scalar arguments: equal, or an int proportional to the batch (a view's size, a split).
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const Node& x = a.nodes[i];
-    const Node& y = b.nodes[i];
-    for (std::size_t k = 0; k < x.scalars.size(); ++k) {
-      const record::ScalarRecord& r = x.scalars[k];
-      const record::ScalarRecord& q = y.scalars[k];
-      if (r.kind == q.kind && r.arg_index == q.arg_index && r.aux == q.aux && r.bits == q.bits) continue;
-      const auto va = static_cast<std::int64_t>(r.bits), vb = static_cast<std::int64_t>(q.bits);
-      if (r.kind == record::ScalarKind::Int && q.kind == r.kind && r.arg_index == q.arg_index &&
-          va > 0 && vb > 0 && va % a.batch_size == 0 && vb % b.batch_size == 0 &&
-          va / a.batch_size == vb / b.batch_size) {
-        Node& n = out.nodes[i];
-        if (n.scalar_exprs.empty()) n.scalar_exprs.assign(n.scalars.size(), nullptr);
-        n.scalar_exprs[k] = pool.mul(pool.constant(va / a.batch_size), sym);
-        continue;
-      }
-      return invalid_input("symbolize_batch: scalar argument " + std::to_string(r.arg_index) + " of node #" +
-                               std::to_string(i) + " " + x.op + " is " + std::to_string(va) + " at batch " +
-                               std::to_string(a.batch_size) + " and " + std::to_string(vb) + " at batch " +
-                               std::to_string(b.batch_size) + ": not proportional to the batch",
-                           "this program's arguments cannot be expressed in the batch size; plan it per batch size");
-    }
-  }
-  for (std::size_t v = 0; v < a.values.size(); ++v) {
-    const auto& sa = a.values[v].shape;
-    const auto& sb = b.values[v].shape;
-    if (sa.size() != sb.size()) {
-      return invalid_input("symbolize_batch: value " + std::to_string(v) + " has rank " + std::to_string(sa.size()) +
-                               " vs " + std::to_string(sb.size()),
-                           "the program's shapes must not depend on the batch size except proportionally");
-    }
-    for (std::size_t d = 0; d < sa.size(); ++d) {
-      if (sa[d] == sb[d]) continue;
-      const std::int64_t da = sa[d]->kind == Expr::Kind::Const ? sa[d]->value : -1;
-      const std::int64_t db = sb[d]->kind == Expr::Kind::Const ? sb[d]->value : -1;
-      if (da > 0 && db > 0 && da % a.batch_size == 0 && db % b.batch_size == 0 &&
-          da / a.batch_size == db / b.batch_size) {
-        out.values[v].shape[d] = pool.mul(pool.constant(da / a.batch_size), sym);
-        continue;
-      }
-      const std::uint32_t p = a.values[v].producer;
-      return invalid_input("symbolize_batch: dim " + std::to_string(d) + " of value " + std::to_string(v) +
-                               (p == kNoNode ? std::string(" (external)") : " (output of node #" + std::to_string(p) + " " + a.nodes[p].op + ")") +
-                               " is " + std::to_string(da) + " at batch " + std::to_string(a.batch_size) + " and " +
-                               std::to_string(db) + " at batch " + std::to_string(b.batch_size) +
-                               ": not proportional to the batch",
-                           "this program's shapes cannot be expressed in the batch size; plan it per batch size");
-    }
-  }
-  return out;
+  const std::int64_t ba = a.batch_size, bb = b.batch_size;
+  Symbolizer sz;
+  sz.who = "symbolize_batch";
+  sz.fit = [&](std::int64_t x, std::int64_t y) -> const Expr* {  // k*B
+    if (x <= 0 || y <= 0 || x % ba != 0 || y % bb != 0 || x / ba != y / bb) return nullptr;
+    return pool.mul(pool.constant(x / ba), sym);
+  };
+  sz.values_text = [&](std::int64_t x, std::int64_t y) {
+    return " is " + std::to_string(x) + " at batch " + std::to_string(ba) + " and " + std::to_string(y) +
+           " at batch " + std::to_string(bb) + ": not proportional to the batch";
+  };
+  sz.scalar_fix = "this program's arguments cannot be expressed in the batch size; plan it per batch size";
+  sz.rank_fix = "the program's shapes must not depend on the batch size except proportionally";
+  sz.dim_fix = "this program's shapes cannot be expressed in the batch size; plan it per batch size";
+  return symbolize_with(a, b, sz);
 }
 
 namespace {
@@ -458,7 +483,7 @@ const Expr* size_fit(std::int64_t x, std::int64_t y, const std::vector<std::pair
   if (x > kMax || x < -kMax || y > kMax || y < -kMax) return nullptr;
   for (std::size_t i = 0; i < at.size(); ++i)
     if (at[i] == std::pair{x, y}) return syms[i];
-  using W = __int128;
+  __extension__ using W = __int128;  // the fits' products of two 2^40 values
   auto times = [&](std::int64_t num, std::int64_t den, const Expr* term) -> const Expr* {
     const std::int64_t g = std::gcd(num, den);
     num /= g;
@@ -525,51 +550,17 @@ Result<Ir001> symbolize_sizes(const Ir001& a, const Ir001& b, ExprPool& pool, st
   if (at.empty())
     return invalid_input("symbolize_sizes: no dim of a batch input differs between the recordings",
                          "record the program at two sizes (a batch, a sequence length)");
-  Ir001 out = a;
-  out.symbolic = true;
-  out.recorded_geometry = false;  // strides, offsets and storage sizes stay a's
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const Node& x = a.nodes[i];
-    const Node& y = b.nodes[i];
-    for (std::size_t k = 0; k < x.scalars.size(); ++k) {
-      const record::ScalarRecord& r = x.scalars[k];
-      const record::ScalarRecord& q = y.scalars[k];
-      if (r.kind == q.kind && r.arg_index == q.arg_index && r.aux == q.aux && r.bits == q.bits) continue;
-      const auto va = static_cast<std::int64_t>(r.bits), vb = static_cast<std::int64_t>(q.bits);
-      const Expr* e = r.kind == record::ScalarKind::Int && q.kind == r.kind && r.arg_index == q.arg_index
-                          ? size_fit(va, vb, at, syms, pool)
-                          : nullptr;
-      if (e == nullptr)
-        return invalid_input("symbolize_sizes: scalar argument " + std::to_string(r.arg_index) + " of node #" +
-                                 std::to_string(i) + " " + x.op + " is " + std::to_string(va) + " and " +
-                                 std::to_string(vb) + ": no function of the input sizes that differ (S + d, c*S, c*S*T)",
-                             "plan this program per size");
-      Node& n = out.nodes[i];
-      if (n.scalar_exprs.empty()) n.scalar_exprs.assign(n.scalars.size(), nullptr);
-      n.scalar_exprs[k] = e;
-    }
-  }
-  for (std::size_t v = 0; v < a.values.size(); ++v) {
-    const auto& sa = a.values[v].shape;
-    const auto& sb = b.values[v].shape;
-    if (sa.size() != sb.size())
-      return invalid_input("symbolize_sizes: value " + std::to_string(v) + " has rank " + std::to_string(sa.size()) +
-                               " vs " + std::to_string(sb.size()),
-                           "the program's ranks must not depend on its sizes");
-    for (std::size_t d = 0; d < sa.size(); ++d) {
-      if (sa[d] == sb[d]) continue;
-      const Expr* e = size_fit(cst(sa[d]), cst(sb[d]), at, syms, pool);
-      if (e == nullptr || cst(sa[d]) < 0 || cst(sb[d]) < 0) {
-        const std::uint32_t p = a.values[v].producer;
-        return invalid_input("symbolize_sizes: dim " + std::to_string(d) + " of value " + std::to_string(v) +
-                                 (p == kNoNode ? std::string(" (external)") : " (output of node #" + std::to_string(p) + " " + a.nodes[p].op + ")") +
-                                 " is " + std::to_string(cst(sa[d])) + " and " + std::to_string(cst(sb[d])) +
-                                 ": no function of the input sizes that differ (S + d, c*S, c*S*T)",
-                             "plan this program per size");
-      }
-      out.values[v].shape[d] = e;
-    }
-  }
+  Symbolizer sz;
+  sz.who = "symbolize_sizes";
+  sz.fit = [&](std::int64_t x, std::int64_t y) { return size_fit(x, y, at, syms, pool); };
+  sz.values_text = [](std::int64_t x, std::int64_t y) {
+    return " is " + std::to_string(x) + " and " + std::to_string(y) +
+           ": no function of the input sizes that differ (S + d, c*S, c*S*T)";
+  };
+  sz.scalar_fix = sz.dim_fix = "plan this program per size";
+  sz.rank_fix = "the program's ranks must not depend on its sizes";
+  auto out = symbolize_with(a, b, sz);
+  if (!out.ok()) return out;
   if (symbols != nullptr) *symbols = std::move(found);
   return out;
 }
