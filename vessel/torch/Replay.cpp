@@ -2254,7 +2254,7 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArr
     if (!BindTemplate::fill(vp.sizes, y.sizes, bind.values, out.sizes) ||
         !BindTemplate::fill(vp.strides, y.strides, bind.values, out.strides) || !off)
       fail("view " + std::to_string(vp.view));
-    out.offset_delta = *off;
+    out.offset_delta = off.value_or(y.offset_delta);  // has a value: fail threw otherwise
   }
   // The results' sizes and strides must have values here (checked on the first run: evaluated
   // again then, not kept).
