@@ -2248,13 +2248,16 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArr
   for (const BindTemplate::ViewPos& vp : t.views) {
     const ViewSpec& y = b.views[vp.view];
     ViewSpec& out = bind.views[vp.view];
-    const std::optional<std::int64_t> off = vp.offset == BindTemplate::kSame ? std::optional<std::int64_t>(y.offset_delta)
-                                            : vp.offset < bind.values.size() ? bind.values[vp.offset]
-                                                                             : std::nullopt;
+    std::int64_t off = y.offset_delta;
+    bool off_ok = true;
+    if (vp.offset != BindTemplate::kSame) {
+      off_ok = vp.offset < bind.values.size() && bind.values[vp.offset].has_value();
+      if (off_ok) off = *bind.values[vp.offset];
+    }
     if (!BindTemplate::fill(vp.sizes, y.sizes, bind.values, out.sizes) ||
-        !BindTemplate::fill(vp.strides, y.strides, bind.values, out.strides) || !off)
+        !BindTemplate::fill(vp.strides, y.strides, bind.values, out.strides) || !off_ok)
       fail("view " + std::to_string(vp.view));
-    out.offset_delta = off.value_or(y.offset_delta);  // has a value: fail threw otherwise
+    out.offset_delta = off;
   }
   // The results' sizes and strides must have values here (checked on the first run: evaluated
   // again then, not kept).
