@@ -844,8 +844,9 @@ class CompiledStep(_SyncPoint):
                             e.mode = None
                         raise
                     st["guard_failures"] += 1   # checked before anything ran (or nothing seen outside it)
-                    if e.bound:   # a result of other sizes than its binding's, found before any effect
-                        self.last_bind_miss = str(err).split("\nException raised from")[0]
+                    msg = str(err).split("\nException raised from")[0]
+                    if e.bound and "without a recorded call expected" in msg:   # Note [Bound sizes]: a
+                        self.last_bind_miss = msg   # result of other sizes, found before any effect
                     return self._update(e, args, kwargs, tensors)
                 st["plan_runs"] += 1
                 if e.bind_from is not None:
