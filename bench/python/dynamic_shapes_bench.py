@@ -137,7 +137,8 @@ def main():
         benchutil.save_baseline(
             "dynamic_shapes_bench", rows, text,
             [f"{a.steps} steps of transformer2 + AdamW, batch {BATCH}; each figure = eager's whole-loop time / the "
-             f"variant's (medians of {a.rounds} alternating loops each; torch.compile one loop), compilation and "
+             f"variant's (medians of {a.rounds} rounds, each running both loops eagerly then compiled; the "
+             f"variable/fixed ratio the median of the rounds' own; torch.compile one loop), compilation and "
              "capture included (kernel cache warmed first); derived = sizes compiled from one captured call "
              "(Note [Size families]); bound = sizes bound without a recorded call (Note [Bound sizes]); waits = calls of a new "
              "length run eagerly before it was captured (Note [New sizes]); graphs = Dynamo's graphs compiled "
