@@ -2261,7 +2261,6 @@ std::int64_t plan_bind_sizes(std::int64_t plan, at::TensorList args, c10::IntArr
   }
   // The results' sizes and strides must have values here (checked on the first run: evaluated
   // again then, not kept).
-  bind.symbols = c;
   bind.from = tp;
   for (std::size_t i = 0; i < t.slot_sizes.size(); ++i)
     if (!BindTemplate::fill(t.slot_size_at[i], b.slot_sizes[t.slot_sizes[i]], bind.values, tmp))

@@ -136,10 +136,9 @@ struct SizeBinding {
   std::vector<std::pair<std::uint64_t, c10::IValue>> args;   // ((op << 32) | arg, value), by position
   std::vector<ViewSpec> views;                               // every view of the form, at these sizes
   std::vector<ArgMeta> arg_meta;
-  // The results' sizes and strides, evaluated when checked: the symbols' values here, each of
-  // the template's value pairs at them (nullopt: no single integer), and the template that says
-  // which slots differ and how.
-  std::vector<std::int64_t> symbols;
+  // The results' sizes and strides, evaluated when checked: each of the template's value pairs
+  // at these sizes (nullopt: no single integer), and the template that says which slots differ
+  // and how.
   std::vector<std::optional<std::int64_t>> values;
   std::shared_ptr<const BindTemplate> from;
 };
