@@ -207,6 +207,13 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
       prepared->runs.push_back(Run{begin, count, nullptr, {}});
     }
   };
+  // Why call c is a library call, as its lowering says; only the kernel's first reason is kept,
+  // so it is asked only while there is none (lowering a call to hear its refusal costs ~1 us).
+  auto refusal = [&](std::uint32_t c) -> std::string {
+    if (!state.why.empty()) return {};
+    auto refused = lower_pointwise_calls(plan, k, c, 1, fast_);
+    return refused.ok() ? std::string() : std::string(refused.status().message());
+  };
   std::string_view cache;
   auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
@@ -244,9 +251,8 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
       ++c;
       continue;
     }
-    if (!covers_op(plan.op_names[call.op], fast_) || call.out_count != 1) {  // the lowering says why
-      auto refused = lower_pointwise_calls(plan, k, c, 1, fast_);
-      library(c, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
+    if (!covers_op(plan.op_names[call.op], fast_) || call.out_count != 1) {
+      library(c, 1, refusal(c));
       ++c;
       continue;
     }
@@ -280,8 +286,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     } else {
       if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
       for (std::uint32_t h : hoisted) {
-        auto refused = lower_pointwise_calls(plan, k, h, 1, fast_);
-        library(h, 1, refused.ok() ? std::string() : std::string(refused.status().message()));
+        library(h, 1, refusal(h));
       }
       state.generated_calls += end - c - static_cast<std::uint32_t>(hoisted.size());
       ++state.generated_runs;
