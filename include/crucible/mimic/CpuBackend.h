@@ -7,7 +7,7 @@
 // kernel, fetches each covered one from the kernel cache (CpuJit.h: memory, then disk, then
 // LLVM) and keeps what each launch needs; run_kernel picks the contiguous loop when every
 // operand is dense in the iteration order (or broadcast), else runs the strided loop over the
-// innermost merged dim for each index of the outer dims.
+// innermost merged dim for each index of the outer dims; either splits over threads when large.
 //
 // One CpuBackend serves one Runner (its prepared state is the plan's); it must outlive it.
 // Threads: as a Runner (one run at a time).
@@ -125,6 +125,8 @@ class CpuBackend {
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);
+  static void run_lines(const Generated& g, std::int64_t begin, std::int64_t end, std::vector<std::int64_t>& index,
+                        std::vector<char*>& ptrs);
   unsigned split_threads() const;
   void run_parts(unsigned parts, const std::function<void(unsigned)>& part);
 
