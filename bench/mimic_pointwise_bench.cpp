@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,59 @@ __attribute__((noinline)) void fused(const float* a, const float* b, const float
   }
 }
 
+test::StepSpec step_of(std::string op, std::vector<int> in,
+                       std::vector<record::ScalarRecord> s = {}) {
+  test::StepSpec x;
+  x.op = std::move(op);
+  x.in = std::move(in);
+  x.scalars = std::move(s);
+  return x;
+}
+
+// -relu(a*b + c) over inputs a, b, c, through a Runner on one thread (`whole`) and on the
+// backend's default threads (`split`), library calls in plain loops.
+struct Chain {
+  test::BuiltPlan bp;
+  std::unique_ptr<CpuBackend> one, many;
+  test::LoopProvider provider;
+  std::unique_ptr<exec::Runner> whole, split;
+};
+
+std::unique_ptr<Chain> make_chain(test::ChainSpec c) {
+  c.steps = {step_of("aten::mul.Tensor", {0, 1}),
+             step_of("aten::add.Tensor", {-1, 2}, {test::scalar_double(2, 1.0)}),
+             step_of("aten::relu", {-2}), step_of("aten::neg", {-3})};
+  auto h = std::make_unique<Chain>();
+  h->bp = test::build_chain_plan(c);
+  CpuBackendOptions one = CpuBackendOptions::memory_only();
+  one.threads = 1;
+  auto a = CpuBackend::make(one);
+  auto b = CpuBackend::make(CpuBackendOptions::memory_only());
+  if (!a.ok() || !b.ok()) {
+    std::fprintf(stderr, "%s\n", (a.ok() ? b.status() : a.status()).ToString().c_str());
+    return nullptr;
+  }
+  h->one = std::move(*a);
+  h->many = std::move(*b);
+  auto whole = exec::Runner::make(h->bp.plan, h->one->backend(), h->provider.provider());
+  auto split = exec::Runner::make(h->bp.plan, h->many->backend(), h->provider.provider());
+  if (!whole.ok() || !split.ok()) {
+    std::fprintf(stderr, "%s\n", (whole.ok() ? split.status() : whole.status()).ToString().c_str());
+    return nullptr;
+  }
+  h->whole = std::move(*whole);
+  h->split = std::move(*split);
+  return h;
+}
+
+void fill(std::vector<float>& a, std::vector<float>& b, std::vector<float>& c) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = static_cast<float>(i);
+    a[i] = std::sin(x * 0.1f), b[i] = std::cos(x * 0.3f);
+    c[i] = 0.001f * static_cast<float>(i % 1000) - 0.5f;
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -67,39 +121,17 @@ int main() {
       std::max(1u, std::thread::hardware_concurrency()), host_target().cpu.c_str());
   for (std::int64_t n : {4096, 262144, 4194304}) {
     test::TensorSpec t{test::kF32, {n}, {}, 0, false, 0};
-    test::ChainSpec c{"bench", {n}, {t, t, t}, {}};
-    auto st = [](std::string op, std::vector<int> in, std::vector<record::ScalarRecord> s = {}) {
-      test::StepSpec x;
-      x.op = std::move(op);
-      x.in = std::move(in);
-      x.scalars = std::move(s);
-      return x;
-    };
-    c.steps = {st("aten::mul.Tensor", {0, 1}),
-               st("aten::add.Tensor", {-1, 2}, {test::scalar_double(2, 1.0)}),
-               st("aten::relu", {-2}), st("aten::neg", {-3})};
-    const test::BuiltPlan bp = test::build_chain_plan(c);
-    CpuBackendOptions one = CpuBackendOptions::memory_only();
-    one.threads = 1;
-    auto cpu = CpuBackend::make(one);
-    auto cpu_split = CpuBackend::make(CpuBackendOptions::memory_only());
-    test::LoopProvider provider;
-    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
-    auto split = exec::Runner::make(bp.plan, (*cpu_split)->backend(), provider.provider());
-    if (!runner.ok() || !split.ok()) {
-      std::fprintf(stderr, "%s\n", (runner.ok() ? split.status() : runner.status()).ToString().c_str());
-      return 1;
-    }
+    auto h = make_chain(test::ChainSpec{"bench", {n}, {t, t, t}, {}});
+    if (h == nullptr) return 1;
     std::vector<float> a(n), b(n), cc(n), y(n), t0(n), t1(n), t2(n);
-    for (std::int64_t i = 0; i < n; ++i)
-      a[i] = std::sin(i * 0.1f), b[i] = std::cos(i * 0.3f), cc[i] = 0.001f * (i % 1000) - 0.5f;
+    fill(a, b, cc);
     std::vector<void*> ins{a.data(), b.data(), cc.data()}, outs{y.data()};
-    const double gen = median_us([&] { (void)(*runner)->run(exec::RunArgs{ins, outs, {}}); });
+    const double gen = median_us([&] { (void)h->whole->run(exec::RunArgs{ins, outs, {}}); });
     const double ops = median_us([&] {
       per_op(a.data(), b.data(), cc.data(), t0.data(), t1.data(), t2.data(), y.data(), n);
     });
     const double fus = median_us([&] { fused(a.data(), b.data(), cc.data(), y.data(), n); });
-    const double spl = median_us([&] { (void)(*split)->run(exec::RunArgs{ins, outs, {}}); });
+    const double spl = median_us([&] { (void)h->split->run(exec::RunArgs{ins, outs, {}}); });
     std::printf(
         "n=%-8lld generated %9.1f us  per-op loops %9.1f us (%.2fx)  hand-fused loop "
         "%9.1f us (%.2fx)  split %9.1f us (hand-fused / split %.2fx)\n",
@@ -111,35 +143,13 @@ int main() {
     const std::int64_t n = r * r;
     test::TensorSpec t{test::kF32, {r, r}, {}, 0, false, 0}, tt = t;
     tt.strides = {1, r};
-    test::ChainSpec c{"bench_t", {r, r}, {tt, t, t}, {}};
-    auto st = [](std::string op, std::vector<int> in, std::vector<record::ScalarRecord> s = {}) {
-      test::StepSpec x;
-      x.op = std::move(op);
-      x.in = std::move(in);
-      x.scalars = std::move(s);
-      return x;
-    };
-    c.steps = {st("aten::mul.Tensor", {0, 1}),
-               st("aten::add.Tensor", {-1, 2}, {test::scalar_double(2, 1.0)}),
-               st("aten::relu", {-2}), st("aten::neg", {-3})};
-    const test::BuiltPlan bp = test::build_chain_plan(c);
-    CpuBackendOptions one = CpuBackendOptions::memory_only();
-    one.threads = 1;
-    auto cpu = CpuBackend::make(one);
-    auto cpu_split = CpuBackend::make(CpuBackendOptions::memory_only());
-    test::LoopProvider provider;
-    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), provider.provider());
-    auto split = exec::Runner::make(bp.plan, (*cpu_split)->backend(), provider.provider());
-    if (!runner.ok() || !split.ok()) {
-      std::fprintf(stderr, "%s\n", (runner.ok() ? split.status() : runner.status()).ToString().c_str());
-      return 1;
-    }
+    auto h = make_chain(test::ChainSpec{"bench_t", {r, r}, {tt, t, t}, {}});
+    if (h == nullptr) return 1;
     std::vector<float> a(n), b(n), cc(n), y(n);
-    for (std::int64_t i = 0; i < n; ++i)
-      a[i] = std::sin(i * 0.1f), b[i] = std::cos(i * 0.3f), cc[i] = 0.001f * (i % 1000) - 0.5f;
+    fill(a, b, cc);
     std::vector<void*> ins{a.data(), b.data(), cc.data()}, outs{y.data()};
-    const double gen = median_us([&] { (void)(*runner)->run(exec::RunArgs{ins, outs, {}}); });
-    const double spl = median_us([&] { (void)(*split)->run(exec::RunArgs{ins, outs, {}}); });
+    const double gen = median_us([&] { (void)h->whole->run(exec::RunArgs{ins, outs, {}}); });
+    const double spl = median_us([&] { (void)h->split->run(exec::RunArgs{ins, outs, {}}); });
     const double fus = median_us([&] {
       for (std::int64_t i = 0; i < r; ++i)
         for (std::int64_t j = 0; j < r; ++j) {
@@ -148,8 +158,8 @@ int main() {
         }
     });
     std::printf(
-        "transposed a, %lldx%lld: generated %9.1f us  hand-fused strided loop %9.1f us (%.2fx)  split %9.1f us "
-        "(generated / split %.2fx)\n",
+        "transposed a, %lldx%lld: generated %9.1f us  hand-fused strided loop %9.1f us (%.2fx)  "
+        "split %9.1f us (generated / split %.2fx)\n",
         static_cast<long long>(r), static_cast<long long>(r), gen, fus, fus / gen, spl, gen / spl);
   }
   // Compile time: the code generator alone (cold), and a disk hit in a backend whose process

@@ -101,7 +101,8 @@ bool loops_are_aten(const ChainSpec& c, const std::vector<record::ScalarRecord>&
   std::size_t i = 0;
   for (std::size_t si = 0; si < c.steps.size(); ++si) {
     const StepSpec& st = c.steps[si];
-    if (st.op.find("sqrt") != std::string::npos || st.op.find("exp") != std::string::npos) return false;
+    if (st.op.find("sqrt") != std::string::npos || st.op.find("exp") != std::string::npos)
+      return false;
     if ((st.op.starts_with("aten::addcmul") || st.op.starts_with("aten::lerp")) &&
         !step_unbroadcast(c, si))
       return false;
@@ -320,22 +321,14 @@ TEST(AtenProvider, RefusesWhatItCannotRun) {
 // keepdim and no dtype, and cat of a Tensor[]; both through their out= overloads.
 TEST(AtenProvider, ListsOptionalsAndTensorLists) {
   vessel::AtenProvider p;
-  auto rec = [](record::ScalarKind k, std::uint16_t arg, std::uint64_t bits, std::uint32_t aux = 0) {
-    record::ScalarRecord r;
-    r.kind = k;
-    r.arg_index = arg;
-    r.bits = bits;
-    r.aux = aux;
-    return r;
-  };
   using record::ScalarKind;
   float x[6] = {1, 2, 3, 4, 5, 6}, s[2] = {};
   const std::int64_t xs[2] = {2, 3}, xst[2] = {3, 1}, ss[1] = {2}, sst[1] = {1};
   const exec::TensorArg in{x, dtype::kFloat32, false, xs, xst, 0, 0, 0};
   const exec::TensorArg out{s, dtype::kFloat32, false, ss, sst, 0, 0, 1};
-  const record::ScalarRecord sum_args[] = {rec(ScalarKind::ListBegin, 1, 0, 1),
-                                           rec(ScalarKind::Int, 1, 1), rec(ScalarKind::Bool, 2, 0),
-                                           rec(ScalarKind::None, 3, 0)};
+  const record::ScalarRecord sum_args[] = {scalar_record(ScalarKind::ListBegin, 1, 0, 1),
+                                           scalar_record(ScalarKind::Int, 1, 1), scalar_record(ScalarKind::Bool, 2, 0),
+                                           scalar_record(ScalarKind::None, 3, 0)};
   exec::LibraryCall lc;
   lc.op = "aten::sum.dim_IntList";
   lc.inputs = std::span<const exec::TensorArg>(&in, 1);
@@ -351,8 +344,8 @@ TEST(AtenProvider, ListsOptionalsAndTensorLists) {
   const exec::TensorArg ins[2] = {{a, dtype::kFloat32, false, as, one, 0, 0, 0},
                                   {b, dtype::kFloat32, false, bs, one, 0, 1, 1}};
   const exec::TensorArg cat_out{y, dtype::kFloat32, false, ys, one, 0, 0, 2};
-  const record::ScalarRecord cat_args[] = {rec(ScalarKind::TensorList, 0, 0, 2),
-                                           rec(ScalarKind::Int, 1, 0)};
+  const record::ScalarRecord cat_args[] = {scalar_record(ScalarKind::TensorList, 0, 0, 2),
+                                           scalar_record(ScalarKind::Int, 1, 0)};
   lc.op = "aten::cat";
   lc.inputs = ins;
   lc.outputs = std::span<const exec::TensorArg>(&cat_out, 1);

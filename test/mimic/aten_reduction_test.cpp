@@ -1,16 +1,20 @@
 // aten_reduction_test — the CPU backend's generated reductions against ATen itself, one call per
 // plan: sums and means over the innermost or outermost dims (Note [Generated sums]), softmax and
 // log-softmax forward and backward (Note [Generated softmax]), layer norm (Note [Generated
-// layer norm]) and nll_loss forward and backward (Note [Generated nll_loss]), each in float32 and float64 over odd sizes (1, 3, 17, 1000, 100003 elements in a
-// row) with NaN, ±Inf, ±0, subnormals and huge values mixed into the inputs. The reference is
-// the null backend with the ATen provider (Note [ATen provider]); the CPU backend must generate
-// each row meant to be generated and give ATen's bits, any NaN matching any NaN. Rows the backend
-// refuses (a dim that is not the last, an input not dense, a full float32 reduction of more than
-// 32768 elements) must run as library calls, with the reason, and give ATen's bits too.
+// layer norm]) and nll_loss forward and backward (Note [Generated nll_loss]), each in float32
+// and float64 over odd sizes (1, 3, 17, 1000, 100003 elements in a row) and seeded random
+// shapes, with finite inputs and with NaN, ±Inf, ±0, subnormals and huge values mixed in. The
+// reference is the null backend with the ATen provider (Note [ATen provider]); the CPU backend
+// must generate each row meant to be generated and give ATen's bits, any NaN matching any NaN.
+// Rows the backend refuses (a dim that is not the last, an input not dense, a full float32
+// reduction of more than 32768 elements, ...) must run as library calls that say why, with
+// ATen's bits too.
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,14 +49,6 @@ struct Row {
 
 constexpr std::int64_t kIgnore = -100;  // nll_loss's default ignore_index
 
-record::ScalarRecord rec(record::ScalarKind k, std::uint16_t arg, std::uint64_t bits, std::uint32_t aux = 0) {
-  record::ScalarRecord r;
-  r.kind = k;
-  r.arg_index = arg;
-  r.bits = bits;
-  r.aux = aux;
-  return r;
-}
 
 struct Plan {
   exec::ExecutionPlan plan;
@@ -101,12 +97,16 @@ Plan build(const Row& r) {
   call.scalar_count = static_cast<std::uint32_t>(r.scalars.size());
   p.scalars = r.scalars;
   p.calls.push_back(call);
-  p.kernels.push_back(exec::Kernel{0, forge::KernelTemplate::Reduce, forge::recipe_by_name("f32_strict"), 0, 1});
-  for (std::uint32_t t = call.out_begin; t < call.out_begin + call.out_count; ++t) p.results.push_back(t);
+  p.kernels.push_back(
+      exec::Kernel{0, forge::KernelTemplate::Reduce, forge::recipe_by_name("f32_strict"), 0, 1});
+  for (std::uint32_t t = call.out_begin; t < call.out_begin + call.out_count; ++t)
+    p.results.push_back(t);
   return b;
 }
 
-Status run(exec::Runner& r, std::vector<std::vector<char>>& ins, std::vector<std::vector<char>>& outs) {
+using Buffers = std::vector<std::vector<char>>;
+
+Status run(exec::Runner& r, Buffers& ins, Buffers& outs) {
   std::vector<void*> i, o;
   for (auto& x : ins) i.push_back(x.data());
   for (auto& x : outs) o.push_back(x.data());
@@ -121,7 +121,7 @@ void run_row(const Row& r, std::uint64_t seed) {
   auto reference = exec::Runner::make(bp.plan, exec::null_backend(), aten_ref.provider());
   ASSERT_TRUE(reference.ok()) << reference.status();
   CpuBackendOptions o = CpuBackendOptions::memory_only();
-  o.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // ATen's count, as the Vessel's
+  o.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // ATen's, as the Vessel
   auto cpu = CpuBackend::make(o);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto generated = exec::Runner::make(bp.plan, (*cpu)->backend(), aten_lib.provider());
@@ -136,9 +136,9 @@ void run_row(const Row& r, std::uint64_t seed) {
   // the IEEE specials mixed in
   for (const bool specials : {false, true}) {
     SCOPED_TRACE(specials ? "with NaN, Inf, subnormals" : "finite");
-    std::vector<std::vector<char>> ins;
+    Buffers ins;
     for (std::size_t i = 0; i < r.ins.size(); ++i) {
-      ins.emplace_back(std::max<std::uint64_t>(bp.in_bytes[i], 8));  // an empty tensor's memory is bound too
+      ins.emplace_back(std::max<std::uint64_t>(bp.in_bytes[i], 8));  // an empty tensor's too
       if (r.ins[i].dtype == dtype::kInt64) {  // class indices: in [0, classes), one in ten ignored
         std::uniform_int_distribution<std::int64_t> cls(0, r.classes - 1);
         std::uniform_int_distribution<int> pick(0, 9);
@@ -160,12 +160,12 @@ void run_row(const Row& r, std::uint64_t seed) {
         else std::memcpy(ins.back().data() + 4 * e, &f, 4);
       }
     }
-    std::vector<std::vector<char>> want, got;
+    Buffers want, got;
     for (std::size_t i = 0; i < r.outs.size(); ++i) {
       want.emplace_back(std::max<std::uint64_t>(bp.out_bytes[i], 8), '\x5a');
       got.emplace_back(std::max<std::uint64_t>(bp.out_bytes[i], 8), '\x3c');
     }
-    std::vector<std::vector<char>> ins_ref = ins;
+    Buffers ins_ref = ins;
     const Status sr = run(**reference, ins_ref, want);
     ASSERT_TRUE(sr.ok()) << sr;
     const Status sg = run(**generated, ins, got);
@@ -182,26 +182,28 @@ void run_row(const Row& r, std::uint64_t seed) {
 std::vector<std::int64_t> last_cols() { return {1, 3, 17, 1000}; }
 
 // sum.dim_IntList / mean.dim over `dims` of a [rows, cols] (or [cols, rows] for outer) input.
-Row sum_row(const std::string& op, std::int8_t dt, std::vector<std::int64_t> sizes, std::vector<std::int64_t> dims,
-            bool keepdim) {
+using Sizes = std::vector<std::int64_t>;
+using K = record::ScalarKind;
+
+Row sum_row(const std::string& op, std::int8_t dt, Sizes sizes, Sizes dims, bool keepdim) {
   Row r;
   r.op = op;
   r.name = op + (dt == kF64 ? " f64 " : " f32 ") + "[";
   for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
   r.name += "] dims";
   for (std::int64_t d : dims) r.name += " " + std::to_string(d);
-  std::vector<std::int64_t> out;
+  Sizes out;
   for (std::size_t d = 0; d < sizes.size(); ++d) {
-    const bool reduced = std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) != dims.end();
+    const bool reduced = std::ranges::find(dims, static_cast<std::int64_t>(d)) != dims.end();
     if (!reduced) out.push_back(sizes[d]);
     else if (keepdim) out.push_back(1);
   }
   r.ins = {Tensor{0, dt, sizes, {}}};
   r.outs = {Tensor{0, dt, out, {}}};
-  r.scalars.push_back(rec(record::ScalarKind::ListBegin, 1, 0, static_cast<std::uint32_t>(dims.size())));
-  for (std::int64_t d : dims) r.scalars.push_back(rec(record::ScalarKind::Int, 1, static_cast<std::uint64_t>(d)));
-  r.scalars.push_back(rec(record::ScalarKind::Bool, 2, keepdim ? 1 : 0));
-  r.scalars.push_back(rec(record::ScalarKind::None, 3, 0));
+  r.scalars.push_back(scalar_record(K::ListBegin, 1, 0, static_cast<std::uint32_t>(dims.size())));
+  for (std::int64_t d : dims) r.scalars.push_back(scalar_int(1, d));
+  r.scalars.push_back(scalar_record(K::Bool, 2, keepdim ? 1 : 0));
+  r.scalars.push_back(scalar_record(K::None, 3, 0));
   return r;
 }
 
@@ -250,21 +252,21 @@ TEST(AtenReductions, RefusedSumsRunAsLibraryCalls) {
   run_row(middle, 10);
 }
 
-Row softmax_row(const std::string& op, std::int8_t dt, std::vector<std::int64_t> sizes, std::int64_t dim) {
+std::string dt_text(std::int8_t dt) { return dt == kF64 ? " f64 [" : " f32 ["; }
+
+Row softmax_row(const std::string& op, std::int8_t dt, Sizes sizes, std::int64_t dim) {
   Row r;
   r.op = op;
-  r.name = op + (dt == kF64 ? " f64 [" : " f32 [") + std::to_string(sizes[0]) + "," + std::to_string(sizes.back()) +
+  r.name = op + dt_text(dt) + std::to_string(sizes[0]) + "," + std::to_string(sizes.back()) +
            "] dim " + std::to_string(dim);
   const bool backward = op.ends_with("_backward_data");
   r.ins = {Tensor{0, dt, sizes, {}}};
   if (backward) r.ins.push_back(Tensor{1, dt, sizes, {}});
   r.outs = {Tensor{0, dt, sizes, {}}};
   if (backward) {
-    r.scalars = {rec(record::ScalarKind::Int, 2, static_cast<std::uint64_t>(dim)),
-                 rec(record::ScalarKind::Int, 3, static_cast<std::uint64_t>(dt))};
+    r.scalars = {scalar_int(2, dim), scalar_int(3, dt)};
   } else {
-    r.scalars = {rec(record::ScalarKind::Int, 1, static_cast<std::uint64_t>(dim)),
-                 rec(record::ScalarKind::Bool, 2, 0)};
+    r.scalars = {scalar_int(1, dim), scalar_record(K::Bool, 2, 0)};
   }
   return r;
 }
@@ -277,7 +279,8 @@ TEST(AtenReductions, SoftmaxForwardAndBackward) {
     for (const char* op : {"aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
                            "aten::_log_softmax_backward_data"})
       for (std::int64_t rows : {1, 3, 17})
-        for (std::int64_t cols : last_cols()) run_row(softmax_row(op, dt, {rows, cols}, -1), seed++);
+        for (std::int64_t cols : last_cols())
+          run_row(softmax_row(op, dt, {rows, cols}, -1), seed++);
   Row other_dim = softmax_row("aten::_softmax", kF32, {17, 5}, 0);
   other_dim.generated = false;
   other_dim.why = "its dim is not the last";
@@ -287,14 +290,18 @@ TEST(AtenReductions, SoftmaxForwardAndBackward) {
 Row layer_norm_row(std::int8_t dt, std::int64_t rows, std::int64_t cols, bool affine) {
   Row r;
   r.op = "aten::native_layer_norm";
-  r.name = std::string("layer_norm") + (dt == kF64 ? " f64 [" : " f32 [") + std::to_string(rows) + "," +
-           std::to_string(cols) + "]" + (affine ? " affine" : "");
+  r.name = "layer_norm" + dt_text(dt) + std::to_string(rows) + "," + std::to_string(cols) + "]" +
+           (affine ? " affine" : "");
   r.ins = {Tensor{0, dt, {rows, cols}, {}}};
   if (affine) r.ins.insert(r.ins.end(), {Tensor{2, dt, {cols}, {}}, Tensor{3, dt, {cols}, {}}});
-  r.outs = {Tensor{0, dt, {rows, cols}, {}}, Tensor{1, dt, {rows, 1}, {}}, Tensor{2, dt, {rows, 1}, {}}};
-  r.scalars = {rec(record::ScalarKind::ListBegin, 1, 0, 1), rec(record::ScalarKind::Int, 1, static_cast<std::uint64_t>(cols))};
-  if (!affine) r.scalars.insert(r.scalars.end(), {rec(record::ScalarKind::None, 2, 0), rec(record::ScalarKind::None, 3, 0)});
-  r.scalars.push_back(rec(record::ScalarKind::Double, 4, std::bit_cast<std::uint64_t>(1e-5)));
+  r.outs = {Tensor{0, dt, {rows, cols}, {}}, Tensor{1, dt, {rows, 1}, {}},
+            Tensor{2, dt, {rows, 1}, {}}};
+  r.scalars = {scalar_record(K::ListBegin, 1, 0, 1), scalar_int(1, cols)};
+  if (!affine) {
+    r.scalars.push_back(scalar_record(K::None, 2, 0));
+    r.scalars.push_back(scalar_record(K::None, 3, 0));
+  }
+  r.scalars.push_back(scalar_double(4, 1e-5));
   return r;
 }
 
@@ -303,7 +310,8 @@ TEST(AtenReductions, LayerNorm) {
   for (std::int8_t dt : {kF32, kF64})
     for (bool affine : {false, true})
       for (std::int64_t rows : {1, 3, 17})
-        for (std::int64_t cols : last_cols()) run_row(layer_norm_row(dt, rows, cols, affine), seed++);
+        for (std::int64_t cols : last_cols())
+          run_row(layer_norm_row(dt, rows, cols, affine), seed++);
 }
 
 // nll_loss_forward (self [N, C], target [N] -> loss, total_weight) and nll_loss_backward
@@ -311,7 +319,7 @@ TEST(AtenReductions, LayerNorm) {
 Row nll_row(bool backward, std::int8_t dt, std::int64_t n, std::int64_t c, std::int64_t reduction) {
   Row r;
   r.op = backward ? "aten::nll_loss_backward" : "aten::nll_loss_forward";
-  r.name = r.op + (dt == kF64 ? " f64 [" : " f32 [") + std::to_string(n) + "," + std::to_string(c) + "] reduction " +
+  r.name = r.op + dt_text(dt) + std::to_string(n) + "," + std::to_string(c) + "] reduction " +
            std::to_string(reduction);
   r.classes = c;
   const std::uint16_t base = backward ? 1 : 0;  // self's schema position
@@ -321,9 +329,9 @@ Row nll_row(bool backward, std::int8_t dt, std::int64_t n, std::int64_t c, std::
   if (backward) r.ins.push_back(Tensor{6, dt, {}, {}});
   r.outs = backward ? std::vector<Tensor>{Tensor{0, dt, {n, c}, {}}}
                     : std::vector<Tensor>{Tensor{0, dt, {}, {}}, Tensor{1, dt, {}, {}}};
-  r.scalars = {rec(record::ScalarKind::None, static_cast<std::uint16_t>(base + 2), 0),
-               rec(record::ScalarKind::Int, static_cast<std::uint16_t>(base + 3), static_cast<std::uint64_t>(reduction)),
-               rec(record::ScalarKind::Int, static_cast<std::uint16_t>(base + 4), static_cast<std::uint64_t>(kIgnore))};
+  r.scalars = {scalar_record(K::None, static_cast<std::uint16_t>(base + 2), 0),
+               scalar_int(static_cast<std::uint16_t>(base + 3), reduction),
+               scalar_int(static_cast<std::uint16_t>(base + 4), kIgnore)};
   return r;
 }
 
@@ -368,7 +376,8 @@ TEST(AtenReductions, RandomShapes) {
         if (no_math.empty()) run_row(softmax_row("aten::_log_softmax", dt, {r, c}, 1), seed++);
         break;
       case 3:
-        if (no_math.empty()) run_row(softmax_row("aten::_softmax_backward_data", dt, {r, c}, -1), seed++);
+        if (no_math.empty())
+          run_row(softmax_row("aten::_softmax_backward_data", dt, {r, c}, -1), seed++);
         break;
       case 4: run_row(layer_norm_row(dt, r, c, i % 4 < 2), seed++); break;
       default: run_row(nll_row(i % 3 == 0, dt, c, r + 1, 1 + i % 2), seed++); break;

@@ -125,8 +125,8 @@ class CpuBackend {
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);
-  static void run_lines(const Generated& g, std::int64_t begin, std::int64_t end, std::vector<std::int64_t>& index,
-                        std::vector<char*>& ptrs);
+  static void run_lines(const Generated& g, std::int64_t begin, std::int64_t end,
+                        std::vector<std::int64_t>& index, std::vector<char*>& ptrs);
   unsigned split_threads() const;
   void run_parts(unsigned parts, const std::function<void(unsigned)>& part);
 

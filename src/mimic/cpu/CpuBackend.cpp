@@ -603,7 +603,7 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   const std::size_t nd = p->sizes.size();  // >= 1: a single element is contiguous
   for (std::size_t o = 0; o < nops; ++o) p->inner[o] = p->strides[o * nd + nd - 1];
   const std::int64_t n = p->sizes[nd - 1];
-  const std::int64_t lines = n > 0 ? p->numel / n : 0;  // one strided call per index of the outer dims
+  const std::int64_t lines = n > 0 ? p->numel / n : 0;  // a strided call per index of the outer dims
   const unsigned threads = split_threads();
   if (threads < 2 || p->numel < kSplitElements || lines < 2) {
     run_lines(*p, 0, lines, p->index, p->ptrs);
@@ -621,8 +621,8 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
 
 // Lines [begin, end) of a strided loop (row-major over the outer dims), each one call of its
 // strided function over the innermost dim; `index` and `ptrs` are the caller's scratch.
-void CpuBackend::run_lines(const Generated& g, std::int64_t begin, std::int64_t end, std::vector<std::int64_t>& index,
-                           std::vector<char*>& ptrs) {
+void CpuBackend::run_lines(const Generated& g, std::int64_t begin, std::int64_t end,
+                           std::vector<std::int64_t>& index, std::vector<char*>& ptrs) {
   if (end <= begin) return;
   const std::size_t nd = g.sizes.size(), nops = g.base.size();
   std::int64_t rest = begin;
