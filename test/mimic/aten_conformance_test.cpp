@@ -326,9 +326,9 @@ TEST(AtenProvider, ListsOptionalsAndTensorLists) {
   const std::int64_t xs[2] = {2, 3}, xst[2] = {3, 1}, ss[1] = {2}, sst[1] = {1};
   const exec::TensorArg in{x, dtype::kFloat32, false, xs, xst, 0, 0, 0};
   const exec::TensorArg out{s, dtype::kFloat32, false, ss, sst, 0, 0, 1};
-  const record::ScalarRecord sum_args[] = {scalar_record(ScalarKind::ListBegin, 1, 0, 1),
-                                           scalar_record(ScalarKind::Int, 1, 1), scalar_record(ScalarKind::Bool, 2, 0),
-                                           scalar_record(ScalarKind::None, 3, 0)};
+  const record::ScalarRecord sum_args[] = {
+      scalar_record(ScalarKind::ListBegin, 1, 0, 1), scalar_record(ScalarKind::Int, 1, 1),
+      scalar_record(ScalarKind::Bool, 2, 0), scalar_record(ScalarKind::None, 3, 0)};
   exec::LibraryCall lc;
   lc.op = "aten::sum.dim_IntList";
   lc.inputs = std::span<const exec::TensorArg>(&in, 1);

@@ -26,6 +26,7 @@
 #include "crucible/exec/Runner.h"
 #include "crucible/exec/VerifyPlan.h"
 #include "crucible/mimic/CpuBackend.h"
+#include "crucible/mimic/CpuTarget.h"
 
 namespace crucible::mimic {
 namespace {
@@ -115,6 +116,10 @@ Status run(exec::Runner& r, Buffers& ins, Buffers& outs) {
 
 void run_row(const Row& r, std::uint64_t seed) {
   SCOPED_TRACE(r.name);
+  // ATen's order of operations is known for x86-64 only: elsewhere every reduction is a
+  // library call (CpuBackend.cpp)
+  if (host_target().triple.rfind("x86_64", 0) != 0)
+    GTEST_SKIP() << "reductions are generated on x86-64 only";
   const Plan bp = build(r);
   ASSERT_TRUE(exec::verify_plan(bp.plan).ok()) << exec::verify_plan(bp.plan);
   vessel::AtenProvider aten_ref, aten_lib;
@@ -209,7 +214,6 @@ Row sum_row(const std::string& op, std::int8_t dt, Sizes sizes, Sizes dims, bool
 
 TEST(AtenReductions, SumsAndMeans) {
   std::uint64_t seed = 1;
-  int generated = 0;
   for (std::int8_t dt : {kF32, kF64})
     for (const char* op : {"aten::sum.dim_IntList", "aten::mean.dim"})
       for (std::int64_t rows : {1, 3, 17})
@@ -217,15 +221,12 @@ TEST(AtenReductions, SumsAndMeans) {
           if (cols == 1) continue;  // no dim of size above 1 reduced: a library call (below)
           Row inner = sum_row(op, dt, {rows, cols}, {1}, false);
           Row outer = sum_row(op, dt, {cols, rows}, {0}, true);
-          for (Row* r : {&inner, &outer}) {
-            run_row(*r, seed++);
-            ++generated;
-          }
+          run_row(inner, seed++);
+          run_row(outer, seed++);
         }
   // a row of 100003 elements, three rows (not a full reduction), and two leading dims reduced
   run_row(sum_row("aten::sum.dim_IntList", kF32, {3, 100003}, {1}, false), seed++);
   run_row(sum_row("aten::mean.dim", kF64, {5, 7, 9}, {0, 1}, false), seed++);
-  EXPECT_GE(generated, 40);
 }
 
 TEST(AtenReductions, RefusedSumsRunAsLibraryCalls) {

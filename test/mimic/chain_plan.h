@@ -63,8 +63,8 @@ struct ChainSpec {
 // A step that reads its input to the host and has no output (op_trait::kHostRead).
 inline bool host_read_step(const std::string& op) { return op == "aten::_local_scalar_dense"; }
 
-inline record::ScalarRecord scalar_record(record::ScalarKind k, std::uint16_t arg, std::uint64_t bits,
-                                          std::uint32_t aux = 0) {
+inline record::ScalarRecord scalar_record(record::ScalarKind k, std::uint16_t arg,
+                                          std::uint64_t bits, std::uint32_t aux = 0) {
   record::ScalarRecord r;
   r.kind = k;
   r.arg_index = arg;

@@ -140,23 +140,6 @@ inline std::vector<ChainSpec> fixed_rows() {
     c.steps[0].escape = true;
     r.push_back(c);
   }
-  // Strided loops large enough to run in parts of whole lines (Note [Split loops]): an odd
-  // number of lines, transposed and permuted operands, an output with gaps between its rows.
-  {
-    ChainSpec c{"strided_split_transposed",
-                {257, 301},
-                {f32({257, 301}, {1, 257}), f32({257, 301}), f64({257, 301}, {1, 263}, 5)},
-                {step("aten::mul.Tensor", {0, 1}),
-                 step("aten::add.Tensor", {prev(0), 2}, {scalar_int(2, 1)}, kF64),
-                 step("aten::relu", {prev(1)}, {}, kF64)}};
-    c.steps[2].out_strides = {307, 1};
-    r.push_back(c);
-  }
-  r.push_back({"strided_split_permuted_3d",
-               {3, 129, 211},
-               {f32({3, 129, 211}, {1, 633, 3}), f32({3, 129, 211}, {129 * 211, 1, 129})},
-               {step("aten::sub.Tensor", {0, 1}, {scalar_int(2, 1)}),
-                step("aten::neg", {prev(0)})}});
   r.push_back(
       {"empty_0x5",
        {0, 5},
@@ -242,6 +225,23 @@ inline std::vector<ChainSpec> fixed_rows() {
     c.split = true;  // abs and mul are generated, sqrt is not
     r.push_back(c);
   }
+  // Strided loops large enough to run in parts of whole lines (Note [Split loops]): an odd
+  // number of lines, transposed and permuted operands, an output with gaps between its rows.
+  {
+    ChainSpec c{"strided_split_transposed",
+                {257, 301},
+                {f32({257, 301}, {1, 257}), f32({257, 301}), f64({257, 301}, {1, 263}, 5)},
+                {step("aten::mul.Tensor", {0, 1}),
+                 step("aten::add.Tensor", {prev(0), 2}, {scalar_int(2, 1)}, kF64),
+                 step("aten::relu", {prev(1)}, {}, kF64)}};
+    c.steps[2].out_strides = {307, 1};
+    r.push_back(c);
+  }
+  r.push_back({"strided_split_permuted_3d",
+               {3, 129, 211},
+               {f32({3, 129, 211}, {1, 633, 3}), f32({3, 129, 211}, {129 * 211, 1, 129})},
+               {step("aten::sub.Tensor", {0, 1}, {scalar_int(2, 1)}),
+                step("aten::neg", {prev(0)})}});
   return r;
 }
 

@@ -320,5 +320,49 @@ TEST(CpuBackendThreads, ASplitLoopOnTheHostsThreadsFollowsTheirCountAtEachLaunch
       EXPECT_EQ(results[r].outputs[out], results[0].outputs[out]) << "run " << r << ", output " << out;
 }
 
+// A strided loop splits in parts of whole lines (Note [Split loops]), as many as the host's
+// threads at the launch, on any machine (the parts here run one after another on this thread):
+// each part's lines start where the last one's ended, and the bits are one thread's and the
+// plain-loop reference's.
+TEST(CpuBackendThreads, AStridedLoopSplitInWholeLinesGivesTheBitsOfOneThread) {
+  for (const ChainSpec& c : fixed_rows()) {
+    if (!c.name.starts_with("strided_split")) continue;
+    SCOPED_TRACE(c.name);
+    const BuiltPlan bp = build_chain_plan(c);
+    const Dtypes dts = binding_dtypes(c, bp);
+    std::mt19937_64 rng(13);
+    const RunBuffers initial = initial_buffers(bp, dts, rng);
+    CpuBackendOptions o = CpuBackendOptions::memory_only();
+    o.threads = 2;
+    o.parallel = [](void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
+      g_parts.push_back(parts);
+      for (unsigned i = parts; i-- > 0;) body(arg, i);  // in reverse: no part leans on another
+    };
+    o.current_threads = [] { return g_host_threads; };
+    const auto r = cpu_run(bp, o);
+    ASSERT_NE(r, nullptr);
+    std::vector<RunBuffers> results;
+    for (unsigned host : {1u, 2u, 3u, 7u}) {
+      SCOPED_TRACE(host);
+      g_host_threads = host;
+      g_parts.clear();
+      RunBuffers b = initial;
+      ASSERT_TRUE(run(*r->runner, b, patches_for(c, bp, false)).ok());
+      if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: the lines in one loop";
+      else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
+      results.push_back(std::move(b));
+    }
+    RunBuffers expect = initial;
+    reference_run(c, bp, expect, bp.plan.scalars, {}, AlphaRounding::Once);
+    for (std::size_t k = 0; k < results.size(); ++k)
+      for (std::size_t out = 0; out < expect.outputs.size(); ++out) {
+        const auto& got = results[k].outputs[out];
+        EXPECT_EQ(got, results[0].outputs[out]) << "run " << k << ", output " << out;
+        EXPECT_EQ(first_difference(got, expect.outputs[out], dts.outputs[out]), -1)
+            << "run " << k << ", output " << out;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace crucible::mimic

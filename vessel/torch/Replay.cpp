@@ -1955,7 +1955,8 @@ struct crucible::vessel::replay::BindTemplate {
   std::shared_ptr<const Form> a, b;
   SizeSymbols syms;
   std::vector<std::pair<std::int64_t, std::int64_t>> pairs;  // distinct (a's value, b's value) that differ
-  absl::flat_hash_map<std::pair<std::int64_t, std::int64_t>, std::uint32_t> pair_of;  // while it is made
+  // while it is made (make_bind_template)
+  absl::flat_hash_map<std::pair<std::int64_t, std::int64_t>, std::uint32_t> pair_of;
   struct ArgPos {
     std::uint32_t op = 0, arg = 0;
     bool list = false;
@@ -2095,6 +2096,10 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
   auto t = std::make_shared<BindTemplate>();
   t->a = fa;
   t->b = fb;
+  struct DropPairMap {  // bindings read `pairs` by index only, on every way out
+    BindTemplate& t;
+    ~DropPairMap() { decltype(t.pair_of)().swap(t.pair_of); }
+  } drop{*t};
   const Form& a = *fa;
   const Form& b = *fb;
   t->refusal = size_symbols(a, b, t->syms);
@@ -2163,7 +2168,6 @@ std::shared_ptr<const BindTemplate> make_bind_template(std::shared_ptr<const For
   }
   for (std::size_t j = 0; j < b.arg_meta.size(); ++j)
     t->arg_stride_at.push_back(t->indices(a.arg_meta[j].strides, b.arg_meta[j].strides));
-  decltype(t->pair_of)().swap(t->pair_of);  // bindings read `pairs` by index only
   return t;
 }
 }  // namespace
