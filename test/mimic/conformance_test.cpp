@@ -288,6 +288,42 @@ TEST(CpuBackendThreads, ALoopSplitOverThreadsGivesTheBitsOfOneLoop) {
 // made with: the host's count can change between runs (torch.set_num_threads).
 unsigned g_host_threads = 1;
 std::vector<unsigned> g_parts;
+// The "host's" threads: each split's part count noted in g_parts, its parts run on this thread
+// in order, or in reverse (then no part can lean on one run before it).
+void parts_in_order(void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
+  g_parts.push_back(parts);
+  for (unsigned i = 0; i < parts; ++i) body(arg, i);
+}
+void parts_in_reverse(void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
+  g_parts.push_back(parts);
+  for (unsigned i = parts; i-- > 0;) body(arg, i);
+}
+// A backend made for 2 threads whose split loops run on the host's, g_host_threads of them at
+// each launch.
+CpuBackendOptions on_host_threads(CpuBackendOptions::ParallelFn parallel) {
+  CpuBackendOptions o = CpuBackendOptions::memory_only();
+  o.threads = 2;  // the count when the backend is made
+  o.parallel = parallel;
+  o.current_threads = [] { return g_host_threads; };
+  return o;
+}
+// The chain run at each host thread count in `hosts`: one loop, no parts, at one thread, else
+// as many parts as the host has threads. Returns each run's buffers.
+std::vector<RunBuffers> run_at_host_counts(CpuRun& r, const ChainSpec& c, const BuiltPlan& bp,
+                                           const RunBuffers& initial, std::vector<unsigned> hosts) {
+  std::vector<RunBuffers> results;
+  for (unsigned host : hosts) {
+    SCOPED_TRACE(host);
+    g_host_threads = host;
+    g_parts.clear();
+    RunBuffers b = initial;
+    EXPECT_TRUE(run(*r.runner, b, patches_for(c, bp, false)).ok());
+    if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: one loop, no parts";
+    else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
+    results.push_back(std::move(b));
+  }
+  return results;
+}
 TEST(CpuBackendThreads, ASplitLoopOnTheHostsThreadsFollowsTheirCountAtEachLaunch) {
   const std::int64_t n = 300007;
   ChainSpec c{"split_host", {n}, {f32({n}), f32({n})}, {step("aten::mul.Tensor", {0, 1}), step("aten::neg", {prev(0)})}};
@@ -295,26 +331,9 @@ TEST(CpuBackendThreads, ASplitLoopOnTheHostsThreadsFollowsTheirCountAtEachLaunch
   const Dtypes dts = binding_dtypes(c, bp);
   std::mt19937_64 rng(12);
   const RunBuffers initial = initial_buffers(bp, dts, rng);
-  CpuBackendOptions o = CpuBackendOptions::memory_only();
-  o.threads = 2;  // the count when the backend is made
-  o.parallel = [](void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
-    g_parts.push_back(parts);
-    for (unsigned i = 0; i < parts; ++i) body(arg, i);
-  };
-  o.current_threads = [] { return g_host_threads; };
-  const auto r = cpu_run(bp, o);
+  const auto r = cpu_run(bp, on_host_threads(parts_in_order));
   ASSERT_NE(r, nullptr);
-  std::vector<RunBuffers> results;
-  for (unsigned host : {4u, 1u, 3u}) {
-    SCOPED_TRACE(host);
-    g_host_threads = host;
-    g_parts.clear();
-    RunBuffers b = initial;
-    ASSERT_TRUE(run(*r->runner, b, patches_for(c, bp, false)).ok());
-    if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: one loop, no parts";
-    else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
-    results.push_back(std::move(b));
-  }
+  const std::vector<RunBuffers> results = run_at_host_counts(*r, c, bp, initial, {4, 1, 3});
   for (std::size_t r = 1; r < results.size(); ++r)
     for (std::size_t out = 0; out < results[0].outputs.size(); ++out)
       EXPECT_EQ(results[r].outputs[out], results[0].outputs[out]) << "run " << r << ", output " << out;
@@ -332,26 +351,9 @@ TEST(CpuBackendThreads, AStridedLoopSplitInWholeLinesGivesTheBitsOfOneThread) {
     const Dtypes dts = binding_dtypes(c, bp);
     std::mt19937_64 rng(13);
     const RunBuffers initial = initial_buffers(bp, dts, rng);
-    CpuBackendOptions o = CpuBackendOptions::memory_only();
-    o.threads = 2;
-    o.parallel = [](void*, unsigned parts, void (*body)(void*, unsigned), void* arg) {
-      g_parts.push_back(parts);
-      for (unsigned i = parts; i-- > 0;) body(arg, i);  // in reverse: no part leans on another
-    };
-    o.current_threads = [] { return g_host_threads; };
-    const auto r = cpu_run(bp, o);
+    const auto r = cpu_run(bp, on_host_threads(parts_in_reverse));
     ASSERT_NE(r, nullptr);
-    std::vector<RunBuffers> results;
-    for (unsigned host : {1u, 2u, 3u, 7u}) {
-      SCOPED_TRACE(host);
-      g_host_threads = host;
-      g_parts.clear();
-      RunBuffers b = initial;
-      ASSERT_TRUE(run(*r->runner, b, patches_for(c, bp, false)).ok());
-      if (host == 1) EXPECT_TRUE(g_parts.empty()) << "one thread: the lines in one loop";
-      else EXPECT_EQ(g_parts, std::vector<unsigned>{host});
-      results.push_back(std::move(b));
-    }
+    const std::vector<RunBuffers> results = run_at_host_counts(*r, c, bp, initial, {1, 2, 3, 7});
     RunBuffers expect = initial;
     reference_run(c, bp, expect, bp.plan.scalars, {}, AlphaRounding::Once);
     for (std::size_t k = 0; k < results.size(); ++k)
