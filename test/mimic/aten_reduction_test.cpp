@@ -181,6 +181,11 @@ void run_row(const Row& r, std::uint64_t seed) {
       const std::int64_t d = first_difference(want[i], got[i], r.outs[i].dtype);
       EXPECT_LT(d, 0) << "output " << i << " differs from ATen's at element " << d;
     }
+    // inputs are left as ATen leaves them (batch norm's running statistics are written)
+    for (std::size_t i = 0; i < r.ins.size(); ++i) {
+      const std::int64_t d = first_difference(ins_ref[i], ins[i], r.ins[i].dtype);
+      EXPECT_LT(d, 0) << "input " << i << " differs from ATen's at element " << d;
+    }
   }
 }
 
@@ -348,6 +353,93 @@ TEST(AtenReductions, NllLossForwardAndBackward) {
   none.generated = false;
   none.why = "its reduction is not mean or sum";
   run_row(none, seed++);
+}
+
+// native_batch_norm in training (input [N, C, plane...], [weight 1, bias 2], [running_mean 3,
+// running_var 4] -> Y, save_mean, save_invstd) and native_batch_norm_backward with train set
+// (grad_out 0, input 1, [weight 2], save_mean 5, save_invstd 6 -> the results `mask` asks for).
+Row batch_norm_row(bool backward, std::int8_t dt, Sizes sizes, bool affine, bool running = true,
+                   unsigned mask = 7) {
+  Row r;
+  r.op = backward ? "aten::native_batch_norm_backward" : "aten::native_batch_norm";
+  r.name = r.op + dt_text(dt);
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name += std::string("]") + (affine ? " affine" : "") + (running ? " running" : "") + " mask " +
+            std::to_string(mask);
+  const Sizes ch{sizes[1]};
+  const auto none = [&](std::initializer_list<std::uint16_t> args) {
+    for (std::uint16_t a : args) r.scalars.push_back(scalar_record(K::None, a, 0));
+  };
+  if (!backward) {
+    r.ins = {Tensor{0, dt, sizes, {}}};
+    if (affine) r.ins.insert(r.ins.end(), {Tensor{1, dt, ch, {}}, Tensor{2, dt, ch, {}}});
+    if (!affine) none({1, 2});
+    if (running) r.ins.insert(r.ins.end(), {Tensor{3, dt, ch, {}}, Tensor{4, dt, ch, {}}});
+    if (!running) none({3, 4});
+    r.outs = {Tensor{0, dt, sizes, {}}, Tensor{1, dt, ch, {}}, Tensor{2, dt, ch, {}}};
+    r.scalars.push_back(scalar_record(K::Bool, 5, 1));
+    r.scalars.push_back(scalar_double(6, 0.1));
+    r.scalars.push_back(scalar_double(7, 1e-5));
+    return r;
+  }
+  r.ins = {Tensor{0, dt, sizes, {}}, Tensor{1, dt, sizes, {}}};
+  if (affine) r.ins.push_back(Tensor{2, dt, ch, {}});
+  if (!affine) none({2});
+  none({3, 4});
+  r.ins.insert(r.ins.end(), {Tensor{5, dt, ch, {}}, Tensor{6, dt, ch, {}}});
+  r.scalars.push_back(scalar_record(K::Bool, 7, 1));
+  r.scalars.push_back(scalar_double(8, 1e-5));
+  r.scalars.push_back(scalar_record(K::ListBegin, 9, 0, 3));
+  for (unsigned i = 0; i < 3; ++i) r.scalars.push_back(scalar_record(K::Bool, 9, (mask >> i) & 1));
+  for (std::uint32_t i = 0; i < 3; ++i)
+    if ((mask >> i) & 1) r.outs.push_back(Tensor{i, dt, i == 0 ? sizes : ch, {}});
+  return r;
+}
+
+TEST(AtenReductions, BatchNormForwardAndBackward) {
+  std::uint64_t seed = 500;
+  // planes shorter than a 32-byte vector, of whole vectors, with tails, odd and even (float64's
+  // last element of an odd plane is fused), one image and several, and one of 131072 elements
+  // that runs in parts of whole channels on two threads or more
+  const std::vector<Sizes> shapes{{1, 1, 2},    {3, 5, 3},     {2, 3, 2, 4}, {3, 4, 7},
+                                  {2, 2, 17},   {1, 3, 1, 49}, {4, 2, 5, 5}, {2, 3, 1000},
+                                  {3, 1, 8, 8}, {4, 8, 64, 64}};
+  for (std::int8_t dt : {kF32, kF64})
+    for (bool backward : {false, true})
+      for (const Sizes& sz : shapes)
+        for (bool affine : {false, true}) run_row(batch_norm_row(backward, dt, sz, affine), seed++);
+  for (std::int8_t dt : {kF32, kF64}) {
+    run_row(batch_norm_row(false, dt, {3, 4, 9}, true, false), seed++);  // no running statistics
+    for (unsigned mask : {1u, 2u, 4u, 6u})                               // some results only
+      run_row(batch_norm_row(true, dt, {3, 4, 9}, true, true, mask), seed++);
+  }
+  Row flat = batch_norm_row(false, kF32, {16, 5}, true);  // (N, C): per-thread buffers
+  flat.generated = false;
+  flat.why = "per-thread buffers";
+  run_row(flat, seed++);
+  Row flat_bwd = batch_norm_row(true, kF64, {16, 5, 1, 1}, true);
+  flat_bwd.generated = false;
+  flat_bwd.why = "per-thread buffers";
+  run_row(flat_bwd, seed++);
+  Row eval = batch_norm_row(false, kF32, {2, 3, 8}, true);  // evaluation mode
+  eval.scalars[eval.scalars.size() - 3] = scalar_record(K::Bool, 5, 0);
+  eval.outs[1].sizes = eval.outs[2].sizes = {0};  // ATen's statistics are empty then
+  eval.generated = false;
+  eval.why = "not in training mode";
+  run_row(eval, seed++);
+  Row strided = batch_norm_row(false, kF64, {2, 3, 4}, false);  // channels last
+  strided.ins[0].strides = {12, 1, 3};
+  strided.generated = false;
+  strided.why = "not dense in row-major order";
+  run_row(strided, seed++);
+  // seeded random shapes: N 1..6, C 1..9, a plane of 2..300 elements as one or two dims
+  std::mt19937_64 rng(0xb47c);
+  std::uniform_int_distribution<std::int64_t> images(1, 6), channels(1, 9), plane(2, 300);
+  for (int i = 0; i < 24; ++i) {
+    const std::int64_t n = images(rng), c = channels(rng), hw = plane(rng);
+    const Sizes sz = i % 3 == 0 ? Sizes{n, c, hw} : Sizes{n, c, hw, i % 3 + 1};
+    run_row(batch_norm_row(i % 2 == 1, i % 4 < 2 ? kF32 : kF64, sz, i % 5 != 0), seed++);
+  }
 }
 
 // Every family at shapes drawn at random (seeded): rows 1..40, a last dim of 2..3000.

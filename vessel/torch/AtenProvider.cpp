@@ -17,7 +17,8 @@
 //    results must be the placed outputs;
 //  - a functional operator runs through its out= overload (found once per operator: the same
 //    arguments, by name and type, followed by one out argument per result), writing into the
-//    placed outputs. ATen's out= kernels compute with the same loops as the functional ones;
+//    placed outputs. ATen's out= kernels compute with the same loops as the functional ones
+//    (one exception below);
 //  - an operator that only allocates (empty, empty_like, new_empty_strided, ...) does nothing:
 //    its result is placed, and its contents are unspecified in ATen too;
 //  - Note [Adopted results] (exec/Backend.h): where such a result is laid out as the plan placed
@@ -26,6 +27,8 @@
 //    kernel of its own (ATen's generated wrapper: compute, then copy) is passed over for the
 //    functional operator when some output can be adopted (resnet18: convolution_backward,
 //    native_batch_norm_backward);
+//  - an out= overload known to compute something else than its functional operator is never
+//    called (Note [Wrong out= kernels]: native_batch_norm's on a permuted input);
 //  - an operator with no out= overload, or a call with a result the plan does not place (one
 //    convolution_backward's output_mask leaves undefined), computes its results, and the placed
 //    ones are copied into place (`stats().functional` counts these calls, `stats().copied` the
@@ -78,6 +81,9 @@ struct AtenProvider::Resolved {
   bool writes_arguments = false;           // in place or out=: called as recorded
   bool allocates_only = false;             // empty, empty_like, new_empty...: uninitialized memory
   bool out_composite = false;              // its out= overload has no CPU kernel of its own
+  // Note [Wrong out= kernels]: its out= overload is right only for an input (argument 0)
+  // contiguous or channels-last
+  bool out_dense_input = false;
   explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -273,6 +279,30 @@ bool same_tensors(const std::vector<at::Tensor>& w, std::span<const exec::Tensor
 }
 
 // Whether some placed output of the call may take ATen's own memory (Note [Adopted results]).
+// Whether dims `order` (innermost first) are dense in that order, dims of size 1 skipped (as
+// c10 decides contiguity and channels-last contiguity).
+bool dense_in(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides,
+              std::span<const std::size_t> order) {
+  std::int64_t expect = 1;
+  for (std::size_t d : order) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expect) return false;
+    expect *= sizes[d];
+  }
+  return true;
+}
+
+// Note [Wrong out= kernels]: whether the out= overload may run on this input.
+bool out_trusted(bool dense_input_only, std::span<const std::int64_t> sizes,
+                 std::span<const std::int64_t> strides) {
+  if (!dense_input_only) return true;
+  std::vector<std::size_t> row_major(sizes.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) row_major[d] = sizes.size() - 1 - d;
+  static constexpr std::array<std::size_t, 4> kChannelsLast{1, 3, 2, 0};
+  return dense_in(sizes, strides, row_major) ||
+         (sizes.size() == 4 && dense_in(sizes, strides, kChannelsLast));
+}
+
 bool any_adoptable(const exec::LibraryCall& c) {
   if (c.adoptable == nullptr) return false;
   for (std::uint32_t k = 0; k < c.outputs.size(); ++k)
@@ -339,6 +369,11 @@ bool AtenProvider::allocates(const exec::ExecutionPlan& plan, std::uint32_t call
   const Resolved& rop = **resolved;
   if (rop.allocates_only || rop.writes_arguments) return false;
   if (!rop.out || rop.out_composite) return true;
+  for (const exec::Arg& a : plan.inputs_of(c))
+    if (a.arg_index == 0 && a.list_index == 0 &&
+        !out_trusted(rop.out_dense_input, plan.sizes(plan.tensors[a.tensor]),
+                     plan.strides(plan.tensors[a.tensor])))
+      return true;
   // The out= path needs a placed result at every return position.
   const std::size_t nret = rop.op.schema().returns().size();
   std::vector<bool> placed(nret, false);
@@ -365,6 +400,13 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
   for (std::string_view e : {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                              "aten::new_empty_strided"})
     r->allocates_only = r->allocates_only || name == e;
+  // Note [Wrong out= kernels]: an out= overload is not called where it does not compute what
+  // its functional operator computes. native_batch_norm.out on an input that is neither
+  // contiguous nor channels-last (BatchNorm1d over x.transpose(1, 2)) gives statistics that
+  // depend on what its out buffers held (torch 2.13: save_mean 0 where the functional operator
+  // gives -0.14), and so a wrong Y and running statistics; on contiguous and channels-last
+  // inputs it gives the functional operator's bits (test_generated_batch_norm.py).
+  r->out_dense_input = name == "aten::native_batch_norm";
   if (!r->writes_arguments) {
     for (const c10::OperatorName& n : overloads_of(name)) {
       if (n.overload_name == overload) continue;
@@ -528,6 +570,9 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ++stats_.calls;
+    const exec::TensorArg* in0 = find_tensor(c.inputs, 0, 0);
+    const bool input_trusted =
+        in0 == nullptr || out_trusted(rop.out_dense_input, in0->sizes, in0->strides);
     if (rop.writes_arguments) {
       ++stats_.in_place;
       rop.op.callBoxed(stack);
@@ -538,8 +583,10 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
                                " is not the memory the plan placed for it",
                            "the plan's aliasing does not match this operator: report it");
       }
-    } else if (rop.out && std::all_of(outs.begin(), outs.end(), [](const at::Tensor& o) { return o.defined(); }) &&
-               !(rop.out_composite && any_adoptable(c))) {
+    } else if (rop.out &&
+               std::all_of(outs.begin(), outs.end(),
+                           [](const at::Tensor& o) { return o.defined(); }) &&
+               !(rop.out_composite && any_adoptable(c)) && input_trusted) {
       ++stats_.out_variant;
       for (const at::Tensor& o : outs) stack.emplace_back(o);
       rop.out->callBoxed(stack);

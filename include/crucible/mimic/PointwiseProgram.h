@@ -104,12 +104,14 @@ enum class ReduceKind : std::uint8_t {
   SumInner = 1,
   SumOuter = 2,
   LayerNorm = 3,
-  Softmax = 4,     // Note [Generated softmax]
+  Softmax = 4,  // Note [Generated softmax]
   LogSoftmax = 5,
   SoftmaxBwd = 6,  // _softmax_backward_data
   LogSoftmaxBwd = 7,
-  NllLoss = 8,     // Note [Generated nll_loss]
+  NllLoss = 8,  // Note [Generated nll_loss]
   NllLossBwd = 9,
+  BatchNorm = 10,  // Note [Generated batch norm]
+  BatchNormBwd = 11,
 };
 
 // Note [Generated nll_loss]: nll_loss_forward and nll_loss_backward over a dense float32/float64
@@ -131,6 +133,27 @@ enum class ReduceKind : std::uint8_t {
 // moments, a scalar Welford over the tail, the lanes folded in lane order), rstd = 1/sqrt(var +
 // eps) with eps in the input's dtype, Y = fma((x - mean)*rstd, weight, bias) (or (x - mean)*rstd
 // times 1 plus 0 without them), at the AVX2 kernel's 32-byte width ATen runs on AVX-512 hosts.
+
+// Note [Generated batch norm]: native_batch_norm in training (save_mean and save_invstd are its
+// statistics) and native_batch_norm_backward with train set, over a dense float32/float64
+// (N, C, *) input with more than one element per (n, c) plane, are one program each; rows are
+// channels, each channel's arithmetic ATen's contiguous kernel's (misc/ATEN_ORDER.md section 7),
+// which does not depend on the thread count. Forward: operands input, [weight, bias,]
+// [running_mean, running_var,] Y, save_mean, save_invstd; per channel the sum and the sum of
+// squared deviations in double over n then i (float32: each square rounded in float; float64:
+// plain but for the last element of an odd-sized plane, an fma), mean = T(sum / n), invstd =
+// T(1 / sqrt(double(T(var_sum / T(n))) + eps)) (0 when both are 0), the running statistics
+// updated as ATen's generic code does (running_mean in T, running_var's sum in double),
+// alpha = invstd * weight, beta = fma(-mean, alpha, bias), Y = fma(x, alpha, beta).
+// Backward: operands grad_out, input, [weight,] save_mean, save_invstd, then the results the
+// output mask asks for (grad_input, [grad_weight,] grad_bias); per channel and image the sum of
+// grad_out by reduce_all and the dot product of (x - mean) and grad_out by map2_reduce_all (the
+// masked tail's step an fma) at 32-byte vectors, added in double over images; k =
+// T(T(T(dotp) * invstd) * invstd) / T(n), grad_mean = T(sum / n), grad_input =
+// T(fma(-(x - mean), k, go - grad_mean) * invstd) * weight, grad_weight = T(dotp * invstd),
+// grad_bias = T(sum). eps and momentum are parameters read each launch. An (N, C) input, whose
+// statistics ATen gathers in per-thread buffers (the bits depend on the thread count), and
+// evaluation mode are not generated.
 
 // Note [Generated softmax]: _softmax, _log_softmax and _safe_softmax over the last dim of a
 // dense float32/float64 input (no half_to_float, no dtype) are one program: operand 0 the input,
@@ -157,7 +180,10 @@ struct PointwiseProgram {
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
   ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
   bool mean = false;                     // a reduction's sum divided by its element count
-  bool affine = false;                   // LayerNorm: weight and bias given
+  bool affine = false;                   // LayerNorm, BatchNorm: weight and bias given
+                                         // (BatchNormBwd: weight given)
+  bool running = false;                  // BatchNorm: running_mean and running_var given
+  std::uint8_t outputs = 0;              // BatchNormBwd: output mask, bit i result i
   bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
   std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax and backwards: ATen's vector width
   std::string math;                      // the same: VectorMath::name
@@ -186,6 +212,7 @@ struct PointwiseKernel {
   // A reduction (Note [Generated sums]): rows (Inner) or rows summed per column (Outer), and C.
   std::int64_t reduce_rows = 0, reduce_cols = 0;
   std::uint32_t eps_scalar = 0;  // LayerNorm: the plan scalar holding eps
+  std::int64_t images = 0;       // BatchNorm, BatchNormBwd: N (rows are channels, cols the plane)
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
@@ -222,6 +249,12 @@ bool is_softmax_op(std::string_view op);
 // Note [Generated nll_loss]: call c (nll_loss_forward, nll_loss_backward) as a program; its
 // param_scalar[0] is the plan scalar of ignore_index.
 Result<PointwiseKernel> lower_nll_loss(const exec::ExecutionPlan& plan, std::uint32_t call);
+
+// Note [Generated batch norm]: call c (native_batch_norm, native_batch_norm_backward) as a
+// program over reduce_rows = C channels of reduce_cols elements per image, `images` images;
+// param_scalar holds eps and (forward) momentum.
+Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
+bool is_batch_norm_op(std::string_view op);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

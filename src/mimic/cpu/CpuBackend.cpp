@@ -221,12 +221,14 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const bool layer_norm = plan.op_names[call.op] == "aten::native_layer_norm";
     const bool softmax = is_softmax_op(plan.op_names[call.op]);
     const bool nll = plan.op_names[call.op] == "aten::nll_loss_forward" || plan.op_names[call.op] == "aten::nll_loss_backward";
-    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll) {
+    const bool batch_norm = is_batch_norm_op(plan.op_names[call.op]);
+    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll || batch_norm) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
         if (layer_norm) return lower_layer_norm(plan, c);
         if (nll) return lower_nll_loss(plan, c);
+        if (batch_norm) return lower_batch_norm(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
         if (!vm) return lower_softmax(plan, c, 0, "", no_vector_math());
@@ -387,7 +389,16 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->rows = pk.reduce_rows;
     p->numel = pk.reduce_rows * pk.reduce_cols;
     p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
-    if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};  // eps, read each launch
+    // params[1 + j] is param_scalar[j]'s value, read each launch
+    if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};
+    const bool batch_norm =
+        pk.program.reduce == ReduceKind::BatchNorm || pk.program.reduce == ReduceKind::BatchNormBwd;
+    if (batch_norm) {  // Note [Generated batch norm]: eps, momentum, images, channels
+      p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0, 0,
+                   static_cast<std::uint64_t>(pk.images),
+                   static_cast<std::uint64_t>(pk.reduce_rows)};
+      p->numel *= pk.images;
+    }
     p->tail_flag = pk.program.reduce == ReduceKind::SoftmaxBwd;
     p->may_refuse = pk.program.reduce == ReduceKind::NllLoss || pk.program.reduce == ReduceKind::NllLossBwd;
     if (p->may_refuse) p->params.push_back(0);
@@ -402,6 +413,21 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
         p->row_elems = pk.program.affine ? std::vector<std::int64_t>{cols, 0, 0, cols, 1, 1}
                                          : std::vector<std::int64_t>{cols, cols, 1, 1};
         break;
+      case ReduceKind::BatchNorm:
+      case ReduceKind::BatchNormBwd: {  // rows are channels: a plane of each image, or one element
+        // the tensors of the input's size: input and Y; grad_out, input and grad_input
+        const std::size_t nops = pk.operand_tensor.size();
+        const std::size_t first_out =
+            nops - static_cast<std::size_t>(std::popcount(pk.program.outputs));
+        p->row_elems.assign(nops, 1);
+        for (std::size_t o = 0; o < nops; ++o) {
+          const bool full = pk.program.reduce == ReduceKind::BatchNorm
+                                ? o == 0 || o == nops - 3
+                                : o <= 1 || (o == first_out && (pk.program.outputs & 1) != 0);
+          if (full) p->row_elems[o] = cols;
+        }
+        break;
+      }
       default: break;
     }
     p->base.resize(pk.operand_tensor.size());
@@ -569,7 +595,8 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
-    if (!p->param_scalar.empty()) p->params[1] = launch.scalars[p->param_scalar[0]].bits;  // eps, ignore_index
+    for (std::size_t j = 0; j < p->param_scalar.size(); ++j)  // eps, ignore_index, momentum
+      p->params[1 + j] = launch.scalars[p->param_scalar[j]].bits;
     if (p->tail_flag) {  // ATen's loop over rows runs inline for one row or on one thread
       const unsigned now = current_threads_ != nullptr ? current_threads_() : threads_;
       p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;

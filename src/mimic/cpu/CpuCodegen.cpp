@@ -300,6 +300,10 @@ class ReduceEmitter {
                  operand(aff ? 4 : 2), operand(aff ? 5 : 3), eps);
     } else if (p_.reduce == ReduceKind::NllLoss || p_.reduce == ReduceKind::NllLossBwd) {
       nll_loss(rows, params);
+    } else if (p_.reduce == ReduceKind::BatchNorm) {
+      batch_norm(rows, params, operand);
+    } else if (p_.reduce == ReduceKind::BatchNormBwd) {
+      batch_norm_backward(rows, params, operand);
     } else if (p_.reduce == ReduceKind::SoftmaxBwd || p_.reduce == ReduceKind::LogSoftmaxBwd) {
       // params[1]: float32's tail step fused (ATen's loop over rows ran inline)
       softmax_backward_rows(rows, operand(1), operand(2),
@@ -830,6 +834,214 @@ class ReduceEmitter {
     if (p_.mean) out = b_.CreateFDiv(out, tw);
     store(out, c64(0), operand(2, elem_));
     store(tw, c64(0), operand(3, elem_));
+  }
+
+  // Note [Generated batch norm] (PointwiseProgram.h): ATen's batch_norm_cpu_collect_stats,
+  // its generic update of the statistics and batch_norm_cpu_contiguous_impl, and
+  // batch_norm_cpu_backward_contiguous_impl, per channel; misc/ATEN_ORDER.md section 7 gives
+  // the order. rows: this part's channels; params: plane, eps, momentum, images, channels.
+  using Operand = std::function<llvm::Value*(std::uint64_t)>;
+  llvm::Value* f64_param(llvm::Value* params, std::uint64_t k) {
+    auto* d = llvm::Type::getDoubleTy(ctx_);
+    return b_.CreateLoad(
+        d, b_.CreateBitCast(b_.CreateConstInBoundsGEP1_64(i64_, params, k), d->getPointerTo()));
+  }
+  llvm::Value* widen(llvm::Value* v) {  // to double (accscalar_t)
+    return v->getType()->isDoubleTy() ? v : b_.CreateFPExt(v, llvm::Type::getDoubleTy(ctx_));
+  }
+  llvm::Value* narrow(llvm::Value* v) {
+    return v->getType() == elem_ ? v : b_.CreateFPTrunc(v, elem_);
+  }
+  // body(plane) over each image's plane of channel c: `plane` the element index of its first
+  llvm::Value* image_stride_ = nullptr;
+  llvm::Value* images_ = nullptr;
+  void planes(llvm::Value* c, const std::function<void(llvm::Value*)>& body) {
+    loop(c64(0), images_, [&](llvm::Value* n) {
+      body(b_.CreateAdd(b_.CreateMul(n, image_stride_), b_.CreateMul(c, cols_)));
+    });
+  }
+  void batch_norm(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
+    llvm::Type* f64 = llvm::Type::getDoubleTy(ctx_);
+    std::uint64_t o = 1;
+    llvm::Value* weight = p_.affine ? operand(o++) : nullptr;
+    llvm::Value* bias = p_.affine ? operand(o++) : nullptr;
+    llvm::Value* rmean = p_.running ? operand(o++) : nullptr;
+    llvm::Value* rvar = p_.running ? operand(o++) : nullptr;
+    llvm::Value* y = operand(o++);
+    llvm::Value* mean_out = operand(o++);
+    llvm::Value* invstd_out = operand(o++);
+    llvm::Value* eps = f64_param(params, 1);
+    llvm::Value* momentum = f64_param(params, 2);
+    images_ = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 3));
+    image_stride_ =
+        b_.CreateMul(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 4)), cols_);
+    llvm::Value* count = b_.CreateMul(images_, cols_);
+    loop(c64(0), rows, [&](llvm::Value* c) {
+      // sum in double over n, then i
+      llvm::AllocaInst* acc = slot(f64);
+      b_.CreateStore(zero(f64), acc);
+      planes(c, [&](llvm::Value* pl) {
+        loop(c64(0), cols_, [&](llvm::Value* i) {
+          b_.CreateStore(
+              b_.CreateFAdd(b_.CreateLoad(f64, acc), widen(load(elem_, x_, b_.CreateAdd(pl, i)))),
+              acc);
+        });
+      });
+      llvm::Value* mean =
+          narrow(b_.CreateFDiv(b_.CreateLoad(f64, acc), b_.CreateSIToFP(count, f64)));
+      // squared deviations in double: float32's square rounded in float; float64's plain but
+      // for an odd plane's last element, fused (GCC vectorised ATen's loop by two)
+      b_.CreateStore(zero(f64), acc);
+      auto square_into = [&](llvm::Value* pl, llvm::Value* i, bool fused) {
+        llvm::Value* d = b_.CreateFSub(load(elem_, x_, b_.CreateAdd(pl, i)), mean);
+        llvm::Value* a = b_.CreateLoad(f64, acc);
+        b_.CreateStore(fused ? fma(d, d, a) : b_.CreateFAdd(a, widen(b_.CreateFMul(d, d))), acc);
+      };
+      planes(c, [&](llvm::Value* pl) {
+        if (dt_ == dtype::kFloat32) {
+          loop(c64(0), cols_, [&](llvm::Value* i) { square_into(pl, i, false); });
+          return;
+        }
+        llvm::Value* even = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(2)));
+        loop(c64(0), even, [&](llvm::Value* i) { square_into(pl, i, false); });
+        loop(even, cols_, [&](llvm::Value* i) { square_into(pl, i, true); });
+      });
+      llvm::Value* var_sum = narrow(b_.CreateLoad(f64, acc));
+      llvm::Value* var = b_.CreateFDiv(var_sum, b_.CreateSIToFP(count, elem_));
+      // InvStd: 0 when var and eps are both 0
+      llvm::Value* inv = narrow(b_.CreateFDiv(
+          llvm::ConstantFP::get(f64, 1.0),
+          b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(widen(var), eps))));
+      llvm::Value* both_zero =
+          b_.CreateAnd(b_.CreateFCmpOEQ(var, zero(elem_)), b_.CreateFCmpOEQ(eps, zero(f64)));
+      inv = b_.CreateSelect(both_zero, zero(elem_), inv);
+      store(mean, c, mean_out);
+      store(inv, c, invstd_out);
+      if (p_.running) {  // Normalization.cpp (no fma): running_mean in T, running_var's sum in
+                         // double
+        llvm::Value* m = narrow(momentum);
+        llvm::Value* one_m = b_.CreateFSub(llvm::ConstantFP::get(elem_, 1.0), m);
+        store(b_.CreateFAdd(b_.CreateFMul(m, mean), b_.CreateFMul(one_m, load(elem_, rmean, c))), c,
+              rmean);
+        llvm::Value* unbiased =
+            b_.CreateFDiv(var_sum, b_.CreateSIToFP(b_.CreateSub(count, c64(1)), elem_));
+        llvm::Value* rv = b_.CreateFAdd(b_.CreateFMul(widen(m), widen(unbiased)),
+                                        widen(b_.CreateFMul(one_m, load(elem_, rvar, c))));
+        store(narrow(rv), c, rvar);
+      }
+      // alpha = invstd * weight, beta = fma(-mean, alpha, bias), y = fma(x, alpha, beta)
+      llvm::Value* alpha = weight != nullptr ? b_.CreateFMul(inv, load(elem_, weight, c)) : inv;
+      llvm::Value* beta =
+          fma(b_.CreateFNeg(mean), alpha, bias != nullptr ? load(elem_, bias, c) : zero(elem_));
+      planes(c, [&](llvm::Value* pl) {
+        llvm::Value* xp = at(x_, pl);
+        llvm::Value* yp = at(y, pl);
+        loop(c64(0), cols_,
+             [&](llvm::Value* i) { store(fma(load(elem_, xp, i), alpha, beta), i, yp); });
+      });
+    });
+  }
+  // vec::map2_reduce_all((x - mean) * dy, +) over a plane: the first vector a product, whole
+  // vectors acc + q*dy unfused, the masked tail's step fused (ATen's compiled code), the lanes
+  // folded by vec_reduce_all; a plane shorter than a vector: its products added in order.
+  llvm::Value* centered_dot(llvm::Value* xr, llvm::Value* gr, llvm::Value* mv) {
+    auto add_op = [&](llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); };
+    llvm::AllocaInst* res = slot(elem_);
+    llvm::BasicBlock *shortb = block("short_plane"), *longb = block("long_plane"),
+                     *done = block("dotted");
+    b_.CreateCondBr(b_.CreateICmpSLT(cols_, c64(w_)), shortb, longb);
+    b_.SetInsertPoint(shortb);
+    {
+      llvm::Value* mask = lane_mask(cols_);
+      llvm::Value* v = b_.CreateFMul(b_.CreateFSub(load_part(xr, c64(0), mask), mv),
+                                     load_part(gr, c64(0), mask));
+      llvm::AllocaInst* acc = slot(elem_);
+      b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
+      loop(c64(1), cols_, [&](llvm::Value* i) {
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)),
+                       acc);
+      });
+      b_.CreateStore(b_.CreateLoad(elem_, acc), res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(longb);
+    {
+      llvm::AllocaInst* acc = slot(vec_);
+      b_.CreateStore(
+          b_.CreateFMul(b_.CreateFSub(load(vec_, xr, c64(0)), mv), load(vec_, gr, c64(0))), acc);
+      llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
+      loop(
+          c64(w_), whole,
+          [&](llvm::Value* d) {
+            llvm::Value* q = b_.CreateFMul(b_.CreateFSub(load(vec_, xr, d), mv), load(vec_, gr, d));
+            b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(vec_, acc), q), acc);
+          },
+          c64(w_));
+      llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
+      llvm::Value* a = b_.CreateLoad(vec_, acc);
+      llvm::Value* t =
+          fma(b_.CreateFSub(load_part(xr, whole, mask), mv), load_part(gr, whole, mask), a);
+      b_.CreateStore(fold_lanes(b_.CreateSelect(mask, t, a), add_op), res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(done);
+    return b_.CreateLoad(elem_, res);
+  }
+  void batch_norm_backward(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
+    llvm::Type* f64 = llvm::Type::getDoubleTy(ctx_);
+    std::uint64_t o = 1;
+    llvm::Value* xin = operand(o++);
+    llvm::Value* weight = p_.affine ? operand(o++) : nullptr;
+    llvm::Value* save_mean = operand(o++);
+    llvm::Value* save_invstd = operand(o++);
+    llvm::Value* gi = (p_.outputs & 1) != 0 ? operand(o++) : nullptr;
+    llvm::Value* gw = (p_.outputs & 2) != 0 ? operand(o++) : nullptr;
+    llvm::Value* gb = (p_.outputs & 4) != 0 ? operand(o++) : nullptr;
+    images_ = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 3));
+    image_stride_ =
+        b_.CreateMul(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 4)), cols_);
+    llvm::Value* count = b_.CreateMul(images_, cols_);
+    auto id = [](llvm::Value* v) { return v; };
+    auto add_op = [&](llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); };
+    loop(c64(0), rows, [&](llvm::Value* c) {
+      llvm::Value* mean = load(elem_, save_mean, c);
+      llvm::Value* inv = load(elem_, save_invstd, c);
+      llvm::Value* mv = splat(mean);
+      llvm::AllocaInst* sum = slot(f64);
+      llvm::AllocaInst* dotp = slot(f64);
+      b_.CreateStore(zero(f64), sum);
+      b_.CreateStore(zero(f64), dotp);
+      planes(c, [&](llvm::Value* pl) {
+        llvm::Value* gr = at(x_, pl);
+        llvm::Value* xr = at(xin, pl);
+        b_.CreateStore(
+            b_.CreateFAdd(b_.CreateLoad(f64, sum), widen(reduce_all(gr, cols_, id, add_op))), sum);
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f64, dotp), widen(centered_dot(xr, gr, mv))),
+                       dotp);
+      });
+      llvm::Value* s = b_.CreateLoad(f64, sum);
+      llvm::Value* dp = b_.CreateLoad(f64, dotp);
+      if (gi != nullptr) {
+        llvm::Value* k = b_.CreateFDiv(b_.CreateFMul(b_.CreateFMul(narrow(dp), inv), inv),
+                                       b_.CreateSIToFP(count, elem_));
+        llvm::Value* grad_mean = narrow(b_.CreateFDiv(s, b_.CreateSIToFP(count, f64)));
+        llvm::Value* w = weight != nullptr ? load(elem_, weight, c) : nullptr;
+        planes(c, [&](llvm::Value* pl) {
+          llvm::Value* gr = at(x_, pl);
+          llvm::Value* xr = at(xin, pl);
+          llvm::Value* out = at(gi, pl);
+          loop(c64(0), cols_, [&](llvm::Value* i) {
+            llvm::Value* xm = b_.CreateFSub(load(elem_, xr, i), mean);
+            llvm::Value* t =
+                fma(b_.CreateFNeg(xm), k, b_.CreateFSub(load(elem_, gr, i), grad_mean));
+            llvm::Value* g = b_.CreateFMul(t, inv);
+            store(w != nullptr ? b_.CreateFMul(g, w) : g, i, out);
+          });
+        });
+      }
+      if (gw != nullptr) store(narrow(b_.CreateFMul(dp, widen(inv))), c, gw);
+      if (gb != nullptr) store(narrow(s), c, gb);
+    });
   }
 
   // _softmax_backward_data / _log_softmax_backward_data: x_ the grad, `o` the forward's output,

@@ -424,6 +424,11 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
+    if (reduce == ReduceKind::BatchNorm ||
+        reduce == ReduceKind::BatchNormBwd) {  // Note [Generated batch norm]
+      h.update_u8(running ? 1 : 0);
+      h.update_u8(outputs);
+    }
     if (reduce >= ReduceKind::Softmax && reduce <= ReduceKind::LogSoftmaxBwd) {  // Note [Generated softmax]
       h.update_u8(safe ? 1 : 0);
       h.update_u8(vec_bytes);
@@ -435,7 +440,15 @@ ContentHash PointwiseProgram::hash() const {
 
 std::string PointwiseProgram::text() const {
   std::string s;
-  if (reduce == ReduceKind::LayerNorm)
+  if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd) {
+    s += std::string(reduce == ReduceKind::BatchNorm ? "batch_norm" : "batch_norm_backward") +
+         (affine ? " affine" : "") + (running ? " running" : "") + " " +
+         std::string(scalar_type_info(operands[0].dtype).name) + ":";
+    for (std::size_t o = 0; o < operands.size(); ++o)
+      s += std::string(o == 0 ? " " : ", ") +
+           (operands[o].write ? (operands[o].read ? "rw " : "w ") : "") + "op" + std::to_string(o);
+    s += "\n";
+  } else if (reduce == ReduceKind::LayerNorm)
     s += std::string("layer_norm ") + (affine ? "affine " : "") + std::string(scalar_type_info(operands[0].dtype).name) +
          (affine ? ": op0, op1, op2 -> op3, op4, op5\n" : ": op0 -> op1, op2, op3\n");
   else if (reduce == ReduceKind::NllLoss || reduce == ReduceKind::NllLossBwd)
@@ -841,6 +854,123 @@ Result<PointwiseKernel> lower_nll_loss(const exec::ExecutionPlan& p, std::uint32
   k.reduce_rows = n;
   k.reduce_cols = cls;
   k.param_scalar = {*ignore};
+  return k;
+}
+
+bool is_batch_norm_op(std::string_view op) {
+  return op == "aten::native_batch_norm" || op == "aten::native_batch_norm_backward";
+}
+
+// Note [Generated batch norm].
+Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "a batch norm", why); };
+  if (!is_batch_norm_op(name)) return refuse("not native_batch_norm or native_batch_norm_backward");
+  const bool backward = name == "aten::native_batch_norm_backward";
+  // schema positions: forward input 0, weight 1, bias 2, running_mean 3, running_var 4,
+  // training 5, momentum 6, eps 7; backward grad_out 0, input 1, weight 2, running_mean 3,
+  // running_var 4, save_mean 5, save_invstd 6, train 7, eps 8, output_mask 9
+  std::array<std::optional<std::uint32_t>, 7> in{};
+  for (const exec::Arg& a : p.inputs_of(call)) {
+    if (a.arg_index >= in.size())
+      return refuse("a tensor argument at schema position " + std::to_string(a.arg_index));
+    in[a.arg_index] = a.tensor;
+  }
+  const std::uint32_t x_arg = backward ? 1 : 0, w_arg = backward ? 2 : 1;
+  if (!in[x_arg] || (backward && (!in[0] || !in[5] || !in[6])))
+    return refuse("a tensor argument was not recorded");
+  bool train = false;
+  std::optional<std::uint32_t> momentum, eps;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index == (backward ? 7u : 5u) && r.kind == record::ScalarKind::Bool)
+      train = r.bits != 0;
+    if (!backward && r.arg_index == 6 && r.kind == record::ScalarKind::Double) momentum = i;
+    if (!backward && r.arg_index == 7 && r.kind == record::ScalarKind::Double) eps = i;
+  }
+  if (!train) return refuse("it is not in training mode");
+  if (!backward && (!momentum || !eps)) return refuse("its momentum or eps was not recorded");
+  const std::uint32_t x = *in[x_arg];
+  const exec::TensorRef& xt = p.tensors[x];
+  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
+  const auto sz = p.sizes(xt);
+  if (sz.size() < 2) return refuse("its input has fewer than two dims");
+  std::int64_t numel = 1;
+  for (std::int64_t s : sz) numel *= s;
+  if (numel == 0) return refuse("it has an empty dim");
+  const std::int64_t n = sz[0], ch = sz[1], plane = numel / (n * ch);
+  if (plane == 1)
+    return refuse(
+        "its input has one element per channel and image, whose statistics ATen gathers in "
+        "per-thread buffers (the bits depend on the thread count)");
+  auto dense = [&](std::uint32_t t, std::int64_t count) {
+    return p.tensors[t].dtype == xt.dtype && dense_numel(p, t) == count;
+  };
+  if (!dense(x, numel) || (backward && !dense(*in[0], numel)))
+    return refuse("its input or grad_out is not dense in row-major order");
+  const bool affine = in[w_arg].has_value();
+  if (!backward && affine != in[2].has_value())
+    return refuse("one of weight and bias is given, not both");
+  if (affine && (!dense(*in[w_arg], ch) || (!backward && !dense(*in[2], ch))))
+    return refuse("its weight or bias is not a dense tensor of its dtype");
+  const PwOperand rd{xt.dtype, false, true, false}, wr{xt.dtype, false, false, true};
+  const PwOperand rw{xt.dtype, false, true, true};
+  PointwiseKernel k;
+  k.program.affine = affine;
+  k.reduce_rows = ch;
+  k.reduce_cols = plane;
+  k.images = n;
+  const auto outs = p.outputs_of(call);
+  std::array<std::optional<std::uint32_t>, 3> out{};
+  for (const exec::Arg& a : outs)
+    if (a.arg_index < out.size()) out[a.arg_index] = a.tensor;
+  if (!backward) {
+    const bool running = in[3].has_value();
+    if (running != in[4].has_value())
+      return refuse("one of running_mean and running_var is given, not both");
+    if (running && (!dense(*in[3], ch) || !dense(*in[4], ch)))
+      return refuse("its running statistics are not dense tensors of its dtype");
+    if (!out[0] || !out[1] || !out[2] || !dense(*out[0], numel) || !dense(*out[1], ch) ||
+        !dense(*out[2], ch))
+      return refuse("its results are not dense tensors of its input's dtype");
+    k.program.reduce = ReduceKind::BatchNorm;
+    k.program.running = running;
+    k.program.operands = {rd};
+    k.operand_tensor = {x};
+    if (affine) {
+      k.program.operands.insert(k.program.operands.end(), {rd, rd});
+      k.operand_tensor.insert(k.operand_tensor.end(), {*in[1], *in[2]});
+    }
+    if (running) {
+      k.program.operands.insert(k.program.operands.end(), {rw, rw});
+      k.operand_tensor.insert(k.operand_tensor.end(), {*in[3], *in[4]});
+    }
+    k.program.operands.insert(k.program.operands.end(), {wr, wr, wr});
+    k.operand_tensor.insert(k.operand_tensor.end(), {*out[0], *out[1], *out[2]});
+    k.param_scalar = {*eps, *momentum};
+    return k;
+  }
+  if (!dense(*in[5], ch) || !dense(*in[6], ch))
+    return refuse("its save_mean or save_invstd is not a dense tensor of its dtype");
+  k.program.reduce = ReduceKind::BatchNormBwd;
+  k.program.operands = {rd, rd};
+  k.operand_tensor = {*in[0], x};
+  if (affine) {
+    k.program.operands.push_back(rd);
+    k.operand_tensor.push_back(*in[w_arg]);
+  }
+  k.program.operands.insert(k.program.operands.end(), {rd, rd});
+  k.operand_tensor.insert(k.operand_tensor.end(), {*in[5], *in[6]});
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!out[i]) continue;
+    if (!dense(*out[i], i == 0 ? numel : ch))
+      return refuse("its results are not dense tensors of its input's dtype");
+    k.program.outputs = static_cast<std::uint8_t>(k.program.outputs | (1u << i));
+    k.program.operands.push_back(wr);
+    k.operand_tensor.push_back(*out[i]);
+  }
+  if (k.program.outputs == 0) return refuse("none of its results is used");
   return k;
 }
 
