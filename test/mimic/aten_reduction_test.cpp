@@ -432,6 +432,11 @@ TEST(AtenReductions, BatchNormForwardAndBackward) {
   strided.generated = false;
   strided.why = "not dense in row-major order";
   run_row(strided, seed++);
+  Row one_channel = batch_norm_row(true, kF32, {4, 1, 9, 9}, true);  // suggests channels-last
+  one_channel.ins[1].strides = {81, 1, 9, 1};
+  one_channel.generated = false;
+  one_channel.why = "strides other than row-major on a dim of size 1";
+  run_row(one_channel, seed++);
   // seeded random shapes: N 1..6, C 1..9, a plane of 2..300 elements as one or two dims
   std::mt19937_64 rng(0xb47c);
   std::uniform_int_distribution<std::int64_t> images(1, 6), channels(1, 9), plane(2, 300);

@@ -406,7 +406,12 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
   // depend on what its out buffers held (torch 2.13: save_mean 0 where the functional operator
   // gives -0.14), and so a wrong Y and running statistics; on contiguous and channels-last
   // inputs it gives the functional operator's bits (test_generated_batch_norm.py).
-  r->out_dense_input = name == "aten::native_batch_norm";
+  // _native_batch_norm_legit (both overloads) and _batch_norm_with_update reach the same
+  // batch_norm_cpu_out.
+  for (std::string_view e :
+       {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
+        "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update"})
+    r->out_dense_input = r->out_dense_input || name == e;
   if (!r->writes_arguments) {
     for (const c10::OperatorName& n : overloads_of(name)) {
       if (n.overload_name == overload) continue;

@@ -909,6 +909,23 @@ Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& p, std::uint
   };
   if (!dense(x, numel) || (backward && !dense(*in[0], numel)))
     return refuse("its input or grad_out is not dense in row-major order");
+  // ATen's backward picks its kernel from the memory format its input and grad_out suggest, and
+  // a dense tensor whose dim of size 1 has another stride, (N, 1, H, W)@(HW, 1, W, 1), suggests
+  // channels-last. Row-major strides on every dim, size-1 ones included, suggest the contiguous
+  // format; anything else is refused rather than reasoned about.
+  auto row_major = [&](std::uint32_t t) {
+    const auto tsz = p.sizes(p.tensors[t]), tst = p.strides(p.tensors[t]);
+    std::int64_t expect = 1;
+    for (std::size_t d = tsz.size(); d-- > 0;) {
+      if (tst[d] != expect) return false;
+      expect *= tsz[d];
+    }
+    return true;
+  };
+  if (backward && (!row_major(x) || !row_major(*in[0])))
+    return refuse(
+        "its input or grad_out has strides other than row-major on a dim of size 1, "
+        "which can make ATen choose another kernel");
   const bool affine = in[w_arg].has_value();
   if (!backward && affine != in[2].has_value())
     return refuse("one of weight and bias is given, not both");
