@@ -1,20 +1,22 @@
 // aten_reduction_test — the CPU backend's generated reductions against ATen itself, one call per
 // plan: sums and means over the innermost or outermost dims (Note [Generated sums]), softmax and
 // log-softmax forward and backward (Note [Generated softmax]), layer norm (Note [Generated
-// layer norm]) and nll_loss forward and backward (Note [Generated nll_loss]), each in float32
-// and float64 over odd sizes (1, 3, 17, 1000, 100003 elements in a row) and seeded random
-// shapes, with finite inputs and with NaN, ±Inf, ±0, subnormals and huge values mixed in. The
+// layer norm]), nll_loss forward and backward (Note [Generated nll_loss]), batch norm forward and
+// backward (Note [Generated batch norm]) and max.dim, min.dim, argmax and argmin (Note
+// [Generated max and argmax]), each in float32 and float64 over odd sizes (1, 3, 17, 1000,
+// 100003 elements in a row) and seeded random shapes, with finite inputs and with NaN, ±Inf,
+// ±0, subnormals and huge values mixed in. The
 // reference is the null backend with the ATen provider (Note [ATen provider]); the CPU backend
 // must generate each row meant to be generated and give ATen's bits, any NaN matching any NaN.
 // Rows the backend refuses (a dim that is not the last, an input not dense, a full float32
 // reduction of more than 32768 elements, ...) must run as library calls that say why, with
 // ATen's bits too.
-#include <gtest/gtest.h>
-
 #include <ATen/Parallel.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -445,6 +447,53 @@ TEST(AtenReductions, BatchNormForwardAndBackward) {
     const Sizes sz = i % 3 == 0 ? Sizes{n, c, hw} : Sizes{n, c, hw, i % 3 + 1};
     run_row(batch_norm_row(i % 2 == 1, i % 4 < 2 ? kF32 : kF64, sz, i % 5 != 0), seed++);
   }
+}
+
+// max.dim / min.dim (self -> values, indices) and argmax / argmin (self -> indices) over `dim`
+// of `sizes` (argmax/argmin: no dim, the whole tensor, when dim is std::nullopt).
+Row arg_row(const std::string& op, std::int8_t dt, Sizes sizes, std::optional<std::int64_t> dim,
+            bool keepdim = false) {
+  Row r;
+  r.op = op;
+  r.name = op + dt_text(dt);
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name +=
+      "] dim " + (dim ? std::to_string(*dim) : std::string("none")) + (keepdim ? " keepdim" : "");
+  r.ins = {Tensor{0, dt, sizes, {}}};
+  Sizes out;
+  if (dim) {
+    const std::int64_t d = *dim < 0 ? *dim + static_cast<std::int64_t>(sizes.size()) : *dim;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      if (static_cast<std::int64_t>(k) != d)
+        out.push_back(sizes[k]);
+      else if (keepdim)
+        out.push_back(1);
+  }
+  const bool arg = op == "aten::argmax" || op == "aten::argmin";
+  if (!arg) r.outs.push_back(Tensor{0, dt, out, {}});
+  r.outs.push_back(Tensor{arg ? 0u : 1u, dtype::kInt64, out, {}});
+  r.scalars = {dim ? scalar_int(1, *dim) : scalar_record(K::None, 1, 0),
+               scalar_record(K::Bool, 2, keepdim ? 1 : 0)};
+  return r;
+}
+
+TEST(AtenReductions, MaxMinArgmaxArgmin) {
+  std::uint64_t seed = 600;
+  const std::vector<std::string> ops{"aten::max.dim", "aten::min.dim", "aten::argmax",
+                                     "aten::argmin"};
+  for (std::int8_t dt : {kF32, kF64})
+    for (const std::string& op : ops) {
+      for (std::int64_t cols : last_cols()) run_row(arg_row(op, dt, {5, cols}, 1), seed++);
+      run_row(arg_row(op, dt, {7, 1000}, 0, true), seed++);  // a leading dim, keepdim
+      run_row(arg_row(op, dt, {3, 17, 4}, -2), seed++);      // a middle dim
+      run_row(arg_row(op, dt, {2, 70000}, -1), seed++);      // split over rows
+      if (op.starts_with("aten::arg")) run_row(arg_row(op, dt, {9, 13}, std::nullopt), seed++);
+    }
+  Row transposed = arg_row("aten::max.dim", kF32, {4, 6}, 1);
+  transposed.ins[0].strides = {1, 4};
+  transposed.generated = false;
+  transposed.why = "not dense in row-major order";
+  run_row(transposed, seed++);
 }
 
 // Every family at shapes drawn at random (seeded): rows 1..40, a last dim of 2..3000.

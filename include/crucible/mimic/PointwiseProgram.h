@@ -112,7 +112,18 @@ enum class ReduceKind : std::uint8_t {
   NllLossBwd = 9,
   BatchNorm = 10,  // Note [Generated batch norm]
   BatchNormBwd = 11,
+  ArgExtreme = 12,  // Note [Generated max and argmax]
 };
+
+// Note [Generated max and argmax]: max.dim, min.dim, argmax and argmin over a dense
+// float32/float64 input are one program each: operands input, [values,] indices (int64); rows
+// are the dims before the reduced one, each of `reduce_cols` elements along it and
+// `reduce_inner` after it. Per result, ATen's sequential compare: the first element, then each
+// next one taken when !(x <= best) (min: !(x >= best)), stopping at the first NaN. So the index
+// is the smallest among equal extremes (-0 and +0 are equal), a NaN's when there is one, and the
+// value is the element at that index, bit for bit. argmax's order-free combine (greater value,
+// else smaller index, NaN first) picks the same index. argmax without a dim reduces the whole
+// tensor as one row.
 
 // Note [Generated nll_loss]: nll_loss_forward and nll_loss_backward over a dense float32/float64
 // (N, C) input and an int64 target, no class weight, reduction mean or sum, are one program
@@ -184,6 +195,7 @@ struct PointwiseProgram {
                                          // (BatchNormBwd: weight given)
   bool running = false;                  // BatchNorm: running_mean and running_var given
   std::uint8_t outputs = 0;              // BatchNormBwd: output mask, bit i result i
+  bool smallest = false;                 // ArgExtreme: min.dim, argmin
   bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
   std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax and backwards: ATen's vector width
   std::string math;                      // the same: VectorMath::name
@@ -213,6 +225,7 @@ struct PointwiseKernel {
   std::int64_t reduce_rows = 0, reduce_cols = 0;
   std::uint32_t eps_scalar = 0;  // LayerNorm: the plan scalar holding eps
   std::int64_t images = 0;       // BatchNorm, BatchNormBwd: N (rows are channels, cols the plane)
+  std::int64_t reduce_inner = 1;  // ArgExtreme: elements after the reduced dim
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
@@ -255,6 +268,10 @@ Result<PointwiseKernel> lower_nll_loss(const exec::ExecutionPlan& plan, std::uin
 // param_scalar holds eps and (forward) momentum.
 Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
 bool is_batch_norm_op(std::string_view op);
+
+// Note [Generated max and argmax]: call c (max.dim, min.dim, argmax, argmin) as a program.
+Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& plan, std::uint32_t call);
+bool is_arg_extreme_op(std::string_view op);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

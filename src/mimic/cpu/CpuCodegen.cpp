@@ -304,6 +304,8 @@ class ReduceEmitter {
       batch_norm(rows, params, operand);
     } else if (p_.reduce == ReduceKind::BatchNormBwd) {
       batch_norm_backward(rows, params, operand);
+    } else if (p_.reduce == ReduceKind::ArgExtreme) {
+      arg_extreme(rows, params, operand);
     } else if (p_.reduce == ReduceKind::SoftmaxBwd || p_.reduce == ReduceKind::LogSoftmaxBwd) {
       // params[1]: float32's tail step fused (ATen's loop over rows ran inline)
       softmax_backward_rows(rows, operand(1), operand(2),
@@ -1041,6 +1043,50 @@ class ReduceEmitter {
       }
       if (gw != nullptr) store(narrow(b_.CreateFMul(dp, widen(inv))), c, gw);
       if (gb != nullptr) store(narrow(s), c, gb);
+    });
+  }
+
+  // Note [Generated max and argmax] (PointwiseProgram.h): ATen's compare loop per result. rows:
+  // the dims before the reduced one; params: the reduced size, the elements after it.
+  void arg_extreme(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
+    const bool with_values = p_.operands.size() == 3;
+    llvm::Value* values = with_values ? operand(1) : nullptr;
+    llvm::Value* indices = b_.CreateBitCast(operand(with_values ? 2 : 1), i64_->getPointerTo());
+    llvm::Value* inner = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1));
+    llvm::Value* slab = b_.CreateMul(cols_, inner);
+    loop(c64(0), rows, [&](llvm::Value* o) {
+      loop(c64(0), inner, [&](llvm::Value* i) {
+        llvm::Value* base = b_.CreateAdd(b_.CreateMul(o, slab), i);
+        llvm::AllocaInst* best = slot(elem_);
+        llvm::AllocaInst* at_j = slot(i64_);
+        llvm::AllocaInst* j = slot(i64_);
+        llvm::Value* first = load(elem_, x_, base);
+        b_.CreateStore(first, best);
+        b_.CreateStore(c64(0), at_j);
+        // a NaN first element is the result; else compare from the second on
+        b_.CreateStore(b_.CreateSelect(b_.CreateFCmpUNO(first, first), cols_, c64(1)), j);
+        llvm::BasicBlock *head = block("compare_head"), *body = block("compare"),
+                         *done = block("compared");
+        b_.CreateBr(head);
+        b_.SetInsertPoint(head);
+        llvm::Value* jv = b_.CreateLoad(i64_, j);
+        b_.CreateCondBr(b_.CreateICmpSLT(jv, cols_), body, done);
+        b_.SetInsertPoint(body);
+        llvm::Value* v = load(elem_, x_, b_.CreateAdd(base, b_.CreateMul(jv, inner)));
+        llvm::Value* b = b_.CreateLoad(elem_, best);
+        // !(v <= best) (max) or !(v >= best) (min): unordered or strictly beyond
+        llvm::Value* take = p_.smallest ? b_.CreateFCmpULT(v, b) : b_.CreateFCmpUGT(v, b);
+        b_.CreateStore(b_.CreateSelect(take, v, b), best);
+        b_.CreateStore(b_.CreateSelect(take, jv, b_.CreateLoad(i64_, at_j)), at_j);
+        // stop at a NaN
+        b_.CreateStore(b_.CreateSelect(b_.CreateFCmpUNO(v, v), cols_, b_.CreateAdd(jv, c64(1))), j);
+        b_.CreateBr(head);
+        b_.SetInsertPoint(done);
+        llvm::Value* out = b_.CreateAdd(b_.CreateMul(o, inner), i);
+        if (values != nullptr) store(b_.CreateLoad(elem_, best), out, values);
+        b_.CreateAlignedStore(b_.CreateLoad(i64_, at_j), b_.CreateInBoundsGEP(i64_, indices, out),
+                              llvm::MaybeAlign(8));
+      });
     });
   }
 

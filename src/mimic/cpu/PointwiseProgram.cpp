@@ -424,6 +424,8 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
+    if (reduce == ReduceKind::ArgExtreme)
+      h.update_u8(smallest ? 1 : 0);  // Note [Generated max and argmax]
     if (reduce == ReduceKind::BatchNorm ||
         reduce == ReduceKind::BatchNormBwd) {  // Note [Generated batch norm]
       h.update_u8(running ? 1 : 0);
@@ -440,7 +442,11 @@ ContentHash PointwiseProgram::hash() const {
 
 std::string PointwiseProgram::text() const {
   std::string s;
-  if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd) {
+  if (reduce == ReduceKind::ArgExtreme) {
+    s += std::string(smallest ? "min" : "max") + (operands.size() == 3 ? ".dim " : " index ") +
+         std::string(scalar_type_info(operands[0].dtype).name) +
+         (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
+  } else if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd) {
     s += std::string(reduce == ReduceKind::BatchNorm ? "batch_norm" : "batch_norm_backward") +
          (affine ? " affine" : "") + (running ? " running" : "") + " " +
          std::string(scalar_type_info(operands[0].dtype).name) + ":";
@@ -988,6 +994,71 @@ Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& p, std::uint
     k.operand_tensor.push_back(*out[i]);
   }
   if (k.program.outputs == 0) return refuse("none of its results is used");
+  return k;
+}
+
+bool is_arg_extreme_op(std::string_view op) {
+  return op == "aten::max.dim" || op == "aten::min.dim" || op == "aten::argmax" ||
+         op == "aten::argmin";
+}
+
+// Note [Generated max and argmax].
+Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "a max or argmax", why); };
+  if (!is_arg_extreme_op(name)) return refuse("not max.dim, min.dim, argmax or argmin");
+  const bool arg = name == "aten::argmax" || name == "aten::argmin";
+  if (call.in_count != 1 || call.out_count != (arg ? 1u : 2u))
+    return refuse("it has other results than ATen's");
+  const std::uint32_t x = p.inputs_of(call)[0].tensor;
+  const exec::TensorRef& xt = p.tensors[x];
+  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
+  const auto sz = p.sizes(xt);
+  const auto nd = static_cast<std::int64_t>(sz.size());
+  std::optional<std::int64_t> dim;
+  bool whole = false;  // argmax(dim=None)
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index != 1) continue;
+    if (r.kind == record::ScalarKind::Int) dim = static_cast<std::int64_t>(r.bits);
+    if (arg && r.kind == record::ScalarKind::None) whole = true;
+  }
+  if (!dim && !whole) return refuse("its dim was not recorded");
+  std::int64_t numel = 1;
+  for (std::int64_t s : sz) numel *= s;
+  if (numel == 0) return refuse("it has an empty dim");
+  if (dense_numel(p, x) != numel) return refuse("its input is not dense in row-major order");
+  std::int64_t outer = 1, cols = numel, inner = 1;
+  if (!whole && nd > 0) {
+    const std::int64_t d = *dim < 0 ? *dim + nd : *dim;
+    if (d < 0 || d >= nd) return refuse("its dim is out of range");
+    cols = sz[static_cast<std::size_t>(d)];
+    for (std::int64_t k = 0; k < d; ++k) outer *= sz[static_cast<std::size_t>(k)];
+    for (std::int64_t k = d + 1; k < nd; ++k) inner *= sz[static_cast<std::size_t>(k)];
+  }
+  std::optional<std::uint32_t> values, indices;
+  for (const exec::Arg& a : p.outputs_of(call))
+    (arg || a.arg_index == 1 ? indices : values) = a.tensor;
+  const bool ok = indices && p.tensors[*indices].dtype == dtype::kInt64 &&
+                  dense_numel(p, *indices) == outer * inner &&
+                  (arg || (values && p.tensors[*values].dtype == xt.dtype &&
+                           dense_numel(p, *values) == outer * inner));
+  if (!ok) return refuse("its results are not dense tensors of ATen's dtypes");
+  PointwiseKernel k;
+  k.program.reduce = ReduceKind::ArgExtreme;
+  k.program.smallest = name == "aten::min.dim" || name == "aten::argmin";
+  k.program.operands = {PwOperand{xt.dtype, false, true, false}};
+  k.operand_tensor = {x};
+  if (values) {
+    k.program.operands.push_back(PwOperand{xt.dtype, false, false, true});
+    k.operand_tensor.push_back(*values);
+  }
+  k.program.operands.push_back(PwOperand{dtype::kInt64, false, false, true});
+  k.operand_tensor.push_back(*indices);
+  k.reduce_rows = outer;
+  k.reduce_cols = cols;
+  k.reduce_inner = inner;
   return k;
 }
 
