@@ -366,5 +366,33 @@ TEST(AtenProvider, ListsOptionalsAndTensorLists) {
       << st;
 }
 
+// Note [Wrong out= kernels]: mse_loss.out with a reduction resizes its result to the input's
+// shape, which placed memory cannot hold: the out= call raises, its result goes back to the
+// placed geometry, the functional operator gives the loss, and later calls go to it directly.
+TEST(AtenProvider, AnOutOverloadThatRaisesGivesWayToTheFunctionalOperator) {
+  vessel::AtenProvider p;
+  using record::ScalarKind;
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {0, 2, 5, 4, 1, 6}, loss = -1.0f;
+  const std::int64_t sz[2] = {2, 3}, st2[2] = {3, 1};
+  const exec::TensorArg ins[2] = {{a, dtype::kFloat32, false, sz, st2, 0, 0, 0},
+                                  {b, dtype::kFloat32, false, sz, st2, 1, 0, 1}};
+  const exec::TensorArg out{&loss, dtype::kFloat32, false, {}, {}, 0, 0, 2};
+  const record::ScalarRecord mean = scalar_record(ScalarKind::Int, 2, 1);  // reduction mean
+  exec::LibraryCall lc;
+  lc.op = "aten::mse_loss";
+  lc.inputs = ins;
+  lc.outputs = std::span<const exec::TensorArg>(&out, 1);
+  lc.scalars = std::span<const record::ScalarRecord>(&mean, 1);
+  for (int call = 0; call < 3; ++call) {
+    loss = -1.0f;
+    const Status st = p.call(lc);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(loss, 3.5f) << call;  // (1 + 0 + 4 + 0 + 16 + 0) / 6
+  }
+  EXPECT_EQ(p.stats().out_failed, 1u);
+  EXPECT_EQ(p.stats().out_variant, 0u);
+  EXPECT_EQ(p.stats().functional, 3u);
+}
+
 }  // namespace
 }  // namespace crucible::mimic

@@ -84,6 +84,9 @@ struct AtenProvider::Resolved {
   // Note [Wrong out= kernels]: its out= overload is right only for an input (argument 0)
   // contiguous or channels-last
   bool out_dense_input = false;
+  // Its out= overload raised where its functional operator did not: the functional one runs.
+  mutable bool out_failed = false;
+  mutable bool out_proven = false;  // its out= overload ran without raising
   explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -405,14 +408,23 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
   // contiguous nor channels-last (BatchNorm1d over x.transpose(1, 2)) gives statistics that
   // depend on what its out buffers held (torch 2.13: save_mean 0 where the functional operator
   // gives -0.14), and so a wrong Y and running statistics; on contiguous and channels-last
-  // inputs it gives the functional operator's bits (test_generated_batch_norm.py).
+  // inputs it gives the functional operator's bits (test_generated_batch_norm.py). The out=
+  // overloads of mse_loss, huber_loss, smooth_l1_loss, soft_margin_loss and
+  // binary_cross_entropy with a reduction resize their (exactly sized) result's storage, which
+  // placed memory cannot do: they raise where the functional operators do not. An out= overload
+  // that raises before it has once run is dropped for its functional operator when that one
+  // runs (`stats().out_failed`); binary_cross_entropy's is never called, as where the storage
+  // can grow it returns the first element's loss instead of the mean. Found by running every
+  // OpInfo sample of torch 2.13 through both overloads, inputs permuted and sliced, outputs
+  // prefilled with NaN, 0 and 1e30: 461 functional overloads with an out= one, no other
+  // silent difference.
   // _native_batch_norm_legit (both overloads) and _batch_norm_with_update reach the same
   // batch_norm_cpu_out.
   for (std::string_view e :
        {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
         "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update"})
     r->out_dense_input = r->out_dense_input || name == e;
-  if (!r->writes_arguments) {
+  if (!r->writes_arguments && name != "aten::binary_cross_entropy") {
     for (const c10::OperatorName& n : overloads_of(name)) {
       if (n.overload_name == overload) continue;
       auto oh = dispatcher.findSchema(n);
@@ -591,10 +603,37 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     } else if (rop.out &&
                std::all_of(outs.begin(), outs.end(),
                            [](const at::Tensor& o) { return o.defined(); }) &&
-               !(rop.out_composite && any_adoptable(c)) && input_trusted) {
-      ++stats_.out_variant;
+               !(rop.out_composite && any_adoptable(c)) && input_trusted && !rop.out_failed) {
+      // Note [Wrong out= kernels]: until the out= overload has run once, the arguments are kept
+      // to call the functional operator with should it raise.
+      torch::jit::Stack args = rop.out_proven ? torch::jit::Stack{} : stack;
       for (const at::Tensor& o : outs) stack.emplace_back(o);
-      rop.out->callBoxed(stack);
+      try {
+        rop.out->callBoxed(stack);
+      } catch (const c10::Error&) {
+        if (rop.out_proven) throw;
+        // It may have resized its results before raising (mse_loss's sizes become its input's):
+        // each goes back to the geometry the plan placed.
+        for (std::size_t k = 0; k < c.outputs.size() && k < placed.size(); ++k)
+          if (placed[k].defined())
+            placed[k].unsafeGetTensorImpl()->set_sizes_and_strides(c.outputs[k].sizes,
+                                                                   c.outputs[k].strides);
+        for (std::size_t k = 0; k < outs.size(); ++k)
+          if (const exec::TensorArg* o = find_tensor(c.outputs, static_cast<std::uint32_t>(k), 0);
+              o != nullptr && outs[k].defined())
+            outs[k].unsafeGetTensorImpl()->set_sizes_and_strides(o->sizes, o->strides);
+        rop.out_failed = true;
+        --stats_.calls;  // counted again by the functional run
+        const Status functional = invoke(c, rop, std::move(args), outs, placed, keep);
+        if (!functional.ok()) {
+          rop.out_failed = false;  // ATen's error, not the out= overload's
+          return functional;
+        }
+        ++stats_.out_failed;
+        return functional;
+      }
+      rop.out_proven = true;
+      ++stats_.out_variant;
       // An out= kernel resizes an output of other sizes (ATen warns and goes on): the result
       // would not be where the plan reads it.
       for (std::size_t k = 0; k < outs.size(); ++k) {

@@ -29,6 +29,8 @@ struct AtenProviderStats {
   std::uint64_t reused = 0;   // calls whose argument stack was kept from the call's previous run
   std::uint64_t adopted = 0;  // results whose own memory became their slot's (no copy)
   std::uint64_t placed_late = 0;  // results the runner gave memory only when ATen's did not fit
+  // out= calls that raised where the functional operator then ran (Note [Wrong out= kernels])
+  std::uint64_t out_failed = 0;
 };
 
 class AtenProvider {

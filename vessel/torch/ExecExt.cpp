@@ -102,6 +102,7 @@ PYBIND11_MODULE(_crucible_exec, m) {
              d["calls"] = s.calls;
              d["in_place"] = s.in_place;
              d["out_variant"] = s.out_variant;
+             d["out_failed"] = s.out_failed;
              d["functional"] = s.functional;
              d["copied"] = s.copied;
              d["adopted"] = s.adopted;

@@ -298,12 +298,14 @@ class ExecReplayImpl final : public replay::ExecReplay {
            ", from memory " + std::to_string(c.memory_hits) + secs + ")";
     }
     const AtenProviderStats& a = step->provider.stats();
-    s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) + ", in place " +
-         std::to_string(a.in_place) + ", functional " + std::to_string(a.functional) + "; results copied " +
-         std::to_string(a.copied) + ", allocations " +
-         std::to_string(a.allocations) + ", adopted " + std::to_string(a.adopted) +
-         (a.placed_late ? ", placed late " + std::to_string(a.placed_late) : std::string()) + ", arguments kept " +
-         std::to_string(a.reused) + ")";
+    s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) +
+         (a.out_failed ? ", out= raised " + std::to_string(a.out_failed) : std::string()) +
+         ", in place " + std::to_string(a.in_place) + ", functional " +
+         std::to_string(a.functional) + "; results copied " + std::to_string(a.copied) +
+         ", allocations " + std::to_string(a.allocations) + ", adopted " +
+         std::to_string(a.adopted) +
+         (a.placed_late ? ", placed late " + std::to_string(a.placed_late) : std::string()) +
+         ", arguments kept " + std::to_string(a.reused) + ")";
     // The Runner's arena, placed for how the backend touches memory (Note [Memory use]).
     s += "; arena " + std::to_string(step->runner->arena_bytes()) + " bytes (the plan places " +
          std::to_string(p.arena_bytes) + ")";
