@@ -40,6 +40,23 @@ MODELS = ("mlp", "cnn_bn", "gru", "lstm", "transformer", "tied")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta")
 SCHEDULERS = ("none", "step", "onecycle", "lambda", "cosine", "plateau")
 TOKEN_MODELS = ("transformer", "tied")
+
+
+def _one_hot(out, y):
+    return F.one_hot(y, out.shape[-1]).to(out.dtype)
+
+
+# The losses a loop over class targets may use (not the token models'): cross-entropy, and the
+# others on one-hot targets.
+LOSSES = {
+    "cross_entropy": F.cross_entropy,
+    "nll": lambda out, y: F.nll_loss(F.log_softmax(out, -1), y),
+    "mse": lambda out, y: F.mse_loss(out, _one_hot(out, y)),
+    "smooth_l1": lambda out, y: F.smooth_l1_loss(out, _one_hot(out, y)),
+    "huber": lambda out, y: F.huber_loss(out, _one_hot(out, y), delta=0.5),
+    "bce": lambda out, y: F.binary_cross_entropy(torch.sigmoid(out), _one_hot(out, y)),
+    "bce_logits": lambda out, y: F.binary_cross_entropy_with_logits(out, _one_hot(out, y)),
+}
 BATCH = 8
 VOCAB = 16
 
@@ -190,6 +207,7 @@ class LoopSpec:
     const: bool = False            # the loss scaled by a tensor made in the step (torch.tensor)
     method: bool = False           # the step is a method of a Trainer (else a closure)
     lengths: tuple = ()            # per call, the sequence length (token and recurrent models; else 6 or 5)
+    loss: str = "cross_entropy"    # not a token model: one of LOSSES (targets one-hot where not classes)
 
     # -- what it is ------------------------------------------------------------------------
     def _opt_text(self, name, kw):
@@ -223,6 +241,8 @@ class LoopSpec:
             ev.append("a forward hook on the first child counts calls into side.hooks")
         if self.lengths:
             ev.append(f"sequence lengths {', '.join(map(str, self.lengths))}")
+        if self.loss != "cross_entropy":
+            ev.append(f"loss {self.loss}")
         return (f"loop seed={self.seed}: {self.calls} calls; {m}; {opts}; {sch}"
                 + (f"; {'; '.join(ev)}" if ev else ""))
 
@@ -386,7 +406,7 @@ class Instance:
             def loss_fn(out, y):
                 return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         else:
-            loss_fn = F.cross_entropy
+            loss_fn = LOSSES[s.loss]
         self.data = self._data()
         ns = {"torch": torch, "F": F, "random": random, "np": np, "Preempted": Preempted, "COUNT": 0}
         exec(compile(s.source(), f"<loop {s.seed}>", "exec"), ns)
@@ -491,6 +511,8 @@ def spec(seed: int) -> LoopSpec:
     f["const"] = rng.random() < 0.1
     if f["model"] not in ("mlp", "cnn_bn") and rng.random() < 0.35:   # lengths that vary (Note [Bound sizes])
         f["lengths"] = tuple(rng.randint(3, 9) for _ in range(n))
+    if f["model"] not in TOKEN_MODELS and rng.random() < 0.3:
+        f["loss"] = rng.choice(sorted(LOSSES))
     return LoopSpec(**f)
 
 
