@@ -288,6 +288,74 @@ class FormBuilder {
     f.ops.push_back(std::move(o));
   }
 
+  // Note [Unwritten allocations]: ATen code that computes without dispatching (max_pool1d on
+  // the CPU without grad: at::empty, then its own loop) leaves the form an allocation that no
+  // recorded op writes, and a plan would hand out that memory unwritten. A form in which an op
+  // reads, or the step returns, memory an allocation-only op made before any recorded op wrote
+  // it (an argument the schema marks written, in place or out=) is refused; a view's result
+  // shares its base's state, and taking a view reads nothing.
+  void check_unwritten() const {
+    static const char* kAlloc[] = {"aten::empty", "aten::empty_like", "aten::empty_strided",
+                                   "aten::new_empty", "aten::new_empty_strided"};
+    std::vector<std::uint32_t> root(f.num_slots);
+    for (std::uint32_t s = 0; s < f.num_slots; ++s) root[s] = s;
+    auto find = [&](std::uint32_t s) {
+      while (root[s] != s) s = root[s];
+      return s;
+    };
+    std::vector<std::int64_t> made_by(f.num_slots, -1);  // per root: the allocation, while unwritten
+    auto slot_of = [&](Ref r) -> std::int64_t {
+      while (r.kind == Ref::View) r = f.views[r.idx].base;
+      return r.kind == Ref::Slot && r.idx < f.num_slots ? static_cast<std::int64_t>(find(r.idx)) : -1;
+    };
+    auto unwritten = [&](std::int64_t s, const std::string& who) {
+      const OpT& a = f.ops[static_cast<std::size_t>(made_by[static_cast<std::size_t>(s)])];
+      throw std::runtime_error(
+          who + " memory that " + a.op.schema().name() + " made and no recorded op wrote: ATen " +
+          "computed it without dispatching an op (as max_pool1d without grad does on the CPU), " +
+          "so a plan would give that memory unwritten; this step runs eagerly");
+    };
+    for (std::size_t k = 0; k < f.ops.size(); ++k) {
+      const OpT& o = f.ops[k];
+      const c10::FunctionSchema& schema = o.op.schema();
+      for (std::size_t i = 0; i < o.args.size(); ++i) {
+        const auto* alias = i < schema.arguments().size() ? schema.arguments()[i].alias_info() : nullptr;
+        const bool write = alias != nullptr && alias->isWrite();
+        if (alias != nullptr && !write) continue;  // a view's base: aliased, not read
+        for (Ref r : o.args[i].refs) {
+          const std::int64_t s = slot_of(r);
+          if (s < 0 || made_by[static_cast<std::size_t>(s)] < 0) continue;
+          if (!write) unwritten(s, describe_op(o, k) + " reads");
+          made_by[static_cast<std::size_t>(s)] = -1;
+        }
+      }
+      const bool alloc = std::any_of(std::begin(kAlloc), std::end(kAlloc),
+                                     [&](const char* n) { return schema.name() == n; });
+      for (std::size_t i = 0; i < o.outs.size(); ++i) {
+        const OutT& out = o.outs[i];
+        if (out.kind != OutT::Tensor) continue;
+        // a result that aliases an argument (a view, an in-place op's self) is that argument
+        const auto* ret = i < schema.returns().size() ? schema.returns()[i].alias_info() : nullptr;
+        if (ret != nullptr) {
+          for (std::size_t j = 0; j < schema.arguments().size() && j < o.args.size(); ++j) {
+            const auto* a = schema.arguments()[j].alias_info();
+            if (a == nullptr || a->beforeSets() != ret->beforeSets() || o.args[j].refs.size() != 1) continue;
+            const std::int64_t base = slot_of(o.args[j].refs[0]);
+            if (base >= 0 && static_cast<std::uint32_t>(base) != out.slot) root[out.slot] = static_cast<std::uint32_t>(base);
+            break;
+          }
+        } else if (alloc) {
+          made_by[out.slot] = static_cast<std::int64_t>(k);
+        }
+      }
+    }
+    for (std::size_t j = 0; j < f.outputs.size(); ++j) {
+      const std::int64_t s = slot_of(f.outputs[j]);
+      if (s >= 0 && made_by[static_cast<std::size_t>(s)] >= 0)
+        unwritten(s, "the step's output " + std::to_string(j) + " is");
+    }
+  }
+
   void add_output(const at::Tensor& t, std::size_t j) {
     if (!t.defined()) {
       f.outputs.push_back(Ref{});
@@ -1006,6 +1074,7 @@ std::int64_t capture_finish_op(at::TensorList args, at::TensorList outputs) {
     b.add_grad_bindings();
     b.add_grad_pre(t_pre_grads);
     t_pre_grads.clear();
+    b.check_unwritten();
   } catch (const std::runtime_error& e) {
     TORCH_CHECK(false, e.what());
   }
