@@ -218,7 +218,7 @@ Status Runner::run(const RunArgs& args) {
         base = args.outputs[sl.binding];
         break;
     }
-    if (base == nullptr)
+    if (base == nullptr && sl.bytes != 0)  // an empty tensor's storage may have no memory
       return invalid_input("run: " + std::string(slot_kind_name(sl.kind)) + " binding " +
                                std::to_string(sl.binding) + " (storage " +
                                std::to_string(sl.storage) + ") is null",

@@ -454,3 +454,17 @@ def test_values_computed_again_in_the_backward_give_eagers_bits():
     assert "1 computed again in the backward" in plans[0]["exec_summary"], plans[0]["exec_summary"]
     step = run_against_eager("transformer", "cpu", calls=8)
     assert re.search(r"\d+ computed again in the backward", step.plans()[0]["exec_summary"])
+
+
+@pytest.mark.parametrize("backend", ["null", "cpu"])
+def test_a_step_over_empty_tensors_runs_through_the_exec_stage(backend):
+    # an empty tensor's storage may have no memory (a null data pointer): its binding is fine
+    lin = torch.nn.Linear(3, 2)
+    steps = [(lambda x: x.cos() * 2, torch.randn(0, 3)), (lambda x: x.sum(0), torch.randn(0, 3)),
+             (lambda x: lin(x).relu(), torch.randn(0, 3)), (lambda x: torch.relu(x) + 1, torch.randn(4, 0))]
+    for f, x in steps:
+        step = crucible.compile(f, backend=backend, guard=(lin,))
+        for _ in range(4):
+            got, want = step(x), f(x)
+            assert got.shape == want.shape and torch.equal(got, want)
+        assert step.stats()["plan_runs"] > 0 and step.plans()[0]["exec"] == backend
