@@ -306,6 +306,45 @@ bool out_trusted(bool dense_input_only, std::span<const std::int64_t> sizes,
          (sizes.size() == 4 && dense_in(sizes, strides, kChannelsLast));
 }
 
+// The records of each argument, in order: a ListBegin takes the `aux` records after it.
+Status group_records(std::string_view op, std::size_t nargs, std::span<const ScalarRecord> scalars,
+                     std::vector<ArgRecords>& recs) {
+  recs.assign(nargs, ArgRecords{});
+  for (std::size_t i = 0; i < scalars.size(); ++i) {
+    const ScalarRecord& r = scalars[i];
+    if (r.arg_index >= nargs)
+      return invalid_input(op_text(op) + ": a scalar record for argument " +
+                               std::to_string(r.arg_index) + " of " + std::to_string(nargs),
+                           "the plan does not match this torch's schema: record the step again");
+    if (recs[r.arg_index].first == nullptr) recs[r.arg_index].first = &r;
+    if (r.kind == ScalarKind::ListBegin) {
+      const std::size_t n = std::min<std::size_t>(r.aux, scalars.size() - i - 1);
+      // Elements that are tensors are in the tensors, not here: only records of this argument.
+      std::size_t k = 0;
+      while (k < n && scalars[i + 1 + k].arg_index == r.arg_index) ++k;
+      recs[r.arg_index].elems = scalars.subspan(i + 1, k);
+      i += k;
+    } else if (r.kind == ScalarKind::ComplexReal) {
+      ++i;  // its ComplexImag
+    }
+  }
+  return ok_status();
+}
+
+// Whether argument type t holds tensors (Tensor, Tensor?, Tensor[], Tensor?[]): placed, not
+// recorded as scalars.
+bool tensor_typed(const c10::TypePtr& t) {
+  c10::TypePtr inner = t->kind() == c10::TypeKind::OptionalType
+                           ? t->castRaw<c10::OptionalType>()->getElementType()
+                           : t;
+  if (inner->kind() == c10::TypeKind::ListType) {
+    inner = inner->castRaw<c10::ListType>()->getElementType();
+    if (inner->kind() == c10::TypeKind::OptionalType)
+      inner = inner->castRaw<c10::OptionalType>()->getElementType();
+  }
+  return inner->kind() == c10::TypeKind::TensorType;
+}
+
 bool any_adoptable(const exec::LibraryCall& c) {
   if (c.adoptable == nullptr) return false;
   for (std::uint32_t k = 0; k < c.outputs.size(); ++k)
@@ -440,6 +479,36 @@ Result<const AtenProvider::Resolved*> AtenProvider::resolve(std::string_view op)
   return out;
 }
 
+Status AtenProvider::check_arguments(const exec::ExecutionPlan& plan) {
+  std::vector<ArgRecords> recs;
+  for (std::uint32_t k = 0; k < plan.calls.size(); ++k) {
+    const exec::Call& call = plan.calls[k];
+    const std::string& op = plan.op_names[call.op];
+    auto resolved = resolve(op);
+    if (!resolved.ok()) return resolved.status();
+    if ((*resolved)->allocates_only) continue;
+    const auto& args = (*resolved)->op.schema().arguments();
+    const std::span<const ScalarRecord> scalars(plan.scalars.data() + call.scalar_begin,
+                                                call.scalar_count);
+    CRUCIBLE_RETURN_IF_ERROR(group_records(op, args.size(), scalars, recs));
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const c10::Argument& a = args[i];
+      if (tensor_typed(a.type())) continue;
+      if (recs[i].first == nullptr) {
+        if (!a.default_value()) return arg_error(op, a, "it was not recorded and has no default");
+        continue;
+      }
+      try {
+        auto v = value_of(a.type(), recs[i].first, recs[i].elems, op, a);
+        if (!v.ok()) return v.status();
+      } catch (...) {
+        return failure(op);
+      }
+    }
+  }
+  return ok_status();
+}
+
 Status AtenProvider::call(const exec::LibraryCall& c) {
   CallCache* cc = nullptr;
   if (c.plan != nullptr) {
@@ -474,27 +543,8 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     return invoke(c, rop, std::move(stack), cc->rets, cc->out, &cc->adopted);
   }
   const auto& args = schema.arguments();
-
-  // The records of each argument, in order: a ListBegin takes the `aux` records after it.
-  std::vector<ArgRecords> recs(args.size());
-  for (std::size_t i = 0; i < c.scalars.size(); ++i) {
-    const ScalarRecord& r = c.scalars[i];
-    if (r.arg_index >= args.size())
-      return invalid_input(op_text(c.op) + ": a scalar record for argument " +
-                               std::to_string(r.arg_index) + " of " + std::to_string(args.size()),
-                           "the plan does not match this torch's schema: record the step again");
-    if (recs[r.arg_index].first == nullptr) recs[r.arg_index].first = &r;
-    if (r.kind == ScalarKind::ListBegin) {
-      const std::size_t n = std::min<std::size_t>(r.aux, c.scalars.size() - i - 1);
-      // Elements that are tensors are in the tensors, not here: only records of this argument.
-      std::size_t k = 0;
-      while (k < n && c.scalars[i + 1 + k].arg_index == r.arg_index) ++k;
-      recs[r.arg_index].elems = c.scalars.subspan(i + 1, k);
-      i += k;
-    } else if (r.kind == ScalarKind::ComplexReal) {
-      ++i;  // its ComplexImag
-    }
-  }
+  std::vector<ArgRecords> recs;
+  CRUCIBLE_RETURN_IF_ERROR(group_records(c.op, args.size(), c.scalars, recs));
 
   // Every tensor wrapped once, in the call's order (the cache keeps them so).
   std::vector<at::Tensor> in(c.inputs.size()), outs(c.outputs.size());

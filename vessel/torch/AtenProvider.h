@@ -45,6 +45,11 @@ class AtenProvider {
   // Performs one call, or says why it cannot (an operator this torch lacks, an argument the
   // trace does not hold in full, ATen's own error).
   Status call(const exec::LibraryCall& c);
+  // Whether every call of `plan` can be performed as far as its records go: its operator
+  // exists and each argument that is not a tensor comes back from its records (a string known
+  // only by its hash may not). Checked before a plan runs, so that it is refused when built
+  // instead of failing at its first run.
+  Status check_arguments(const exec::ExecutionPlan& plan);
   // exec::Provider::allocates: the call runs its functional operator and hands its results over
   // (no out= overload, or one with no CPU kernel of its own, or a result the plan does not place).
   bool allocates(const exec::ExecutionPlan& plan, std::uint32_t call);

@@ -140,6 +140,8 @@ Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool mem
     h.cpu = std::move(*cpu);
     b = h.cpu->backend();
   }
+  // an argument the provider cannot give back refuses the stage now, not at the first run
+  CRUCIBLE_RETURN_IF_ERROR(h.provider.check_arguments(h.sp.plan));
   auto r = exec::Runner::make(h.sp.plan, b, h.provider.provider());
   if (!r.ok()) return r.status();
   h.runner = std::move(*r);

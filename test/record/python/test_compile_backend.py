@@ -468,3 +468,22 @@ def test_a_step_over_empty_tensors_runs_through_the_exec_stage(backend):
             got, want = step(x), f(x)
             assert got.shape == want.shape and torch.equal(got, want)
         assert step.stats()["plan_runs"] > 0 and step.plans()[0]["exec"] == backend
+
+
+@pytest.mark.parametrize("backend", ["null", "cpu"])
+def test_an_argument_the_provider_cannot_give_back_keeps_the_plan_on_its_aten_ops(backend):
+    # a string the trace knows only by its hash (scatter_reduce's reduce="amax", linalg's
+    # api_name): the exec stage is refused when the plan is built, with the reason, and the plan
+    # runs its own ATen ops, eager-exact; before, its first run raised
+    idx = torch.tensor([[0, 1, 0], [1, 0, 1]])
+    steps = [(lambda x: torch.zeros(2, 3).scatter_reduce(0, idx, x, reduce="amax") * 2, torch.randn(2, 3),
+              "argument 'reduce'"),
+             (lambda x: torch.linalg.cholesky(x @ x.t() + 3 * torch.eye(3)), torch.randn(3, 3), "argument 'api_name'")]
+    for f, x, why in steps:
+        step = crucible.compile(f, backend=backend, guard=())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", crucible.CrucibleWarning)
+            for _ in range(4):
+                assert torch.equal(step(x), f(x))
+        p = step.plans()[0]
+        assert step.stats()["plan_runs"] > 0 and p["exec"] == "" and why in p["exec_note"], p["exec_note"]
