@@ -643,9 +643,21 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
     if (rop.writes_arguments) {
       ++stats_.in_place;
       rop.op.callBoxed(stack);
+      const auto& returns = rop.op.schema().returns();
       for (std::size_t k = 0; k < outs.size() && k < stack.size(); ++k) {
         if (!outs[k].defined() || !stack[k].isTensor()) continue;
-        if (stack[k].toTensor().data_ptr() != outs[k].data_ptr())
+        const at::Tensor& r = stack[k].toTensor();
+        // A result that aliases no argument beside the written ones (rrelu_with_noise's output
+        // beside its noise, _native_batch_norm_legit's beside the running statistics): a new
+        // tensor, copied into place.
+        if (r.data_ptr() != outs[k].data_ptr() && k < returns.size() &&
+            returns[k].alias_info() == nullptr && r.sizes() == outs[k].sizes() &&
+            r.scalar_type() == outs[k].scalar_type()) {
+          outs[k].copy_(r);
+          ++stats_.copied;
+          continue;
+        }
+        if (r.data_ptr() != outs[k].data_ptr())
           return bad_state(op_text(c.op) + " result " + std::to_string(k) +
                                " is not the memory the plan placed for it",
                            "the plan's aliasing does not match this operator: report it");

@@ -199,3 +199,28 @@ def test_evaluation_mode_runs_as_a_library_call_with_eager_bits():
     for _ in range(4):
         assert torch.equal(step(xs[0]), f(ref)(xs[0]))
     assert step.plans()[0]["exec_generated_calls"] == 0, step.plans()[0]["exec_summary"]
+
+
+@pytest.mark.parametrize("backend", ["null", "cpu"])
+@pytest.mark.parametrize("permuted", [False, True])
+def test_native_batch_norm_legit_through_the_provider_keeps_eager_bits(backend, permuted):
+    # _native_batch_norm_legit writes its running statistics and returns new tensors: the
+    # provider calls it as recorded and copies its results into place; its no_stats overload is
+    # functional, and on a permuted input its out= overload is not called (Note [Wrong out=
+    # kernels])
+    stats = [[torch.zeros(5), torch.ones(5)] for _ in range(2)]
+
+    def f(rm, rv):
+        def step(x):
+            y, mean, rstd = torch.ops.aten._native_batch_norm_legit(x, None, None, rm, rv, True, 0.5, 1e-5)
+            z, zmean, zrstd = torch.ops.aten._native_batch_norm_legit.no_stats(x + 1, None, None, True, 0.5, 1e-5)
+            return y * 2, mean, rstd, z * 2, zmean, zrstd
+        return step
+    step, eager = crucible.compile(f(*stats[0]), backend=backend, guard=()), f(*stats[1])
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 6, 5, generator=g).transpose(1, 2) if permuted else torch.randn(4, 5, 6, generator=g)
+    for i in range(4):
+        for a, b in zip(step(x * (i + 1)), eager(x * (i + 1))):
+            assert torch.equal(a, b), i
+        assert torch.equal(stats[0][0], stats[1][0]) and torch.equal(stats[0][1], stats[1][1]), i
+    assert step.stats()["plan_runs"] > 0 and step.plans()[0]["exec"] == backend
