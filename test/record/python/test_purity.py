@@ -692,6 +692,51 @@ def test_reseeding_torch_inside_the_step_is_refused():
     assert (torch.manual_seed, torch.random.manual_seed, torch.cuda.manual_seed_all) == originals
 
 
+def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
+    # torch.utils.checkpoint resets the generator (from torch's own code) to draw the
+    # recomputed dropout's mask again in the backward, and fork_rng restores it as it exits: a
+    # replay did neither, so from its first plan run the gradients and the generator's state
+    # differed from eager's without a word
+    from torch.utils.checkpoint import checkpoint
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(checkpoint(m, x, use_reentrant=False), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    refused_with(step, caught, "reset torch's random generator")
+    assert_identical(eager, compiled)
+
+
+def test_a_forked_generator_inside_the_step_is_refused():
+    # torch.random.fork_rng gives the draws inside it back: eager leaves the generator where it
+    # was, a replay left it advanced
+    def f(x):
+        with torch.random.fork_rng():
+            return torch.rand_like(x) + x
+    step = crucible.compile(f, guard=(), mode="replay")
+    x = torch.randn(4, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(5):
+            torch.manual_seed(i)
+            a, after_a = step(x), torch.rand(3)
+            torch.manual_seed(i)
+            b, after_b = f(x), torch.rand(3)
+            assert torch.equal(a, b) and torch.equal(after_a, after_b), i
+    refused_with(step, [str(w.message) for w in caught], "reset torch's random generator")
+    assert any("torch.random" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
 class Logger:
     """Hashed by identity: the same call key whatever it holds."""
 

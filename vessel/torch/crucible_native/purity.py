@@ -18,7 +18,8 @@ everything else it did:
     .item(), bool(), float() and printing are ATen ops (aten::_local_scalar_dense) and the
     plan lists them itself;
   - torch.manual_seed() and the other functions that reset torch's generators, called by the
-    step's code (through the torch, torch.random and torch.cuda modules).
+    step's code or by torch's own on its behalf (torch.random.fork_rng,
+    torch.utils.checkpoint), through the torch, torch.random and torch.cuda modules.
 Recognized LR schedulers (torch.optim.lr_scheduler.LRScheduler instances other than
 ReduceLROnPlateau) stepped with no arguments after their optimizer's last step() inside the
 step are the exception: a plan runs their step() in Python after each run, so their changes
@@ -82,7 +83,10 @@ class Watch:
             self._output[stream] = text.strip() or repr(text)
 
     def note_seed(self, name):
-        where = _user_call_site()
+        # torch's own code counts too: torch.random.fork_rng restores the generator as it exits,
+        # and torch.utils.checkpoint resets it to draw a recomputed dropout's mask again; a
+        # replay would do neither (its draws would differ, and so would its gradients)
+        where = _user_call_site() or _torch_call_site()
         if where:
             self.problems.append(f"{name}() reset torch's random generator at {where}: "
                                  f"a replay would keep drawing where its last run left off")
@@ -209,6 +213,16 @@ def _user_call_site():
     if mod.split(".", 1)[0] in ("torch", "crucible_native"):
         return ""
     return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def _torch_call_site():
+    """The torch module and function whose code called a wrapped function (as
+    _user_call_site), or '' when Crucible's own code did."""
+    f = sys._getframe(3)
+    mod = f.f_globals.get("__name__", "") or ""
+    if mod.split(".", 1)[0] != "torch":
+        return ""
+    return f"{mod}.{f.f_code.co_name} (torch's own code)"
 
 
 def _seeding(orig, name):
