@@ -487,3 +487,19 @@ def test_an_argument_the_provider_cannot_give_back_keeps_the_plan_on_its_aten_op
                 assert torch.equal(step(x), f(x))
         p = step.plans()[0]
         assert step.stats()["plan_runs"] > 0 and p["exec"] == "" and why in p["exec_note"], p["exec_note"]
+
+
+def test_a_sparse_tensor_argument_runs_eagerly_and_says_why():
+    # a plan holds strided tensors only; the call's signature read the strides of every tensor
+    # argument, and a sparse one raised there (before: RuntimeError on the first call)
+    a, b = torch.randn(4, 4).to_sparse_csr(), torch.randn(4, 3)
+
+    def f(a, b):
+        return torch.sparse.mm(a, b) * 2
+    step = crucible.compile(f, guard=())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            assert torch.equal(step(a, b), f(a, b))
+    assert step.stats()["plan_runs"] == 0 and step.stats()["eager_calls"] == 4
+    assert any("layout torch.sparse_csr" in str(w.message) for w in caught), [str(w.message) for w in caught]

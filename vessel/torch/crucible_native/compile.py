@@ -46,6 +46,14 @@ _BLIND_WAIT = 8
 _LIKE_TRIES = 4   # Note [Size families]: plans of other sizes a new size's first call is compared with
 
 
+class _NotStrided(Exception):
+    """A tensor argument that is not strided (sparse, mkldnn): no plan holds it."""
+
+    def __init__(self, layout):
+        super().__init__(str(layout))
+        self.layout = layout
+
+
 class _Family:
     """The signatures of a step that differ only in tensor sizes and strides (Note [New sizes])."""
     __slots__ = ("free", "signatures", "started", "eager_s", "plan_s", "onboard_s", "derived_s", "bind", "bind_why")
@@ -534,6 +542,7 @@ class CompiledStep(_SyncPoint):
         self._note_grads = torch.ops.crucible.note_grads
         self._sync_start = torch.ops.crucible.sync_start
         self._tensor = torch.Tensor
+        self._strided = torch.strided
         self._C = torch._C
         self._stats = {k: 0 for k in _COUNTERS}
         self._has_sources = bool(self._sources)
@@ -547,6 +556,7 @@ class CompiledStep(_SyncPoint):
         self._overflow_warned = False
         self._recording_warned = False
         self._unhashable_warned = False
+        self._layout_warned = False
         self._warm = False        # the warm-up call has run (gradients and optimizer state exist)
         self._argkeys = set()     # argument signatures seen (guard_misses counts new ones)
         self.last_refusal = None    # why the last refused signature runs eagerly
@@ -687,6 +697,8 @@ class CompiledStep(_SyncPoint):
         for a in args:
             if isinstance(a, T):
                 tensors.append(a)
+                if a.layout is not self._strided:
+                    raise _NotStrided(a.layout)
                 key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
             else:
                 self._nested_key(a, key, tensors)
@@ -722,6 +734,8 @@ class CompiledStep(_SyncPoint):
     def _nested_key(self, a, key, tensors):
         if isinstance(a, self._tensor):
             tensors.append(a)
+            if a.layout is not self._strided:
+                raise _NotStrided(a.layout)
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
         elif isinstance(a, (tuple, list)):
             key.append((type(a), len(a)))
@@ -762,6 +776,16 @@ class CompiledStep(_SyncPoint):
         try:
             key, tensors = self._signature(args, kwargs)
             e = self._entries.get(key)
+        except _NotStrided as err:  # a sparse or mkldnn tensor: plans hold strided tensors only
+            if not self._layout_warned:
+                import warnings
+                self._layout_warned = True
+                self.last_refusal = (f"a tensor argument has layout {err.layout}; a compiled step handles "
+                                     f"strided (dense) tensors only")
+                warnings.warn(f"crucible.compile: {self.last_refusal}, so every such call runs eagerly",
+                              CrucibleWarning, stacklevel=2)
+            self._count("eager_calls")
+            return self._fn(*args, **kwargs)
         except TypeError:  # an unhashable non-tensor argument: nothing to guard on
             if not self._unhashable_warned:
                 import warnings
