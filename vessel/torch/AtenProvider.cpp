@@ -86,7 +86,6 @@ struct AtenProvider::Resolved {
   bool out_dense_input = false;
   // Its out= overload raised where its functional operator did not: the functional one runs.
   mutable bool out_failed = false;
-  mutable bool out_proven = false;  // its out= overload ran without raising
   explicit Resolved(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -98,6 +97,7 @@ struct AtenProvider::CallCache {
   std::vector<at::Tensor> rets;     // the placed results by return position (undefined: none)
   torch::jit::Stack args;           // the operator's arguments, before out= tensors
   std::vector<at::Tensor> adopted;  // results whose memory the runner adopted this run
+  bool out_proven = false;          // its out= overload ran without raising
 };
 
 namespace {
@@ -540,7 +540,7 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
       same_tensors(cc->out, c.outputs)) {
     ++stats_.reused;
     torch::jit::Stack stack = cc->args;
-    return invoke(c, rop, std::move(stack), cc->rets, cc->out, &cc->adopted);
+    return invoke(c, rop, std::move(stack), cc->rets, cc->out, &cc->adopted, &cc->out_proven);
   }
   const auto& args = schema.arguments();
   std::vector<ArgRecords> recs;
@@ -627,12 +627,13 @@ Status AtenProvider::call(const exec::LibraryCall& c) {
     cc->rets = rets;
     cc->args = stack;
   }
-  return invoke(c, rop, std::move(stack), rets, cc != nullptr ? cc->out : outs, cc != nullptr ? &cc->adopted : nullptr);
+  return invoke(c, rop, std::move(stack), rets, cc != nullptr ? cc->out : outs, cc != nullptr ? &cc->adopted : nullptr,
+                cc != nullptr ? &cc->out_proven : nullptr);
 }
 
 Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, torch::jit::Stack stack,
                             const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed,
-                            std::vector<at::Tensor>* keep) {
+                            std::vector<at::Tensor>* keep, bool* out_proven) {
   try {
     c10::impl::ExcludeDispatchKeyGuard no_record(detail::kKey);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -666,14 +667,15 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
                std::all_of(outs.begin(), outs.end(),
                            [](const at::Tensor& o) { return o.defined(); }) &&
                !(rop.out_composite && any_adoptable(c)) && input_trusted && !rop.out_failed) {
-      // Note [Wrong out= kernels]: until the out= overload has run once, the arguments are kept
-      // to call the functional operator with should it raise.
-      torch::jit::Stack args = rop.out_proven ? torch::jit::Stack{} : stack;
+      // Note [Wrong out= kernels]: until this call's out= overload has run once, the arguments
+      // are kept to call the functional operator with should it raise.
+      const bool proven = out_proven != nullptr && *out_proven;
+      torch::jit::Stack args = proven ? torch::jit::Stack{} : stack;
       for (const at::Tensor& o : outs) stack.emplace_back(o);
       try {
         rop.out->callBoxed(stack);
       } catch (const c10::Error&) {
-        if (rop.out_proven) throw;
+        if (proven) throw;
         // It may have resized its results before raising (mse_loss's sizes become its input's):
         // each goes back to the geometry the plan placed.
         for (std::size_t k = 0; k < c.outputs.size() && k < placed.size(); ++k)
@@ -686,7 +688,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
             outs[k].unsafeGetTensorImpl()->set_sizes_and_strides(o->sizes, o->strides);
         rop.out_failed = true;
         --stats_.calls;  // counted again by the functional run
-        const Status functional = invoke(c, rop, std::move(args), outs, placed, keep);
+        const Status functional = invoke(c, rop, std::move(args), outs, placed, keep, nullptr);
         if (!functional.ok()) {
           rop.out_failed = false;  // ATen's error, not the out= overload's
           return functional;
@@ -694,7 +696,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
         ++stats_.out_failed;
         return functional;
       }
-      rop.out_proven = true;
+      if (out_proven != nullptr) *out_proven = true;
       ++stats_.out_variant;
       // An out= kernel resizes an output of other sizes (ATen warns and goes on): the result
       // would not be where the plan reads it.

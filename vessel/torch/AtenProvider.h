@@ -76,7 +76,7 @@ class AtenProvider {
   // `placed`: the placed results in the call's output order.
   Status invoke(const exec::LibraryCall& c, const Resolved& rop, std::vector<c10::IValue> stack,
                 const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& placed,
-                std::vector<at::Tensor>* keep);
+                std::vector<at::Tensor>* keep, bool* out_proven);
   std::unordered_map<std::string, std::unique_ptr<Resolved>> ops_;
   // Per call of the last plan: its operator and its last argument stack (Note [ATen provider]).
   const exec::ExecutionPlan* cache_plan_ = nullptr;

@@ -296,7 +296,7 @@ class FormBuilder {
   // shares its base's state, and taking a view reads nothing.
   void check_unwritten() const {
     static const char* kAlloc[] = {"aten::empty", "aten::empty_like", "aten::empty_strided",
-                                   "aten::new_empty", "aten::new_empty_strided"};
+                                   "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided"};
     std::vector<std::uint32_t> root(f.num_slots);
     for (std::uint32_t s = 0; s < f.num_slots; ++s) root[s] = s;
     auto find = [&](std::uint32_t s) {
@@ -315,13 +315,22 @@ class FormBuilder {
           "computed it without dispatching an op (as max_pool1d without grad does on the CPU), " +
           "so a plan would give that memory unwritten; this step runs eagerly");
     };
+    // the alias set a result or argument names (a list's: its elements')
+    auto sets = [](const c10::AliasInfo* a) -> const std::unordered_set<c10::Symbol>* {
+      if (a == nullptr) return nullptr;
+      if (!a->beforeSets().empty()) return &a->beforeSets();
+      return a->containedTypes().empty() ? nullptr : &a->containedTypes()[0].beforeSets();
+    };
     for (std::size_t k = 0; k < f.ops.size(); ++k) {
       const OpT& o = f.ops[k];
       const c10::FunctionSchema& schema = o.op.schema();
+      const std::string& name = schema.name();
+      // ops that read only their tensors' sizes and dtype (empty_like, zeros_like, new_zeros...)
+      const bool meta_only = name.ends_with("_like") || name.rfind("aten::new_", 0) == 0;
       for (std::size_t i = 0; i < o.args.size(); ++i) {
         const auto* alias = i < schema.arguments().size() ? schema.arguments()[i].alias_info() : nullptr;
         const bool write = alias != nullptr && alias->isWrite();
-        if (alias != nullptr && !write) continue;  // a view's base: aliased, not read
+        if ((alias != nullptr && !write) || (meta_only && !write)) continue;  // aliased or sized, not read
         for (Ref r : o.args[i].refs) {
           const std::int64_t s = slot_of(r);
           if (s < 0 || made_by[static_cast<std::size_t>(s)] < 0) continue;
@@ -330,22 +339,27 @@ class FormBuilder {
         }
       }
       const bool alloc = std::any_of(std::begin(kAlloc), std::end(kAlloc),
-                                     [&](const char* n) { return schema.name() == n; });
+                                     [&](const char* n) { return name == n; });
       for (std::size_t i = 0; i < o.outs.size(); ++i) {
         const OutT& out = o.outs[i];
-        if (out.kind != OutT::Tensor) continue;
-        // a result that aliases an argument (a view, an in-place op's self) is that argument
-        const auto* ret = i < schema.returns().size() ? schema.returns()[i].alias_info() : nullptr;
-        if (ret != nullptr) {
-          for (std::size_t j = 0; j < schema.arguments().size() && j < o.args.size(); ++j) {
-            const auto* a = schema.arguments()[j].alias_info();
-            if (a == nullptr || a->beforeSets() != ret->beforeSets() || o.args[j].refs.size() != 1) continue;
-            const std::int64_t base = slot_of(o.args[j].refs[0]);
-            if (base >= 0 && static_cast<std::uint32_t>(base) != out.slot) root[out.slot] = static_cast<std::uint32_t>(base);
-            break;
+        if (out.kind == OutT::Ignore) continue;
+        // a result that aliases an argument (a view, an in-place op's self, the pieces split or
+        // unbind return; unsafe_split's and unsafe_chunk's, unannotated, too) is that argument
+        const auto* ret = sets(i < schema.returns().size() ? schema.returns()[i].alias_info() : nullptr);
+        std::int64_t base = -1;
+        for (std::size_t j = 0; j < schema.arguments().size() && j < o.args.size() && base < 0; ++j) {
+          const auto* a = sets(schema.arguments()[j].alias_info());
+          const bool aliases = ret != nullptr ? a != nullptr && *a == *ret : name.rfind("aten::unsafe_", 0) == 0 && j == 0;
+          if (aliases && o.args[j].refs.size() == 1) base = slot_of(o.args[j].refs[0]);
+        }
+        for (std::uint32_t e = out.slot; e < out.slot + out.count; ++e) {
+          if (base >= 0 && static_cast<std::uint32_t>(base) != e) {
+            root[e] = static_cast<std::uint32_t>(base);
+          } else if (alloc && out.kind == OutT::Tensor) {
+            // an empty allocation holds nothing to write
+            const auto& sz = f.slot_sizes[e];
+            if (std::find(sz.begin(), sz.end(), 0) == sz.end()) made_by[e] = static_cast<std::int64_t>(k);
           }
-        } else if (alloc) {
-          made_by[out.slot] = static_cast<std::int64_t>(k);
         }
       }
     }

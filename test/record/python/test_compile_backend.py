@@ -503,3 +503,18 @@ def test_a_sparse_tensor_argument_runs_eagerly_and_says_why():
             assert torch.equal(step(a, b), f(a, b))
     assert step.stats()["plan_runs"] == 0 and step.stats()["eager_calls"] == 4
     assert any("layout torch.sparse_csr" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_a_nested_tensor_argument_runs_eagerly_and_says_why():
+    nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+
+    def f(t):
+        return t * 2
+    step = crucible.compile(f, guard=())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            for a, b in zip(step(nt).unbind(), f(nt).unbind()):
+                assert torch.equal(a, b)
+    assert step.stats()["plan_runs"] == 0
+    assert any("layout nested" in str(w.message) for w in caught), [str(w.message) for w in caught]

@@ -717,6 +717,29 @@ def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
     assert_identical(eager, compiled)
 
 
+def test_activation_checkpointing_without_random_ops_compiles():
+    # checkpoint resets the generator to the state it saved, which is the state it has when the
+    # checkpointed block draws nothing: nothing a replay would miss
+    from torch.utils.checkpoint import checkpoint
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+
+        def f(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(checkpoint(m, x, use_reentrant=False), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return f, m, opt, lambda: None
+
+    eager, compiled, step, caught = twin_runs(make)
+    assert_identical(eager, compiled)
+    assert step.stats()["plan_runs"] > 0, caught
+
+
 def test_a_forked_generator_inside_the_step_is_refused():
     # torch.random.fork_rng gives the draws inside it back: eager leaves the generator where it
     # was, a replay left it advanced

@@ -59,3 +59,24 @@ def test_memory_written_in_place_as_out_or_through_a_view_compiles():
     step, said = run(f, torch.randn(3, 4))
     assert step.stats()["plan_runs"] > 0, said
     assert not any("no recorded op wrote" in m for m in said), said
+
+
+def test_allocations_written_through_pieces_or_only_sized_compile():
+    # unbind's pieces are views of the allocation; an empty allocation holds nothing to write;
+    # zeros_like reads only its argument's sizes
+    def f(x):
+        buf = torch.empty(2, 4)
+        a, b = buf.unbind()
+        a.copy_(x[0])
+        b.copy_(x[1] * 2)
+        acc = torch.cat([torch.empty(0), x.flatten()])
+        return buf + torch.zeros_like(torch.empty(2, 4)), acc
+    x = torch.randn(2, 4)
+    step = crucible.compile(f, guard=())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            for a, b in zip(step(x), f(x)):
+                assert torch.equal(a, b)
+    said = [str(w.message) for w in caught if issubclass(w.category, CrucibleWarning)]
+    assert step.stats()["plan_runs"] > 0, said

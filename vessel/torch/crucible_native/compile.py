@@ -697,8 +697,8 @@ class CompiledStep(_SyncPoint):
         for a in args:
             if isinstance(a, T):
                 tensors.append(a)
-                if a.layout is not self._strided:
-                    raise _NotStrided(a.layout)
+                if a.layout is not self._strided or a.is_nested:
+                    raise _NotStrided("nested" if a.is_nested else a.layout)
                 key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
             else:
                 self._nested_key(a, key, tensors)
@@ -734,8 +734,8 @@ class CompiledStep(_SyncPoint):
     def _nested_key(self, a, key, tensors):
         if isinstance(a, self._tensor):
             tensors.append(a)
-            if a.layout is not self._strided:
-                raise _NotStrided(a.layout)
+            if a.layout is not self._strided or a.is_nested:
+                raise _NotStrided("nested" if a.is_nested else a.layout)
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
         elif isinstance(a, (tuple, list)):
             key.append((type(a), len(a)))

@@ -82,11 +82,20 @@ class Watch:
         if stream not in self._output:
             self._output[stream] = text.strip() or repr(text)
 
-    def note_seed(self, name):
-        # torch's own code counts too: torch.random.fork_rng restores the generator as it exits,
-        # and torch.utils.checkpoint resets it to draw a recomputed dropout's mask again; a
-        # replay would do neither (its draws would differ, and so would its gradients)
-        where = _user_call_site() or _torch_call_site()
+    def note_seed(self, name, args, kwargs):
+        # torch's own code counts too when it moves the CPU generator: torch.random.fork_rng
+        # restores it as it exits, torch.utils.checkpoint resets it to draw a recomputed
+        # dropout's mask again; a replay would do neither (its draws, and so its gradients,
+        # would differ). A reset to the state the generator already has (a checkpointed block
+        # that draws nothing, dynamo saving and restoring its state) changes nothing.
+        where = _user_call_site()
+        if not where and name in ("torch.set_rng_state", "torch.random.set_rng_state"):
+            import torch
+            state = args[0] if args else kwargs.get("new_state")
+            now = torch.random.default_generator.get_state()
+            a, b = (_bytes(state), _bytes(now)) if state is not None else (b"", b"")
+            if a is None or b is None or a != b:  # unreadable without an op: counted
+                where = _torch_call_site()
         if where:
             self.problems.append(f"{name}() reset torch's random generator at {where}: "
                                  f"a replay would keep drawing where its last run left off")
@@ -215,6 +224,15 @@ def _user_call_site():
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
+def _bytes(t):
+    """A dense CPU tensor's bytes, read without an ATen op (one would be part of the captured
+    call)."""
+    import ctypes
+    if t.device.type != "cpu" or not t.is_contiguous():
+        return None
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
 def _torch_call_site():
     """The torch module and function whose code called a wrapped function (as
     _user_call_site), or '' when Crucible's own code did."""
@@ -229,7 +247,7 @@ def _seeding(orig, name):
     def seed(*args, **kwargs):
         w = Watch._active
         if w is not None and threading.get_ident() == w.thread:
-            w.note_seed(name)
+            w.note_seed(name, args, kwargs)
         return orig(*args, **kwargs)
     seed.__name__ = orig.__name__
     seed.__doc__ = orig.__doc__
