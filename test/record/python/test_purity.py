@@ -692,16 +692,14 @@ def test_reseeding_torch_inside_the_step_is_refused():
     assert (torch.manual_seed, torch.random.manual_seed, torch.cuda.manual_seed_all) == originals
 
 
-def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
-    # torch.utils.checkpoint resets the generator (from torch's own code) to draw the
-    # recomputed dropout's mask again in the backward, and fork_rng restores it as it exits: a
-    # replay did neither, so from its first plan run the gradients and the generator's state
-    # differed from eager's without a word
+def checkpointed(dropout):
+    """A twin_runs maker: an MLP (with dropout or not) run under torch.utils.checkpoint."""
     from torch.utils.checkpoint import checkpoint
 
     def make():
         torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 4))
+        layers = [nn.Linear(16, 32), nn.ReLU()] + ([nn.Dropout(0.5)] if dropout else []) + [nn.Linear(32, 4)]
+        m = nn.Sequential(*layers)
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
 
         def f(x, y):
@@ -711,8 +709,15 @@ def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
             opt.step()
             return loss
         return f, m, opt, lambda: None
+    return make
 
-    eager, compiled, step, caught = twin_runs(make)
+
+def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
+    # torch.utils.checkpoint resets the generator (from torch's own code) to draw the
+    # recomputed dropout's mask again in the backward, and fork_rng restores it as it exits: a
+    # replay did neither, so from its first plan run the gradients and the generator's state
+    # differed from eager's without a word
+    eager, compiled, step, caught = twin_runs(checkpointed(dropout=True))
     refused_with(step, caught, "reset torch's random generator")
     assert_identical(eager, compiled)
 
@@ -720,22 +725,7 @@ def test_activation_checkpointing_with_dropout_is_refused_not_replayed_wrong():
 def test_activation_checkpointing_without_random_ops_compiles():
     # checkpoint resets the generator to the state it saved, which is the state it has when the
     # checkpointed block draws nothing: nothing a replay would miss
-    from torch.utils.checkpoint import checkpoint
-
-    def make():
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-
-        def f(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(checkpoint(m, x, use_reentrant=False), y)
-            loss.backward()
-            opt.step()
-            return loss
-        return f, m, opt, lambda: None
-
-    eager, compiled, step, caught = twin_runs(make)
+    eager, compiled, step, caught = twin_runs(checkpointed(dropout=False))
     assert_identical(eager, compiled)
     assert step.stats()["plan_runs"] > 0, caught
 
