@@ -48,6 +48,7 @@ struct Row {
   bool generated = true;  // else a library call, its reason containing `why`
   std::string why;
   std::int64_t classes = 0;  // nll_loss: the class count its int64 targets index
+  double center = 0.0;       // finite inputs: center + uniform(-4, 4)
 };
 
 constexpr std::int64_t kIgnore = -100;  // nll_loss's default ignore_index
@@ -161,7 +162,7 @@ void run_row(const Row& r, std::uint64_t seed) {
       }
       std::uniform_real_distribution<double> u(-4.0, 4.0);
       for (std::size_t e = 0; e < ins.back().size() / dtype_bytes(r.ins[i].dtype); ++e) {
-        const double x = u(rng);
+        const double x = r.center + u(rng);
         const float f = static_cast<float>(x);
         if (r.ins[i].dtype == kF64) std::memcpy(ins.back().data() + 8 * e, &x, 8);
         else std::memcpy(ins.back().data() + 4 * e, &f, 4);
@@ -490,6 +491,82 @@ TEST(AtenReductions, MaxMinArgmaxArgmin) {
       if (op.starts_with("aten::arg")) run_row(arg_row(op, dt, {9, 13}, std::nullopt), seed++);
     }
   Row transposed = arg_row("aten::max.dim", kF32, {4, 6}, 1);
+  transposed.ins[0].strides = {1, 4};
+  transposed.generated = false;
+  transposed.why = "not dense in row-major order";
+  run_row(transposed, seed++);
+}
+
+// var.correction, std.correction, var_mean.correction or std_mean.correction over `dims`
+// (none: dim=None); correction none, an int or a double.
+Row var_row(const std::string& op, std::int8_t dt, Sizes sizes, std::optional<Sizes> dims,
+            std::optional<double> correction, bool keepdim = false, bool int_correction = false) {
+  Row r;
+  r.op = op;
+  r.name = op + dt_text(dt);
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name += "] dims";
+  for (std::int64_t d : dims.value_or(Sizes{})) r.name += " " + std::to_string(d);
+  r.name += " correction " + (correction ? std::to_string(*correction) : std::string("none"));
+  r.center = 1000.0;  // a large mean and a small spread: another order changes the last bits
+  r.ins = {Tensor{0, dt, sizes, {}}};
+  Sizes out;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    const auto nd = static_cast<std::int64_t>(sizes.size());
+    const bool reduced = !dims || std::ranges::any_of(*dims, [&](std::int64_t x) {
+      return (x < 0 ? x + nd : x) == static_cast<std::int64_t>(d);
+    });
+    if (!reduced)
+      out.push_back(sizes[d]);
+    else if (keepdim)
+      out.push_back(1);
+  }
+  r.outs = {Tensor{0, dt, out, {}}};
+  if (op.find("_mean") != std::string::npos) r.outs.push_back(Tensor{1, dt, out, {}});
+  if (dims) {
+    r.scalars.push_back(
+        scalar_record(K::ListBegin, 1, 0, static_cast<std::uint32_t>(dims->size())));
+    for (std::int64_t d : *dims) r.scalars.push_back(scalar_int(1, d));
+  } else {
+    r.scalars.push_back(scalar_record(K::None, 1, 0));
+  }
+  r.scalars.push_back(!correction      ? scalar_record(K::None, 2, 0)
+                      : int_correction ? scalar_int(2, static_cast<std::int64_t>(*correction))
+                                       : scalar_double(2, *correction));
+  r.scalars.push_back(scalar_record(K::Bool, 3, keepdim ? 1 : 0));
+  return r;
+}
+
+TEST(AtenReductions, VarStdVarMeanStdMean) {
+  std::uint64_t seed = 700;
+  const std::vector<std::string> ops{"aten::var.correction", "aten::std.correction",
+                                     "aten::var_mean.correction", "aten::std_mean.correction"};
+  for (std::int8_t dt : {kF32, kF64})
+    for (const std::string& op : ops) {
+      for (std::int64_t cols : last_cols())
+        run_row(var_row(op, dt, {5, cols}, Sizes{1}, std::nullopt), seed++);
+      run_row(var_row(op, dt, {7, 1000}, Sizes{0}, 0.0, true, true), seed++);  // leading, keepdim
+      run_row(var_row(op, dt, {3, 17, 4}, Sizes{-2}, 2.0, false, true), seed++);  // middle
+      run_row(var_row(op, dt, {3, 5, 7, 2}, Sizes{1, 2}, 0.5), seed++);           // a block of dims
+      run_row(var_row(op, dt, {2, 70000}, Sizes{-1}, 1.0), seed++);               // split over rows
+      run_row(var_row(op, dt, {300, 4}, Sizes{0}, 400.0), seed++);  // n <= correction: inf, NaN
+      const bool one_path = op.find("_mean") == std::string::npos;
+      Row whole = var_row(op, dt, {9, 13}, std::nullopt, 1.0, false, true);
+      if (one_path) {  // one result: ATen's two-pass path
+        whole.generated = false;
+        whole.why = "result is one element";
+      }
+      run_row(whole, seed++);
+      Row big = var_row(op, dt, {40000}, Sizes{0}, std::nullopt);
+      big.generated = false;
+      big.why = one_path ? "result is one element" : "more than 32768 elements";
+      run_row(big, seed++);
+    }
+  Row blocks = var_row("aten::var.correction", kF32, {4, 6, 5}, Sizes{0, 2}, std::nullopt);
+  blocks.generated = false;
+  blocks.why = "not one block";
+  run_row(blocks, seed++);
+  Row transposed = var_row("aten::std.correction", kF64, {4, 6}, Sizes{1}, std::nullopt);
   transposed.ins[0].strides = {1, 4};
   transposed.generated = false;
   transposed.why = "not dense in row-major order";

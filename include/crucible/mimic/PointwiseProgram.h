@@ -113,7 +113,21 @@ enum class ReduceKind : std::uint8_t {
   BatchNorm = 10,  // Note [Generated batch norm]
   BatchNormBwd = 11,
   ArgExtreme = 12,  // Note [Generated max and argmax]
+  Variance = 13,    // Note [Generated var and std]
 };
+
+// Note [Generated var and std]: var, std, var_mean and std_mean (the .correction overloads)
+// over a dense float32/float64 input whose reduced dims (those of size > 1) are one block of
+// adjacent dims are one program each: operands input, var or std, [mean]; rows are the kept
+// dims before the block, each of `reduce_cols` elements along it and `reduce_inner` after it.
+// Per result, ATen's Welford loop (misc/ATEN_ORDER.md section 9) in double, one serial pass
+// in memory order: n += 1, delta = x - mean, mean += delta / n, m2 += delta * (x - mean), each
+// product rounded (ATen's compiled loop has no fma there); then var = m2 / (n > correction ?
+// n - correction : 0), std its square root in double, each rounded once to the dtype, and the
+// mean Welford's (not torch.mean's). The correction is parameter 1, read each launch. A var or
+// std whose result is one element takes ATen's other path (a two-pass all-reduce around
+// torch.mean, split over its threads): not generated; nor a var_mean of one result over more
+// than 32768 elements, whose Welford states ATen splits over its threads and merges with fmas.
 
 // Note [Generated max and argmax]: max.dim, min.dim, argmax and argmin over a dense
 // float32/float64 input are one program each: operands input, [values,] indices (int64); rows
@@ -196,6 +210,8 @@ struct PointwiseProgram {
   bool running = false;                  // BatchNorm: running_mean and running_var given
   std::uint8_t outputs = 0;              // BatchNormBwd: output mask, bit i result i
   bool smallest = false;                 // ArgExtreme: min.dim, argmin
+  bool root = false;                     // Variance: std, std_mean (the square root)
+  bool int_param = false;                // Variance: the correction is an int64 parameter
   bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
   std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax and backwards: ATen's vector width
   std::string math;                      // the same: VectorMath::name
@@ -225,7 +241,9 @@ struct PointwiseKernel {
   std::int64_t reduce_rows = 0, reduce_cols = 0;
   std::uint32_t eps_scalar = 0;  // LayerNorm: the plan scalar holding eps
   std::int64_t images = 0;       // BatchNorm, BatchNormBwd: N (rows are channels, cols the plane)
-  std::int64_t reduce_inner = 1;  // ArgExtreme: elements after the reduced dim
+  std::int64_t reduce_inner = 1;  // ArgExtreme, Variance: elements after the reduced dims
+  // Variance: the correction's double bits when it is not a plan scalar (None: 1)
+  std::uint64_t fixed_param = 0;
 };
 
 // The kernel's calls as one program, or `unsupported` naming the call and why (an op outside
@@ -272,6 +290,10 @@ bool is_batch_norm_op(std::string_view op);
 // Note [Generated max and argmax]: call c (max.dim, min.dim, argmax, argmin) as a program.
 Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& plan, std::uint32_t call);
 bool is_arg_extreme_op(std::string_view op);
+
+// Note [Generated var and std]: call c (var, std, var_mean, std_mean) as a program.
+Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& plan, std::uint32_t call);
+bool is_variance_op(std::string_view op);
 
 // Whether lower_pointwise covers op ("aten::add.Tensor"), bit-exact (or with `fast`, at all).
 bool covers_op(std::string_view op, bool fast = false);

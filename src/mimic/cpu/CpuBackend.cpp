@@ -223,8 +223,9 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const bool nll = plan.op_names[call.op] == "aten::nll_loss_forward" || plan.op_names[call.op] == "aten::nll_loss_backward";
     const bool batch_norm = is_batch_norm_op(plan.op_names[call.op]);
     const bool arg_extreme = is_arg_extreme_op(plan.op_names[call.op]);
+    const bool variance = is_variance_op(plan.op_names[call.op]);
     if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll || batch_norm ||
-        arg_extreme) {
+        arg_extreme || variance) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
@@ -232,6 +233,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
         if (nll) return lower_nll_loss(plan, c);
         if (batch_norm) return lower_batch_norm(plan, c);
         if (arg_extreme) return lower_arg_extreme(plan, c);
+        if (variance) return lower_variance(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
         if (!vm) return lower_softmax(plan, c, 0, "", no_vector_math());
@@ -407,6 +409,11 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
                    static_cast<std::uint64_t>(pk.reduce_inner)};
       p->numel *= pk.reduce_inner;
     }
+    if (pk.program.reduce == ReduceKind::Variance) {  // Note [Generated var and std]
+      p->params = {static_cast<std::uint64_t>(pk.reduce_cols), pk.fixed_param,
+                   static_cast<std::uint64_t>(pk.reduce_inner)};
+      p->numel *= pk.reduce_inner;
+    }
     p->tail_flag = pk.program.reduce == ReduceKind::SoftmaxBwd;
     p->may_refuse = pk.program.reduce == ReduceKind::NllLoss || pk.program.reduce == ReduceKind::NllLossBwd;
     if (p->may_refuse) p->params.push_back(0);
@@ -436,7 +443,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
         }
         break;
       }
-      case ReduceKind::ArgExtreme: {  // rows: a slab of the input, `inner` results each
+      case ReduceKind::ArgExtreme:
+      case ReduceKind::Variance: {  // rows: a slab of the input, `inner` results each
         const std::int64_t inner = pk.reduce_inner;
         p->row_elems.assign(pk.operand_tensor.size(), inner);
         p->row_elems[0] = cols * inner;

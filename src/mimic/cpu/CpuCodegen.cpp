@@ -306,6 +306,8 @@ class ReduceEmitter {
       batch_norm_backward(rows, params, operand);
     } else if (p_.reduce == ReduceKind::ArgExtreme) {
       arg_extreme(rows, params, operand);
+    } else if (p_.reduce == ReduceKind::Variance) {
+      variance(rows, params, operand);
     } else if (p_.reduce == ReduceKind::SoftmaxBwd || p_.reduce == ReduceKind::LogSoftmaxBwd) {
       // params[1]: float32's tail step fused (ATen's loop over rows ran inline)
       softmax_backward_rows(rows, operand(1), operand(2),
@@ -1086,6 +1088,48 @@ class ReduceEmitter {
         if (values != nullptr) store(b_.CreateLoad(elem_, best), out, values);
         b_.CreateAlignedStore(b_.CreateLoad(i64_, at_j), b_.CreateInBoundsGEP(i64_, indices, out),
                               llvm::MaybeAlign(8));
+      });
+    });
+  }
+
+  // Note [Generated var and std] (PointwiseProgram.h): ATen's WelfordOps per result, in double,
+  // no fma. rows: the kept dims before the reduced block; params: the reduced element count,
+  // the correction, the elements after the block.
+  void variance(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
+    llvm::Type* f64 = llvm::Type::getDoubleTy(ctx_);
+    llvm::Value* result = operand(1);
+    llvm::Value* mean_out = p_.operands.size() == 3 ? operand(2) : nullptr;
+    llvm::Value* correction =
+        p_.int_param ? b_.CreateSIToFP(
+                           b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1)), f64)
+                     : f64_param(params, 1);
+    llvm::Value* inner = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 2));
+    llvm::Value* slab = b_.CreateMul(cols_, inner);
+    llvm::Value* zero = llvm::ConstantFP::get(f64, 0.0);
+    loop(c64(0), rows, [&](llvm::Value* o) {
+      loop(c64(0), inner, [&](llvm::Value* i) {
+        llvm::Value* base = b_.CreateAdd(b_.CreateMul(o, slab), i);
+        llvm::AllocaInst* mean = slot(f64);
+        llvm::AllocaInst* m2 = slot(f64);
+        b_.CreateStore(zero, mean);
+        b_.CreateStore(zero, m2);
+        loop(c64(0), cols_, [&](llvm::Value* j) {
+          llvm::Value* x = widen(load(elem_, x_, b_.CreateAdd(base, b_.CreateMul(j, inner))));
+          llvm::Value* nf = b_.CreateSIToFP(b_.CreateAdd(j, c64(1)), f64);
+          llvm::Value* delta = b_.CreateFSub(x, b_.CreateLoad(f64, mean));
+          llvm::Value* m = b_.CreateFAdd(b_.CreateLoad(f64, mean), b_.CreateFDiv(delta, nf));
+          b_.CreateStore(m, mean);
+          b_.CreateStore(
+              b_.CreateFAdd(b_.CreateLoad(f64, m2), b_.CreateFMul(delta, b_.CreateFSub(x, m))), m2);
+        });
+        llvm::Value* nf = b_.CreateSIToFP(cols_, f64);
+        llvm::Value* divisor =
+            b_.CreateSelect(b_.CreateFCmpOGT(nf, correction), b_.CreateFSub(nf, correction), zero);
+        llvm::Value* var = b_.CreateFDiv(b_.CreateLoad(f64, m2), divisor);
+        if (p_.root) var = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, var);
+        llvm::Value* out = b_.CreateAdd(b_.CreateMul(o, inner), i);
+        store(narrow(var), out, result);
+        if (mean_out != nullptr) store(narrow(b_.CreateLoad(f64, mean)), out, mean_out);
       });
     });
   }

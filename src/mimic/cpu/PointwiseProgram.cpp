@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -426,6 +427,10 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(affine ? 1 : 0);
     if (reduce == ReduceKind::ArgExtreme)
       h.update_u8(smallest ? 1 : 0);  // Note [Generated max and argmax]
+    if (reduce == ReduceKind::Variance) {  // Note [Generated var and std]
+      h.update_u8(root ? 1 : 0);
+      h.update_u8(int_param ? 1 : 0);
+    }
     if (reduce == ReduceKind::BatchNorm ||
         reduce == ReduceKind::BatchNormBwd) {  // Note [Generated batch norm]
       h.update_u8(running ? 1 : 0);
@@ -442,7 +447,12 @@ ContentHash PointwiseProgram::hash() const {
 
 std::string PointwiseProgram::text() const {
   std::string s;
-  if (reduce == ReduceKind::ArgExtreme) {
+  if (reduce == ReduceKind::Variance) {
+    s += std::string(root ? "std" : "var") + (operands.size() == 3 ? "_mean " : " ") +
+         std::string(scalar_type_info(operands[0].dtype).name) +
+         (int_param ? " int correction" : " correction") +
+         (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
+  } else if (reduce == ReduceKind::ArgExtreme) {
     s += std::string(smallest ? "min" : "max") + (operands.size() == 3 ? ".dim " : " index ") +
          std::string(scalar_type_info(operands[0].dtype).name) +
          (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
@@ -1056,6 +1066,119 @@ Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& p, std::uin
   }
   k.program.operands.push_back(PwOperand{dtype::kInt64, false, false, true});
   k.operand_tensor.push_back(*indices);
+  k.reduce_rows = outer;
+  k.reduce_cols = cols;
+  k.reduce_inner = inner;
+  return k;
+}
+
+bool is_variance_op(std::string_view op) {
+  return op == "aten::var.correction" || op == "aten::std.correction" ||
+         op == "aten::var_mean.correction" || op == "aten::std_mean.correction";
+}
+
+// Note [Generated var and std]. Schema: self 0, dim 1 (int[1]?), correction 2 (Scalar?),
+// keepdim 3; results var or std 0, [mean 1].
+Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "a var or std", why); };
+  if (!is_variance_op(name)) return refuse("not var, std, var_mean or std_mean");
+  const bool with_mean = name.find("_mean") != std::string::npos;
+  if (call.in_count != 1 || call.out_count != (with_mean ? 2u : 1u))
+    return refuse("it has other results than ATen's");
+  const std::uint32_t x = p.inputs_of(call)[0].tensor;
+  const exec::TensorRef& xt = p.tensors[x];
+  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
+  const auto sz = p.sizes(xt);
+  const auto nd = static_cast<std::int64_t>(sz.size());
+  std::vector<bool> reduced(sz.size(), true);  // dim=None: every dim
+  bool dim_seen = false, correction_seen = false;
+  std::optional<std::uint32_t> correction;  // the plan scalar; none: 1
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index == 2) {
+      correction_seen = true;
+      if (r.kind == record::ScalarKind::Int || r.kind == record::ScalarKind::Double)
+        correction = i;
+      else if (r.kind != record::ScalarKind::None)
+        return refuse("its correction is neither an int nor a float");
+      continue;
+    }
+    if (r.arg_index != 1) continue;
+    dim_seen = true;
+    if (r.kind == record::ScalarKind::None) continue;
+    if (r.kind != record::ScalarKind::ListBegin) return refuse("its dim is not a list");
+    if (i + r.aux >= call.scalar_begin + call.scalar_count)
+      return refuse("its dim list is cut short");
+    if (r.aux > 0) std::fill(reduced.begin(), reduced.end(), false);  // [] reduces every dim
+    for (std::uint32_t e = 1; e <= r.aux; ++e) {
+      const record::ScalarRecord& d = p.scalars[i + e];
+      if (d.kind != record::ScalarKind::Int) return refuse("its dim list holds a non-integer");
+      std::int64_t dim = static_cast<std::int64_t>(d.bits);
+      if (nd == 0 && (dim == 0 || dim == -1)) continue;  // a 0-d input: dim 0 is itself
+      if (dim < 0) dim += nd;
+      if (dim < 0 || dim >= nd) return refuse("a dim is out of range");
+      reduced[static_cast<std::size_t>(dim)] = true;
+    }
+    i += r.aux;
+  }
+  if (!dim_seen || !correction_seen) return refuse("its dim or correction was not recorded");
+  // Dims of size > 1: dense in row-major order, the reduced ones one block.
+  std::int64_t expect = 1, numel = 1, outer = 1, cols = 1, inner = 1;
+  std::string pattern;  // outermost first: 'r' reduced, 'k' kept
+  for (std::int64_t d = nd; d-- > 0;) {
+    const auto i = static_cast<std::size_t>(d);
+    if (sz[i] == 0) return refuse("it has an empty dim");
+    numel *= sz[i];
+    if (sz[i] == 1) continue;
+    if (p.strides(xt)[i] != expect) return refuse("its input is not dense in row-major order");
+    expect *= sz[i];
+    pattern.insert(pattern.begin(), reduced[i] ? 'r' : 'k');
+    if (reduced[i])
+      cols *= sz[i];
+    else if (pattern.find('r') == std::string::npos)
+      inner *= sz[i];
+    else
+      outer *= sz[i];
+  }
+  const auto first_r = pattern.find('r');
+  if (first_r != std::string::npos && pattern.find('k', first_r) != std::string::npos &&
+      pattern.find('r', pattern.find('k', first_r)) != std::string::npos)
+    return refuse("its reduced dims are not one block of adjacent dims");
+  if (outer * inner == 1) {
+    if (!with_mean)
+      return refuse(
+          "its result is one element, which ATen computes by another path (a "
+          "two-pass sum around torch.mean, split over its threads)");
+    if (numel > 32768)
+      return refuse(
+          "one result over more than 32768 elements, whose Welford states ATen "
+          "splits over its threads");
+  }
+  std::vector<std::uint32_t> results(call.out_count);
+  for (const exec::Arg& a : p.outputs_of(call)) {
+    if (a.arg_index >= results.size()) return refuse("it has other results than ATen's");
+    results[a.arg_index] = a.tensor;
+  }
+  for (std::uint32_t t : results)
+    if (p.tensors[t].dtype != xt.dtype || dense_numel(p, t) != outer * inner)
+      return refuse("its results are not dense tensors of its input's dtype");
+  PointwiseKernel k;
+  k.program.reduce = ReduceKind::Variance;
+  k.program.root = name.starts_with("aten::std");
+  k.program.operands = {PwOperand{xt.dtype, false, true, false}};
+  k.operand_tensor = {x};
+  for (std::uint32_t t : results) {
+    k.program.operands.push_back(PwOperand{xt.dtype, false, false, true});
+    k.operand_tensor.push_back(t);
+  }
+  if (correction) {
+    k.param_scalar = {*correction};
+    k.program.int_param = p.scalars[*correction].kind == record::ScalarKind::Int;
+  } else {
+    k.fixed_param = std::bit_cast<std::uint64_t>(1.0);
+  }
   k.reduce_rows = outer;
   k.reduce_cols = cols;
   k.reduce_inner = inner;

@@ -1,0 +1,121 @@
+"""Note [Generated var and std] (PointwiseProgram.h): var, std, var_mean and std_mean over a dense
+float tensor run as generated code on the cpu backend with eager's bits: ATen's Welford loop in
+double per result. Inputs with a large mean and a small spread (where another order or an fma
+changes the last bits), rows of 1 to 5000 elements, the last, first, a middle and a block of
+dims, keepdim, corrections 0, 1, 2 and 0.5, NaN and inf; the forms ATen computes by another
+path (one result of var or std, a var_mean of one result over more than 32768 elements) and
+inputs the backend does not take run as ATen's calls, with eager's results."""
+import platform
+
+import pytest
+import torch
+
+import crucible_native as crucible
+from crucible_native._native import build_info
+
+pytestmark = [pytest.mark.skipif(build_info.get("exec") is False,
+                                 reason="built with -DCRUCIBLE_LLVM=OFF: no exec stage"),
+              pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                                 reason="the CPU backend generates reductions on x86-64 only")]
+
+
+def same(a, b):
+    """Equal bits, any NaN matching any NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(((a == b) | (a.isnan() & b.isnan())).all()) and torch.equal(torch.signbit(a), torch.signbit(b))
+
+
+def spreads(x, y, z):
+    return (x.var(1), x.std(0), torch.var_mean(x, 1, correction=0), torch.std_mean(y, dim=(1, 2)),
+            y.var(dim=1, keepdim=True), torch.var(y, dim=-1, correction=2), x.std(1, correction=0.5),
+            torch.var_mean(z, dim=[0, 1]), z.std(-1), torch.std_mean(y, dim=None, correction=0),
+            z.var(0, keepdim=True))
+
+
+def inputs(dtype, seed, n):
+    g = torch.Generator().manual_seed(seed)
+    x = (1000 + torch.randn(9, n, generator=g, dtype=torch.float64) * 1e-3).to(dtype)
+    x[2, n // 2] = float("nan")
+    x[3, 0] = float("inf")
+    x[4] = 7.0  # no spread: var 0
+    y = (torch.randn(3, 17, 40, generator=g, dtype=torch.float64) * 3 + 50).to(dtype)
+    z = torch.randn(70, 40, 33, generator=g, dtype=torch.float64).to(dtype)  # split over rows
+    return x, y, z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 17, 1000, 5000])
+def test_generated_var_and_std_give_eager_bits(dtype, n):
+    step = crucible.compile(spreads, backend="cpu", guard=())
+    for seed in range(4):
+        x, y, z = inputs(dtype, seed, n)
+        got, want = step(x, y, z), spreads(x, y, z)
+        for k, (a, b) in enumerate(zip(torch.utils._pytree.tree_leaves(got),
+                                       torch.utils._pytree.tree_leaves(want))):
+            assert same(a, b), (seed, k, a, b)
+    p = step.plans()[0]
+    # n == 1: x.std(0) is one result, ATen's other path
+    assert p["exec_calls"] == 11 and p["exec_generated_calls"] == 11 - (n == 1), p["exec_summary"]
+
+
+def test_a_correction_passed_to_the_step_is_read_on_each_call():
+    def f(x, c):
+        return torch.var(x, 1, correction=c), torch.std_mean(x, 0, correction=c)
+    x = 1 + torch.rand(6, 300, dtype=torch.float64) * 1e-4
+    step = crucible.compile(f, backend="cpu", guard=())
+    for c in (0, 0, 0, 1, 2, 2, 300, 301, 0.25, 0.25, 0.25):
+        for a, b in zip(torch.utils._pytree.tree_leaves(step(x, c)),
+                        torch.utils._pytree.tree_leaves(f(x, c))):
+            assert same(a, b), c
+    assert sum(p["exec_generated_calls"] for p in step.plans()) > 0
+
+
+def test_forms_aten_computes_otherwise_run_as_library_calls_with_eager_results():
+    def f(x, big):
+        # one result of var and std (ATen's two-pass path), a var_mean of one result over
+        # 40000 elements (split over ATen's threads), dims that are not one block, a transposed
+        # input
+        return x.var(), x.std(dim=None), torch.var_mean(big), x.var(dim=(0, 2)), x.transpose(1, 2).std(1)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 5, 6, generator=g) + 100
+    big = torch.randn(40000, generator=g, dtype=torch.float64)
+    step = crucible.compile(f, backend="cpu", guard=())
+    for _ in range(4):
+        for a, b in zip(torch.utils._pytree.tree_leaves(step(x, big)),
+                        torch.utils._pytree.tree_leaves(f(x, big))):
+            assert same(a, b)
+    p = step.plans()[0]
+    assert p["exec_generated_calls"] == 0, p["exec_summary"]
+
+
+def test_a_normalization_by_var_trains_as_eager():
+    class Norm(torch.nn.Module):  # a hand-written layer norm, as in papers' reference code
+        def forward(self, x):
+            mean = x.mean(-1, keepdim=True)
+            var = x.var(-1, keepdim=True, unbiased=False)
+            return (x - mean) / torch.sqrt(var + 1e-5)
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(24, 48), Norm(), torch.nn.ReLU(), torch.nn.Linear(48, 4))
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+
+    def step_of(m, opt):
+        def step(x, y):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+    step, eager = crucible.compile(step_of(models[0], opts[0]), backend="cpu"), step_of(models[1], opts[1])
+    g = torch.Generator().manual_seed(1)
+    for i in range(6):
+        x, y = torch.randn(16, 24, generator=g), torch.randn(16, 4, generator=g)
+        assert torch.equal(step(x, y), eager(x, y)), i
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+    p = step.plans()[0]
+    assert any("var.correction" in n for n in p["op_names"]), p["op_names"]
