@@ -549,7 +549,10 @@ TEST(AtenReductions, VarStdVarMeanStdMean) {
       run_row(var_row(op, dt, {3, 17, 4}, Sizes{-2}, 2.0, false, true), seed++);  // middle
       run_row(var_row(op, dt, {3, 5, 7, 2}, Sizes{1, 2}, 0.5), seed++);           // a block of dims
       run_row(var_row(op, dt, {2, 70000}, Sizes{-1}, 1.0), seed++);               // split over rows
-      run_row(var_row(op, dt, {300, 4}, Sizes{0}, 400.0), seed++);  // n <= correction: inf, NaN
+      run_row(var_row(op, dt, {4, 1000, 20}, Sizes{1}, 1.0), seed++);  // split, 20 results a row
+      // n <= correction: ATen's call at launch (it warns); a NaN correction: m2 / 0
+      run_row(var_row(op, dt, {300, 4}, Sizes{0}, 400.0), seed++);
+      run_row(var_row(op, dt, {5, 17}, Sizes{1}, std::nan("")), seed++);
       const bool one_path = op.find("_mean") == std::string::npos;
       Row whole = var_row(op, dt, {9, 13}, std::nullopt, 1.0, false, true);
       if (one_path) {  // one result: ATen's two-pass path

@@ -65,6 +65,12 @@ using record::ScalarRecord;
 
 namespace {
 
+// Note [Wrong out= kernels]: the warnings of an out= attempt that may yet fall back.
+struct HeldWarnings : c10::WarningHandler {
+  std::vector<c10::Warning> warnings;
+  void process(const c10::Warning& w) override { warnings.push_back(w); }
+};
+
 // Strings that ATen operators take as enum-like arguments; the trace keeps only their hash.
 constexpr std::array<std::string_view, 22> kKnownStrings = {
     "none",    "tanh",     "floor",    "trunc",     "mean",     "sum",      "reflect",  "replicate",
@@ -672,7 +678,12 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
       const bool proven = out_proven != nullptr && *out_proven;
       torch::jit::Stack args = proven ? torch::jit::Stack{} : stack;
       for (const at::Tensor& o : outs) stack.emplace_back(o);
+      // An attempt that raises may have warned first (mse_loss.out: "An output with one or
+      // more elements was resized"): its warnings are held, and given on only when it ran.
+      HeldWarnings held;
       try {
+        std::optional<c10::WarningUtils::WarningHandlerGuard> hold;
+        if (!proven) hold.emplace(&held);
         rop.out->callBoxed(stack);
       } catch (const c10::Error&) {
         if (proven) throw;
@@ -696,6 +707,7 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
         ++stats_.out_failed;
         return functional;
       }
+      for (const c10::Warning& w : held.warnings) c10::warn(w);
       if (out_proven != nullptr) *out_proven = true;
       ++stats_.out_variant;
       // An out= kernel resizes an output of other sizes (ATen warns and goes on): the result

@@ -254,6 +254,15 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::size_t kernels() const override { return step->sp.plan.kernels.size(); }
   std::size_t calls() const override { return step->sp.plan.calls.size(); }
   std::size_t generated_calls() const override { return step->generated_calls(); }
+  std::vector<std::string> generated_ops() const override {
+    std::vector<std::string> ops;
+    if (!step->cpu) return ops;
+    const exec::ExecutionPlan& p = step->sp.plan;
+    const std::vector<bool> mask = step->cpu->generated_call_mask();
+    for (std::size_t c = 0; c < mask.size() && c < p.calls.size(); ++c)
+      if (mask[c]) ops.push_back(p.op_names[p.calls[c].op]);
+    return ops;
+  }
 
   ExecArena arena_view() const override {
     ExecArena a;

@@ -798,6 +798,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
     d["exec_kernels"] = i.exec_kernels;
     d["exec_calls"] = i.exec_calls;
     d["exec_generated_calls"] = i.exec_generated_calls;
+    d["exec_generated_ops"] = i.exec_generated_ops;
     return d;
   });
   m.def("replay_counters", [] {

@@ -2673,6 +2673,7 @@ PlanInfo plan_info(std::int64_t id) {
     i.exec_kernels = p->exec->kernels();
     i.exec_calls = p->exec->calls();
     i.exec_generated_calls = p->exec->generated_calls();
+    i.exec_generated_ops = p->exec->generated_ops();
   }
   i.exec_note = p->exec_note;
   return i;

@@ -196,6 +196,7 @@ struct PlanInfo {
   // runs its ops itself), what that plan holds, and why a plan asked to run there does not.
   std::string exec, exec_numerics, exec_summary, exec_note;
   std::size_t exec_kernels = 0, exec_calls = 0, exec_generated_calls = 0;
+  std::vector<std::string> exec_generated_ops;  // per generated call, its operator
 };
 PlanInfo plan_info(std::int64_t plan);
 

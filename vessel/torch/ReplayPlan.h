@@ -175,6 +175,8 @@ struct ExecReplay {
   virtual std::size_t kernels() const = 0;
   virtual std::size_t calls() const = 0;
   virtual std::size_t generated_calls() const = 0;
+  // The generated calls' operators, "aten::var.correction", one entry per call.
+  virtual std::vector<std::string> generated_ops() const = 0;
   // Note [One arena] (ReplayArena.h): the Runner's arena and its slots' calls, for the replay
   // arena to plan into (its `keep` left for the caller to set); and a fresh arena for the runs to
   // come when memory placed in the old one outlived a run (throws when none can be had).

@@ -104,6 +104,8 @@ class CpuBackend {
   const CacheStats& stats() const { return stats_; }
   std::span<const CpuKernelState> kernels() const { return states_; }
   std::uint32_t generated_kernels() const;
+  // Per plan call, whether generated code runs it (hoisted calls of a run excluded).
+  std::vector<bool> generated_call_mask() const;
   // Launches of generated kernels run as library calls instead, because an alpha was not 1 or
   // -1 in that run (Note [Pointwise programs]).
   std::uint64_t library_launches() const { return library_launches_; }

@@ -82,6 +82,10 @@ struct Generated {
   // params[2]: set by the kernel when it wrote nothing and its call must run as ATen's (Note
   // [Generated nll_loss]: a target out of range, for ATen to raise its error).
   bool may_refuse = false;
+  // Note [Generated var and std]: params[1] is the correction (an int64 when `int_correction`);
+  // a launch over at most `correction` elements per result runs ATen's call, which warns that
+  // the degrees of freedom are <= 0.
+  bool dof_check = false, int_correction = false;
 };
 
 struct Run {
@@ -413,6 +417,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
       p->params = {static_cast<std::uint64_t>(pk.reduce_cols), pk.fixed_param,
                    static_cast<std::uint64_t>(pk.reduce_inner)};
       p->numel *= pk.reduce_inner;
+      p->dof_check = true;
+      p->int_correction = pk.program.int_param;
     }
     p->tail_flag = pk.program.reduce == ReduceKind::SoftmaxBwd;
     p->may_refuse = pk.program.reduce == ReduceKind::NllLoss || pk.program.reduce == ReduceKind::NllLossBwd;
@@ -514,6 +520,21 @@ AlphaRounding aten_alpha_rounding() {
   return runs_on("+avx2,+fma", host) ? AlphaRounding::Once : AlphaRounding::Twice;
 }
 
+std::vector<bool> CpuBackend::generated_call_mask() const {
+  std::vector<bool> mask;
+  for (const auto& prepared : prepared_) {
+    if (!prepared) continue;
+    for (const Run& r : prepared->runs) {
+      if (!r.gen) continue;
+      for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c) {
+        if (c >= mask.size()) mask.resize(c + 1, false);
+        mask[c] = std::ranges::find(r.hoisted, c) == r.hoisted.end();
+      }
+    }
+  }
+  return mask;
+}
+
 Status CpuBackend::run_kernel(void* self, const exec::KernelLaunch& launch) {
   auto* b = static_cast<CpuBackend*>(self);
   if (launch.plan != b->plan_)
@@ -602,7 +623,7 @@ void CpuBackend::run_parts(unsigned parts, const std::function<void(unsigned)>& 
 // Whether launch_generated may return false for `g` (its parameters are patchable, so whether
 // an alpha is 1 is not known before a run).
 bool CpuBackend::may_run_library_calls(const Generated& g) const {
-  if (g.may_refuse) return true;
+  if (g.may_refuse || g.dof_check) return true;
   if (fast_ || alpha_rounding_ == AlphaRounding::Twice) return false;
   if (!g.always_scaled && g.unit_params.empty()) return false;
   return !(alpha_rounding_ == AlphaRounding::Once && g.contig && g.scaled_unbroadcast);
@@ -622,6 +643,15 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
     if (p->tail_flag) {  // ATen's loop over rows runs inline for one row or on one thread
       const unsigned now = current_threads_ != nullptr ? current_threads_() : threads_;
       p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;
+    }
+    if (p->dof_check) {  // ATen warns when the reduced count minus the correction is <= 0
+      const double correction = p->int_correction
+                                    ? static_cast<double>(static_cast<std::int64_t>(p->params[1]))
+                                    : std::bit_cast<double>(p->params[1]);
+      if (static_cast<double>(static_cast<std::int64_t>(p->params[0])) - correction <= 0) {
+        ++library_launches_;
+        return false;
+      }
     }
     run_rows(*p);
     if (p->may_refuse && p->params[2] != 0) {  // Note [Generated nll_loss]: ATen's call says why

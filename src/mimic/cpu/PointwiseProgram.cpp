@@ -1099,7 +1099,8 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
     const record::ScalarRecord& r = p.scalars[i];
     if (r.arg_index == 2) {
       correction_seen = true;
-      if (r.kind == record::ScalarKind::Int || r.kind == record::ScalarKind::Double)
+      if (r.kind == record::ScalarKind::Int || r.kind == record::ScalarKind::Double ||
+          r.kind == record::ScalarKind::Bool)  // ATen's toDouble(): True is 1
         correction = i;
       else if (r.kind != record::ScalarKind::None)
         return refuse("its correction is neither an int nor a float");
@@ -1175,7 +1176,7 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
   }
   if (correction) {
     k.param_scalar = {*correction};
-    k.program.int_param = p.scalars[*correction].kind == record::ScalarKind::Int;
+    k.program.int_param = p.scalars[*correction].kind != record::ScalarKind::Double;
   } else {
     k.fixed_param = std::bit_cast<std::uint64_t>(1.0);
   }

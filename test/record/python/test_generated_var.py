@@ -6,6 +6,7 @@ dims, keepdim, corrections 0, 1, 2 and 0.5, NaN and inf; the forms ATen computes
 path (one result of var or std, a var_mean of one result over more than 32768 elements) and
 inputs the backend does not take run as ATen's calls, with eager's results."""
 import platform
+import warnings
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def spreads(x, y, z):
     return (x.var(1), x.std(0), torch.var_mean(x, 1, correction=0), torch.std_mean(y, dim=(1, 2)),
             y.var(dim=1, keepdim=True), torch.var(y, dim=-1, correction=2), x.std(1, correction=0.5),
             torch.var_mean(z, dim=[0, 1]), z.std(-1), torch.std_mean(y, dim=None, correction=0),
-            z.var(0, keepdim=True))
+            z.var(0, keepdim=True), z.var(1))
 
 
 def inputs(dtype, seed, n):
@@ -40,7 +41,8 @@ def inputs(dtype, seed, n):
     x[3, 0] = float("inf")
     x[4] = 7.0  # no spread: var 0
     y = (torch.randn(3, 17, 40, generator=g, dtype=torch.float64) * 3 + 50).to(dtype)
-    z = torch.randn(70, 40, 33, generator=g, dtype=torch.float64).to(dtype)  # split over rows
+    # split over rows (z.std(-1): rows of 33; z.var(1): 70 rows of 40 x 33 results)
+    z = torch.randn(70, 40, 33, generator=g, dtype=torch.float64).to(dtype)
     return x, y, z
 
 
@@ -56,19 +58,46 @@ def test_generated_var_and_std_give_eager_bits(dtype, n):
             assert same(a, b), (seed, k, a, b)
     p = step.plans()[0]
     # n == 1: x.std(0) is one result, ATen's other path
-    assert p["exec_calls"] == 11 and p["exec_generated_calls"] == 11 - (n == 1), p["exec_summary"]
+    assert p["exec_calls"] == 12 and p["exec_generated_calls"] == 12 - (n == 1), p["exec_summary"]
 
 
-def test_a_correction_passed_to_the_step_is_read_on_each_call():
+def test_each_correction_passed_to_the_step_gives_eager_bits():
+    # A number passed to the step is guarded by value: each correction has a plan of its own,
+    # all served by one compiled kernel per op (the correction is a launch parameter).
     def f(x, c):
         return torch.var(x, 1, correction=c), torch.std_mean(x, 0, correction=c)
     x = 1 + torch.rand(6, 300, dtype=torch.float64) * 1e-4
     step = crucible.compile(f, backend="cpu", guard=())
-    for c in (0, 0, 0, 1, 2, 2, 300, 301, 0.25, 0.25, 0.25):
+    for c in (0, 0, 0, 0, 2, 2, 2, 2, 0.25, 0.25, 0.25, 0.25, True, True, True, True):
         for a, b in zip(torch.utils._pytree.tree_leaves(step(x, c)),
                         torch.utils._pytree.tree_leaves(f(x, c))):
             assert same(a, b), c
-    assert sum(p["exec_generated_calls"] for p in step.plans()) > 0
+    plans = step.plans()
+    assert len(plans) == 4 and all(p["exec_generated_calls"] == 2 for p in plans), plans
+    assert step.stats()["plan_runs"] >= 4
+
+
+def test_a_correction_at_or_above_the_count_runs_atens_call_and_warns(capfd):
+    # ATen warns that the degrees of freedom are <= 0; the generated kernel would not, so such
+    # a launch runs ATen's call. Inside a plan run the warning goes where an ATen call's goes
+    # when made through torch.ops (stderr), as eager's Python binding raises a UserWarning.
+    def f(x):
+        return x.var(1, correction=5), x.std(0, correction=2)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    step = crucible.compile(f, backend="cpu", guard=())
+    for i in range(5):
+        capfd.readouterr()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = step(x)
+        said = [str(m.message) for m in w] + [capfd.readouterr().err]
+        assert any("var(): degrees of freedom is <= 0" in m for m in said), (i, said)
+        assert not any("std(): degrees of freedom" in m for m in said), (i, said)
+        for a, b in zip(got, f(x)):
+            assert same(a, b)
+    assert step.stats()["plan_runs"] == 2
+    # both are generated kernels; the var's launches (3 elements, correction 5) run ATen's call
+    assert step.plans()[0]["exec_generated_ops"] == ["aten::var.correction", "aten::std.correction"]
 
 
 def test_forms_aten_computes_otherwise_run_as_library_calls_with_eager_results():
@@ -118,4 +147,4 @@ def test_a_normalization_by_var_trains_as_eager():
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(a, b)
     p = step.plans()[0]
-    assert any("var.correction" in n for n in p["op_names"]), p["op_names"]
+    assert "aten::var.correction" in p["exec_generated_ops"], p["exec_generated_ops"]
