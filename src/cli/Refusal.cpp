@@ -136,6 +136,17 @@ constexpr RefusalClass kClasses[] = {
      "Containers are nested and shared so that listing the tensors would take exponentially many "
      "steps (like a 'billion laughs' bomb). A state dict is a plain tree; the file is crafted.",
      "", ""},
+    {"expanded or overlapping view", "expanded-view", "a tensor repeats its data far past its size",
+     "A tensor is saved as a view that reads its data many times (a stride of 0, as "
+     ".expand() makes) and would hold far more elements than its storage: more than 2^24 such "
+     "elements are not loaded, so a few bytes cannot ask for gigabytes. Re-save the tensor with "
+     ".contiguous() (or .clone()) before torch.save.",
+     "", ""},
+    {"dict keys set again and again", "repeated-work", "work out of proportion to the file",
+     "The pickle sets one large dict key again and again, each time a few bytes, asking for "
+     "much more work than its size (a crafted file). torch.save sets each key once; re-save it "
+     "with torch.save(model.state_dict(), path).",
+     "", ""},
     {"contains itself", "reference-cycle", "an object contains itself",
      "A container holds itself (a reference cycle). A state dict never does; the file is crafted "
      "or was not a state dict.",
@@ -164,7 +175,7 @@ constexpr RefusalClass kClasses[] = {
     {"", "other", "the file was refused",
      "The loader refused the file for the reason above; its message says what to do.", "", ""},
 };
-static_assert(std::size(kClasses) == 32, "each refusal class of the loader has a row");
+static_assert(std::size(kClasses) == 34, "each refusal class of the loader has a row");
 
 // Rows whose advice is "do not torch.load it": the file could run code.
 bool could_run_code(std::string_view id) {

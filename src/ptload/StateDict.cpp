@@ -33,7 +33,8 @@ constexpr std::uint64_t kMaxByteorderBytes = 6;
 
 // Walking the tree to list tensors visits shared subtrees once per path, so a crafted DAG could
 // ask for 2^depth visits. Real trees are visited about once per pickle byte or less: the budget
-// is 64 visits per pickle byte (plus 4096 for tiny pickles); past it the load is refused.
+// is 64 visits per pickle byte (plus 4096 for tiny pickles), each byte of a dict key's text
+// made on the way counting as one; past it the load is refused.
 constexpr std::uint64_t kVisitsPerPickleByte = 64, kMinVisits = 4096;
 
 Status in_file(const Status& s, std::string_view path) {
@@ -107,12 +108,23 @@ struct Flattener {
           CRUCIBLE_RETURN_IF_ERROR(child(std::to_string(i), items[i]));
         return ok_status();
       }
-      case PickleValue::Kind::Dict:
-        for (const auto& [k, val] : v.entries()) CRUCIBLE_RETURN_IF_ERROR(child(k.repr(), val));
+      case PickleValue::Kind::Dict: {
+        // A key's text is made at each visit: its length counts as visits, so a large key in a
+        // dict reached by many paths (2 bytes of pickle each) is bounded by the same budget.
+        auto keyed = [&](const PickleValue& k, const PickleValue& val) {
+          const std::string part = k.repr();
+          if (part.size() > visits_left)
+            visits_left = 0;
+          else
+            visits_left -= part.size();
+          return child(part, val);
+        };
+        for (const auto& [k, val] : v.entries()) CRUCIBLE_RETURN_IF_ERROR(keyed(k, val));
         if (v.attributes().is(PickleValue::Kind::Dict))
           for (const auto& [k, val] : v.attributes().entries())
-            CRUCIBLE_RETURN_IF_ERROR(child(k.repr(), val));
+            CRUCIBLE_RETURN_IF_ERROR(keyed(k, val));
         return ok_status();
+      }
       default:
         return ok_status();
     }

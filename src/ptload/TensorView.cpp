@@ -1,6 +1,7 @@
 // TensorView.cpp — extent checks and conversion to float32.
 #include "crucible/ptload/TensorView.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -133,6 +134,12 @@ Result<TensorView> TensorView::make(std::shared_ptr<const TensorStorage> storage
   }
   if (overflow) return bad_view(s, "the product of the sizes overflows 64 bits");
   const auto storage_numel = static_cast<std::int64_t>(s.numel);  // <= bytes, < 2^63
+  if (numel > std::max(storage_numel, kMaxExpandedNumel))
+    return unsupported("pt storage '" + s.key + "' is viewed with " + std::to_string(numel) +
+                           " elements but holds " + std::to_string(storage_numel) +
+                           " (an expanded or overlapping view); more than " +
+                           std::to_string(kMaxExpandedNumel) + " such elements are not loaded",
+                       "save the tensor with .contiguous() (or .clone()) before torch.save");
   if (numel == 0) {
     if (storage_offset > storage_numel)
       return bad_view(s, "storage offset " + std::to_string(storage_offset) +

@@ -343,7 +343,10 @@ bool valid_utf8(std::string_view s) {
 class Vm {
  public:
   Vm(std::span<const std::byte> in, const StorageResolver& resolver, const UnpickleLimits& limits)
-      : in_(in), resolver_(resolver), limits_(limits) {}
+      : in_(in),
+        resolver_(resolver),
+        limits_(limits),
+        work_left_(kWorkPerPickleByte * in.size() + kMinWork) {}
 
   Result<PickleValue> run();
   UnpickleStats stats() const { return {used_, result_bytes_}; }
@@ -378,6 +381,22 @@ class Vm {
         "torch.save's pickles take 2-3 KB a tensor, so this one builds far more than tensors "
         "need (a memory bomb?); if you trust the file, raise " +
             std::string(limits_.max_memory_option));
+  }
+
+  // --- Note [Repeated work]: the text of a dict key is made again at each SETITEM of it; a
+  // large key (a tuple of shared tuples: 59 KB of text from a few hundred bytes) set again and
+  // again costs 4 bytes of pickle each time. Such work is counted against 16 units (bytes of
+  // key text) per pickle byte: torch.save sets each key once, so real pickles use about 1. ---
+  static constexpr std::uint64_t kWorkPerPickleByte = 16, kMinWork = 1u << 20;
+  Status work(std::uint64_t units) {
+    if (units <= work_left_) {
+      work_left_ -= units;
+      return ok_status();
+    }
+    return exhausted("pt pickle: dict keys set again and again ask for more than " +
+                         std::to_string(kWorkPerPickleByte) +
+                         " bytes of key text per pickle byte (a crafted pickle?)" + where(),
+                     "re-save the file with torch.save(model.state_dict(), path)");
   }
 
   // --- the budget (Note [Unpickler memory budget]) ---
@@ -548,6 +567,7 @@ class Vm {
   std::span<const std::byte> in_;
   const StorageResolver& resolver_;
   const UnpickleLimits& limits_;
+  std::uint64_t work_left_;  // Note [Repeated work]
   std::size_t pos_ = 0, op_pos_ = 0;
   std::uint8_t op_ = 0;
   bool stopped_ = false, converting_ = false;
@@ -931,6 +951,12 @@ Result<std::vector<std::int64_t>> Vm::ints_arg(std::uint32_t id, const char* wha
   if (nodes_[id].kind != NodeKind::Tuple)
     return refuse(std::string(what) + " is " + describe(id) + ", not a tuple of ints");
   const auto it = items(nodes_[id]);
+  // Sizes and strides: a tensor has at most TensorView::kMaxDims dims. Checked before the
+  // copy, which each call of a memoized tuple would otherwise repeat (5 bytes of pickle a call).
+  if (it.size() > TensorView::kMaxDims)
+    return refuse(std::string(what) + " has " + std::to_string(it.size()) +
+                  " items, more than the " + std::to_string(TensorView::kMaxDims) +
+                  " dimensions a tensor may have here");
   std::vector<std::int64_t> out;
   out.reserve(it.size());
   for (std::uint32_t item : it) {
@@ -1114,6 +1140,7 @@ Status Vm::set_item(std::uint32_t dict, std::uint32_t key, std::uint32_t value) 
     return refuse("SETITEM(S) on " + describe(dict) + " (only a dict)");
   std::string k(reinterpret_cast<const char*>(&dict), sizeof dict);
   CRUCIBLE_RETURN_IF_ERROR(key_text(key, k, 0));
+  CRUCIBLE_RETURN_IF_ERROR(work(k.size()));  // Note [Repeated work]
   if (auto it = dict_keys_.find(k); it != dict_keys_.end()) {
     // Python keeps the first key object and takes the new value.
     items_[nodes_[dict].ref][2 * std::size_t{it->second} + 1] = value;

@@ -426,6 +426,13 @@ bad("length_past_end", zip_bytes([("a/data.pkl", b"\x80\x02X\xe8\x03\x00\x00abc"
 bad("cycle", pt(b"]q\x00h\x00a"))
 # A 60-level DAG: each level is a tuple holding the previous level twice (2^60 paths to a tensor).
 bad("dag_bomb", pt(b"]" + tensor() + b"q\x00a" + b"h\x00h\x00\x86q\x00a" * 60))
+# One dict with a 60 KB key, listed 2000 times (2 bytes each): the key's text is made at each
+# visit, 120 MB of it from a 64 KB pickle.
+bad("key_repr_bomb", pt(b"](}" + uni("k" * 60000) + b"Nsq\x00" + b"h\x00" * 2000 + b"e"))
+# One 60 KB key set 20000 times, 4 bytes each: 1.2 GB of key text.
+bad("setitem_bomb", pt(b"}" + uni("k" * 60000) + b"q\x00Ns" + b"h\x00Ns" * 20000))
+# 2^27 elements, each the storage's first: 512 MB from a few bytes.
+bad("expanded_view", pt(tensor(size=(1 << 27,), stride=(0,))))
 with open(dtypes_path, "rb") as f:
     whole = f.read()
 bad("truncated", whole[: len(whole) // 2])

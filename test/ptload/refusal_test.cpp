@@ -113,7 +113,14 @@ TEST(Refuse, LegacyNonZipStreams) {
 
 TEST(Refuse, SharedObjectGraphsThatExplodeWhenListed) {
   // No single byte is at fault here: the message names the cause instead of an offset.
-  expect_refused({{"dag_bomb", "revisits shared containers too often"}}, /*names_offset=*/false);
+  expect_refused({{"dag_bomb", "revisits shared containers too often"},
+                  {"key_repr_bomb", "revisits shared containers too often"}},
+                 /*names_offset=*/false);
+}
+
+TEST(Refuse, WorkOutOfProportionToTheFile) {
+  expect_refused({{"setitem_bomb", "dict keys set again and again"}});
+  expect_refused({{"expanded_view", "expanded or overlapping view"}}, /*names_offset=*/false);
 }
 
 }  // namespace

@@ -57,6 +57,35 @@ TEST(TensorView, StridedOffsetViewMaterializesRowMajor) {
   EXPECT_EQ(one->materialize_f32(), (std::vector<float>{0, 1, 2}));
 }
 
+TEST(TensorView, ExpandedViewsAreBoundedByTheirStorage) {
+  // A stride of 0 reads one element many times: torch.zeros(1).expand(...) saved as is.
+  auto small = TensorView::make(storage_of(dt::kFloat32, std::vector<float>{2.5f}), 0, {3, 4},
+                                {0, 0}, false);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->materialize_f32(), std::vector<float>(12, 2.5f));
+  // Up to max(storage elements, kMaxExpandedNumel) elements; beyond, refused before anything
+  // is allocated, saying what to do.
+  auto at_cap = TensorView::make(storage_of(dt::kFloat32, std::vector<float>{1.0f}), 0,
+                                 {TensorView::kMaxExpandedNumel}, {0}, false);
+  ASSERT_TRUE(at_cap.ok()) << at_cap.status();
+  for (const std::vector<std::int64_t>& sizes : std::vector<std::vector<std::int64_t>>{
+           {TensorView::kMaxExpandedNumel + 1},
+           {std::int64_t{1} << 27},
+           {(std::int64_t{1} << 31) - 1, (std::int64_t{1} << 31) - 1}}) {
+    auto big = TensorView::make(storage_of(dt::kFloat32, std::vector<float>{1.0f}), 0, sizes,
+                                std::vector<std::int64_t>(sizes.size(), 0), false);
+    ASSERT_FALSE(big.ok());
+    EXPECT_NE(std::string(big.status().message()).find("expanded or overlapping view"),
+              std::string::npos)
+        << big.status();
+    EXPECT_NE(std::string(big.status().message()).find(".contiguous()"), std::string::npos);
+  }
+  // A view of no more elements than its storage holds is not capped, whatever its strides.
+  std::vector<float> vals(64, 1.0f);
+  auto same = TensorView::make(storage_of(dt::kFloat32, vals), 0, {8, 8}, {0, 1}, false);
+  EXPECT_TRUE(same.ok()) << same.status();
+}
+
 TEST(TensorView, RefusesViewsOutsideTheStorage) {
   auto s = storage_of(dt::kFloat32, std::vector<float>(10));
   auto err = [&](std::int64_t off, std::vector<std::int64_t> sz, std::vector<std::int64_t> st) {

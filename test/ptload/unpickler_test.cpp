@@ -198,6 +198,25 @@ TEST(Unpickler, SharedDagConvertsInLinearTime) {
   EXPECT_EQ(r->items().size(), 61u);
 }
 
+TEST(Unpickler, RepeatedWorkIsBoundedByThePickleSize) {
+  // Note [Repeated work]: one 60 KB key set 20000 times (4 bytes each) would make 1.2 GB of key
+  // text; it is refused once the text passes 16 bytes per pickle byte.
+  auto keyed = [](int n) {  // {key: None} with the key memoized, then n more SETITEMs of it
+    std::string p = "}" + uni(std::string(60000, 'k')) + std::string("q\x00Ns", 4);
+    for (int i = 0; i < n; ++i) p += std::string("h\x00Ns", 4);
+    return p;
+  };
+  EXPECT_NE(error_of(keyed(20000)).find("dict keys set again and again"), std::string::npos);
+  auto r = run(keyed(5));  // set a few times, it loads: Python keeps one entry
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->entries().size(), 1u);
+  // torch.Size of a 65-int tuple: refused before its items are copied (each call of a memoized
+  // tuple would copy them again).
+  std::string size = global("torch", "Size") + "(";
+  for (int i = 0; i < 65; ++i) size += "K\x01";
+  EXPECT_NE(error_of(size + "t\x85R").find("more than the 64 dimensions"), std::string::npos);
+}
+
 TEST(Unpickler, ParameterKeepsRequiresGrad) {
   const std::string p = global("torch._utils", "_rebuild_parameter") + "(" +
                         test::tensor_f32("0", 4, 0, 4) + "\x88" +

@@ -26,6 +26,11 @@ class TensorView {
   // Tensors of more dimensions than this are refused (reported, not truncated): real weights
   // have 1-5, and a cap bounds the per-tensor work a crafted file can ask for.
   static constexpr std::size_t kMaxDims = 64;
+  // A view may address an element more than once (a stride of 0: an expanded tensor) and so
+  // hold more elements than its storage; beyond max(the storage's elements, this many) it is
+  // refused: materializing it would cost memory and time out of proportion to the file (a
+  // 106-byte pickle asked for 2^27 floats; sizes of 2^31 x 2^31 over one element).
+  static constexpr std::int64_t kMaxExpandedNumel = std::int64_t{1} << 24;
 
   static Result<TensorView> make(std::shared_ptr<const TensorStorage> storage,
                                  std::int64_t storage_offset, std::vector<std::int64_t> sizes,
