@@ -212,45 +212,69 @@ std::int8_t PickleValue::as_dtype() const {
   return rep_->dtype;
 }
 
-std::string PickleValue::repr() const {
-  switch (kind()) {
-    case Kind::None:
-      return "None";
-    case Kind::Bool:
-      return rep_->flag ? "True" : "False";
-    case Kind::Int:
-      return std::to_string(rep_->i);
-    case Kind::BigInt:
-      return "<int of " + std::to_string(as_string().size()) + " bytes>";
-    case Kind::Float: {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.17g", as_float());
-      return buf;
-    }
-    case Kind::String:
-      return as_string();
+namespace {
+
+// PickleValue::repr into `out`, stopping with "..." once it holds `limit` bytes.
+void repr_into(const PickleValue& v, std::string& out, std::size_t limit) {
+  using Kind = PickleValue::Kind;
+  if (out.size() >= limit) return;
+  switch (v.kind()) {
     case Kind::Tuple:
     case Kind::List:
     case Kind::Set: {
-      const char* open = is(Kind::Tuple) ? "(" : is(Kind::List) ? "[" : "{";
-      const char* close = is(Kind::Tuple) ? ")" : is(Kind::List) ? "]" : "}";
-      std::string out = open;
-      const auto it = items();
+      const bool tuple = v.is(Kind::Tuple);
+      out += tuple ? "(" : v.is(Kind::List) ? "[" : "{";
+      const auto it = v.items();
       for (std::size_t i = 0; i < it.size(); ++i) {
+        if (out.size() >= limit) return;
         if (i) out += ", ";
-        out += it[i].repr();
+        repr_into(it[i], out, limit);
       }
-      if (is(Kind::Tuple) && it.size() == 1) out += ",";
-      return out + close;
+      if (tuple && it.size() == 1) out += ",";
+      out += tuple ? ")" : v.is(Kind::List) ? "]" : "}";
+      return;
     }
+    case Kind::None:
+      out += "None";
+      return;
+    case Kind::Bool:
+      out += v.as_bool() ? "True" : "False";
+      return;
+    case Kind::Int:
+      out += std::to_string(v.as_int());
+      return;
+    case Kind::BigInt:
+      out += "<int of " + std::to_string(v.as_string().size()) + " bytes>";
+      return;
+    case Kind::Float: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", v.as_float());
+      out += buf;
+      return;
+    }
+    case Kind::String:
+      out += v.as_string();
+      return;
     case Kind::Dict:
-      return "{dict of " + std::to_string(entries().size()) + "}";
+      out += "{dict of " + std::to_string(v.entries().size()) + "}";
+      return;
     case Kind::Tensor:
-      return "<tensor " + std::string(as_tensor().dtype_name()) + ">";
+      out += "<tensor " + std::string(v.as_tensor().dtype_name()) + ">";
+      return;
     case Kind::Dtype:
-      return "torch." + std::string(scalar_type_info(rep_->dtype).name);
+      out += "torch." + std::string(scalar_type_info(v.as_dtype()).name);
+      return;
   }
-  return "?";
+  out += "?";
+}
+
+}  // namespace
+
+std::string PickleValue::repr() const {
+  std::string out;
+  repr_into(*this, out, kMaxReprBytes);
+  if (out.size() >= kMaxReprBytes) out += "...";
+  return out;
 }
 
 }  // namespace crucible::ptload

@@ -196,6 +196,12 @@ TEST(Unpickler, SharedDagConvertsInLinearTime) {
   auto r = run(p);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->items().size(), 61u);
+  // Its text would be 2^60 items: repr() stops at kMaxReprBytes.
+  const std::string text = r->repr();
+  EXPECT_GE(text.size(), PickleValue::kMaxReprBytes);
+  EXPECT_LT(text.size(), PickleValue::kMaxReprBytes + 64);
+  EXPECT_TRUE(text.ends_with("...")) << text.substr(text.size() - 16);
+  EXPECT_EQ(r->items()[2].repr(), "((None, None), (None, None))");
 }
 
 TEST(Unpickler, RepeatedWorkIsBoundedByThePickleSize) {

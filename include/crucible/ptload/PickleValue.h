@@ -69,8 +69,10 @@ class PickleValue {
   const TensorView& as_tensor() const;
   std::int8_t as_dtype() const;
 
-  // Python-like text for names and messages: 'a', 3, True, (1, 2), ...
+  // Python-like text for names and messages: 'a', 3, True, (1, 2), ... At most kMaxReprBytes
+  // (then "..."): a DAG of shared lists would otherwise print 2^depth items.
   std::string repr() const;
+  static constexpr std::size_t kMaxReprBytes = std::size_t{1} << 20;
 
   // Heap bytes one value of kind `k` takes for its node (control block included), not counting
   // what the node owns (string bytes, items, a tensor's sizes): what memory budgets charge.
