@@ -33,9 +33,9 @@ constexpr std::uint64_t kMaxByteorderBytes = 6;
 
 // Walking the tree to list tensors visits shared subtrees once per path, so a crafted DAG could
 // ask for 2^depth visits. Real trees are visited about once per pickle byte or less: the budget
-// is 64 visits per pickle byte (plus 4096 for tiny pickles), each byte of a dict key's text
+// is 16 visits per pickle byte (plus 4096 for tiny pickles), each byte of a dict key's text
 // made on the way counting as one; past it the load is refused.
-constexpr std::uint64_t kVisitsPerPickleByte = 64, kMinVisits = 4096;
+constexpr std::uint64_t kVisitsPerPickleByte = 16, kMinVisits = 4096;
 
 Status in_file(const Status& s, std::string_view path) {
   return Status(s.code(), std::string(path) + ": " + std::string(s.message()));
