@@ -70,7 +70,9 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> kernel_spans(const Executio
   return span;
 }
 
-MemoryUse plan_memory_use(const ExecutionPlan& plan) { return MemoryUse{kernel_spans(plan), {}}; }
+MemoryUse plan_memory_use(const ExecutionPlan& plan) {
+  return MemoryUse{kernel_spans(plan), {}, {}};
+}
 
 Status check_memory_use(const ExecutionPlan& plan, const MemoryUse& use) {
   const std::size_t ncalls = plan.calls.size(), nslots = plan.slots.size();

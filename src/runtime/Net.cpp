@@ -17,12 +17,19 @@
 #include "crucible/graph/ArenaPlacement.h"
 
 namespace crucible::runtime {
-namespace {
+// The layer graph's own types: members of Net::Impl and CompiledNet::Impl, so not in an unnamed
+// namespace (GCC's -Wsubobject-linkage where this file is compiled inside a unity batch).
+namespace net_types {
 
 enum class Kind : std::uint8_t {
   Input, Conv, Linear, Act, Affine, LayerNorm, Softmax, MaxPool, AvgPool, AdaptiveAvg, Pad,
   Binary, View, Concat,
 };
+
+}  // namespace net_types
+using namespace net_types;
+
+namespace {
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -50,6 +57,10 @@ std::int64_t numel(const std::vector<std::int64_t>& s) {
 
 constexpr std::size_t kAlign = 64;
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+namespace net_types {
 
 struct Node {
   Kind kind = Kind::Input;
@@ -90,7 +101,7 @@ struct Step {
   bool in_place = false;
 };
 
-}  // namespace
+}  // namespace net_types
 
 namespace {
 // Planes and the last two dims of an input to a 2-D layer; rank >= 3 ([c, h, w] or [n, c, h, w]).

@@ -408,7 +408,9 @@ TEST_F(RunStep, OutputsAProviderAllocatesTakeNoArenaMemory) {
     ASSERT_NE(relu_slot, kNone);
     EXPECT_FALSE((*runner)->slot_offset(relu_slot).has_value());
     for (std::uint32_t s = 0; s < p.plan.slots.size(); ++s)
-      if (s != relu_slot && p.plan.slots[s].kind == SlotKind::Arena) EXPECT_TRUE((*runner)->slot_offset(s).has_value()) << s;
+      if (s != relu_slot && p.plan.slots[s].kind == SlotKind::Arena) {
+        EXPECT_TRUE((*runner)->slot_offset(s).has_value()) << s;
+      }
     std::vector<float> want_v = v;
     const auto in = inputs(p.plan);
     void* out[] = {&s_out};

@@ -142,7 +142,9 @@ TEST(CpuBackendMemory, FusedIntermediatesTakeNoArenaMemory) {
   ASSERT_TRUE(null_runner.ok());
   EXPECT_EQ((*null_runner)->arena_bytes(), bp.plan.arena_bytes);
   for (std::uint32_t s = 0; s < bp.plan.slots.size(); ++s)
-    if (bp.plan.slots[s].kind == exec::SlotKind::Arena) EXPECT_TRUE((*null_runner)->slot_offset(s).has_value());
+    if (bp.plan.slots[s].kind == exec::SlotKind::Arena) {
+      EXPECT_TRUE((*null_runner)->slot_offset(s).has_value());
+    }
   EXPECT_GT(arena, 0u);
 }
 
