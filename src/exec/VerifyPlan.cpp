@@ -32,28 +32,29 @@ Status tensor_extent(const ExecutionPlan& p, std::uint32_t ti, std::uint64_t* lo
                      std::uint64_t* hi) {
   const TensorRef& t = p.tensors[ti];
   auto es = element_size(t.dtype);
-  const std::string what =
-      "tensor " + std::to_string(ti) + " (value " + std::to_string(t.value) + ")";
+  auto what = [&] {  // made only for an error: a plan's verification visits every tensor
+    return "tensor " + std::to_string(ti) + " (value " + std::to_string(t.value) + ")";
+  };
   if (!es.ok())
-    return invalid_input(what + " has dtype " + std::to_string(t.dtype) + ", of no known size",
+    return invalid_input(what() + " has dtype " + std::to_string(t.dtype) + ", of no known size",
                          kFix);
   if (!in_range(t.dims, 2 * std::uint64_t{t.ndim}, p.dims.size()))
-    return invalid_input(what + "'s sizes and strides lie past the dims table", kFix);
+    return invalid_input(what() + "'s sizes and strides lie past the dims table", kFix);
   std::int64_t low = t.offset, high = t.offset;  // elements
   bool empty = false;
   constexpr std::int64_t kLimit = std::int64_t{1} << 61;
   for (std::uint16_t d = 0; d < t.ndim; ++d) {
     const std::int64_t size = p.dims[t.dims + d], stride = p.dims[t.dims + t.ndim + d];
     if (size < 0 || size > kLimit || stride > kLimit || stride < -kLimit)
-      return invalid_input(what + " has dim " + std::to_string(d) + " of size " +
+      return invalid_input(what() + " has dim " + std::to_string(d) + " of size " +
                                std::to_string(size) + " and stride " + std::to_string(stride),
                            kFix);
     if (size == 0) empty = true;
     std::int64_t reach = 0;
     if (size > 0 && __builtin_mul_overflow(size - 1, stride, &reach))
-      return invalid_input(what + "'s extent overflows", kFix);
+      return invalid_input(what() + "'s extent overflows", kFix);
     (reach < 0 ? low : high) += reach;
-    if (low < -kLimit || high > kLimit) return invalid_input(what + "'s extent overflows", kFix);
+    if (low < -kLimit || high > kLimit) return invalid_input(what() + "'s extent overflows", kFix);
   }
   if (empty) {
     *lo = *hi = 0;
@@ -61,7 +62,7 @@ Status tensor_extent(const ExecutionPlan& p, std::uint32_t ti, std::uint64_t* lo
   }
   if (low < 0)
     return invalid_input(
-        what + " reaches " + std::to_string(-low) + " elements before its slot's start", kFix);
+        what() + " reaches " + std::to_string(-low) + " elements before its slot's start", kFix);
   *lo = static_cast<std::uint64_t>(low) * *es;
   *hi = (static_cast<std::uint64_t>(high) + 1) * *es;
   return ok_status();

@@ -331,7 +331,6 @@ Status CpuBackend::memory_use(void* self, const exec::ExecutionPlan& plan, exec:
     for (std::uint32_t a = call.in_begin; a < call.out_begin + call.out_count; ++a)
       use.untouched[plan.tensors[plan.args[a].tensor].slot] = false;
   };
-  std::vector<bool> generated(plan.calls.size(), false);  // by code of its own, always or at times
   for (const auto& prepared : b->prepared_) {
     if (!prepared) continue;
     for (const Run& r : prepared->runs) {
@@ -339,12 +338,13 @@ Status CpuBackend::memory_use(void* self, const exec::ExecutionPlan& plan, exec:
       const bool library_too = b->may_run_library_calls(*r.gen);
       for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c) {
         use.spans[c] = {r.call_begin, r.call_begin + r.call_count - 1};
-        generated[c] = std::ranges::find(r.hoisted, c) == r.hoisted.end();
         if (library_too) touch_call(c);  // its calls may run as library calls too
       }
       for (std::uint32_t t : r.gen->operand_tensor) use.untouched[plan.tensors[t].slot] = false;
     }
   }
+  std::vector<bool> generated = b->generated_call_mask();  // by code of its own, always or at times
+  generated.resize(plan.calls.size(), false);
   use.library_only.assign(plan.calls.size(), false);
   for (std::uint32_t c = 0; c < plan.calls.size(); ++c)
     if (!generated[c]) {

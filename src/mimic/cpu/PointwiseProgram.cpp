@@ -1007,6 +1007,18 @@ Result<PointwiseKernel> lower_batch_norm(const exec::ExecutionPlan& p, std::uint
   return k;
 }
 
+namespace {
+// A call of one input and `results` results, its input float32 or float64: nullptr and `x` its
+// input tensor, or why not.
+const char* one_float_input(const exec::ExecutionPlan& p, const exec::Call& call,
+                            std::uint32_t results, std::uint32_t& x) {
+  if (call.in_count != 1 || call.out_count != results) return "it has other results than ATen's";
+  x = p.inputs_of(call)[0].tensor;
+  if (!is_float(p.tensors[x].dtype)) return "its input is not float32 or float64";
+  return nullptr;
+}
+}  // namespace
+
 bool is_arg_extreme_op(std::string_view op) {
   return op == "aten::max.dim" || op == "aten::min.dim" || op == "aten::argmax" ||
          op == "aten::argmin";
@@ -1019,11 +1031,9 @@ Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& p, std::uin
   auto refuse = [&](const std::string& why) { return not_generated(p, c, "a max or argmax", why); };
   if (!is_arg_extreme_op(name)) return refuse("not max.dim, min.dim, argmax or argmin");
   const bool arg = name == "aten::argmax" || name == "aten::argmin";
-  if (call.in_count != 1 || call.out_count != (arg ? 1u : 2u))
-    return refuse("it has other results than ATen's");
-  const std::uint32_t x = p.inputs_of(call)[0].tensor;
+  std::uint32_t x = 0;
+  if (const char* why = one_float_input(p, call, arg ? 1u : 2u, x)) return refuse(why);
   const exec::TensorRef& xt = p.tensors[x];
-  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
   const auto sz = p.sizes(xt);
   const auto nd = static_cast<std::int64_t>(sz.size());
   std::optional<std::int64_t> dim;
@@ -1085,11 +1095,9 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
   auto refuse = [&](const std::string& why) { return not_generated(p, c, "a var or std", why); };
   if (!is_variance_op(name)) return refuse("not var, std, var_mean or std_mean");
   const bool with_mean = name.find("_mean") != std::string::npos;
-  if (call.in_count != 1 || call.out_count != (with_mean ? 2u : 1u))
-    return refuse("it has other results than ATen's");
-  const std::uint32_t x = p.inputs_of(call)[0].tensor;
+  std::uint32_t x = 0;
+  if (const char* why = one_float_input(p, call, with_mean ? 2u : 1u, x)) return refuse(why);
   const exec::TensorRef& xt = p.tensors[x];
-  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
   const auto sz = p.sizes(xt);
   const auto nd = static_cast<std::int64_t>(sz.size());
   std::vector<bool> reduced(sz.size(), true);  // dim=None: every dim
