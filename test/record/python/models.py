@@ -112,6 +112,22 @@ MODELS = ["mlp", "cnn", "resnet18", "transformer"]
 # their golden plans keep to MODELS).
 VESSEL_MODELS = MODELS + ["efficientnet"]
 
+# Under ASan (the default preset; test/CMakeLists.txt sets CRUCIBLE_TEST_SANITIZER) a step of the
+# two large models costs 10-27 s in each test that compiles it, most of the preset's Python time:
+# there they are recorded (test_vessel.py) and compiled through the cpu backend (test_replay.py)
+# and skipped elsewhere, saying so; the verify preset runs every one.
+UNDER_ASAN = os.environ.get("CRUCIBLE_TEST_SANITIZER") == "asan-ubsan"
+LARGE_MODELS = ("resnet18", "efficientnet")
+
+
+def large_skipped_under_asan(names):
+    """`names` as pytest parameters, the large models marked to skip under ASan."""
+    import pytest
+    return [pytest.param(n, marks=pytest.mark.skipif(
+        UNDER_ASAN and n in LARGE_MODELS,
+        reason="a large model under ASan runs in test_vessel.py and test_replay.py; verify runs it here"))
+        for n in names]
+
 
 def record(s, steps):
     """Records `steps` training steps of setup `s` (modules tracked, batch marked as input) and

@@ -50,7 +50,7 @@ def snapshot(tensors):
 
 
 @pytest.mark.parametrize("backend", ["null", "cpu"])
-@pytest.mark.parametrize("name", models.VESSEL_MODELS + ["transformer2"])
+@pytest.mark.parametrize("name", models.large_skipped_under_asan(models.VESSEL_MODELS + ["transformer2"]))
 def test_a_recorded_step_run_through_its_plan_gives_eager_bits(name, backend):
     """The last of four recorded steps, planned from its own ops (as crucible.compile would plan
     a captured call), not from iteration detection."""
