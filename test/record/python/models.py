@@ -112,21 +112,32 @@ MODELS = ["mlp", "cnn", "resnet18", "transformer"]
 # their golden plans keep to MODELS).
 VESSEL_MODELS = MODELS + ["efficientnet"]
 
-# Under ASan (the default preset; test/CMakeLists.txt sets CRUCIBLE_TEST_SANITIZER) a step of the
-# two large models costs 10-27 s in each test that compiles it, most of the preset's Python time:
-# there they are recorded (test_vessel.py) and compiled through the cpu backend (test_replay.py)
-# and skipped elsewhere, saying so; the verify preset runs every one.
-UNDER_ASAN = os.environ.get("CRUCIBLE_TEST_SANITIZER") == "asan-ubsan"
+# The sanitizer preset the tests run under (test/CMakeLists.txt sets CRUCIBLE_TEST_SANITIZER), or
+# "". Under ASan a step of the two large models costs 10-27 s in each test that compiles it, most
+# of the preset's Python time: there they are recorded (test_vessel.py) and compiled through the
+# cpu backend (test_replay.py) and skipped elsewhere, saying so. Under TSan their steps add ops,
+# not threads: the small models check the recorder's and the pipeline's threads. The verify
+# preset runs every one.
+SANITIZER = os.environ.get("CRUCIBLE_TEST_SANITIZER", "")
+UNDER_ASAN = SANITIZER == "asan-ubsan"
 LARGE_MODELS = ("resnet18", "efficientnet")
 
 
-def large_skipped_under_asan(names):
-    """`names` as pytest parameters, the large models marked to skip under ASan."""
+def large_skipped_under(sanitizers, names, reason):
+    """`names` as pytest parameters, the large models marked to skip under `sanitizers`."""
     import pytest
-    return [pytest.param(n, marks=pytest.mark.skipif(
-        UNDER_ASAN and n in LARGE_MODELS,
-        reason="a large model under ASan runs in test_vessel.py and test_replay.py; verify runs it here"))
-        for n in names]
+    return [pytest.param(n, marks=pytest.mark.skipif(SANITIZER in sanitizers and n in LARGE_MODELS,
+                                                     reason=reason)) for n in names]
+
+
+def large_skipped_under_asan(names):
+    return large_skipped_under(("asan-ubsan",), names, "a large model under ASan runs in "
+                               "test_vessel.py and test_replay.py; verify runs it here")
+
+
+def large_skipped_under_tsan(names):
+    return large_skipped_under(("tsan",), names, "a large model's steps add ops, not threads: the "
+                               "other presets run it")
 
 
 def record(s, steps):

@@ -58,7 +58,7 @@ def comparable(seq):
             and not op[0].startswith("profiler::")]
 
 
-@pytest.mark.parametrize("name", models.VESSEL_MODELS)
+@pytest.mark.parametrize("name", models.large_skipped_under_tsan(models.VESSEL_MODELS))
 def test_all_three_phases_and_stable_counts(name):
     s = models.make(name)
     trace, counts = record_iterations(s)
@@ -79,7 +79,7 @@ def test_all_three_phases_and_stable_counts(name):
     assert th["bytes"] == st["bytes"] >= 64 * st["total"]
 
 
-@pytest.mark.parametrize("name", models.VESSEL_MODELS)
+@pytest.mark.parametrize("name", models.large_skipped_under_tsan(models.VESSEL_MODELS))
 def test_ops_and_output_shapes_match_eager_reference(name):
     s = models.make(name)
     s.step()  # past the first iteration (state creation) for both recorders
@@ -113,7 +113,7 @@ def unexplained_inputs(trace):
     return unexplained
 
 
-@pytest.mark.parametrize("name", models.VESSEL_MODELS)
+@pytest.mark.parametrize("name", models.large_skipped_under_tsan(models.VESSEL_MODELS))
 def test_every_input_is_produced_or_classified(name):
     s = models.make(name)
     trace, _ = record_iterations(s)
@@ -122,7 +122,7 @@ def test_every_input_is_produced_or_classified(name):
     assert {"parameter", "input"} <= kinds
 
 
-@pytest.mark.parametrize("name", models.VESSEL_MODELS)
+@pytest.mark.parametrize("name", models.large_skipped_under_tsan(models.VESSEL_MODELS))
 def test_every_input_of_a_warmed_up_step_is_produced_or_classified(name):
     # Recording starts after a step: gradients and optimizer state exist already, so they are
     # read before anything recorded writes them, and only their classification explains them.
