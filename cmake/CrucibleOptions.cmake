@@ -59,7 +59,10 @@ endif()
 
 set(CRUCIBLE_SAN_FLAGS "")
 if(CRUCIBLE_SANITIZER STREQUAL "asan-ubsan")
-  set(CRUCIBLE_SAN_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  # UBSan with every check ubsan-strict has (float-divide-by-zero, -ftrapv), so the Vessel
+  # gets them too.
+  set(CRUCIBLE_SAN_FLAGS -fsanitize=address,undefined,float-divide-by-zero -fno-omit-frame-pointer
+      -fno-sanitize-recover=undefined,float-divide-by-zero -ftrapv)
 elseif(CRUCIBLE_SANITIZER STREQUAL "tsan")
   set(CRUCIBLE_SAN_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
 elseif(CRUCIBLE_SANITIZER STREQUAL "ubsan-strict")
