@@ -13,10 +13,9 @@ option(CRUCIBLE_BUILD_BENCH "Build the benchmarks" ON)
 # The Vessel's ablation switches (Note [Ablation build], vessel/torch/Capture.h): a benchmark's
 # build (bench/vessel_ablation.sh), never a preset's.
 option(CRUCIBLE_VESSEL_ABLATION "Give the recording kernels the switches bench/vessel_ablation.sh turns" OFF)
-# OFF: the torch-free stages only, as on a machine without torch. The ubsan-strict preset turns
-# it off (the suite's build without torch): the default preset already runs the Vessel and its
-# Python suite under ASan and non-recovering UBSan, so ubsan-strict's share of the suite's 40
-# minutes goes to the stages it adds checks to.
+# OFF: the torch-free stages only, as on a machine without torch. The ubsan-strict preset (the
+# build and tests without torch) and the fuzz preset turn it off; the default preset runs the
+# Vessel and its Python suite under ASan and every check ubsan-strict has.
 option(CRUCIBLE_WITH_TORCH "Build the PyTorch Vessel when CRUCIBLE_PYTHON imports torch" ON)
 option(CRUCIBLE_BUILD_FUZZ "Build the libFuzzer harnesses (clang only: the fuzz preset)" OFF)
 # Unity (jumbo) builds: each target's sources compiled eight to a translation unit, so the heavy
