@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "AtenMath.h"
 #include "AtenParallel.h"
@@ -172,6 +173,12 @@ class ExecReplayImpl final : public replay::ExecReplay {
   std::vector<SlotTensor> slot_tensors;
   std::vector<std::uint32_t> patch_source;  // per exec patch point: the source feeding it
   std::vector<c10::Storage> last_out;       // each output binding's memory in the last run
+  // Note [Bound exec plans]: the sibling exec stage this one was last found to be one plan with
+  // (same_tables and the checks after it, a pure function of the two), and the slot map they
+  // gave; a family's later sizes bind against the same two.
+  std::mutex paired_mu;
+  std::weak_ptr<const replay::ExecReplay> paired_with;
+  std::vector<std::uint32_t> paired_perm;
   // A run's scratch, sized once (its storages are let go at the end of the run).
   std::vector<c10::Storage> in_storage, result;
   std::vector<void*> in, out;
@@ -602,24 +609,35 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
   const exec::ExecutionPlan& a = ea->step->sp.plan;
   const exec::ExecutionPlan& b = eb->step->sp.plan;
   std::vector<std::uint32_t> perm;  // a's slot -> b's
-  why = same_tables(a, b, perm);
-  if (!why.empty()) return why;
-  if (ea->input_src.size() != eb->input_src.size() || ea->input_src.size() != a.inputs.size() ||
-      eb->input_src.size() != b.inputs.size() || ea->slot_tensors.size() != eb->slot_tensors.size() ||
-      ea->patch_source != eb->patch_source)
-    return "the exec stages of the two recorded sizes bind other tensors";
-  // each input binding of a reads, on b's corresponding slot, b's binding of the same tensor
-  for (std::size_t k = 0; k < a.inputs.size(); ++k) {
-    const exec::Slot& y = b.slots[perm[a.inputs[k]]];
-    if (y.binding >= eb->input_src.size() || ea->input_src[k].kind != eb->input_src[y.binding].kind ||
-        ea->input_src[k].idx != eb->input_src[y.binding].idx)
-      return "the exec stages of the two recorded sizes bind other tensors";
-  }
   {
-    const std::vector<std::uint64_t> ra = slot_bytes_rule(a), rb = slot_bytes_rule(b);
-    for (std::uint32_t s = 0; s < a.slots.size(); ++s)
-      if (ra[s] != a.slots[s].bytes || rb[s] != b.slots[s].bytes)
-        return "slot " + std::to_string(s) + "'s bytes are not its tensors' extent in a recorded exec plan";
+    // a and b are the family's two exec stages for every size bound from them: checked once
+    std::lock_guard<std::mutex> paired(eb->paired_mu);
+    if (eb->paired_with.lock() == xa) {
+      perm = eb->paired_perm;
+    } else {
+      why = same_tables(a, b, perm);
+      if (!why.empty()) return why;
+      if (ea->input_src.size() != eb->input_src.size() || ea->input_src.size() != a.inputs.size() ||
+          eb->input_src.size() != b.inputs.size() ||
+          ea->slot_tensors.size() != eb->slot_tensors.size() ||
+          ea->patch_source != eb->patch_source)
+        return "the exec stages of the two recorded sizes bind other tensors";
+      // each input binding of a reads, on b's corresponding slot, b's binding of the same tensor
+      for (std::size_t k = 0; k < a.inputs.size(); ++k) {
+        const exec::Slot& y = b.slots[perm[a.inputs[k]]];
+        if (y.binding >= eb->input_src.size() ||
+            ea->input_src[k].kind != eb->input_src[y.binding].kind ||
+            ea->input_src[k].idx != eb->input_src[y.binding].idx)
+          return "the exec stages of the two recorded sizes bind other tensors";
+      }
+      const std::vector<std::uint64_t> ra = slot_bytes_rule(a), rb = slot_bytes_rule(b);
+      for (std::uint32_t s = 0; s < a.slots.size(); ++s)
+        if (ra[s] != a.slots[s].bytes || rb[s] != b.slots[s].bytes)
+          return "slot " + std::to_string(s) +
+                 "'s bytes are not its tensors' extent in a recorded exec plan";
+      eb->paired_with = xa;
+      eb->paired_perm = perm;
+    }
   }
   // The integers that differ take few distinct value pairs: each evaluated once.
   absl::flat_hash_map<std::pair<std::int64_t, std::int64_t>, std::optional<std::int64_t>> memo;

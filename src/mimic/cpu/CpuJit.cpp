@@ -177,8 +177,12 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
                                                                const ObjectCache* disk,
                                                                CacheStats* stats) {
   const CpuTarget& host = host_target();
-  const CpuKernelKey key = cpu_kernel_key(program.hash(), recipe, host, kCpuOptLevel);
-  const graph::KernelKey mem_key{program.hash(), key.hash};
+  const ContentHash content = program.hash();
+  // In memory a kernel is found by its program and recipe (the host, LLVM and the options are
+  // the process's own); the full key's text, with the host's features, is made on a miss only: a
+  // plan's prepare looks up every run, and a bound size's plan (Note [Bound exec plans]) a
+  // hundred or more of them, each hit cheap this way.
+  const graph::KernelKey mem_key{content, content_hash(recipe)};
   Jit& j = jit();
   if (auto hit = j.memory.find(mem_key)) {
     ++stats->memory_hits;
@@ -190,6 +194,7 @@ Result<std::shared_ptr<const CompiledPointwise>> get_pointwise(const PointwisePr
     return hit;
   }
   CRUCIBLE_RETURN_IF_ERROR(ensure_jit(j));
+  const CpuKernelKey key = cpu_kernel_key(content, recipe, host, kCpuOptLevel);
   const std::string prefix = "crucible_pw_" + key.hash.hex();
   std::string object;
   bool from_disk = false;
