@@ -420,9 +420,27 @@ void configure_plan(std::uint64_t budget, std::uint64_t alignment, bool check_on
 
 }  // namespace
 
+// Note [Warnings of a plan run] (Replay.cpp): each warning a plan run's kernels gave, as a Python
+// warning (the frame that warns is torch.ops' call); one a filter made an error raises it after a
+// run that succeeded (pybind11 gives Python the warning's own exception).
+static void warn_in_python(const std::vector<vessel::RunWarning>& warnings, bool run_failed) {
+  py::gil_scoped_acquire gil;
+  for (const vessel::RunWarning& w : warnings) {
+    if (PyErr_WarnEx(w.deprecation ? PyExc_DeprecationWarning : PyExc_UserWarning,
+                     w.message.c_str(), 1) == 0)
+      continue;
+    if (run_failed) {  // the run's own error goes on
+      PyErr_Clear();
+      continue;
+    }
+    throw py::error_already_set();
+  }
+}
+
 PYBIND11_MODULE(_crucible_ext, m) {
   m.doc() = "Crucible's PyTorch Vessel (native part); use crucible_native instead";
   vessel::watch_forks();
+  vessel::set_warning_sink(&warn_in_python);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

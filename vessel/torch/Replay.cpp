@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "Capture.h"
@@ -1223,7 +1224,56 @@ void settle_arena(Plan& p, bool alive, bool failed) {
   }
 }
 
+namespace {
+// Note [Warnings of a plan run]
+// Eager's Python binding of an ATen op turns the warnings its kernels give (TORCH_WARN) into
+// Python warnings: a UserWarning (or DeprecationWarning) that a filter can silence, record or make
+// an error. An op called through torch.ops, as crucible::run is, prints them to stderr instead. A
+// plan run (and a sync-point plan's native backward, sync_backward_op) collects the warnings its
+// calling thread's kernels give and hands them, after the run, to the sink the Python extension
+// sets (set_warning_sink), which warns in Python as eager's binding does: the message, with "
+// (Triggered internally at FILE:LINE.)" unless the warning is verbatim; a warning a filter makes an
+// error raises it then. A run that raises hands them over before its error goes on (a warning made
+// an error is dropped: the run's own error is raised). Without a sink they go to the thread's
+// handler of before the run (stderr by default). As in eager, a warning given on one of ATen's
+// worker threads goes to that thread's handler.
+std::atomic<WarningSink> g_warning_sink{nullptr};
+
+std::vector<at::Tensor> run_plan(std::int64_t plan_id, at::TensorList args,
+                                 at::ArrayRef<double> scalars);
+}  // namespace
+
+void hand_over_warnings(std::vector<c10::Warning>& got, bool run_failed) {
+  if (got.empty()) return;
+  const WarningSink sink = g_warning_sink.load();
+  if (sink == nullptr) {
+    for (const c10::Warning& w : got) c10::WarningUtils::get_warning_handler()->process(w);
+    got.clear();
+    return;
+  }
+  std::vector<RunWarning> out;
+  out.reserve(got.size());
+  for (const c10::Warning& w : got) {
+    RunWarning r;
+    r.deprecation = std::holds_alternative<c10::DeprecationWarning>(w.type());
+    r.message = w.msg();
+    const c10::SourceLocation& at = w.source_location();
+    if (!w.verbatim() && at.file != nullptr)
+      r.message += " (Triggered internally at " + std::string(at.file) + ":" +
+                   std::to_string(at.line) + ".)";
+    out.push_back(std::move(r));
+  }
+  got.clear();
+  sink(out, run_failed);
+}
+
 std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::ArrayRef<double> scalars) {
+  return with_run_warnings([&] { return run_plan(plan_id, args, scalars); });
+}
+
+namespace {
+std::vector<at::Tensor> run_plan(std::int64_t plan_id, at::TensorList args,
+                                 at::ArrayRef<double> scalars) {
   t_guard_failed = false;  // set below only by a failure before anything was seen outside the run
   std::shared_ptr<Plan> p = get_plan(plan_id);
   bool idle = false;
@@ -1394,9 +1444,12 @@ std::vector<at::Tensor> run_op(std::int64_t plan_id, at::TensorList args, at::Ar
   p->recorded.reset();  // Note [Gradient bindings]: its gradients go with the first run
   return outs;
 }
+}  // namespace
 
 }  // namespace replay
 using namespace replay;
+
+void set_warning_sink(WarningSink sink) { replay::g_warning_sink.store(sink); }
 
 bool take_guard_failure() {
   const bool failed = t_guard_failed;

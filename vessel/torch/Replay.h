@@ -28,6 +28,17 @@ namespace crucible::vessel {
 // Starts capturing the calling thread's ops (turns recording on for the thread; with
 // capture_only the ops are not also written to the trace rings). Throws if a capture is
 // already active on this thread.
+// Note [Warnings of a plan run] (Replay.cpp): the warnings ATen's kernels gave during a plan
+// run, handed over after it (before its error when it raised). The Python extension's sink warns
+// in Python as eager's binding does; it may throw (a warning a filter made an error) unless
+// `run_failed`. Without a sink they go to the thread's warning handler (stderr by default).
+struct RunWarning {
+  bool deprecation = false;  // DeprecationWarning, else UserWarning
+  std::string message;       // as eager's binding words it (the C++ location added unless verbatim)
+};
+using WarningSink = void (*)(const std::vector<RunWarning>& warnings, bool run_failed);
+void set_warning_sink(WarningSink sink);
+
 // Whether the calling thread's last plan run raised because the plan's guard failed (a
 // persistent tensor or a .grad changed; nothing ran), and clears it. crucible.compile asks it
 // when a run raises, instead of reading the message.

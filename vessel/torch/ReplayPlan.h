@@ -345,6 +345,32 @@ at::Tensor value_of(const Form& f, const std::vector<at::Tensor>& exts, const st
 void run_range(const Plan& p, std::size_t begin, std::size_t end, const std::vector<at::Tensor>& exts,
                std::vector<at::Tensor>& slots, at::TensorList args, at::ArrayRef<double> scalars);
 
+// Note [Warnings of a plan run] (Replay.cpp): f() run with the calling thread's warnings
+// collected, then handed over (hand_over_warnings) after it, or before its error when it throws.
+class CollectWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override { got.push_back(w); }
+  std::vector<c10::Warning> got;
+};
+void hand_over_warnings(std::vector<c10::Warning>& got, bool run_failed);
+template <class F>
+auto with_run_warnings(F&& f) -> decltype(f()) {
+  CollectWarnings collect;
+  std::optional<decltype(f())> out;
+  {
+    std::optional<c10::WarningUtils::WarningHandlerGuard> collecting(std::in_place, &collect);
+    try {
+      out.emplace(f());
+    } catch (...) {
+      collecting.reset();
+      hand_over_warnings(collect.got, true);
+      throw;
+    }
+  }
+  hand_over_warnings(collect.got, false);
+  return std::move(*out);
+}
+
 }  // namespace crucible::vessel::replay
 
 namespace crucible::vessel {

@@ -77,27 +77,60 @@ def test_each_correction_passed_to_the_step_gives_eager_bits():
     assert step.stats()["plan_runs"] >= 4
 
 
-def test_a_correction_at_or_above_the_count_runs_atens_call_and_warns(capfd):
+def eager_warnings(fn, *args):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fn(*args)
+    return [(m.category, str(m.message)) for m in w]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "replay"])
+def test_a_correction_at_or_above_the_count_runs_atens_call_and_warns(capfd, backend):
     # ATen warns that the degrees of freedom are <= 0; the generated kernel would not, so such
-    # a launch runs ATen's call. Inside a plan run the warning goes where an ATen call's goes
-    # when made through torch.ops (stderr), as eager's Python binding raises a UserWarning.
+    # a launch runs ATen's call. Inside a plan run the warning is a Python warning, worded as
+    # eager's binding words it (Note [Warnings of a plan run]), not a line on stderr.
     def f(x):
         return x.var(1, correction=5), x.std(0, correction=2)
     x = torch.randn(4, 3, dtype=torch.float64)
-    step = crucible.compile(f, backend="cpu", guard=())
+    want = eager_warnings(f, x)
+    assert len(want) == 1 and "var(): degrees of freedom is <= 0" in want[0][1], want
+    step = crucible.compile(f, backend=backend, guard=())
     for i in range(5):
         capfd.readouterr()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             got = step(x)
-        said = [str(m.message) for m in w] + [capfd.readouterr().err]
-        assert any("var(): degrees of freedom is <= 0" in m for m in said), (i, said)
-        assert not any("std(): degrees of freedom" in m for m in said), (i, said)
+        said = [(m.category, str(m.message)) for m in w if not issubclass(m.category, crucible.CrucibleWarning)]
+        assert said == want, (i, said)
+        assert "degrees of freedom" not in capfd.readouterr().err, i
         for a, b in zip(got, f(x)):
             assert same(a, b)
     assert step.stats()["plan_runs"] == 2
-    # both are generated kernels; the var's launches (3 elements, correction 5) run ATen's call
-    assert step.plans()[0]["exec_generated_ops"] == ["aten::var.correction", "aten::std.correction"]
+    if backend == "cpu":  # both are generated kernels; the var's launches (3 elements, correction 5) run ATen's call
+        assert step.plans()[0]["exec_generated_ops"] == ["aten::var.correction", "aten::std.correction"]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "replay"])
+def test_a_warning_made_an_error_raises_it_after_the_plan_run(backend):
+    def f(x):
+        return x.var(1, correction=5) * 2
+    x = torch.randn(4, 3, dtype=torch.float64)
+    step = crucible.compile(f, backend=backend, guard=())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            step(x)
+    runs = step.stats()["plan_runs"]
+    assert runs >= 1
+    for fn in (f, step):  # eager's binding raises the warning itself; so does the plan's run
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match="degrees of freedom is <= 0"):
+                fn(x)
+    assert step.stats()["plan_runs"] == runs   # the call raised: not counted as a run
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert same(step(x), f(x))   # the plan stays, and runs
 
 
 def test_forms_aten_computes_otherwise_run_as_library_calls_with_eager_results():
