@@ -10,6 +10,9 @@ batches, the global generator reseeded alike before each step (dropout):
   crucible fixed         crucible.compile(step) on 60 steps all at length 12: the speed-up a
                          loop of one shape gets, which the variable loop is held against
                          (issue 33's target: >= 0.9x of it)
+  crucible again         each loop run a second time on its compiled step, every length holding
+                         its plan: the variable/fixed ratio of these is the ceiling a new
+                         length's costs (capture, binding, exec stage) leave room for
   torch.compile          torch.compile(step) with dynamic=None (Dynamo marks a dimension
                          dynamic after the first recompile); Inductor's caches in a fresh
                          directory
@@ -118,6 +121,14 @@ def main():
                          f"(median of the rounds' {', '.join(f'{q:.2f}' for q in r['speedup_vs_fixed_rounds'])}; "
                          f"issue 33's target: >= 0.9, with at most two captured calls in the whole run)")
     for r in rows:
+        if "again_vs_fixed_again" in r:
+            f = next(q for q in rows if q["loop"] == "fixed" and q["steps"] == r["steps"])
+            lines.append(f"{r['steps']} steps again, on the same compiled steps (every length holding its plan; plans "
+                         f"made: {r['again_new_plans']} and {f['again_new_plans']}): variable {r['again_vs_eager']:.2f}x "
+                         f"eager, fixed {f['again_vs_eager']:.2f}x; variable / fixed {r['again_vs_fixed_again']:.2f} "
+                         f"(median of the rounds' {', '.join(f'{q:.2f}' for q in r['again_vs_fixed_again_rounds'])}): "
+                         f"the ratio's ceiling when a new length costs nothing")
+    for r in rows:
         if r["loop"] == "variable":
             f = next(q for q in rows if q["loop"] == "fixed" and q["steps"] == r["steps"])
             lines.append(f"{r['steps']} steps: the call that builds the first plans {r['build_call_s'] * 1e3:.1f} ms "
@@ -205,7 +216,7 @@ def new_size_cost(sizes=range(13, 25)):
 def loop_rows(steps, no_torch_compile, rounds):
     data = {"variable": batches(lengths(steps, False)), "fixed": batches(lengths(steps, True))}
     acc = {name: {"eager": [], "crucible": [], "builds": [], "identical": True} for name in data}
-    ratios = []
+    ratios, warm_ratios = [], []
     for _ in range(rounds):
         # both loops in each round, each eagerly then compiled, on fresh twins: this VM's speed
         # drifts from minute to minute, so the variable loop is held against the fixed one of
@@ -222,7 +233,15 @@ def loop_rows(steps, no_torch_compile, rounds):
             a["crucible"].append(t)
             a["identical"] = a["identical"] and losses == a["eager_losses"]
             speedup[name] = eager_t / t
+            # the loop again on the same compiled step, every length holding its plan now (no
+            # capture, binding or exec stage made in it): the steady state
+            st0 = a["step"].stats()
+            warm_t, _ = run(a["step"], d)
+            a.setdefault("warm", []).append(warm_t)
+            a["warm_new_plans"] = a["step"].stats()["plans_built"] - st0["plans_built"]
+            speedup[name + " again"] = eager_t / warm_t
         ratios.append(speedup["variable"] / speedup["fixed"])
+        warm_ratios.append(speedup["variable again"] / speedup["fixed again"])
     rows = []
     for name, d in data.items():
         a = acc[name]
@@ -247,6 +266,12 @@ def loop_rows(steps, no_torch_compile, rounds):
         rows.append(row)
     rows[0]["speedup_vs_fixed"] = statistics.median(ratios)
     rows[0]["speedup_vs_fixed_rounds"] = ratios
+    for row, name in zip(rows, data):
+        row["again_s"] = statistics.median(acc[name]["warm"])
+        row["again_vs_eager"] = row["eager_s"] / row["again_s"]
+        row["again_new_plans"] = acc[name]["warm_new_plans"]
+    rows[0]["again_vs_fixed_again"] = statistics.median(warm_ratios)
+    rows[0]["again_vs_fixed_again_rounds"] = warm_ratios
     return rows
 
 
