@@ -424,16 +424,13 @@ bool eager_stretch(SyncRun& run, std::string why) {
   return false;
 }
 
-namespace {
 bool sync_backward(at::TensorList roots, at::TensorList seeds, bool retain_graph);
-}  // namespace
 
 bool sync_backward_op(at::TensorList roots, at::TensorList seeds, bool retain_graph) {
   return with_run_warnings(
       [&] { return sync_backward(roots, seeds, retain_graph); });  // Note [Warnings of a plan run]
 }
 
-namespace {
 bool sync_backward(at::TensorList roots, at::TensorList seeds, bool retain_graph) {
   SyncRun* run = t_sync.get();
   if (run == nullptr || run->failed) return false;
@@ -478,7 +475,6 @@ bool sync_backward(at::TensorList roots, at::TensorList seeds, bool retain_graph
   for (const auto& [e, r] : mk.grads_after) run->exts[e].mutable_grad() = live_value(*run, r);
   return true;
 }
-}  // namespace
 
 }  // namespace
 }  // namespace replay
