@@ -112,9 +112,27 @@ enum class ReduceKind : std::uint8_t {
   NllLossBwd = 9,
   BatchNorm = 10,  // Note [Generated batch norm]
   BatchNormBwd = 11,
-  ArgExtreme = 12,  // Note [Generated max and argmax]
-  Variance = 13,    // Note [Generated var and std]
+  ArgExtreme = 12,    // Note [Generated max and argmax]
+  Variance = 13,      // Note [Generated var and std]
+  ExtremeInner = 14,  // Note [Generated amax and amin]: rows
+  ExtremeOuter = 15,  // columns
 };
+
+// Note [Generated amax and amin]: amax and amin over a dense float32/float64 input whose reduced
+// dims (those of size > 1) are all innermost (ExtremeInner: reduce_rows rows of reduce_cols
+// elements) or all outermost (ExtremeOuter: reduce_rows rows folded into reduce_cols columns);
+// operands input, result; `smallest` for amin. A max has no rounding: its bits are which of +0
+// and -0 a tie returns and which NaN comes out, and both follow ATen's order (misc/ATEN_ORDER.md
+// section 10): S(a, b) = NaN in either ? the default qNaN : (a < b ? b : a) (ATen's max_impl:
+// a tie keeps a), V(a, b) = per lane a > b ? a : b, a NaN lane all ones (AVX2's maximum: a tie
+// takes b); amin mirrors both. Rows: under 4W elements (W = 8 float32, 4 float64 lanes) S from
+// -inf over the row; else four accumulators over the whole 4W groups, V(V(a0, a1), V(a2, a3)), S
+// across its lanes from lane 0, S(-inf, that), then S over the tail. Columns: the whole 4W groups
+// of columns fold the rows with V and end with V(acc, -inf) (a NaN lane all ones even over one
+// row); the other columns S from -inf over the rows. The order is the same on any thread count
+// except for one result over more than 32768 elements (ATen reduces it in per-thread parts):
+// not generated; nor reduced dims that are neither all innermost nor all outermost, nor a call
+// that reduces no dim of size above 1 (ATen's S from -inf turns a NaN into the default qNaN).
 
 // Note [Generated var and std]: var, std, var_mean and std_mean (the .correction overloads)
 // over a dense float32/float64 input whose reduced dims (those of size > 1) are one block of
@@ -293,6 +311,10 @@ bool is_batch_norm_op(std::string_view op);
 // Note [Generated max and argmax]: call c (max.dim, min.dim, argmax, argmin) as a program.
 Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& plan, std::uint32_t call);
 bool is_arg_extreme_op(std::string_view op);
+
+// Note [Generated amax and amin]: call c (amax, amin) as a program.
+Result<PointwiseKernel> lower_extreme_values(const exec::ExecutionPlan& plan, std::uint32_t call);
+bool is_extreme_values_op(std::string_view op);
 
 // Note [Generated var and std]: call c (var, std, var_mean, std_mean) as a program.
 Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& plan, std::uint32_t call);

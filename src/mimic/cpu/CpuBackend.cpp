@@ -228,8 +228,9 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const bool batch_norm = is_batch_norm_op(plan.op_names[call.op]);
     const bool arg_extreme = is_arg_extreme_op(plan.op_names[call.op]);
     const bool variance = is_variance_op(plan.op_names[call.op]);
+    const bool extreme = is_extreme_values_op(plan.op_names[call.op]);
     if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll || batch_norm ||
-        arg_extreme || variance) {
+        arg_extreme || variance || extreme) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
@@ -238,6 +239,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
         if (batch_norm) return lower_batch_norm(plan, c);
         if (arg_extreme) return lower_arg_extreme(plan, c);
         if (variance) return lower_variance(plan, c);
+        if (extreme) return lower_extreme_values(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
         if (!vm) return lower_softmax(plan, c, 0, "", no_vector_math());
@@ -425,7 +427,10 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     if (p->may_refuse) p->params.push_back(0);
     const std::int64_t cols = pk.reduce_cols;
     switch (pk.program.reduce) {  // Note [Split rows]
-      case ReduceKind::SumInner: p->row_elems = {cols, 1}; break;
+      case ReduceKind::SumInner:
+      case ReduceKind::ExtremeInner:
+        p->row_elems = {cols, 1};
+        break;
       case ReduceKind::Softmax:
       case ReduceKind::LogSoftmax: p->row_elems = {cols, cols}; break;
       case ReduceKind::SoftmaxBwd:

@@ -314,6 +314,10 @@ class ReduceEmitter {
                             b_.CreateICmpNE(b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1)), c64(0)));
     } else if (softmax) {
       softmax_rows(rows);
+    } else if (p_.reduce == ReduceKind::ExtremeInner) {
+      extreme_rows(rows);
+    } else if (p_.reduce == ReduceKind::ExtremeOuter) {
+      extreme_columns(rows);
     } else if (p_.reduce == ReduceKind::SumInner) {
       inner(rows);
     } else {
@@ -448,6 +452,90 @@ class ReduceEmitter {
     llvm::Value* ptr = at(base != nullptr ? base : out_, i);
     if (v->getType() != elem_) ptr = b_.CreateBitCast(ptr, v->getType()->getPointerTo());
     b_.CreateAlignedStore(v, ptr, align());
+  }
+
+  // Note [Generated amax and amin]: ATen's scalar max_impl (min_impl), a tie keeping a and a NaN
+  // in either giving the default qNaN, and AVX2's maximum (minimum), per lane: a tie takes b, a
+  // NaN lane is all ones. The identity -inf (amin: +inf) starts every result.
+  llvm::Value* extreme_s(llvm::Value* a, llvm::Value* b) {
+    llvm::Value* take_b = p_.smallest ? b_.CreateFCmpOLT(b, a) : b_.CreateFCmpOLT(a, b);
+    return b_.CreateSelect(b_.CreateFCmpUNO(a, b), llvm::ConstantFP::getNaN(elem_),
+                           b_.CreateSelect(take_b, b, a));
+  }
+  llvm::Value* extreme_v(llvm::Value* a, llvm::Value* b) {
+    llvm::Value* take_a = p_.smallest ? b_.CreateFCmpOLT(a, b) : b_.CreateFCmpOGT(a, b);
+    auto* ints = llvm::VectorType::getInteger(llvm::cast<llvm::VectorType>(vec_));
+    llvm::Value* nan = b_.CreateSExt(b_.CreateFCmpUNO(a, b), ints);
+    return b_.CreateBitCast(b_.CreateOr(b_.CreateBitCast(b_.CreateSelect(take_a, a, b), ints), nan),
+                            vec_);
+  }
+  llvm::Value* extreme_identity() { return llvm::ConstantFP::getInfinity(elem_, !p_.smallest); }
+
+  // Rows of cols_ elements (misc/ATEN_ORDER.md 10, vectorized_inner_reduction).
+  void extreme_rows(llvm::Value* rows) {
+    const std::int64_t group = 4 * w_;
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* row = b_.CreateMul(r, cols_);
+      llvm::AllocaInst* d = slot(elem_);
+      b_.CreateStore(extreme_identity(), d);
+      llvm::Value* count = b_.CreateSDiv(cols_, c64(group));
+      llvm::BasicBlock *vec = block("extreme_vectors"), *tail = block("extreme_tail");
+      b_.CreateCondBr(b_.CreateICmpSGT(count, c64(0)), vec, tail);
+      b_.SetInsertPoint(vec);
+      std::vector<llvm::AllocaInst*> acc;
+      for (std::int64_t j = 0; j < 4; ++j) {
+        acc.push_back(slot(vec_));
+        b_.CreateStore(load(vec_, x_, b_.CreateAdd(row, c64(j * w_))), acc.back());
+      }
+      loop(c64(1), count, [&](llvm::Value* i) {
+        llvm::Value* base = b_.CreateAdd(row, b_.CreateMul(i, c64(group)));
+        for (std::int64_t j = 0; j < 4; ++j)
+          b_.CreateStore(extreme_v(b_.CreateLoad(vec_, acc[j]),
+                                   load(vec_, x_, b_.CreateAdd(base, c64(j * w_)))),
+                         acc[j]);
+      });
+      auto a = [&](int j) { return b_.CreateLoad(vec_, acc[j]); };
+      llvm::Value* v = extreme_v(extreme_v(a(0), a(1)), extreme_v(a(2), a(3)));
+      llvm::Value* h = b_.CreateExtractElement(v, std::uint64_t{0});
+      for (std::int64_t lane = 1; lane < w_; ++lane)
+        h = extreme_s(h, b_.CreateExtractElement(v, static_cast<std::uint64_t>(lane)));
+      b_.CreateStore(extreme_s(b_.CreateLoad(elem_, d), h), d);
+      b_.CreateBr(tail);
+      b_.SetInsertPoint(tail);
+      loop(b_.CreateMul(count, c64(group)), cols_, [&](llvm::Value* k) {
+        b_.CreateStore(extreme_s(b_.CreateLoad(elem_, d), load(elem_, x_, b_.CreateAdd(row, k))),
+                       d);
+      });
+      store(b_.CreateLoad(elem_, d), r);
+    });
+  }
+
+  // `rows` rows of cols_ columns, each column to one result (misc/ATEN_ORDER.md 10,
+  // vectorized_outer_reduction): the whole 4W groups of columns W at a time with V, the rest
+  // one at a time with S.
+  void extreme_columns(llvm::Value* rows) {
+    llvm::Value* nv = b_.CreateMul(b_.CreateSDiv(cols_, c64(4 * w_)), c64(4 * w_));
+    loop(
+        c64(0), nv,
+        [&](llvm::Value* c) {
+          llvm::AllocaInst* acc = slot(vec_);
+          b_.CreateStore(load(vec_, x_, c), acc);
+          loop(c64(1), rows, [&](llvm::Value* i) {
+            llvm::Value* x = load(vec_, x_, b_.CreateAdd(b_.CreateMul(i, cols_), c));
+            b_.CreateStore(extreme_v(b_.CreateLoad(vec_, acc), x), acc);
+          });
+          store(extreme_v(b_.CreateLoad(vec_, acc), splat(extreme_identity())), c);
+        },
+        c64(w_));
+    loop(nv, cols_, [&](llvm::Value* c) {
+      llvm::AllocaInst* d = slot(elem_);
+      b_.CreateStore(extreme_identity(), d);
+      loop(c64(0), rows, [&](llvm::Value* i) {
+        llvm::Value* x = load(elem_, x_, b_.CreateAdd(b_.CreateMul(i, cols_), c));
+        b_.CreateStore(extreme_s(b_.CreateLoad(elem_, d), x), d);
+      });
+      store(b_.CreateLoad(elem_, d), c);
+    });
   }
 
   void inner(llvm::Value* rows) {

@@ -425,8 +425,9 @@ ContentHash PointwiseProgram::hash() const {
     h.update_u8(static_cast<std::uint8_t>(reduce));
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
-    if (reduce == ReduceKind::ArgExtreme)
-      h.update_u8(smallest ? 1 : 0);  // Note [Generated max and argmax]
+    if (reduce == ReduceKind::ArgExtreme || reduce == ReduceKind::ExtremeInner ||
+        reduce == ReduceKind::ExtremeOuter)
+      h.update_u8(smallest ? 1 : 0);  // Note [Generated max and argmax], [Generated amax and amin]
     if (reduce == ReduceKind::Variance) {  // Note [Generated var and std]
       h.update_u8(root ? 1 : 0);
       h.update_u8(int_param ? 1 : 0);
@@ -452,6 +453,10 @@ std::string PointwiseProgram::text() const {
          std::string(scalar_type_info(operands[0].dtype).name) +
          (int_param ? " int correction" : " correction") +
          (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
+  } else if (reduce == ReduceKind::ExtremeInner || reduce == ReduceKind::ExtremeOuter) {
+    s += std::string(smallest ? "amin " : "amax ") +
+         (reduce == ReduceKind::ExtremeInner ? "rows " : "columns ") +
+         std::string(scalar_type_info(operands[0].dtype).name) + ": op0 -> op1\n";
   } else if (reduce == ReduceKind::ArgExtreme) {
     s += std::string(smallest ? "min" : "max") + (operands.size() == 3 ? ".dim " : " index ") +
          std::string(scalar_type_info(operands[0].dtype).name) +
@@ -584,6 +589,61 @@ std::int64_t dense_numel(const exec::ExecutionPlan& p, std::uint32_t t) {
   }
   return e;
 }
+
+// The dim list of call `call` at schema position `arg` (`int[1] dim`, recorded as a ListBegin
+// and its ints) marks `reduced` (sized to the input's rank `nd`); `listed` is how many dims it
+// names, -1 when no list was recorded there. Null, or why it cannot be read.
+const char* read_dim_list(const exec::ExecutionPlan& p, const exec::Call& call, std::uint16_t arg,
+                          std::int64_t nd, std::vector<bool>& reduced, std::int64_t& listed) {
+  listed = -1;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index != arg || r.kind != record::ScalarKind::ListBegin) continue;
+    if (i + r.aux >= call.scalar_begin + call.scalar_count) return "its dim list is cut short";
+    listed = r.aux;
+    if (r.aux == 0) return nullptr;
+    std::fill(reduced.begin(), reduced.end(), false);
+    for (std::uint32_t e = 1; e <= r.aux; ++e) {
+      const record::ScalarRecord& d = p.scalars[i + e];
+      if (d.kind != record::ScalarKind::Int) return "its dim list holds a non-integer";
+      std::int64_t dim = static_cast<std::int64_t>(d.bits);
+      if (dim < 0) dim += nd;
+      if (dim < 0 || dim >= nd) return "a dim is out of range";
+      reduced[static_cast<std::size_t>(dim)] = true;
+    }
+    return nullptr;
+  }
+  return nullptr;
+}
+
+// A reduction's input `in` over the dims marked in `reduced`, as ATen's reduction kernels walk
+// it: its dims of size above 1 dense in row-major order, the reduced ones all innermost (rows of
+// reduced_n elements, kept_n of them) or all outermost (reduced_n rows of kept_n columns); every
+// dim reduced is both. Null, or why not.
+struct ReducedBlock {
+  bool inner = false, outer = false;
+  std::int64_t reduced_n = 1, kept_n = 1;
+};
+const char* reduced_block(const exec::ExecutionPlan& p, const exec::TensorRef& in,
+                          const std::vector<bool>& reduced, ReducedBlock& b) {
+  const auto sz = p.sizes(in), st = p.strides(in);
+  std::int64_t expect = 1;
+  std::string pattern;  // outermost first: 'r' reduced, 'k' kept
+  for (std::size_t i = sz.size(); i-- > 0;) {
+    if (sz[i] == 0) return "it has an empty dim";
+    if (sz[i] == 1) continue;
+    if (st[i] != expect) return "its input is not dense in row-major order";
+    expect *= sz[i];
+    (reduced[i] ? b.reduced_n : b.kept_n) *= sz[i];
+    pattern.insert(pattern.begin(), reduced[i] ? 'r' : 'k');
+  }
+  if (b.reduced_n == 1) return "no dim of size above 1 is reduced";
+  const auto first_r = pattern.find('r'), last_r = pattern.rfind('r');
+  b.inner = pattern.find('k', first_r) == std::string::npos;  // k...k r...r
+  b.outer = pattern.rfind('k', last_r) == std::string::npos;  // r...r k...k
+  if (!b.inner && !b.outer) return "its reduced dims are neither all innermost nor all outermost";
+  return nullptr;
+}
 }  // namespace
 
 // Note [Generated sums].
@@ -598,54 +658,30 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
   const exec::TensorRef& out = p.tensors[out_t];
   if (!is_float(in.dtype) || out.dtype != in.dtype)
     return refuse("its input and result are not both float32 or both float64");
-  const auto sz = p.sizes(in), st = p.strides(in);
-  const auto nd = static_cast<std::int64_t>(sz.size());
+  const auto nd = static_cast<std::int64_t>(p.sizes(in).size());
   // The reduced dims: `dim` (schema position 1 of sum.dim_IntList and mean.dim); none given,
   // or aten::sum, reduces every dim. dtype (position 3, or 1 of aten::sum) must not be given.
-  std::vector<bool> reduced(sz.size(), true);
+  std::vector<bool> reduced(static_cast<std::size_t>(nd), true);
   const bool has_dim = name != "aten::sum";
-  bool dim_given = false;
-  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
-    const record::ScalarRecord& r = p.scalars[i];
-    if (r.arg_index == (has_dim ? 3 : 1) && r.kind != record::ScalarKind::None) return refuse("a dtype was given");
-    if (!has_dim || r.arg_index != 1 || r.kind != record::ScalarKind::ListBegin) continue;
-    if (r.aux == 0) return refuse("its dim list is empty");
-    if (i + r.aux >= call.scalar_begin + call.scalar_count) return refuse("its dim list is cut short");
-    dim_given = true;
-    std::fill(reduced.begin(), reduced.end(), false);
-    for (std::uint32_t e = 1; e <= r.aux; ++e) {
-      const record::ScalarRecord& d = p.scalars[i + e];
-      if (d.kind != record::ScalarKind::Int) return refuse("its dim list holds a non-integer");
-      std::int64_t dim = static_cast<std::int64_t>(d.bits);
-      if (dim < 0) dim += nd;
-      if (dim < 0 || dim >= nd) return refuse("a dim is out of range");
-      reduced[static_cast<std::size_t>(dim)] = true;
-    }
-    i += r.aux;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+    if (p.scalars[i].arg_index == (has_dim ? 3 : 1) &&
+        p.scalars[i].kind != record::ScalarKind::None)
+      return refuse("a dtype was given");
+  std::int64_t listed = -1;
+  if (has_dim) {
+    if (const char* why = read_dim_list(p, call, 1, nd, reduced, listed)) return refuse(why);
+    if (listed == 0) return refuse("its dim list is empty");
   }
-  if (has_dim && !dim_given && nd > 0) {
+  if (has_dim && listed < 0 && nd > 0) {
     bool none = false;  // dim=None: every dim
     for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
       none |= p.scalars[i].arg_index == 1 && p.scalars[i].kind == record::ScalarKind::None;
     if (!none) return refuse("its dim argument was not recorded");
   }
-  // Dims of size > 1: dense in row-major order, reduced ones all innermost or all outermost.
-  std::int64_t expect = 1, reduced_n = 1, kept_n = 1;
-  std::string pattern;  // outermost first: 'r' reduced, 'k' kept
-  for (std::int64_t d = nd; d-- > 0;) {
-    const auto i = static_cast<std::size_t>(d);
-    if (sz[i] == 0) return refuse("it has an empty dim");
-    if (sz[i] == 1) continue;
-    if (st[i] != expect) return refuse("its input is not dense in row-major order");
-    expect *= sz[i];
-    (reduced[i] ? reduced_n : kept_n) *= sz[i];
-    pattern.insert(pattern.begin(), reduced[i] ? 'r' : 'k');
-  }
-  if (reduced_n == 1) return refuse("no dim of size above 1 is reduced");
-  const auto first_r = pattern.find('r'), last_r = pattern.rfind('r');
-  const bool inner = pattern.find('k', first_r) == std::string::npos;  // k...k r...r
-  const bool outer = pattern.rfind('k', last_r) == std::string::npos;  // r...r k...k
-  if (!inner && !outer) return refuse("its reduced dims are neither all innermost nor all outermost");
+  ReducedBlock blk;
+  if (const char* why = reduced_block(p, in, reduced, blk)) return refuse(why);
+  const bool inner = blk.inner, outer = blk.outer;
+  const std::int64_t reduced_n = blk.reduced_n, kept_n = blk.kept_n;
   if (kept_n == 1 && reduced_n > 32768)
     return refuse("a full reduction of more than 32768 elements, which ATen splits over its threads");
   // ATen splits an outer sum of 32768 elements or more over its threads by columns, in ranges
@@ -1079,6 +1115,44 @@ Result<PointwiseKernel> lower_arg_extreme(const exec::ExecutionPlan& p, std::uin
   k.reduce_rows = outer;
   k.reduce_cols = cols;
   k.reduce_inner = inner;
+  return k;
+}
+
+bool is_extreme_values_op(std::string_view op) { return op == "aten::amax" || op == "aten::amin"; }
+
+// Note [Generated amax and amin]. Schema: self 0, dim 1 (int[1], [] for every dim), keepdim 2.
+Result<PointwiseKernel> lower_extreme_values(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "an amax or amin", why); };
+  if (!is_extreme_values_op(name)) return refuse("not amax or amin");
+  std::uint32_t x = 0;
+  if (const char* why = one_float_input(p, call, 1u, x)) return refuse(why);
+  const exec::TensorRef& in = p.tensors[x];
+  const std::uint32_t out_t = p.outputs_of(call)[0].tensor;
+  if (p.tensors[out_t].dtype != in.dtype)
+    return refuse("its result has another dtype than its input");
+  const auto nd = static_cast<std::int64_t>(p.sizes(in).size());
+  std::vector<bool> reduced(static_cast<std::size_t>(nd), true);
+  std::int64_t listed = -1;
+  if (const char* why = read_dim_list(p, call, 1, nd, reduced, listed)) return refuse(why);
+  if (listed < 0 && nd > 0) return refuse("its dim argument was not recorded");
+  ReducedBlock
+      blk;  // no dim of size above 1 reduced: ATen's loop gives a NaN other bits than a copy
+  if (const char* why = reduced_block(p, in, reduced, blk)) return refuse(why);
+  if (blk.kept_n == 1 && blk.reduced_n > 32768)
+    return refuse(
+        "one result of more than 32768 elements, which ATen reduces over its threads in parts");
+  if (dense_numel(p, out_t) != blk.kept_n)
+    return refuse("its result is not dense, or not of its kept dims' size");
+  PointwiseKernel k;
+  k.program.reduce = blk.inner ? ReduceKind::ExtremeInner : ReduceKind::ExtremeOuter;
+  k.program.smallest = name == "aten::amin";
+  k.program.operands = {PwOperand{in.dtype, false, true, false},
+                        PwOperand{in.dtype, false, false, true}};
+  k.operand_tensor = {x, out_t};
+  k.reduce_rows = blk.inner ? blk.kept_n : blk.reduced_n;
+  k.reduce_cols = blk.inner ? blk.reduced_n : blk.kept_n;
   return k;
 }
 
