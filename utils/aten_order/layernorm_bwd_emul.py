@@ -20,30 +20,20 @@ Usage:
   ... threads   # also torch's own 1- vs 2-thread differences on the same data, and 3 / 4 threads
 Prints the counts; exit status 1 on any mismatch of the faithful emulator.
 """
+import os
 import sys
 import time
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fma import fma32  # noqa: E402  (float32 fma by round-to-odd in float64)
+from softmax_emul import vec_reduce_all_seq, vec_reduce_all_tree  # noqa: E402
 
 VEC_BYTES = 32   # AVX2 Vectorized<T>: 8 floats / 4 doubles (REGISTER_DISPATCH -> AVX2 kernel)
 
 
 # ----------------------------------------------------------------------------------------------
 # exact fma (one rounding), vectorised
-def fma32(a, b, c):
-    """float32 fma via float64: a*b exact in double, then round-to-odd add, then one rounding."""
-    a = np.asarray(a, np.float32).astype(np.float64)
-    b = np.asarray(b, np.float32).astype(np.float64)
-    c = np.asarray(c, np.float32).astype(np.float64)
-    p = a * b
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)
-    bits = s.view(np.int64)
-    inexact = (err != 0) & ((bits & 1) == 0) & np.isfinite(s)
-    s = np.where(inexact, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
-
-
 def _two_sum(a, b):
     s = a + b
     bb = s - a
@@ -85,26 +75,12 @@ def fma(a, b, c):
 
 # ----------------------------------------------------------------------------------------------
 # horizontal reductions (functional_base.h)
-def vec_reduce_all_seq(v, size):
-    """generic vec_reduce_all(op, acc, size): lane0 = ((l0 + l1) + l2) + ... + l_{size-1}."""
-    acc = v[..., 0].copy()
-    for i in range(1, size):
-        acc = acc + v[..., i]
-    return acc
-
-
 def vec_reduce_all_full(acc):
     """vec_reduce_all(+, acc) on a full vector.  float: VecReduceAllSIMD<float> (AVX2):
     v += permute2f128(v) (lane i^4), v += shuffle 0x4E (i^2), v += shuffle 0xB1 (i^1), lane 0.
     double: no specialisation -> sequential over the 4 lanes."""
     if acc.dtype == np.float32:
-        v = acc.copy()
-        W = v.shape[-1]
-        sh = W // 2
-        while sh >= 1:
-            v = v + v[..., np.arange(W) ^ sh]
-            sh //= 2
-        return v[..., 0]
+        return vec_reduce_all_tree(acc)
     return vec_reduce_all_seq(acc, acc.shape[-1])
 
 
