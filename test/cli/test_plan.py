@@ -155,6 +155,7 @@ COVERED = {f"aten::{b}{ip}.{o}" for b in ("add", "sub", "mul", "div") for ip in 
     "aten::subtract.Tensor", "aten::multiply.Tensor", "aten::divide.Tensor", "aten::negative",
     "aten::threshold_backward", "aten::clone", "aten::copy_", "aten::zero_", "aten::zeros_like",
     "aten::ones_like", "aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::native_layer_norm",
+    "aten::native_layer_norm_backward",
     "aten::nll_loss_forward", "aten::nll_loss_backward"}  # softmax needs ATen's exp: not in the CLI
 
 
@@ -181,7 +182,8 @@ def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(
             # a sum is pinned to ATen's blocked cascade, bit-exact (Note [Generated sums])
             # (a kernel's recipe is its first generated run's; a layer norm's is a sum's)
             sums = ops[0] in {"aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::native_layer_norm",
-                              "aten::nll_loss_forward", "aten::nll_loss_backward"}
+                              "aten::native_layer_norm_backward", "aten::nll_loss_forward",
+                              "aten::nll_loss_backward"}
             want = ("acc=f32 io=f32 red=blocked round=rne scale=none det=bitexact_strict block=16" if sums
                     else "f32_strict")
             assert k["recipe"] == want and k["cache"] in ("compiled", "memory"), k

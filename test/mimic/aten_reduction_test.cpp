@@ -329,6 +329,85 @@ TEST(AtenReductions, LayerNorm) {
           run_row(layer_norm_row(dt, rows, cols, affine), seed++);
 }
 
+// native_layer_norm_backward (grad_out, input, normalized_shape, mean, rstd, weight, bias,
+// output_mask) over `sizes` normalized over the last `norm_dims`; `weight`/`bias` given or None,
+// `mask` bit i result i.
+Row layer_norm_backward_row(std::int8_t dt, Sizes sizes, std::int64_t norm_dims, bool weight,
+                            bool bias, unsigned mask) {
+  Row r;
+  r.op = "aten::native_layer_norm_backward";
+  r.name = "layer_norm_backward" + dt_text(dt);
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name += "] over " + std::to_string(norm_dims) + (weight ? " weight" : "") +
+            (bias ? " bias" : "") + " mask " + std::to_string(mask);
+  const auto split = sizes.end() - norm_dims;
+  Sizes stats(sizes.begin(), split), normalized(split, sizes.end());
+  stats.resize(sizes.size(), 1);  // mean and rstd keep the normalized dims as size 1
+  r.ins = {Tensor{0, dt, sizes, {}}, Tensor{1, dt, sizes, {}}, Tensor{3, dt, stats, {}},
+           Tensor{4, dt, stats, {}}};
+  r.scalars = {scalar_record(K::ListBegin, 2, 0, static_cast<std::uint32_t>(norm_dims))};
+  for (std::int64_t s : normalized) r.scalars.push_back(scalar_int(2, s));
+  if (weight)
+    r.ins.push_back(Tensor{5, dt, normalized, {}});
+  else
+    r.scalars.push_back(scalar_record(K::None, 5, 0));
+  if (bias)
+    r.ins.push_back(Tensor{6, dt, normalized, {}});
+  else
+    r.scalars.push_back(scalar_record(K::None, 6, 0));
+  r.scalars.push_back(scalar_record(K::ListBegin, 7, 0, 3));
+  for (unsigned i = 0; i < 3; ++i) r.scalars.push_back(scalar_record(K::Bool, 7, (mask >> i) & 1));
+  for (std::uint32_t i = 0; i < 3; ++i)
+    if ((mask >> i) & 1) r.outs.push_back(Tensor{i, dt, i == 0 ? sizes : normalized, {}});
+  return r;
+}
+
+// grad_input is the same on any thread count; grad_weight and grad_bias follow ATen's row split
+// for its thread count at the call, so each row runs at 1, 2 and 3 threads (ATen's and the
+// backend's), and at 2 with parts of 65536 elements or more run on two threads.
+TEST(AtenReductions, LayerNormBackward) {
+  const int threads_before = at::get_num_threads();
+  std::uint64_t seed = 250;
+  const std::vector<std::pair<Sizes, std::int64_t>> shapes{
+      {{1, 1}, 1},     {{1, 17}, 1},     {{2, 3}, 1},    {{5, 7}, 1},       {{3, 8}, 1},
+      {{4, 9}, 1},     {{17, 16}, 1},    {{5, 1000}, 1}, {{2, 3, 4, 5}, 2}, {{3, 1, 33}, 1},
+      {{7, 2, 12}, 2}, {{160, 1000}, 1}, {{2, 70000}, 1}};
+  for (int threads : {1, 2, 3}) {
+    at::set_num_threads(threads);
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    for (std::int8_t dt : {kF32, kF64})
+      for (const auto& [sizes, nd] : shapes)
+        for (const bool affine : {false, true})
+          run_row(layer_norm_backward_row(dt, sizes, nd, affine, affine, affine ? 7 : 1), seed++);
+    // some results only, weight without bias and bias without weight
+    for (std::int8_t dt : {kF32, kF64})
+      for (unsigned mask : {1u, 2u, 3u, 4u, 5u, 6u}) {
+        run_row(layer_norm_backward_row(dt, {9, 13}, 1, true, true, mask), seed++);
+        if ((mask & 4) == 0)
+          run_row(layer_norm_backward_row(dt, {6, 20}, 1, true, false, mask), seed++);
+        if ((mask & 2) == 0)
+          run_row(layer_norm_backward_row(dt, {6, 20}, 1, false, true, mask), seed++);
+      }
+    // seeded random shapes: 1..40 rows of 1..300 elements
+    std::mt19937_64 rng(0x1a7b + static_cast<std::uint64_t>(threads));
+    std::uniform_int_distribution<std::int64_t> rows(1, 40), cols(1, 300);
+    for (int i = 0; i < 12; ++i)
+      run_row(layer_norm_backward_row(i % 2 == 0 ? kF32 : kF64, {rows(rng), cols(rng)}, 1,
+                                      i % 3 != 0, i % 3 != 0, i % 3 != 0 ? 7 : 1),
+              seed++);
+  }
+  at::set_num_threads(threads_before);
+  Row strided = layer_norm_backward_row(kF32, {4, 6}, 1, true, true, 7);
+  strided.ins[1].strides = {1, 4};  // the input transposed
+  strided.generated = false;
+  strided.why = "not a dense tensor";
+  run_row(strided, seed++);
+  Row empty = layer_norm_backward_row(kF64, {0, 6}, 1, true, true, 7);  // ATen writes zeros
+  empty.generated = false;
+  empty.why = "an empty dim";
+  run_row(empty, seed++);
+}
+
 // nll_loss_forward (self [N, C], target [N] -> loss, total_weight) and nll_loss_backward
 // (grad_output, self, target, total_weight -> grad_input), reduction mean (1) or sum (2).
 Row nll_row(bool backward, std::int8_t dt, std::int64_t n, std::int64_t c, std::int64_t reduction) {

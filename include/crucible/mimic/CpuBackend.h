@@ -127,6 +127,7 @@ class CpuBackend {
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);
+  void run_layer_norm_backward(Generated& g);
   static void run_lines(const Generated& g, std::int64_t begin, std::int64_t end,
                         std::vector<std::int64_t>& index, std::vector<char*>& ptrs);
   unsigned split_threads() const;

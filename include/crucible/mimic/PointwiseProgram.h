@@ -116,7 +116,24 @@ enum class ReduceKind : std::uint8_t {
   Variance = 13,      // Note [Generated var and std]
   ExtremeInner = 14,  // Note [Generated amax and amin]: rows
   ExtremeOuter = 15,  // columns
+  LayerNormBwd = 16,  // Note [Generated layer norm backward]
 };
+
+// Note [Generated layer norm backward]: native_layer_norm_backward over dense float32/float64
+// tensors, M rows of N normalized elements; operands grad_out, input, mean, rstd, [weight], then
+// the requested results in order (`outputs`: bit i result i). ATen's order (misc/ATEN_ORDER.md
+// section 11): per row, ds = sum(dy*x[*g]) and db = sum(dy[*g]) over W lanes (W = 8 float32, 4
+// float64; the first vector as is, the other full vectors added unfused, the N % W tail fused
+// into an fma, float32's lanes by the butterfly tree, float64's in order; under W elements one
+// sum from element 0), then t1 = fma(db, m, -ds), b = ((t1 a) a) a / N and q = (db a) / N
+// rounded left to right (1/N rounded first), c = fma(-b, m, -q), dx = fma(b, x, a dy [g]) + c:
+// the same on any thread count. grad_weight and grad_bias are sums over rows that ATen gathers
+// in per-thread buffers: rows split as its parallel_for(0, M, grain 1) splits them for the
+// thread count at the call (one part inline for M = 1 or one thread; else ceil(M / min(T, M))
+// rows a part), each part from +0 in row order (dgamma += fma(dy, fma(a, x, -a m), dgamma),
+// dbeta += dy), then the parts added in order onto +0. The kernel runs either mode (params[1]):
+// 0, rows with part buffers (operands after the results); 1, the parts folded (params[2]: how
+// many) into the results.
 
 // Note [Generated amax and amin]: amax and amin over a dense float32/float64 input whose reduced
 // dims (those of size > 1) are all innermost (ExtremeInner: reduce_rows rows of reduce_cols
@@ -227,9 +244,9 @@ struct PointwiseProgram {
   ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
   bool mean = false;                     // a reduction's sum divided by its element count
   bool affine = false;                   // LayerNorm, BatchNorm: weight and bias given
-                                         // (BatchNormBwd: weight given)
+                                         // (BatchNormBwd, LayerNormBwd: weight given)
   bool running = false;                  // BatchNorm: running_mean and running_var given
-  std::uint8_t outputs = 0;              // BatchNormBwd: output mask, bit i result i
+  std::uint8_t outputs = 0;              // BatchNormBwd, LayerNormBwd: output mask, bit i result i
   bool smallest = false;                 // ArgExtreme: min.dim, argmin
   bool root = false;                     // Variance: std, std_mean (the square root)
   bool int_param = false;                // Variance: the correction is an int64 parameter (or bool)
@@ -291,6 +308,9 @@ bool is_reduction_op(std::string_view op);
 // Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.
 // reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);
+// Note [Generated layer norm backward]: call c (native_layer_norm_backward) as a program.
+Result<PointwiseKernel> lower_layer_norm_backward(const exec::ExecutionPlan& plan,
+                                                  std::uint32_t call);
 // Note [Generated softmax]: call c (_softmax, _log_softmax, _safe_softmax and their backwards) as a program over
 // `vec_bytes`-wide vectors with the vector math named `math`, or `unsupported` (without vector
 // math, saying `no_math`: why the host has none).

@@ -86,6 +86,10 @@ struct Generated {
   // a launch over at most `correction` elements per result runs ATen's call, which warns that
   // the degrees of freedom are <= 0.
   bool dof_check = false, int_correction = false;
+  // Note [Generated layer norm backward]: part buffers after the operands (one per grad_weight
+  // and grad_bias), in `part_buffers`.
+  std::size_t layer_norm_buffers = 0;
+  std::vector<char> part_buffers;
 };
 
 struct Run {
@@ -223,18 +227,20 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count;) {
     const exec::Call& call = plan.calls[c];
     const bool layer_norm = plan.op_names[call.op] == "aten::native_layer_norm";
+    const bool layer_norm_bwd = plan.op_names[call.op] == "aten::native_layer_norm_backward";
     const bool softmax = is_softmax_op(plan.op_names[call.op]);
     const bool nll = plan.op_names[call.op] == "aten::nll_loss_forward" || plan.op_names[call.op] == "aten::nll_loss_backward";
     const bool batch_norm = is_batch_norm_op(plan.op_names[call.op]);
     const bool arg_extreme = is_arg_extreme_op(plan.op_names[call.op]);
     const bool variance = is_variance_op(plan.op_names[call.op]);
     const bool extreme = is_extreme_values_op(plan.op_names[call.op]);
-    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || softmax || nll || batch_norm ||
-        arg_extreme || variance || extreme) {
+    if (is_reduction_op(plan.op_names[call.op]) || layer_norm || layer_norm_bwd || softmax || nll ||
+        batch_norm || arg_extreme || variance || extreme) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
         if (layer_norm) return lower_layer_norm(plan, c);
+        if (layer_norm_bwd) return lower_layer_norm_backward(plan, c);
         if (nll) return lower_nll_loss(plan, c);
         if (batch_norm) return lower_batch_norm(plan, c);
         if (arg_extreme) return lower_arg_extreme(plan, c);
@@ -439,6 +445,19 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
         p->row_elems = pk.program.affine ? std::vector<std::int64_t>{cols, 0, 0, cols, 1, 1}
                                          : std::vector<std::int64_t>{cols, cols, 1, 1};
         break;
+      case ReduceKind::LayerNormBwd: {  // Note [Generated layer norm backward]
+        // grad_out, input, mean, rstd, [weight], [grad_input], [grad_weight], [grad_bias]
+        p->row_elems = {cols, cols, 1, 1};
+        if (pk.program.affine) p->row_elems.push_back(0);
+        if ((pk.program.outputs & 1) != 0) p->row_elems.push_back(cols);
+        for (unsigned bit : {2u, 4u})
+          if ((pk.program.outputs & bit) != 0) {
+            p->row_elems.push_back(0);
+            ++p->layer_norm_buffers;
+          }
+        p->params = {static_cast<std::uint64_t>(cols), 0, 0};
+        break;
+      }
       case ReduceKind::BatchNorm:
       case ReduceKind::BatchNormBwd: {  // rows are channels: a plane of each image, or one element
         // the tensors of the input's size: input and Y; grad_out, input and grad_input
@@ -586,6 +605,52 @@ void CpuBackend::run_rows(Generated& g) {
   run_parts(parts, part);
 }
 
+// Note [Generated layer norm backward]: grad_weight and grad_bias in ATen's parts: its
+// parallel_for(0, M, grain 1) runs inline (one part) for one row or one thread at the call, else
+// in parts of ceil(M / min(T, M)) rows, each summed from +0 into a buffer of its own; the parts
+// are then folded in order. The parts run on threads as split rows do (Note [Split rows]).
+void CpuBackend::run_layer_norm_backward(Generated& g) {
+  const std::int64_t rows = g.rows, cols = static_cast<std::int64_t>(g.params[0]);
+  const unsigned aten_threads = current_threads_ != nullptr ? current_threads_() : threads_;
+  std::int64_t chunk = rows;
+  if (rows > 1 && aten_threads > 1) {
+    const std::int64_t nt = std::min<std::int64_t>(aten_threads, rows);
+    chunk = (rows + nt - 1) / nt;
+  }
+  const std::int64_t parts = (rows + chunk - 1) / chunk;
+  const std::size_t nops = g.base.size(), buffers = g.layer_norm_buffers;
+  const auto buffer_bytes = static_cast<std::size_t>(cols * g.elem_bytes[0]);
+  g.part_buffers.resize(buffers * static_cast<std::size_t>(parts) * buffer_bytes);
+  auto buffer = [&](std::size_t b, std::int64_t t) {
+    return g.part_buffers.data() +
+           (b * static_cast<std::size_t>(parts) + static_cast<std::size_t>(t)) * buffer_bytes;
+  };
+  auto part = [&](unsigned t) {
+    const std::int64_t begin = chunk * t, end = std::min(rows, begin + chunk);
+    std::vector<char*> ptrs(nops + buffers);
+    for (std::size_t o = 0; o < nops; ++o)
+      ptrs[o] = g.base[o] + begin * g.row_elems[o] * g.elem_bytes[o];
+    for (std::size_t b = 0; b < buffers; ++b) ptrs[nops + b] = buffer(b, t);
+    std::array<std::uint64_t, 3> params{static_cast<std::uint64_t>(cols), 0, 0};
+    g.fns->contig(ptrs.data(), end - begin, params.data());
+  };
+  const unsigned threads = split_threads();
+  if (threads >= 2 && parts >= 2 && g.numel >= kSplitElements) {
+    // as many tasks as threads (a pool runs at most that many), each taking every tasks-th part
+    const auto tasks = static_cast<unsigned>(std::min<std::int64_t>(threads, parts));
+    run_parts(tasks, [&](unsigned i) {
+      for (std::int64_t t = i; t < parts; t += tasks) part(static_cast<unsigned>(t));
+    });
+  } else {
+    for (std::int64_t t = 0; t < parts; ++t) part(static_cast<unsigned>(t));
+  }
+  std::vector<char*> ptrs(g.base);
+  for (std::size_t b = 0; b < buffers; ++b) ptrs.push_back(buffer(b, 0));
+  std::array<std::uint64_t, 3> fold{static_cast<std::uint64_t>(cols), 1,
+                                    static_cast<std::uint64_t>(parts)};
+  g.fns->contig(ptrs.data(), 0, fold.data());
+}
+
 void CpuBackend::run_contig(Generated& g, ContigFn fn) {
   const unsigned threads = split_threads();
   if (threads < 2 || g.numel < kSplitElements) {
@@ -657,6 +722,10 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
         ++library_launches_;
         return false;
       }
+    }
+    if (p->layer_norm_buffers != 0) {
+      run_layer_norm_backward(*p);
+      return true;
     }
     run_rows(*p);
     if (p->may_refuse && p->params[2] != 0) {  // Note [Generated nll_loss]: ATen's call says why

@@ -304,6 +304,8 @@ class ReduceEmitter {
       batch_norm(rows, params, operand);
     } else if (p_.reduce == ReduceKind::BatchNormBwd) {
       batch_norm_backward(rows, params, operand);
+    } else if (p_.reduce == ReduceKind::LayerNormBwd) {
+      layer_norm_backward(rows, params, operand);
     } else if (p_.reduce == ReduceKind::ArgExtreme) {
       arg_extreme(rows, params, operand);
     } else if (p_.reduce == ReduceKind::Variance) {
@@ -1220,6 +1222,146 @@ class ReduceEmitter {
         if (mean_out != nullptr) store(narrow(b_.CreateLoad(f64, mean)), out, mean_out);
       });
     });
+  }
+
+  // Note [Generated layer norm backward] (PointwiseProgram.h): a row's sum over W lanes, `part(d,
+  // mask)` the vector of its terms at element d (mask: lanes [0, N % W), the rest 0), `tail(acc,
+  // d, mask)` the accumulator after the N % W tail is added (ATen's compiled tail: fused).
+  using Terms = std::function<llvm::Value*(llvm::Value* d, llvm::Value* mask)>;
+  using Tail = std::function<llvm::Value*(llvm::Value* acc, llvm::Value* d, llvm::Value* mask)>;
+  llvm::Value* lane_sum(const Terms& part, const Tail& tail) {
+    llvm::AllocaInst* res = slot(elem_);
+    llvm::BasicBlock *shortb = block("short_row"), *longb = block("long_row"),
+                     *done = block("summed");
+    b_.CreateCondBr(b_.CreateICmpSLT(cols_, c64(w_)), shortb, longb);
+    b_.SetInsertPoint(shortb);  // the terms added in order from element 0
+    {
+      llvm::Value* v = part(c64(0), lane_mask(cols_));
+      llvm::AllocaInst* acc = slot(elem_);
+      b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
+      loop(c64(1), cols_, [&](llvm::Value* i) {
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)),
+                       acc);
+      });
+      b_.CreateStore(b_.CreateLoad(elem_, acc), res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(longb);
+    {
+      llvm::AllocaInst* acc = slot(vec_);
+      b_.CreateStore(part(c64(0), nullptr), acc);
+      llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
+      loop(
+          c64(w_), whole,
+          [&](llvm::Value* d) {
+            b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(vec_, acc), part(d, nullptr)), acc);
+          },
+          c64(w_));
+      llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
+      llvm::Value* a = b_.CreateLoad(vec_, acc);
+      a = b_.CreateSelect(mask, tail(a, whole, mask), a);  // no lane when N % W == 0
+      b_.CreateStore(
+          fold_lanes(a, [&](llvm::Value* x, llvm::Value* y) { return b_.CreateFAdd(x, y); }), res);
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(done);
+    return b_.CreateLoad(elem_, res);
+  }
+  // operands: grad_out (x_), input, mean, rstd, [weight], the results, then a part buffer of N
+  // per grad_weight and grad_bias; params: N, the mode (0 rows, 1 fold), the parts to fold.
+  void layer_norm_backward(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
+    std::uint64_t o = 1;
+    llvm::Value* xin = operand(o++);
+    llvm::Value* mean = operand(o++);
+    llvm::Value* rstd = operand(o++);
+    llvm::Value* gamma = p_.affine ? operand(o++) : nullptr;
+    llvm::Value* dx = (p_.outputs & 1) != 0 ? operand(o++) : nullptr;
+    llvm::Value* dgamma = (p_.outputs & 2) != 0 ? operand(o++) : nullptr;
+    llvm::Value* dbeta = (p_.outputs & 4) != 0 ? operand(o++) : nullptr;
+    llvm::Value* gbuf = dgamma != nullptr ? operand(o++) : nullptr;
+    llvm::Value* bbuf = dbeta != nullptr ? operand(o++) : nullptr;
+    llvm::Value* mode = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 1));
+    llvm::BasicBlock *foldb = block("fold"), *rowsb = block("rows"), *done = block("done_all");
+    b_.CreateCondBr(b_.CreateICmpNE(mode, c64(0)), foldb, rowsb);
+    b_.SetInsertPoint(foldb);  // result[j] = ((+0 + part 0) + part 1) + ...
+    {
+      llvm::Value* parts = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 2));
+      for (auto [res, buf] : {std::pair{dgamma, gbuf}, std::pair{dbeta, bbuf}}) {
+        if (res == nullptr) continue;
+        loop(c64(0), cols_, [&](llvm::Value* j) {
+          llvm::AllocaInst* acc = slot(elem_);
+          b_.CreateStore(zero(elem_), acc);
+          loop(c64(0), parts, [&](llvm::Value* t) {
+            llvm::Value* v = load(elem_, buf, b_.CreateAdd(b_.CreateMul(t, cols_), j));
+            b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), v), acc);
+          });
+          store(b_.CreateLoad(elem_, acc), j, res);
+        });
+      }
+      b_.CreateBr(done);
+    }
+    b_.SetInsertPoint(rowsb);
+    for (llvm::Value* buf : {gbuf, bbuf})
+      if (buf != nullptr) loop(c64(0), cols_, [&](llvm::Value* j) { store(zero(elem_), j, buf); });
+    llvm::Value* scale =
+        b_.CreateFDiv(llvm::ConstantFP::get(elem_, 1.0), b_.CreateSIToFP(cols_, elem_));
+    loop(c64(0), rows, [&](llvm::Value* r) {
+      llvm::Value* base = b_.CreateMul(r, cols_);
+      llvm::Value* dyr = at(x_, base);
+      llvm::Value* xr = at(xin, base);
+      llvm::Value* a = load(elem_, rstd, r);
+      llvm::Value* m = load(elem_, mean, r);
+      auto ld = [&](llvm::Value* row, llvm::Value* d, llvm::Value* mask) {
+        return mask != nullptr ? load_part(row, d, mask) : load(vec_, row, d);
+      };
+      if (dx != nullptr) {
+        // ds = sum(dy*x[*g]), its tail fma(dy*x, g, acc) or fma(x, dy, acc); db = sum(dy[*g]),
+        // its tail fma(dy, g, acc) or acc + dy
+        llvm::Value* ds = lane_sum(
+            [&](llvm::Value* d, llvm::Value* mask) {
+              llvm::Value* t = b_.CreateFMul(ld(dyr, d, mask), ld(xr, d, mask));
+              return gamma != nullptr ? b_.CreateFMul(t, ld(gamma, d, mask)) : t;
+            },
+            [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
+              llvm::Value *dyv = ld(dyr, d, mask), *xv = ld(xr, d, mask);
+              return gamma != nullptr ? fma(b_.CreateFMul(dyv, xv), ld(gamma, d, mask), acc)
+                                      : fma(xv, dyv, acc);
+            });
+        llvm::Value* db = lane_sum(
+            [&](llvm::Value* d, llvm::Value* mask) {
+              llvm::Value* dyv = ld(dyr, d, mask);
+              return gamma != nullptr ? b_.CreateFMul(dyv, ld(gamma, d, mask)) : dyv;
+            },
+            [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
+              llvm::Value* dyv = ld(dyr, d, mask);
+              return gamma != nullptr ? fma(dyv, ld(gamma, d, mask), acc) : b_.CreateFAdd(acc, dyv);
+            });
+        llvm::Value* t1 = fma(db, m, b_.CreateFNeg(ds));
+        llvm::Value* bc =
+            b_.CreateFMul(b_.CreateFMul(b_.CreateFMul(b_.CreateFMul(t1, a), a), a), scale);
+        llvm::Value* q = b_.CreateFMul(b_.CreateFMul(db, a), scale);
+        llvm::Value* c = fma(b_.CreateFNeg(bc), m, b_.CreateFNeg(q));
+        llvm::Value* dxr = at(dx, base);
+        loop(c64(0), cols_, [&](llvm::Value* j) {
+          llvm::Value* u = b_.CreateFMul(a, load(elem_, dyr, j));
+          if (gamma != nullptr) u = b_.CreateFMul(u, load(elem_, gamma, j));
+          store(b_.CreateFAdd(fma(bc, load(elem_, xr, j), u), c), j, dxr);
+        });
+      }
+      if (gbuf != nullptr) {  // dgamma += dy (a x - a m), both roundings fused
+        llvm::Value* bb = b_.CreateFMul(b_.CreateFNeg(a), m);
+        loop(c64(0), cols_, [&](llvm::Value* j) {
+          llvm::Value* nx = fma(a, load(elem_, xr, j), bb);
+          store(fma(load(elem_, dyr, j), nx, load(elem_, gbuf, j)), j, gbuf);
+        });
+      }
+      if (bbuf != nullptr)
+        loop(c64(0), cols_, [&](llvm::Value* j) {
+          store(b_.CreateFAdd(load(elem_, bbuf, j), load(elem_, dyr, j)), j, bbuf);
+        });
+    });
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
   }
 
   // _softmax_backward_data / _log_softmax_backward_data: x_ the grad, `o` the forward's output,

@@ -432,8 +432,9 @@ ContentHash PointwiseProgram::hash() const {
       h.update_u8(root ? 1 : 0);
       h.update_u8(int_param ? 1 : 0);
     }
-    if (reduce == ReduceKind::BatchNorm ||
-        reduce == ReduceKind::BatchNormBwd) {  // Note [Generated batch norm]
+    // Note [Generated batch norm], Note [Generated layer norm backward]
+    if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd ||
+        reduce == ReduceKind::LayerNormBwd) {
       h.update_u8(running ? 1 : 0);
       h.update_u8(outputs);
     }
@@ -461,8 +462,11 @@ std::string PointwiseProgram::text() const {
     s += std::string(smallest ? "min" : "max") + (operands.size() == 3 ? ".dim " : " index ") +
          std::string(scalar_type_info(operands[0].dtype).name) +
          (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
-  } else if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd) {
-    s += std::string(reduce == ReduceKind::BatchNorm ? "batch_norm" : "batch_norm_backward") +
+  } else if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd ||
+             reduce == ReduceKind::LayerNormBwd) {
+    s += std::string(reduce == ReduceKind::BatchNorm      ? "batch_norm"
+                     : reduce == ReduceKind::BatchNormBwd ? "batch_norm_backward"
+                                                          : "layer_norm_backward") +
          (affine ? " affine" : "") + (running ? " running" : "") + " " +
          std::string(scalar_type_info(operands[0].dtype).name) + ":";
     for (std::size_t o = 0; o < operands.size(); ++o)
@@ -769,6 +773,75 @@ Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& p, std::uint
   k.reduce_rows = rows;
   k.reduce_cols = cols;
   k.eps_scalar = *eps;
+  return k;
+}
+
+// Note [Generated layer norm backward].
+Result<PointwiseKernel> lower_layer_norm_backward(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  const std::string& name = p.op_names[call.op];
+  auto refuse = [&](const std::string& why) {
+    return not_generated(p, c, "a layer norm backward", why);
+  };
+  if (name != "aten::native_layer_norm_backward") return refuse("not native_layer_norm_backward");
+  // schema positions: grad_out 0, input 1, normalized_shape 2, mean 3, rstd 4, weight 5, bias 6,
+  // output_mask 7
+  std::array<std::optional<std::uint32_t>, 7> in{};
+  for (const exec::Arg& a : p.inputs_of(call)) {
+    if (a.arg_index >= in.size() || a.arg_index == 2)
+      return refuse("a tensor argument at schema position " + std::to_string(a.arg_index));
+    in[a.arg_index] = a.tensor;
+  }
+  if (!in[0] || !in[1] || !in[3] || !in[4]) return refuse("a tensor argument was not recorded");
+  std::int64_t n_dims = -1;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i) {
+    const record::ScalarRecord& r = p.scalars[i];
+    if (r.arg_index == 2 && r.kind == record::ScalarKind::ListBegin) n_dims = r.aux;
+  }
+  if (n_dims < 1) return refuse("its normalized shape was not recorded");
+  const exec::TensorRef& xt = p.tensors[*in[1]];
+  if (!is_float(xt.dtype)) return refuse("its input is not float32 or float64");
+  const auto sz = p.sizes(xt);
+  if (n_dims > static_cast<std::int64_t>(sz.size()))
+    return refuse("its normalized shape has more dims than its input");
+  std::int64_t rows = 1, cols = 1;
+  for (std::size_t d = 0; d < sz.size(); ++d)
+    (static_cast<std::int64_t>(sz.size() - d) <= n_dims ? cols : rows) *= sz[d];
+  // ATen writes zeros to grad_weight and grad_bias when there are no rows
+  if (rows == 0 || cols == 0) return refuse("it has an empty dim");
+  auto dense = [&](std::uint32_t t, std::int64_t count) {
+    return p.tensors[t].dtype == xt.dtype && dense_numel(p, t) == count;
+  };
+  if (!dense(*in[0], rows * cols) || !dense(*in[1], rows * cols) || !dense(*in[3], rows) ||
+      !dense(*in[4], rows))
+    return refuse("its grad_out, input, mean or rstd is not a dense tensor of its input's dtype");
+  if (in[5] && !dense(*in[5], cols)) return refuse("its weight is not a dense tensor of its dtype");
+  std::array<std::optional<std::uint32_t>, 3> out{};
+  for (const exec::Arg& a : p.outputs_of(call))
+    if (a.arg_index < out.size()) out[a.arg_index] = a.tensor;
+  if ((out[1] && !in[5]) || (out[2] && !in[6]))
+    return refuse("it has a grad_weight without a weight or a grad_bias without a bias");
+  PointwiseKernel k;
+  k.program.reduce = ReduceKind::LayerNormBwd;
+  k.program.affine = in[5].has_value();
+  const PwOperand rd{xt.dtype, false, true, false}, wr{xt.dtype, false, false, true};
+  k.program.operands = {rd, rd, rd, rd};
+  k.operand_tensor = {*in[0], *in[1], *in[3], *in[4]};
+  if (in[5]) {
+    k.program.operands.push_back(rd);
+    k.operand_tensor.push_back(*in[5]);
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!out[i]) continue;
+    if (!dense(*out[i], i == 0 ? rows * cols : cols))
+      return refuse("its results are not dense tensors of its input's dtype");
+    k.program.outputs = static_cast<std::uint8_t>(k.program.outputs | (1u << i));
+    k.program.operands.push_back(wr);
+    k.operand_tensor.push_back(*out[i]);
+  }
+  if (k.program.outputs == 0) return refuse("none of its results is used");
+  k.reduce_rows = rows;
+  k.reduce_cols = cols;
   return k;
 }
 
