@@ -1286,7 +1286,8 @@ class ReduceEmitter {
     b_.SetInsertPoint(foldb);  // result[j] = ((+0 + part 0) + part 1) + ...
     {
       llvm::Value* parts = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 2));
-      for (auto [res, buf] : {std::pair{dgamma, gbuf}, std::pair{dbeta, bbuf}}) {
+      for (const auto& fold : {std::pair{dgamma, gbuf}, std::pair{dbeta, bbuf}}) {
+        llvm::Value *res = fold.first, *buf = fold.second;  // named: a lambda below captures them
         if (res == nullptr) continue;
         loop(c64(0), cols_, [&](llvm::Value* j) {
           llvm::AllocaInst* acc = slot(elem_);
