@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import crucible_loopgen as lg  # noqa: E402
 
 # this file: 7 s on an idle 2-core VM, 30 to 72 s at load average 4; the ASan preset runs the
-# first 15 (test/record/CMakeLists.txt)
+# first 10 (test/record/CMakeLists.txt)
 SEEDS = range(int(os.environ.get("CRUCIBLE_LOOP_FUZZ_SEEDS", "100")))
 
 # Causes of today's failures (each has a regression test in CAUSES below).
