@@ -1039,47 +1039,13 @@ class ReduceEmitter {
   // vectors acc + q*dy unfused, the masked tail's step fused (ATen's compiled code), the lanes
   // folded by vec_reduce_all; a plane shorter than a vector: its products added in order.
   llvm::Value* centered_dot(llvm::Value* xr, llvm::Value* gr, llvm::Value* mv) {
-    auto add_op = [&](llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); };
-    llvm::AllocaInst* res = slot(elem_);
-    llvm::BasicBlock *shortb = block("short_plane"), *longb = block("long_plane"),
-                     *done = block("dotted");
-    b_.CreateCondBr(b_.CreateICmpSLT(cols_, c64(w_)), shortb, longb);
-    b_.SetInsertPoint(shortb);
-    {
-      llvm::Value* mask = lane_mask(cols_);
-      llvm::Value* v = b_.CreateFMul(b_.CreateFSub(load_part(xr, c64(0), mask), mv),
-                                     load_part(gr, c64(0), mask));
-      llvm::AllocaInst* acc = slot(elem_);
-      b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
-      loop(c64(1), cols_, [&](llvm::Value* i) {
-        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)),
-                       acc);
-      });
-      b_.CreateStore(b_.CreateLoad(elem_, acc), res);
-      b_.CreateBr(done);
-    }
-    b_.SetInsertPoint(longb);
-    {
-      llvm::AllocaInst* acc = slot(vec_);
-      b_.CreateStore(
-          b_.CreateFMul(b_.CreateFSub(load(vec_, xr, c64(0)), mv), load(vec_, gr, c64(0))), acc);
-      llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
-      loop(
-          c64(w_), whole,
-          [&](llvm::Value* d) {
-            llvm::Value* q = b_.CreateFMul(b_.CreateFSub(load(vec_, xr, d), mv), load(vec_, gr, d));
-            b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(vec_, acc), q), acc);
-          },
-          c64(w_));
-      llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
-      llvm::Value* a = b_.CreateLoad(vec_, acc);
-      llvm::Value* t =
-          fma(b_.CreateFSub(load_part(xr, whole, mask), mv), load_part(gr, whole, mask), a);
-      b_.CreateStore(fold_lanes(b_.CreateSelect(mask, t, a), add_op), res);
-      b_.CreateBr(done);
-    }
-    b_.SetInsertPoint(done);
-    return b_.CreateLoad(elem_, res);
+    return lane_sum(
+        [&](llvm::Value* d, llvm::Value* mask) {
+          return b_.CreateFMul(b_.CreateFSub(load_vec(xr, d, mask), mv), load_vec(gr, d, mask));
+        },
+        [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
+          return fma(b_.CreateFSub(load_vec(xr, d, mask), mv), load_vec(gr, d, mask), acc);
+        });
   }
   void batch_norm_backward(llvm::Value* rows, llvm::Value* params, const Operand& operand) {
     llvm::Type* f64 = llvm::Type::getDoubleTy(ctx_);
@@ -1224,10 +1190,16 @@ class ReduceEmitter {
     });
   }
 
-  // Note [Generated layer norm backward] (PointwiseProgram.h): a row's sum over W lanes, `part(d,
-  // mask)` the vector of its terms at element d (mask: lanes [0, N % W), the rest 0), `tail(acc,
-  // d, mask)` the accumulator after the N % W tail is added (ATen's compiled tail: fused).
+  // vec::map*_reduce_all(+) as ATen's compiled code runs it over a row of N (cols_) elements:
+  // `part(d, mask)` the vector of terms at element d (mask: lanes [0, N % W), the rest 0); the
+  // first vector as is, the other full vectors added unfused, `tail(acc, d, mask)` the
+  // accumulator after the N % W tail (where ATen's compiler fused, it is an fma), the lanes
+  // folded (fold_lanes); under W elements the terms added in order from element 0. Layer norm
+  // backward's ds and db, batch norm backward's centered dot, softmax backward's sum.
   using Terms = std::function<llvm::Value*(llvm::Value* d, llvm::Value* mask)>;
+  llvm::Value* load_vec(llvm::Value* row, llvm::Value* d, llvm::Value* mask) {  // mask: a part
+    return mask != nullptr ? load_part(row, d, mask) : load(vec_, row, d);
+  }
   using Tail = std::function<llvm::Value*(llvm::Value* acc, llvm::Value* d, llvm::Value* mask)>;
   llvm::Value* lane_sum(const Terms& part, const Tail& tail) {
     llvm::AllocaInst* res = slot(elem_);
@@ -1312,30 +1284,28 @@ class ReduceEmitter {
       llvm::Value* xr = at(xin, base);
       llvm::Value* a = load(elem_, rstd, r);
       llvm::Value* m = load(elem_, mean, r);
-      auto ld = [&](llvm::Value* row, llvm::Value* d, llvm::Value* mask) {
-        return mask != nullptr ? load_part(row, d, mask) : load(vec_, row, d);
-      };
       if (dx != nullptr) {
         // ds = sum(dy*x[*g]), its tail fma(dy*x, g, acc) or fma(x, dy, acc); db = sum(dy[*g]),
         // its tail fma(dy, g, acc) or acc + dy
         llvm::Value* ds = lane_sum(
             [&](llvm::Value* d, llvm::Value* mask) {
-              llvm::Value* t = b_.CreateFMul(ld(dyr, d, mask), ld(xr, d, mask));
-              return gamma != nullptr ? b_.CreateFMul(t, ld(gamma, d, mask)) : t;
+              llvm::Value* t = b_.CreateFMul(load_vec(dyr, d, mask), load_vec(xr, d, mask));
+              return gamma != nullptr ? b_.CreateFMul(t, load_vec(gamma, d, mask)) : t;
             },
             [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
-              llvm::Value *dyv = ld(dyr, d, mask), *xv = ld(xr, d, mask);
-              return gamma != nullptr ? fma(b_.CreateFMul(dyv, xv), ld(gamma, d, mask), acc)
+              llvm::Value *dyv = load_vec(dyr, d, mask), *xv = load_vec(xr, d, mask);
+              return gamma != nullptr ? fma(b_.CreateFMul(dyv, xv), load_vec(gamma, d, mask), acc)
                                       : fma(xv, dyv, acc);
             });
         llvm::Value* db = lane_sum(
             [&](llvm::Value* d, llvm::Value* mask) {
-              llvm::Value* dyv = ld(dyr, d, mask);
-              return gamma != nullptr ? b_.CreateFMul(dyv, ld(gamma, d, mask)) : dyv;
+              llvm::Value* dyv = load_vec(dyr, d, mask);
+              return gamma != nullptr ? b_.CreateFMul(dyv, load_vec(gamma, d, mask)) : dyv;
             },
             [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
-              llvm::Value* dyv = ld(dyr, d, mask);
-              return gamma != nullptr ? fma(dyv, ld(gamma, d, mask), acc) : b_.CreateFAdd(acc, dyv);
+              llvm::Value* dyv = load_vec(dyr, d, mask);
+              return gamma != nullptr ? fma(dyv, load_vec(gamma, d, mask), acc)
+                                      : b_.CreateFAdd(acc, dyv);
             });
         llvm::Value* t1 = fma(db, m, b_.CreateFNeg(ds));
         llvm::Value* bc =
@@ -1382,42 +1352,17 @@ class ReduceEmitter {
         return;
       }
       // s = map2_reduce_all(g * y, +)
-      llvm::AllocaInst* res_s = slot(elem_);
-      llvm::BasicBlock *shortb = block("short_row"), *longb = block("long_row"), *done = block("reduced");
-      b_.CreateCondBr(b_.CreateICmpSLT(cols_, c64(w_)), shortb, longb);
-      b_.SetInsertPoint(shortb);  // the products of the row's lanes, added in order
-      {
-        llvm::Value* mask = lane_mask(cols_);
-        llvm::Value* v = b_.CreateFMul(load_part(g, c64(0), mask), load_part(y, c64(0), mask));
-        llvm::AllocaInst* acc = slot(elem_);
-        b_.CreateStore(b_.CreateExtractElement(v, std::uint64_t{0}), acc);
-        loop(c64(1), cols_, [&](llvm::Value* i) {
-          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, acc), b_.CreateExtractElement(v, i)), acc);
-        });
-        b_.CreateStore(b_.CreateLoad(elem_, acc), res_s);
-        b_.CreateBr(done);
-      }
-      b_.SetInsertPoint(longb);
-      {
-        llvm::AllocaInst* acc = slot(vec_);
-        b_.CreateStore(b_.CreateFMul(load(vec_, g, c64(0)), load(vec_, y, c64(0))), acc);
-        llvm::Value* whole = b_.CreateSub(cols_, b_.CreateSRem(cols_, c64(w_)));
-        loop(c64(w_), whole, [&](llvm::Value* d) {
-          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(vec_, acc), b_.CreateFMul(load(vec_, g, d), load(vec_, y, d))), acc);
-        }, c64(w_));
-        llvm::Value* mask = lane_mask(b_.CreateSub(cols_, whole));
-        llvm::Value* a = b_.CreateLoad(vec_, acc);
-        llvm::Value* gt = load_part(g, whole, mask);
-        llvm::Value* yt = load_part(y, whole, mask);
-        llvm::Value* t = dt_ == dtype::kFloat32
-                             ? b_.CreateSelect(tail_fused, fma(gt, yt, a), b_.CreateFAdd(a, b_.CreateFMul(gt, yt)))
-                             : b_.CreateFAdd(a, b_.CreateFMul(gt, yt));
-        a = b_.CreateSelect(mask, t, a);
-        b_.CreateStore(fold_lanes(a, add_op), res_s);
-        b_.CreateBr(done);
-      }
-      b_.SetInsertPoint(done);
-      llvm::Value* sv = splat(b_.CreateLoad(elem_, res_s));
+      llvm::Value* s = lane_sum(
+          [&](llvm::Value* d, llvm::Value* mask) {
+            return b_.CreateFMul(load_vec(g, d, mask), load_vec(y, d, mask));
+          },
+          [&](llvm::Value* acc, llvm::Value* d, llvm::Value* mask) {
+            llvm::Value *gt = load_vec(g, d, mask), *yt = load_vec(y, d, mask);
+            llvm::Value* unfused = b_.CreateFAdd(acc, b_.CreateFMul(gt, yt));
+            return dt_ == dtype::kFloat32 ? b_.CreateSelect(tail_fused, fma(gt, yt, acc), unfused)
+                                          : unfused;
+          });
+      llvm::Value* sv = splat(s);
       map2_row(g, y, res, [&](llvm::Value* gv, llvm::Value* yv) { return b_.CreateFMul(b_.CreateFSub(gv, sv), yv); });
     });
   }
