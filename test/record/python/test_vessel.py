@@ -17,6 +17,14 @@ import models
 
 ITERS = 3
 
+# Three tests that each start fresh Python processes importing torch (about 10 s of test time in
+# release, four to five times that under a sanitizer) to check a benchmark's install (the key
+# floor) and two refusals (an ablation switch, a sanitizer build): no recording thread and no
+# replay runs there. Under ASan and TSan they are left to verify, which runs them.
+left_to_verify = pytest.mark.skipif(
+    models.SANITIZER in ("asan-ubsan", "tsan"),
+    reason="a benchmark's install and two refusals in fresh processes: the verify preset runs them")
+
 
 def record_iterations(s, iters=ITERS):
     """Records `iters` steps; returns the trace and the op count of each iteration."""
@@ -841,6 +849,7 @@ print(conf_refusal)
 """
 
 
+@left_to_verify
 def test_key_floor_kernels_record_nothing_and_change_nothing():
     # The benchmark's key-floor install (Note [Key floor]): every op passes through the key's
     # kernels, so the step computes exactly what eager does, and nothing is recorded; recording
@@ -864,6 +873,7 @@ def test_key_floor_kernels_record_nothing_and_change_nothing():
     assert "recording kernels are installed" in r.stdout, r.stdout
 
 
+@left_to_verify
 @pytest.mark.skipif(crucible._ext.has_ablation_switches(), reason="an ablation build (bench/vessel_ablation.sh) has the switches")
 def test_ablation_switch_is_refused_by_a_build_without_it():
     # CRUCIBLE_VESSEL_ABLATE names a rung of the ablation benchmark (Note [Ablation build]); a
@@ -880,6 +890,7 @@ def test_ablation_switch_is_refused_by_a_build_without_it():
     assert state == "False full", state
 
 
+@left_to_verify
 def test_sanitizer_build_is_refused_with_instructions(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
