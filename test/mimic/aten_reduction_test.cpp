@@ -329,6 +329,17 @@ TEST(AtenReductions, LayerNorm) {
           run_row(layer_norm_row(dt, rows, cols, affine), seed++);
 }
 
+// A backward's `bool[3] output_mask` at schema position `arg` and the results it asks for:
+// result 0 of `first` sizes, results 1 and 2 of `rest`.
+void output_mask(Row& r, std::uint16_t arg, unsigned mask, std::int8_t dt, const Sizes& first,
+                 const Sizes& rest) {
+  r.scalars.push_back(scalar_record(K::ListBegin, arg, 0, 3));
+  for (unsigned i = 0; i < 3; ++i)
+    r.scalars.push_back(scalar_record(K::Bool, arg, (mask >> i) & 1));
+  for (std::uint32_t i = 0; i < 3; ++i)
+    if ((mask >> i) & 1) r.outs.push_back(Tensor{i, dt, i == 0 ? first : rest, {}});
+}
+
 // native_layer_norm_backward (grad_out, input, normalized_shape, mean, rstd, weight, bias,
 // output_mask) over `sizes` normalized over the last `norm_dims`; `weight`/`bias` given or None,
 // `mask` bit i result i.
@@ -355,10 +366,7 @@ Row layer_norm_backward_row(std::int8_t dt, Sizes sizes, std::int64_t norm_dims,
     r.ins.push_back(Tensor{6, dt, normalized, {}});
   else
     r.scalars.push_back(scalar_record(K::None, 6, 0));
-  r.scalars.push_back(scalar_record(K::ListBegin, 7, 0, 3));
-  for (unsigned i = 0; i < 3; ++i) r.scalars.push_back(scalar_record(K::Bool, 7, (mask >> i) & 1));
-  for (std::uint32_t i = 0; i < 3; ++i)
-    if ((mask >> i) & 1) r.outs.push_back(Tensor{i, dt, i == 0 ? sizes : normalized, {}});
+  output_mask(r, 7, mask, dt, sizes, normalized);
   return r;
 }
 
@@ -477,10 +485,7 @@ Row batch_norm_row(bool backward, std::int8_t dt, Sizes sizes, bool affine, bool
   r.ins.insert(r.ins.end(), {Tensor{5, dt, ch, {}}, Tensor{6, dt, ch, {}}});
   r.scalars.push_back(scalar_record(K::Bool, 7, 1));
   r.scalars.push_back(scalar_double(8, 1e-5));
-  r.scalars.push_back(scalar_record(K::ListBegin, 9, 0, 3));
-  for (unsigned i = 0; i < 3; ++i) r.scalars.push_back(scalar_record(K::Bool, 9, (mask >> i) & 1));
-  for (std::uint32_t i = 0; i < 3; ++i)
-    if ((mask >> i) & 1) r.outs.push_back(Tensor{i, dt, i == 0 ? sizes : ch, {}});
+  output_mask(r, 9, mask, dt, sizes, ch);
   return r;
 }
 
