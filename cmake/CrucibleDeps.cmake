@@ -183,13 +183,33 @@ endif()
 # over what can travel there beside the rest).
 option(CRUCIBLE_LLVM "Build Mimic's CPU backend (LLVM) and what uses it" ON)
 if(CRUCIBLE_LLVM)
-  # LLVM, for the mimic stage's CPU code generator: the version utils/bin/setup installs (14 on
-  # Debian 12, 19 on Debian 13). Debian builds LLVM as one shared library (LLVM_LINK_LLVM_DYLIB):
-  # the components this stage uses (orcjit, native, passes) are linked from it, as static archives
-  # they would be tens of MB per binary (libLLVMCodeGen.a alone is 16 MB in LLVM 14).
-  set(_llvm_hints /usr/lib/llvm-19/lib/cmake/llvm /usr/lib/llvm-14/lib/cmake/llvm)
-  find_package(LLVM CONFIG QUIET HINTS ${_llvm_hints})
-  crucible_require(LLVM_FOUND "LLVM" "llvm-14-dev (Debian 12) or llvm-19-dev (Debian 13)")
+  # LLVM, for the mimic stage's CPU code generator: 19 (what utils/bin/setup installs on Debian
+  # 12 and 13), else 14; CRUCIBLE_LLVM_VERSION (a cache variable, from the environment at the
+  # first configure) takes one of them only. Debian builds LLVM as one shared library
+  # (LLVM_LINK_LLVM_DYLIB): the components this stage uses (orcjit, native, passes) are linked
+  # from it, as static archives they would be tens of MB per binary (libLLVMCodeGen.a alone is
+  # 16 MB in LLVM 14).
+  set(CRUCIBLE_LLVM_VERSION "$ENV{CRUCIBLE_LLVM_VERSION}" CACHE STRING
+      "LLVM major version of the CPU backend, 19 or 14 (empty: 19 if installed, else 14)")
+  if(CRUCIBLE_LLVM_VERSION)
+    set(_llvm_versions ${CRUCIBLE_LLVM_VERSION})
+  else()
+    set(_llvm_versions 19 14)
+  endif()
+  foreach(_v IN LISTS _llvm_versions)
+    if(NOT LLVM_FOUND AND EXISTS /usr/lib/llvm-${_v}/lib/cmake/llvm)
+      find_package(LLVM CONFIG QUIET PATHS /usr/lib/llvm-${_v}/lib/cmake/llvm NO_DEFAULT_PATH)
+    endif()
+  endforeach()
+  if(NOT LLVM_FOUND AND NOT CRUCIBLE_LLVM_VERSION)
+    find_package(LLVM CONFIG QUIET)   # LLVM_DIR, or an LLVM elsewhere on CMake's paths
+  endif()
+  crucible_require(LLVM_FOUND "LLVM" "llvm-19-dev or llvm-14-dev (utils/bin/setup)")
+  if(CRUCIBLE_LLVM_VERSION AND NOT LLVM_VERSION_MAJOR STREQUAL CRUCIBLE_LLVM_VERSION)
+    message(FATAL_ERROR "CRUCIBLE_LLVM_VERSION=${CRUCIBLE_LLVM_VERSION}, but LLVM ${LLVM_PACKAGE_VERSION} "
+                        "was found (${LLVM_DIR}): configure a fresh build directory, or set "
+                        "LLVM_DIR=/usr/lib/llvm-${CRUCIBLE_LLVM_VERSION}/lib/cmake/llvm")
+  endif()
   add_library(crucible_llvm INTERFACE)
   add_library(Crucible::llvm ALIAS crucible_llvm)
   target_include_directories(crucible_llvm SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
