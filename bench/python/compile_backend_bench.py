@@ -89,6 +89,8 @@ def bench(name, rounds):
     eager.step()
     eager_peak, _ = crucible._ext.alloc_measure_stop()
     exec_arena = int(re.search(r"arena (\d+) bytes", info["cpu"]["exec_summary"]).group(1))
+    scratch = re.search(r"scratch (\d+) bytes", info["cpu"]["exec_summary"])   # the backend's own buffers
+    exec_arena += int(scratch.group(1)) if scratch else 0
     replay_arena = steps["cpu"].plans()[0]["arena_bytes"]
     return {"model": name, "batch": models.DEFAULT_BATCH[name],
             **{f"{k}_us": v * 1e6 for k, v in med.items()},
@@ -135,7 +137,7 @@ def main():
             [f"median per-step time over {a.rounds} alternating rounds; replay/null/cpu = eager time / that "
              "backend's (above 1: faster than eager); fast = backend cpu with numerics='fast'; cpu/replay = "
              "replay time / cpu time; generated = generated calls bitwise/fast; identical: replay, null, cpu;",
-             "peak = eager step's peak allocated CPU bytes; arenas = the cpu plan's exec arena + the replay arena serving "
+             "peak = eager step's peak allocated CPU bytes; arenas = the cpu plan's exec arena and its backend's scratch + the replay arena serving "
              "ATen's allocations inside its runs; mem = arenas / peak (the issue's target: <= 0.9x on the transformer)",
              "cold s / warm s: a new process's three calls after its eager first one (two recorded, the plan "
              "build, one plan run) with an empty kernel cache / with the cache the cold one filled"],

@@ -327,6 +327,8 @@ class ExecReplayImpl final : public replay::ExecReplay {
     // The Runner's arena, placed for how the backend touches memory (Note [Memory use]).
     s += "; arena " + std::to_string(step->runner->arena_bytes()) + " bytes (the plan places " +
          std::to_string(p.arena_bytes) + ")";
+    if (step->cpu && step->cpu->scratch_bytes() > 0)  // the CPU backend's own, beside the arena
+      s += "; scratch " + std::to_string(step->cpu->scratch_bytes()) + " bytes";
     return s;
   }
 };

@@ -109,6 +109,10 @@ class CpuBackend {
   // Launches of generated kernels run as library calls instead, because an alpha was not 1 or
   // -1 in that run (Note [Pointwise programs]).
   std::uint64_t library_launches() const { return library_launches_; }
+  // Bytes of the backend's own buffers outside the plan's arena, as held now: layer norm
+  // backward's part buffers (Note [Generated layer norm backward], CpuBackend.cpp), grown at a
+  // launch to the parts of that launch's thread count and kept: the most a launch needed so far.
+  std::uint64_t scratch_bytes() const;
 
  private:
   struct Prepared;

@@ -544,6 +544,16 @@ AlphaRounding aten_alpha_rounding() {
   return runs_on("+avx2,+fma", host) ? AlphaRounding::Once : AlphaRounding::Twice;
 }
 
+std::uint64_t CpuBackend::scratch_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& prepared : prepared_) {
+    if (!prepared) continue;
+    for (const Run& r : prepared->runs)
+      if (r.gen) bytes += r.gen->part_buffers.capacity();
+  }
+  return bytes;
+}
+
 std::vector<bool> CpuBackend::generated_call_mask() const {
   std::vector<bool> mask;
   for (const auto& prepared : prepared_) {
@@ -620,7 +630,9 @@ void CpuBackend::run_layer_norm_backward(Generated& g) {
   const std::int64_t parts = (rows + chunk - 1) / chunk;
   const std::size_t nops = g.base.size(), buffers = g.layer_norm_buffers;
   const auto buffer_bytes = static_cast<std::size_t>(cols * g.elem_bytes[0]);
-  g.part_buffers.resize(buffers * static_cast<std::size_t>(parts) * buffer_bytes);
+  const std::size_t need = buffers * static_cast<std::size_t>(parts) * buffer_bytes;
+  if (need > g.part_buffers.capacity()) g.part_buffers.reserve(need);  // no more than needed
+  g.part_buffers.resize(need);
   auto buffer = [&](std::size_t b, std::int64_t t) {
     return g.part_buffers.data() +
            (b * static_cast<std::size_t>(parts) + static_cast<std::size_t>(t)) * buffer_bytes;

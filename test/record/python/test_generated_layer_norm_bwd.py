@@ -7,6 +7,7 @@ follow torch.set_num_threads between calls as eager's do. Rows straddle the orde
 shorter than a 32-byte vector, whole vectors, tails, one row, rows split in parts of 65536
 elements or more."""
 import platform
+import re
 
 import pytest
 import torch
@@ -121,6 +122,11 @@ def test_grad_weight_follows_the_thread_count_of_each_call(threads, dtype):
         check(step, eager, mods, ref, xs, calls=1)
     assert len(step.plans()) == 1
     assert step.plans()[0]["exec_generated_calls"] == 2 * len(shapes), step.plans()[0]["exec_summary"]
+    # the part buffers beside the arena, reported: grad_weight's and grad_bias's, each one row per
+    # part, for the most parts a call needed (3 threads: 7 rows in parts of 3, 96 in parts of 32)
+    m = re.search(r"scratch (\d+) bytes", step.plans()[0]["exec_summary"])
+    assert m, step.plans()[0]["exec_summary"]
+    assert int(m.group(1)) == 2 * 3 * (33 + 768) * xs[0].element_size()
 
 
 def test_a_grad_out_not_dense_runs_as_a_library_call_with_eager_bits(threads):
