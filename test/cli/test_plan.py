@@ -156,7 +156,8 @@ COVERED = {f"aten::{b}{ip}.{o}" for b in ("add", "sub", "mul", "div") for ip in 
     "aten::threshold_backward", "aten::clone", "aten::copy_", "aten::zero_", "aten::zeros_like",
     "aten::ones_like", "aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::native_layer_norm",
     "aten::native_layer_norm_backward",
-    "aten::nll_loss_forward", "aten::nll_loss_backward"}  # softmax needs ATen's exp: not in the CLI
+    "aten::nll_loss_forward", "aten::nll_loss_backward",
+    "aten::mse_loss_backward"}  # softmax needs ATen's exp: not in the CLI
 
 
 def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(tmp_path):

@@ -102,12 +102,31 @@ inline std::uint32_t dtype_bytes(std::int8_t d) { return d == kF32 ? 4 : 8; }  /
 
 // ---- the elementwise semantics, shared by the reference and the provider ----
 
-enum class Fn { Add, Sub, Mul, Div, Neg, Abs, Relu, Sqrt, Exp, ThresholdBackward, AddCMul, AddCDiv, Lerp, Copy, Zero, Ones };
+enum class Fn {
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Neg,
+  Abs,
+  Relu,
+  Sqrt,
+  Exp,
+  ThresholdBackward,
+  AddCMul,
+  AddCDiv,
+  Lerp,
+  Copy,
+  Zero,
+  Ones,
+  MseBwd
+};
 struct OpInfo {
   Fn fn;
   int tensor_inputs;
   int other_arg;  // a .Scalar overload's second operand; lerp's weight
   int alpha_arg;  // add/sub's alpha; addcmul's and addcdiv's value
+  double norm = 0;  // mse_loss_backward: 2/numel(self) for a mean, else 2 (run_elementwise sets it)
 };
 inline bool op_info(std::string name, OpInfo* info) {
   const std::size_t dot = name.find('.');
@@ -144,6 +163,10 @@ inline bool op_info(std::string name, OpInfo* info) {
   }
   if (base == "aten::zero" || base == "aten::zeros_like" || base == "aten::ones_like") {
     *info = OpInfo{base == "aten::ones_like" ? Fn::Ones : Fn::Zero, 1, -1, -1};
+    return true;
+  }
+  if (base == "aten::mse_loss_backward") {  // (grad_output, self, target, reduction)
+    *info = OpInfo{Fn::MseBwd, 3, -1, -1};
     return true;
   }
   if (base == "aten::lerp" && scalar) {  // (self, end, weight)
@@ -214,7 +237,8 @@ inline const record::ScalarRecord* scalar_at(std::span<const record::ScalarRecor
 // One operand as the element loop sees it.
 struct Operand {
   std::int8_t dtype;
-  int tier;  // 0 dimensioned, 1 0-d, 2 Python number
+  int tier;                // 0 dimensioned, 1 0-d, 2 Python number
+  std::int64_t numel = 1;  // its own elements (before broadcasting)
 };
 inline std::int8_t compute_dtype(const std::vector<Operand>& ops) {
   int best = 3;
@@ -238,6 +262,7 @@ T compute(Fn f, const std::vector<double>& in_as_read, const std::vector<std::in
   };
   if (f == Fn::Copy) return conv(static_cast<std::size_t>(info.tensor_inputs - 1));  // the source
   if (f == Fn::Zero || f == Fn::Ones) return T(f == Fn::Ones ? 1 : 0);
+  if (f == Fn::MseBwd) return (static_cast<T>(info.norm) * (conv(1) - conv(2))) * conv(0);
   if (f == Fn::ThresholdBackward) {  // self <= threshold ? +0 : grad (NaN self: grad)
     const T t = scalar_as<T>(*scalar_at(scalars, info.other_arg));
     return conv(1) <= t ? T(0) : conv(0);
@@ -319,6 +344,12 @@ inline void write(const View& v, const std::vector<std::int64_t>& shape, std::in
   }
 }
 
+inline void run_elementwise_with(const OpInfo& info, const std::vector<View>& ins,
+                                 const std::vector<Operand>& ops, const View& out,
+                                 const std::vector<std::int64_t>& shape,
+                                 std::span<const record::ScalarRecord> scalars,
+                                 AlphaRounding rounding, std::int8_t cd);
+
 // One step over every element: reads views, computes, writes the output view.
 inline void run_elementwise(const OpInfo& info, const std::vector<View>& ins,
                             const std::vector<Operand>& ops, const View& out,
@@ -326,6 +357,21 @@ inline void run_elementwise(const OpInfo& info, const std::vector<View>& ins,
                             std::span<const record::ScalarRecord> scalars,
                             AlphaRounding rounding) {
   const std::int8_t cd = compute_dtype(ops);
+  if (info.fn == Fn::MseBwd) {  // ATen's norm, from self's numel and the reduction (1: mean)
+    const record::ScalarRecord* red = scalar_at(scalars, 3);
+    OpInfo with_norm = info;
+    with_norm.norm = red != nullptr && static_cast<std::int64_t>(red->bits) == 1
+                         ? 2.0 / static_cast<double>(ops[1].numel)
+                         : 2.0;
+    return run_elementwise_with(with_norm, ins, ops, out, shape, scalars, rounding, cd);
+  }
+  return run_elementwise_with(info, ins, ops, out, shape, scalars, rounding, cd);
+}
+inline void run_elementwise_with(const OpInfo& info, const std::vector<View>& ins,
+                                 const std::vector<Operand>& ops, const View& out,
+                                 const std::vector<std::int64_t>& shape,
+                                 std::span<const record::ScalarRecord> scalars,
+                                 AlphaRounding rounding, std::int8_t cd) {
   std::vector<std::int8_t> dts;
   for (const View& v : ins) dts.push_back(v.dtype);
   std::vector<double> vals(ins.size());
@@ -562,7 +608,7 @@ inline void reference_run(const ChainSpec& c, const BuiltPlan& bp, RunBuffers& b
     char* base = b.inputs[bp.input_slot_of[i]].data() + t.offset * dtype_bytes(t.dtype);
     const auto st = t.strides.empty() ? contiguous_strides(t.sizes) : t.strides;
     in_views.push_back(view_of(base, t.dtype, t.sizes, st, c.shape));
-    in_ops.push_back({t.dtype, t.sizes.empty() ? 1 : 0});
+    in_ops.push_back({t.dtype, t.sizes.empty() ? 1 : 0, numel(t.sizes)});
   }
   std::vector<View> step_views;
   std::vector<Operand> step_ops;
@@ -601,7 +647,7 @@ inline void reference_run(const ChainSpec& c, const BuiltPlan& bp, RunBuffers& b
     scalar_i += st.scalars.size();
     run_elementwise(info, ins, ops, out, c.shape, s, rounding);
     step_views.push_back(out);
-    step_ops.push_back({out.dtype, c.shape.empty() ? 1 : 0});
+    step_ops.push_back({out.dtype, c.shape.empty() ? 1 : 0, numel(c.shape)});
   }
 }
 
@@ -643,7 +689,11 @@ struct LoopProvider {
     for (const exec::TensorArg& t : c.inputs) {
       ins.push_back(view_of(static_cast<char*>(t.data), t.dtype, {t.sizes.begin(), t.sizes.end()},
                             {t.strides.begin(), t.strides.end()}, shape));
-      ops.push_back({t.dtype, t.wrapped_number ? 2 : t.sizes.empty() ? 1 : 0});
+      ops.push_back({t.dtype,
+                     t.wrapped_number  ? 2
+                     : t.sizes.empty() ? 1
+                                       : 0,
+                     numel({t.sizes.begin(), t.sizes.end()})});
     }
     const View out = view_of(static_cast<char*>(o.data), o.dtype, shape,
                              {o.strides.begin(), o.strides.end()}, shape);

@@ -257,13 +257,18 @@ inline std::vector<ChainSpec> one_op_rows() {
                                                     : std::vector<int>{0});
     if (info.fn == Fn::ThresholdBackward)
       s.scalars.push_back(scalar_double(2, 0.25));
+    else if (info.fn == Fn::MseBwd)  // (grad, self [17] broadcast: norm 2/17, target), a mean
+      s.in = {0, 1, 2}, s.scalars.push_back(scalar_int(3, 1));
     else if (info.other_arg >= 0)
       s.scalars.push_back(scalar_double(static_cast<std::uint16_t>(info.other_arg), 0.3));
     if (info.fn == Fn::AddCMul || info.fn == Fn::AddCDiv)
       s.scalars.push_back(scalar_double(3, 0.3));
     else if (info.alpha_arg >= 0)
       s.scalars.push_back(info.other_arg >= 0 ? scalar_int(2, -1) : scalar_double(2, 1.0));
-    r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});
+    if (info.fn == Fn::MseBwd)
+      r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17}), f32({3, 17})}, {s}});
+    else
+      r.push_back({"op_" + op, {3, 17}, {f32({3, 17}), f32({17})}, {s}});
   }
   return r;
 }

@@ -4,11 +4,11 @@
 // Note [Pointwise programs]: every call of the kernel writes a tensor of one iteration shape
 // (the first call's output shape); each input broadcasts to it (right-aligned, size-1 dims).
 // The program is SSA over one element: loads of memory operands (float32, float64, or a Python
-// int as a wrapped int64 number, converted to the compute dtype in one rounding as ATen does), runtime parameters (a call's
-// scalar arguments, patchable), arithmetic in the call's compute dtype (ATen's type promotion:
-// dimensioned tensors first, then 0-d tensors, then Python numbers; inputs converted to it,
-// the result converted to the output's dtype), and stores. A value an earlier call of the
-// kernel wrote is read from its register, not from memory. An output no call outside the
+// int as a wrapped int64 number, converted to the compute dtype in one rounding as ATen does),
+// runtime parameters (a call's scalar arguments, patchable), arithmetic in the call's compute dtype
+// (ATen's type promotion: dimensioned tensors first, then 0-d tensors, then Python numbers; inputs
+// converted to it, the result converted to the output's dtype), and stores. A value an earlier call
+// of the kernel wrote is read from its register, not from memory. An output no call outside the
 // kernel touches (an Arena slot, not a result) is not stored at all.
 //
 // Operands are memory locations keyed by (slot, element offset, strides in iteration space);
@@ -36,6 +36,12 @@
 // parameter that makes the roundings agree (`always_scaled`).
 // clone and copy_ are the source element converted to the output's dtype (one rounding, or
 // none); zero_, zeros_like and ones_like are the constant, the input's elements not read.
+// mse_loss_backward(grad_output, self, target, reduction) is (norm * (self - target)) *
+// grad_output, as ATen's mse_backward_cpu_kernel, with norm = 2/numel(self) for a mean (the
+// double quotient, rounded once to float32 as ATen's Scalar::to) and 2 for none or sum: a parameter
+// fixed at lowering (`fixed_scalars`), not a plan scalar, so the program holds no size (a launch
+// whose reduction was patched to another value runs ATen's call). Its three tensors must have
+// one dtype (ATen also takes a float64 target or grad beside float32: left to it).
 // sqrt is not bit-exact: ATen's is not IEEE sqrt (one ulp away on about 0.7 % of random float32
 // and float64 inputs, in its vectorized and its default kernels alike: MKL's vector math), so
 // only numerics="fast" generates it.
@@ -44,6 +50,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "crucible/core/ContentHash.h"
@@ -265,7 +272,13 @@ struct PointwiseKernel {
   std::vector<std::int64_t> shape;                 // iteration shape
   std::vector<std::uint32_t> operand_tensor;       // per operand
   std::vector<std::vector<std::int64_t>> strides;  // per operand, in elements, one per dim
-  std::vector<std::uint32_t> param_scalar;         // per parameter: index in plan.scalars
+  // per parameter: index in plan.scalars, or kFixedScalar | i for fixed_scalars[i]
+  std::vector<std::uint32_t> param_scalar;
+  std::vector<record::ScalarRecord> fixed_scalars;  // values the lowering computed
+  // The plan scalars those values were computed from, with their bits then: a launch where one
+  // was patched to another value runs the calls as library calls.
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> fixed_from;
+  static constexpr std::uint32_t kFixedScalar = 0x80000000u;
   std::vector<std::uint32_t> unit_params;  // the alpha parameters (of AddScaled/SubScaled)
   // A product rounded into a sum whatever the parameters (addcmul, lerp): no alpha of 1 or -1
   // makes both roundings agree.

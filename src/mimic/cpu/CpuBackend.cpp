@@ -57,6 +57,8 @@ struct Generated {
   std::vector<std::uint32_t> operand_tensor;
   std::vector<std::int64_t> elem_bytes;  // per operand
   std::vector<std::uint32_t> param_scalar;
+  std::vector<record::ScalarRecord> fixed_scalars;  // PointwiseKernel::kFixedScalar's
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> fixed_from;  // and the scalars they follow
   std::vector<std::int8_t> param_dtype;
   std::vector<std::uint32_t> unit_params;  // alpha parameters
   bool always_scaled = false;              // addcmul, lerp: no alpha makes the roundings agree
@@ -395,6 +397,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
   for (const PwOperand& o : pk.program.operands)
     p->elem_bytes.push_back(o.dtype == dtype::kFloat32 ? 4 : 8);  // float64, int64
   p->param_scalar = pk.param_scalar;
+  p->fixed_scalars = pk.fixed_scalars;
+  p->fixed_from = pk.fixed_from;
   p->param_dtype = pk.program.params;
   p->unit_params = pk.unit_params;
   p->always_scaled = pk.always_scaled;
@@ -705,14 +709,14 @@ void CpuBackend::run_parts(unsigned parts, const std::function<void(unsigned)>& 
 // Whether launch_generated may return false for `g` (its parameters are patchable, so whether
 // an alpha is 1 is not known before a run).
 bool CpuBackend::may_run_library_calls(const Generated& g) const {
-  if (g.may_refuse || g.dof_check) return true;
+  if (g.may_refuse || g.dof_check || !g.fixed_from.empty()) return true;
   if (fast_ || alpha_rounding_ == AlphaRounding::Twice) return false;
   if (!g.always_scaled && g.unit_params.empty()) return false;
   return !(alpha_rounding_ == AlphaRounding::Once && g.contig && g.scaled_unbroadcast);
 }
 
 // Runs `g` over this launch's memory; false when its alpha needs the library calls instead
-// (Note [ATen's alpha rounding]).
+// (Note [ATen's alpha rounding]), or a scalar a parameter was fixed from was patched.
 bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch) {
   Generated* p = &g;
   if (p->numel == 0) return true;
@@ -747,8 +751,17 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
     }
     return true;
   }
+  for (const auto& [scalar, bits] : p->fixed_from)
+    if (launch.scalars[scalar].bits != bits) {  // a value fixed at lowering no longer holds
+      ++library_launches_;
+      return false;
+    }
   for (std::size_t j = 0; j < p->params.size(); ++j)
-    p->params[j] = param_bits(launch.scalars[p->param_scalar[j]], p->param_dtype[j]);
+    p->params[j] =
+        param_bits((p->param_scalar[j] & PointwiseKernel::kFixedScalar) != 0
+                       ? p->fixed_scalars[p->param_scalar[j] & ~PointwiseKernel::kFixedScalar]
+                       : launch.scalars[p->param_scalar[j]],
+                   p->param_dtype[j]);
   bool unit = !p->always_scaled && !fast_;
   for (std::uint32_t j : p->unit_params) unit = unit && is_unit(p->params[j], p->param_dtype[j]);
   if (fast_ && p->contig) {  // Note [Fast numerics]

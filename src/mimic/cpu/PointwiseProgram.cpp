@@ -25,7 +25,7 @@ static_assert(kOpNames.size() == 17, "one name per PwOp");
 // addcmul and addcdiv are several instructions (Note [Pointwise programs]); Copy is the last
 // tensor input's value (clone, copy_), Zero and Ones a constant (the inputs are not read);
 // `fast`: generated only for numerics="fast".
-enum class Form : std::uint8_t { One, AddCMul, AddCDiv, Copy, Zero, Ones };
+enum class Form : std::uint8_t { One, AddCMul, AddCDiv, Copy, Zero, Ones, MseBwd };
 struct OpRow {
   std::string_view name;
   PwOp op;
@@ -35,7 +35,7 @@ struct OpRow {
   Form form = Form::One;
   bool fast = false;
 };
-constexpr std::array<OpRow, 40> kOps{{
+constexpr std::array<OpRow, 41> kOps{{
     {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
@@ -76,8 +76,9 @@ constexpr std::array<OpRow, 40> kOps{{
     {"aten::zero_", PwOp::Const, 1, -1, -1, Form::Zero},
     {"aten::zeros_like", PwOp::Const, 1, -1, -1, Form::Zero},
     {"aten::ones_like", PwOp::Const, 1, -1, -1, Form::Ones},
+    {"aten::mse_loss_backward", PwOp::Mul, 3, -1, -1, Form::MseBwd},
 }};
-static_assert(kOps.size() == 40, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 41, "the covered-op table is data: update the count");
 
 const OpRow* find_op(std::string_view name, bool fast) {
   for (const OpRow& r : kOps)
@@ -273,6 +274,7 @@ class Lowering {
         compute = dtype::kFloat64;
       vals.push_back(value_of(*key, a.tensor));
     }
+    if (row->form == Form::MseBwd) return lower_mse_backward(c, call, vals);
     for (std::uint16_t& v : vals) v = convert(v, compute);
     if (row->other_arg >= 0) {
       auto other = scalar_at(call, row->other_arg);
@@ -317,6 +319,39 @@ class Lowering {
       r = emit(row->op, compute, vals[0]);
     }
     return finish_call(c, call, r);
+  }
+
+  // Note [Pointwise programs]: mse_loss_backward(grad_output, self, target, reduction) is
+  // (norm * (self - target)) * grad_output in the tensors' one dtype, norm fixed here from
+  // self's size (2/numel for a mean, else 2).
+  Status lower_mse_backward(std::uint32_t c, const exec::Call& call,
+                            const std::vector<std::uint16_t>& vals) {
+    const std::int8_t dt = p_.tensors[p_.outputs_of(call)[0].tensor].dtype;
+    for (const exec::Arg& a : p_.inputs_of(call))
+      if (p_.tensors[a.tensor].dtype != dt || (p_.tensors[a.tensor].flags & exec::kWrappedNumber))
+        return refuse_call(c, "has tensors of more than one dtype");
+    auto reduction = scalar_at(call, 3);
+    if (!reduction || p_.scalars[*reduction].kind != record::ScalarKind::Int)
+      return refuse_call(c, "has no recorded reduction");
+    const auto red = static_cast<std::int64_t>(p_.scalars[*reduction].bits);
+    if (red < 0 || red > 2)
+      return refuse_call(c, "has an unknown reduction " + std::to_string(red));
+    std::int64_t numel = 1;  // self's (ATen's input.numel()), which may broadcast
+    for (std::int64_t d : p_.sizes(p_.tensors[p_.inputs_of(call)[1].tensor])) numel *= d;
+    const double norm =
+        red == 1 ? 2.0 / static_cast<double>(numel) : 2.0;  // ATen's Reduction::Mean is 1
+    record::ScalarRecord fixed;
+    fixed.kind = record::ScalarKind::Double;
+    fixed.bits = std::bit_cast<std::uint64_t>(norm);
+    out_.fixed_scalars.push_back(fixed);
+    out_.fixed_from.emplace_back(*reduction, p_.scalars[*reduction].bits);
+    out_.param_scalar.push_back(PointwiseKernel::kFixedScalar |
+                                static_cast<std::uint32_t>(out_.fixed_scalars.size() - 1));
+    out_.program.params.push_back(dt);
+    const std::uint16_t n =
+        emit(PwOp::Param, dt, static_cast<std::uint32_t>(out_.program.params.size() - 1));
+    const std::uint16_t diff = emit(PwOp::Sub, dt, vals[1], vals[2]);
+    return finish_call(c, call, emit(PwOp::Mul, dt, emit(PwOp::Mul, dt, n, diff), vals[0]));
   }
 
   // The register holding what location `key` (of tensor ti) holds now: loaded on first use.
