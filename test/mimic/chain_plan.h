@@ -213,6 +213,7 @@ T apply(Fn f, T a, T b) {
     case Fn::AddCMul:
     case Fn::AddCDiv:
     case Fn::Lerp:
+    case Fn::MseBwd:
     case Fn::Copy:
     case Fn::Zero:
     case Fn::Ones:
