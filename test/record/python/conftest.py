@@ -25,3 +25,12 @@ def clean_recorder():
     yield
     crucible.disable()
     crucible.clear()
+
+
+@pytest.fixture
+def threads():
+    """ATen's thread count, given back after a test that sets it (torch.set_num_threads)."""
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

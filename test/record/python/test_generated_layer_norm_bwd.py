@@ -26,13 +26,6 @@ SHAPES = [((5, 1), 1), ((4, 3), 1), ((1, 7), 1), ((3, 2, 8), 1), ((6, 17), 1), (
           ((9, 100), 1), ((3, 1000), 1), ((2, 3, 4, 5), 2), ((96, 768), 1)]
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def same_bits(a, b):
     ints = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
     return a.shape == b.shape and torch.equal(a.view(ints), b.view(ints))

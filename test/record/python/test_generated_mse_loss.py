@@ -14,13 +14,6 @@ pytestmark = pytest.mark.skipif(build_info.get("exec") is False,
                                 reason="built with -DCRUCIBLE_LLVM=OFF: no exec stage")
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def same_bits(a, b):
     ints = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
     return a.shape == b.shape and torch.equal(a.view(ints), b.view(ints))
