@@ -1523,10 +1523,21 @@ FormInfo form_info(std::int64_t id) {
   return FormInfo{f->ops.size(), f->hash.hex()};
 }
 
+// Note [Releasing under the registry lock]: a form or plan holds tensors, and a tensor with a
+// Python object may give up the GIL and take it again as it dies (THPVariable_clear). Dropped
+// while r.mu is held, that waits for the GIL while another Python thread holds the GIL and waits
+// for r.mu (capture_stop, get_form): a deadlock, seen under ASan with two threads compiling. So
+// the registry hands the object out under the lock and it dies after the lock is released.
 void form_release(std::int64_t id) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  r.forms.erase(id);
+  std::shared_ptr<const Form> dying;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = r.forms.find(id);
+    if (it == r.forms.end()) return;
+    dying = std::move(it->second);
+    r.forms.erase(it);
+  }
 }
 
 namespace replay {
@@ -2621,10 +2632,15 @@ std::pair<std::size_t, std::size_t> alloc_measure_stop() {
 }
 
 void plan_release(std::int64_t id) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  auto it = r.plans.find(id);
-  if (it != r.plans.end() && --it->second->refs <= 0) r.plans.erase(it);
+  std::shared_ptr<Plan> dying;  // Note [Releasing under the registry lock]
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = r.plans.find(id);
+    if (it == r.plans.end() || --it->second->refs > 0) return;
+    dying = std::move(it->second);
+    r.plans.erase(it);
+  }
 }
 
 PlanInfo plan_info(std::int64_t id) {
