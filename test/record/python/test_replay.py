@@ -3,6 +3,8 @@ same seed. Everything a user can observe must be bit-identical: returned losses,
 .grad, buffers (batchnorm running stats), optimizer state."""
 import copy
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -1016,3 +1018,49 @@ def test_foreach_optimizers_counting_steps_with_torch_tensor(opt_name):
         res.append((losses, snapshot(m, opt)))
     assert_twins(res)
     assert all(float(s["step"]) == 10.0 for s in opt.state.values())
+
+
+# A form whose last reference to a tensor dies in form_release while another Python thread
+# waits for the replay registry: the tensor's weakref callback (run as it dies, in the releasing
+# thread) lets the other thread into the registry and waits for it. Before Note [Releasing under
+# the registry lock] the form died under the registry's mutex, and this hung.
+RELEASE_SCRIPT = r"""
+import threading, weakref
+import torch
+import crucible_native as crucible
+_ext = crucible._ext
+t = torch.randn(4)
+_ext.capture_start(True)
+y = t * 2
+_ext.capture_stop()
+form = torch.ops.crucible.capture_finish([], [y])
+go, done = threading.Event(), threading.Event()
+def other():
+    go.wait()
+    _ext.replay_counters()   # takes the registry's lock
+    done.set()
+threading.Thread(target=other, daemon=True).start()
+seen = []
+def dying(_):
+    go.set()
+    seen.append((releasing, done.wait(timeout=30)))
+w = weakref.ref(t, dying)
+releasing = False
+del t, y
+releasing = True
+_ext.form_release(form)
+print(seen)
+"""
+
+
+def test_releasing_a_form_lets_other_threads_into_the_registry_as_its_tensors_die():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(crucible.__file__)), here]))
+    try:
+        r = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], env=env, capture_output=True, text=True,
+                           timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("form_release deadlocked with a thread waiting for the replay registry")
+    assert r.returncode == 0, r.stderr
+    # the tensor died inside form_release, and the other thread got the registry meanwhile
+    assert r.stdout.strip() == "[(True, True)]", r.stdout
