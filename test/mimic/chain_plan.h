@@ -345,34 +345,19 @@ inline void write(const View& v, const std::vector<std::int64_t>& shape, std::in
   }
 }
 
-inline void run_elementwise_with(const OpInfo& info, const std::vector<View>& ins,
-                                 const std::vector<Operand>& ops, const View& out,
-                                 const std::vector<std::int64_t>& shape,
-                                 std::span<const record::ScalarRecord> scalars,
-                                 AlphaRounding rounding, std::int8_t cd);
-
 // One step over every element: reads views, computes, writes the output view.
-inline void run_elementwise(const OpInfo& info, const std::vector<View>& ins,
+inline void run_elementwise(const OpInfo& op, const std::vector<View>& ins,
                             const std::vector<Operand>& ops, const View& out,
                             const std::vector<std::int64_t>& shape,
-                            std::span<const record::ScalarRecord> scalars,
-                            AlphaRounding rounding) {
+                            std::span<const record::ScalarRecord> scalars, AlphaRounding rounding) {
   const std::int8_t cd = compute_dtype(ops);
+  OpInfo info = op;
   if (info.fn == Fn::MseBwd) {  // ATen's norm, from self's numel and the reduction (1: mean)
     const record::ScalarRecord* red = scalar_at(scalars, 3);
-    OpInfo with_norm = info;
-    with_norm.norm = red != nullptr && static_cast<std::int64_t>(red->bits) == 1
-                         ? 2.0 / static_cast<double>(ops[1].numel)
-                         : 2.0;
-    return run_elementwise_with(with_norm, ins, ops, out, shape, scalars, rounding, cd);
+    info.norm = red != nullptr && static_cast<std::int64_t>(red->bits) == 1
+                    ? 2.0 / static_cast<double>(ops[1].numel)
+                    : 2.0;
   }
-  return run_elementwise_with(info, ins, ops, out, shape, scalars, rounding, cd);
-}
-inline void run_elementwise_with(const OpInfo& info, const std::vector<View>& ins,
-                                 const std::vector<Operand>& ops, const View& out,
-                                 const std::vector<std::int64_t>& shape,
-                                 std::span<const record::ScalarRecord> scalars,
-                                 AlphaRounding rounding, std::int8_t cd) {
   std::vector<std::int8_t> dts;
   for (const View& v : ins) dts.push_back(v.dtype);
   std::vector<double> vals(ins.size());
