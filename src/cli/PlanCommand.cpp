@@ -156,7 +156,7 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
   if (!st.ok()) {
     fail(st);
   } else {
-    std::uint32_t generated = 0, library = 0;
+    std::uint32_t generated = 0, library = 0, tables = 0, table_runs = 0;
     nlohmann::json kernels = nlohmann::json::array();
     for (std::uint32_t k = 0; k < plan->kernels.size(); ++k) {
       const exec::Kernel& kn = plan->kernels[k];
@@ -171,9 +171,16 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
       std::string why = s.why;
       if (const std::size_t at = why.find("generates: "); at != std::string::npos) why.erase(0, at + 11);
       if (const std::size_t at = why.rfind("; it runs as library calls"); at != std::string::npos) why.erase(at);
-      nlohmann::json e = {{"kernel", k},          {"group", kn.group},
-                          {"generated", s.generated}, {"calls", kn.call_count},
-                          {"generated_calls", s.generated_calls}, {"ops", ops}};
+      nlohmann::json e = {{"kernel", k},
+                          {"group", kn.group},
+                          {"generated", s.generated},
+                          {"calls", kn.call_count},
+                          {"generated_calls", s.generated_calls},
+                          {"ops", ops},
+                          {"table_launches", s.table_launches},
+                          {"table_runs", s.table_runs}};
+      tables += s.table_launches;
+      table_runs += s.table_runs;
       char line[96];
       if (s.generated) {
         ++generated;
@@ -199,9 +206,12 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
     for (const exec::Kernel& kn : plan->kernels) calls += kn.call_count;
     text += "  " + std::to_string(generated) + " kernels generated, " + std::to_string(library) +
             " not (or partly); " + std::to_string(generated_calls) + " of " +
-            std::to_string(calls) + " calls generated\n";
-    j = {{"backend", "cpu"},         {"generated", generated}, {"library", library},
-         {"generated_calls", generated_calls}, {"calls", calls}, {"kernels", kernels}};
+            std::to_string(calls) + " calls generated; " + std::to_string(table_runs) +
+            " runs in " + std::to_string(tables) + " launch tables\n";
+    j = {{"backend", "cpu"},         {"generated", generated},
+         {"library", library},       {"generated_calls", generated_calls},
+         {"calls", calls},           {"kernels", kernels},
+         {"table_launches", tables}, {"table_runs", table_runs}};
   }
   r->text += text;
   if (!r->json.empty()) {

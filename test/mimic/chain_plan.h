@@ -631,7 +631,10 @@ inline void reference_run(const ChainSpec& c, const BuiltPlan& bp, RunBuffers& b
     }
     const std::span<const record::ScalarRecord> s(scalars.data() + scalar_i, st.scalars.size());
     scalar_i += st.scalars.size();
-    run_elementwise(info, ins, ops, out, c.shape, s, rounding);
+    std::vector<std::int64_t> shape = c.shape;
+    if (out.base == ins[0].base && st.in[0] >= 0 && c.inputs[st.in[0]].sizes.empty())
+      shape.assign(c.shape.size(), 1);  // in place on a 0-d input: its one element, once
+    run_elementwise(info, ins, ops, out, shape, s, rounding);
     step_views.push_back(out);
     step_ops.push_back({out.dtype, c.shape.empty() ? 1 : 0, numel(c.shape)});
   }

@@ -68,6 +68,41 @@ inline ChainSpec adamw_with_step_item(std::int64_t n) {
                     step("aten::addcdiv_", {prev(0), prev(1), prev(7)}, {scalar_double(3, -0.01)})}};
 }
 
+// `k` parameters' updates in one kernel, as an optimizer's group: each as torch.optim.AdamW's
+// single-tensor loop, its 0-d step incremented first, then adamw_with_step_item's calls. With
+// `chained`, each odd parameter's gradient is the previous parameter's sqrt (a library call's
+// result), so its moments wait for that call.
+inline ChainSpec adamw_params(int k, std::int64_t n, bool chained) {
+  const ChainSpec one = adamw_with_step_item(n);
+  ChainSpec c{
+      "adamw_" + std::to_string(k) + "_params_" + std::to_string(n) + (chained ? "_chained" : ""),
+      {n},
+      {},
+      {}};
+  constexpr int kGrad = 1, kStep = 4, kSqrt = 5;  // adamw_with_step_item's inputs and sqrt step
+  int last_sqrt = -1;
+  for (int p = 0; p < k; ++p) {
+    const int in0 = static_cast<int>(c.inputs.size());
+    c.inputs.insert(c.inputs.end(), one.inputs.begin(), one.inputs.end());
+    c.steps.push_back(
+        step("aten::add_.Scalar", {in0 + kStep}, {scalar_int(1, 1), scalar_int(2, 1)}));
+    const int s0 = static_cast<int>(c.steps.size());
+    for (StepSpec st : one.steps) {
+      for (int& x : st.in) {
+        if (x < 0)
+          x = prev(-(x + 1) + s0);
+        else if (chained && p % 2 == 1 && x == kGrad)
+          x = prev(last_sqrt);
+        else
+          x += in0;
+      }
+      c.steps.push_back(std::move(st));
+    }
+    last_sqrt = s0 + kSqrt;
+  }
+  return c;
+}
+
 inline std::vector<ChainSpec> fixed_rows() {
   std::vector<ChainSpec> r;
   r.push_back({"add_17",

@@ -116,6 +116,125 @@ TEST(KernelRuns, AHostReadRunsBeforeTheStretchItSitsIn) {
   }
 }
 
+// Note [Launch tables]: the same plan run by a CPU backend with launch tables and by one
+// without (each run alone, in call order) from the same buffers; the buffers each leaves.
+struct TableRuns {
+  RunBuffers tables, alone;
+  CpuKernelState state;          // the kernel's, with tables
+  std::uint64_t call_order = 0;  // launches with tables that ran in call order
+};
+TableRuns run_with_and_without_tables(const ChainSpec& spec, const BuiltPlan& bp, bool fast,
+                                      const RunBuffers& initial, int alias_input = -1) {
+  TableRuns r;
+  for (bool tables : {true, false}) {
+    CpuBackendOptions o = CpuBackendOptions::memory_only();
+    o.fast = fast;
+    o.alpha_rounding = AlphaRounding::Once;
+    o.threads = 3;
+    o.launch_tables = tables;
+    auto cpu = CpuBackend::make(o);
+    EXPECT_TRUE(cpu.ok());
+    LoopProvider lp;
+    lp.rounding = AlphaRounding::Once;
+    auto runner = exec::Runner::make(bp.plan, (*cpu)->backend(), lp.provider());
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return r;
+    RunBuffers& b = tables ? r.tables : r.alone;
+    b = initial;
+    std::vector<void*> ins, outs;
+    for (auto& x : b.inputs) ins.push_back(x.data());
+    for (auto& x : b.outputs) outs.push_back(x.data());
+    if (alias_input >= 0) ins[alias_input + 5] = ins[alias_input];  // the next parameter's copy
+    const Patches p = patches_for(spec, bp, false);
+    const Status st = (*runner)->run(exec::RunArgs{ins, outs, p.bits});
+    EXPECT_TRUE(st.ok()) << st;
+    if (tables) {
+      r.state = (*cpu)->kernels()[0];
+      r.call_order = (*cpu)->call_order_launches();
+    }
+  }
+  return r;
+}
+
+void expect_same(const RunBuffers& a, const RunBuffers& b, const Dtypes& dts, const char* what) {
+  for (std::size_t i = 0; i < a.inputs.size(); ++i)
+    EXPECT_EQ(first_difference(a.inputs[i], b.inputs[i], dts.inputs[i]), -1)
+        << what << ", input " << i;
+  for (std::size_t i = 0; i < a.outputs.size(); ++i)
+    EXPECT_EQ(first_difference(a.outputs[i], b.outputs[i], dts.outputs[i]), -1)
+        << what << ", output " << i;
+}
+
+// An optimizer group's runs of one program launch as tables of at most 2^18 elements, split over
+// threads when large (5 x 30000 values: parts end inside rows), and leave the bits of each run
+// launched alone in call order — bit-exact, the reference's. Bit-exact AdamW makes three tables
+// (the steps' increments, the moments, the updates: sqrt and step.item() run between the last
+// two as library calls), fast two.
+TEST(LaunchTables, RunsOfOneProgramLaunchTogether) {
+  struct Case {
+    int k;
+    std::int64_t n;
+    bool fast;
+    std::uint32_t tables, rows;
+  };
+  for (const Case& c :
+       {Case{5, 30000, false, 3, 15}, Case{5, 30000, true, 2, 10}, Case{6, 100000, false, 7, 18},
+        Case{6, 100000, true, 4, 12}, Case{3, 7, false, 3, 9}}) {
+    const ChainSpec spec = adamw_params(c.k, c.n, false);
+    SCOPED_TRACE(spec.name + (c.fast ? " fast" : " bitwise"));
+    const BuiltPlan bp = build_chain_plan(spec);
+    ASSERT_TRUE(exec::verify_plan(bp.plan).ok()) << exec::verify_plan(bp.plan);
+    const Dtypes dts = binding_dtypes(spec, bp);
+    std::mt19937_64 rng(11);
+    const RunBuffers initial = initial_buffers(bp, dts, rng);
+    const TableRuns r = run_with_and_without_tables(spec, bp, c.fast, initial);
+    EXPECT_EQ(r.state.table_launches, c.tables);
+    EXPECT_EQ(r.state.table_runs, c.rows);
+    EXPECT_EQ(r.call_order, 0u);
+    expect_same(r.tables, r.alone, dts, "tables against call order");
+    if (c.fast) continue;
+    RunBuffers expect = initial;
+    const Patches p = patches_for(spec, bp, false);
+    reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
+    expect_same(r.tables, expect, dts, "tables against the reference");
+  }
+}
+
+// A run waits for the library call whose result it reads: every odd parameter's gradient is the
+// previous parameter's sqrt, so its moments cannot join the even parameters' table. The
+// schedule: [increments 0-5], [moments 0, 2, 4], update 0, moments 1, [updates 1, 2], moments 3,
+// [updates 3, 4], moments 5, update 5 (library calls in order as soon as they may run).
+TEST(LaunchTables, ARunWaitsForTheCallsItDependsOn) {
+  const ChainSpec spec = adamw_params(6, 1000, true);
+  const BuiltPlan bp = build_chain_plan(spec);
+  ASSERT_TRUE(exec::verify_plan(bp.plan).ok()) << exec::verify_plan(bp.plan);
+  const Dtypes dts = binding_dtypes(spec, bp);
+  std::mt19937_64 rng(12);
+  const RunBuffers initial = initial_buffers(bp, dts, rng);
+  const TableRuns r = run_with_and_without_tables(spec, bp, false, initial);
+  EXPECT_EQ(r.state.table_launches, 4u);
+  EXPECT_EQ(r.state.table_runs, 13u);
+  expect_same(r.tables, r.alone, dts, "tables against call order");
+  RunBuffers expect = initial;
+  const Patches p = patches_for(spec, bp, false);
+  reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
+  expect_same(r.tables, expect, dts, "tables against the reference");
+}
+
+// Two parameters bound to one buffer (a caller passing one tensor twice): the tables' order
+// would not be call order's, so that launch runs in call order, with its bits.
+TEST(LaunchTables, OverlappingBoundMemoryRunsInCallOrder) {
+  const ChainSpec spec = adamw_params(4, 1000, false);
+  const BuiltPlan bp = build_chain_plan(spec);
+  const Dtypes dts = binding_dtypes(spec, bp);
+  std::mt19937_64 rng(13);
+  const RunBuffers initial = initial_buffers(bp, dts, rng);
+  const TableRuns r = run_with_and_without_tables(spec, bp, false, initial, /*alias_input=*/0);
+  EXPECT_EQ(r.state.table_launches, 3u);
+  EXPECT_EQ(r.call_order, 1u);
+  expect_same(r.tables, r.alone, dts, "one buffer twice, against call order");
+}
+
 // Note [Memory use]: a fused chain's intermediates live in registers, so the Runner places
 // them no arena memory; the results stay the ones the whole-memory plan gives (the conformance
 // rows run through the same placement).

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 
 #include "AtenMath.h"
 #include "AtenParallel.h"
@@ -131,6 +133,10 @@ Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool mem
                                                     : mimic::CpuBackendOptions{};
     co.threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));  // torch's own count
     co.fast = fast;
+    // Note [Launch tables] (CpuBackend.cpp): CRUCIBLE_LAUNCH_TABLES=0 launches each run alone,
+    // for benchmarks to compare
+    const char* tables = std::getenv("CRUCIBLE_LAUNCH_TABLES");
+    co.launch_tables = tables == nullptr || std::string_view(tables) != "0";
     co.parallel = aten_parallel;  // split loops on ATen's threads (Note [Split loops])
     co.current_threads = [] {  // ATen runs a parallel_for inline inside a parallel region
       return at::in_parallel_region() ? 1u : static_cast<unsigned>(std::max(1, at::get_num_threads()));
@@ -314,6 +320,11 @@ class ExecReplayImpl final : public replay::ExecReplay {
                     c.load_seconds * 1e3);
       s += " (compiled " + std::to_string(c.compiled) + ", from disk " + std::to_string(c.disk_hits) +
            ", from memory " + std::to_string(c.memory_hits) + secs + ")";
+      std::uint32_t tables = 0, rows = 0;  // Note [Launch tables] (CpuBackend.cpp)
+      for (const mimic::CpuKernelState& k : step->cpu->kernels())
+        tables += k.table_launches, rows += k.table_runs;
+      if (tables > 0)
+        s += ", " + std::to_string(rows) + " runs in " + std::to_string(tables) + " launch tables";
     }
     const AtenProviderStats& a = step->provider.stats();
     s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) +

@@ -31,6 +31,7 @@
 namespace crucible::mimic {
 
 struct Generated;  // a run's generated code (CpuBackend.cpp)
+struct Run;  // a stretch of a kernel's calls: generated code or library calls (CpuBackend.cpp)
 
 enum class AlphaRounding : std::uint8_t { Unknown = 0, Twice = 1, Once = 2 };
 
@@ -60,6 +61,9 @@ struct CpuBackendOptions {
   // numerics="fast" (Note [Fast numerics], CpuBackend.cpp): also generate what is not ATen's
   // bits but within a stated bound of them (sqrt; a + c*b rounded once where ATen rounds twice).
   bool fast = false;
+  // Runs of one program launch together as one table (Note [Launch tables], CpuBackend.cpp);
+  // false: each run alone, in call order (the Vessel's CRUCIBLE_LAUNCH_TABLES=0, for comparison).
+  bool launch_tables = true;
 
   static CpuBackendOptions memory_only() {  // no disk cache
     CpuBackendOptions o;
@@ -83,6 +87,9 @@ struct CpuKernelState {
   bool generated = false;             // every call of the kernel runs generated code
   std::uint32_t generated_calls = 0;  // the calls that do (Note [Kernel runs], CpuBackend.cpp)
   std::uint32_t generated_runs = 0;   // the generated programs they make up
+  // Note [Launch tables] (CpuBackend.cpp): tables of two runs or more of one program, launched
+  // as one, and the runs in them.
+  std::uint32_t table_launches = 0, table_runs = 0;
   const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
   std::string why;  // not every call generated: why the first library call is not
   // generated: where its code came from — "memory" (this process had it), "disk" (the kernel
@@ -109,6 +116,9 @@ class CpuBackend {
   // Launches of generated kernels run as library calls instead, because an alpha was not 1 or
   // -1 in that run (Note [Pointwise programs]).
   std::uint64_t library_launches() const { return library_launches_; }
+  // Launches of a kernel with launch tables that ran in call order instead, because distinct
+  // Input or Output slots were overlapping memory (Note [Launch tables], CpuBackend.cpp).
+  std::uint64_t call_order_launches() const { return call_order_launches_; }
   // Bytes of the backend's own buffers outside the plan's arena, as held now: layer norm
   // backward's part buffers (Note [Generated layer norm backward], CpuBackend.cpp), grown at a
   // launch to the parts of that launch's thread count and kept: the most a launch needed so far.
@@ -116,6 +126,7 @@ class CpuBackend {
 
  private:
   struct Prepared;
+  struct TableRow;
   CpuBackend() = default;
   static Status prepare(void* self, const exec::ExecutionPlan& plan);
   static Status run_kernel(void* self, const exec::KernelLaunch& launch);
@@ -128,6 +139,13 @@ class CpuBackend {
                                                  std::span<const std::uint32_t> hoisted,
                                                  std::string_view* cache);
   Result<std::unique_ptr<GeneratedRun>> generate_lowered(const PointwiseKernel& pk, std::string_view* cache);
+  static void schedule_tables(const exec::ExecutionPlan& plan, const exec::Kernel& kn,
+                              Prepared& pr);
+  Status launch_run(Run& r, const exec::KernelLaunch& launch);
+  static bool bound_memory_apart(Prepared& pr, const exec::KernelLaunch& launch);
+  Status launch_table(Prepared& pr, std::span<const std::uint32_t> step,
+                      const exec::KernelLaunch& launch);
+  bool pointwise_launch(Generated& g, const exec::KernelLaunch& launch, ContigFn* fn);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);
@@ -144,7 +162,10 @@ class CpuBackend {
   std::vector<std::unique_ptr<Prepared>> prepared_;  // per plan kernel; null: library calls
   CacheStats stats_;
   std::uint64_t library_launches_ = 0;
+  std::uint64_t call_order_launches_ = 0;
+  std::vector<TableRow> table_;  // launch_table's rows (scratch)
   bool fast_ = false;
+  bool launch_tables_ = true;
   WorkerPool* pool_ = nullptr;  // Note [Split loops]; unused with parallel_
   CpuBackendOptions::ParallelFn parallel_ = nullptr;
   void* parallel_ctx_ = nullptr;

@@ -255,6 +255,55 @@ def test_an_update_over_many_parameters_compiles_a_few_programs_not_one_per_para
     assert built <= 6, plan["exec_summary"]
 
 
+def mid_adamw():
+    """12 linear layers of 96 to 140 outputs under AdamW, one step taken: 24 parameters of 24
+    shapes, 106 K values in all (each parameter's loop alone too small to split over threads)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(80, 96 + 4 * i) for i in range(12)])
+    for p in m.parameters():
+        p.grad = torch.randn_like(p) * 1e-2
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+    opt.step()
+    return m, opt
+
+
+@pytest.mark.parametrize("numerics,tables", [("bitwise", 3), ("fast", 2)])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_an_optimizer_group_launches_its_runs_as_tables(numerics, tables, n_threads, threads):
+    """Note [Launch tables]: the update's runs of one program over every parameter (the steps'
+    increments, the moments, the updates; fast: the moments and update in one run) launch as one
+    table each, split over ATen's threads by the table's elements, with eager's bits (bitwise)
+    or the bits of the same runs launched one by one (fast, CRUCIBLE_LAUNCH_TABLES=0)."""
+    torch.set_num_threads(n_threads)
+    (m, opt), (ref, ref_opt) = mid_adamw(), mid_adamw()
+    (m_alone, opt_alone) = mid_adamw()
+    step = crucible.compile(lambda: opt.step(), numerics=numerics, guard=(opt, m))
+    os.environ["CRUCIBLE_LAUNCH_TABLES"] = "0"
+    try:
+        alone = crucible.compile(lambda: opt_alone.step(), numerics=numerics, guard=(opt_alone, m_alone))
+        for _ in range(6):
+            alone()
+    finally:
+        del os.environ["CRUCIBLE_LAUNCH_TABLES"]
+    for _ in range(6):
+        step()
+        ref_opt.step()
+    (plan,) = step.plans()
+    assert plan["exec"] == "cpu" and plan["exec_numerics"] == numerics
+    params = len(list(m.parameters()))
+    assert f"{tables * params} runs in {tables} launch tables" in plan["exec_summary"], plan["exec_summary"]
+    assert "launch tables" not in alone.plans()[0]["exec_summary"]
+    for p, q in zip(m.parameters(), m_alone.parameters()):
+        assert torch.equal(p, q)
+    for a, b in zip(opt.state.values(), opt_alone.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    if numerics == "bitwise":
+        for p, q in zip(m.parameters(), ref.parameters()):
+            assert torch.equal(p, q)
+        for a, b in zip(opt.state.values(), ref_opt.state.values()):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("name,more", [("transformer", True), ("mlp", False)])
 def test_fast_numerics_train_200_steps_within_a_stated_tolerance_of_eager(name, more):
     """numerics="fast" (misc/MIMIC.md, Fast numerics): more generated code where bit-exact code
