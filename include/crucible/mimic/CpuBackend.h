@@ -139,8 +139,7 @@ class CpuBackend {
                                                  std::span<const std::uint32_t> hoisted,
                                                  std::string_view* cache);
   Result<std::unique_ptr<GeneratedRun>> generate_lowered(const PointwiseKernel& pk, std::string_view* cache);
-  static void schedule_tables(const exec::ExecutionPlan& plan, const exec::Kernel& kn,
-                              Prepared& pr);
+  void schedule_tables(const exec::ExecutionPlan& plan, const exec::Kernel& kn, Prepared& pr) const;
   Status launch_run(Run& r, const exec::KernelLaunch& launch);
   static bool bound_memory_apart(Prepared& pr, const exec::KernelLaunch& launch);
   Status launch_table(Prepared& pr, std::span<const std::uint32_t> step,

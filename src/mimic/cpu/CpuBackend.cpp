@@ -41,21 +41,22 @@
 
 // Note [Launch tables]
 // An optimizer's group makes the same runs for every parameter (AdamW bit-exact: the step's
-// increment, the moments, ATen's sqrt and step.item(), the update), each a launch of its own
+// increment, the moments, ATen's step.item() and sqrt, the update), each a launch of its own
 // beside the library calls between them. Its programs are shape-free (a parameter's size is a
-// launch argument), so prepare schedules the kernel's runs to launch the runs of one contiguous
-// program that do not depend on one another together, as one table: a row per run (its
-// operands' addresses, its element count, its parameters), split over threads by the table's
-// total elements in parts of whole 64-element blocks of a row, as one split loop is (Note [Split
-// loops]): every element is computed by the same code as alone, so the bits do not change. The
-// schedule: a run depends on every earlier run touching a slot it touches (reads and writes
-// alike; Constant slots no call writes are read-only), and library calls keep their order
-// among themselves; the next library call runs as soon as it may, else the first ready run
-// launches with every other ready run of its program. A kernel whose schedule makes no table
-// keeps call order. A reordered kernel's slots live over the whole kernel (memory_use), and
-// since the order holds only while distinct Input and Output slots are distinct memory (a
-// caller may bind one tensor to two arguments), a launch whose bound memory overlaps runs the
-// kernel in call order.
+// launch argument), so runs of one contiguous program launch together as one table: a row per
+// run (its operands' addresses, its element count, its parameters), split over threads by the
+// table's total elements in parts of whole 64-element blocks of a row, as one split loop is
+// (Note [Split loops]): every element is computed by the same code as alone, so the bits do not
+// change. The schedule keeps call order but for the rows a table takes from later in the kernel:
+// a run in call order takes every later run of its program that is ready (every earlier run
+// touching a slot it touches has run: reads and writes alike, Constant slots no call writes
+// read-only), that always runs its own code and that stores no Arena slot, up to kTableElements.
+// So no value lives longer than in call order and the arena placement stands as it is: library
+// calls (and the memory ATen takes in them) keep their places. Bit-exact AdamW makes two tables,
+// the increments and the moments; each update waits for its sqrt and runs alone. A kernel with no
+// table keeps call order. The order holds while distinct Input and Output slots are distinct
+// memory (a caller may bind one tensor to two arguments): a launch whose bound memory overlaps
+// runs the kernel in call order.
 #include "crucible/mimic/CpuBackend.h"
 
 #include <algorithm>
@@ -371,7 +372,7 @@ constexpr std::int64_t kTableElements = std::int64_t{1} << 18;
 
 // Note [Launch tables]: the steps of a kernel's runs, or none (call order).
 void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Kernel& kn,
-                                 Prepared& pr) {
+                                 Prepared& pr) const {
   const auto n = static_cast<std::uint32_t>(pr.runs.size());
   if (n < 2) return;
   // Constant slots a call of the kernel writes are slots like any other.
@@ -384,7 +385,6 @@ void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Ke
   std::vector<std::uint32_t> last(plan.slots.size(), exec::kNone);  // the last run touching a slot
   std::vector<std::vector<std::uint32_t>> next(n);                  // the runs depending on a run
   std::vector<std::uint32_t> waits(n, 0);                           // its dependencies not yet run
-  std::vector<std::uint32_t> library;                               // library runs, in order
   std::vector<std::uint32_t> touched, before;
   std::vector<bool> bound(plan.slots.size(), false);
   for (std::uint32_t u = 0; u < n; ++u) {
@@ -412,10 +412,6 @@ void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Ke
       if (last[s] != exec::kNone) before.push_back(last[s]);
       last[s] = u;
     }
-    if (!r.gen) {
-      if (!library.empty()) before.push_back(library.back());
-      library.push_back(u);
-    }
     std::ranges::sort(before);
     before.erase(std::unique(before.begin(), before.end()), before.end());
     for (std::uint32_t b : before) next[b].push_back(u);
@@ -426,32 +422,37 @@ void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Ke
     const Generated* g = pr.runs[u].gen.get();
     return g != nullptr && g->contig && !g->reduction ? g->fns.get() : nullptr;
   };
+  // Whether a run may launch before its place: it stores no Arena slot (so no value lives longer
+  // than in call order) and always runs its own code (never its calls through the provider).
+  auto movable = [&](std::uint32_t u) {
+    const Run& r = pr.runs[u];
+    if (may_run_library_calls(*r.gen)) return false;
+    for (std::uint32_t c = r.call_begin; c < r.call_begin + r.call_count; ++c)
+      for (const exec::Arg& a : plan.outputs_of(plan.calls[c])) {
+        const std::uint32_t s = plan.tensors[a.tensor].slot;
+        if (plan.slots[s].kind != exec::SlotKind::Arena) continue;
+        for (std::uint32_t t : r.gen->operand_tensor)
+          if (plan.tensors[t].slot == s) return false;
+      }
+    return true;
+  };
   std::vector<std::vector<std::uint32_t>> steps;
   std::vector<bool> done(n, false);
-  std::size_t next_library = 0;
   bool table = false;
-  for (std::uint32_t left = n; left > 0;) {
-    std::vector<std::uint32_t> step;
-    if (next_library < library.size() && waits[library[next_library]] == 0) {
-      step.push_back(library[next_library++]);
-    } else {
-      // The first run not yet launched is always ready (its dependencies come before it).
-      std::uint32_t u = 0;
-      while (u < n && (done[u] || waits[u] != 0 || !pr.runs[u].gen)) ++u;
-      if (u == n) return;  // cannot happen; call order
-      step.push_back(u);
+  for (std::uint32_t u = 0; u < n; ++u) {
+    if (done[u]) continue;
+    std::vector<std::uint32_t> step{u};
+    if (const void* p = program(u)) {
       std::int64_t elements = pr.runs[u].gen->numel;
-      if (const void* p = program(u))
-        for (std::uint32_t v = u + 1; v < n; ++v) {
-          if (done[v] || waits[v] != 0 || program(v) != p) continue;
-          if ((elements += pr.runs[v].gen->numel) > kTableElements) break;
-          step.push_back(v);
-        }
+      for (std::uint32_t v = u + 1; v < n; ++v) {
+        if (done[v] || waits[v] != 0 || program(v) != p || !movable(v)) continue;
+        if ((elements += pr.runs[v].gen->numel) > kTableElements) break;
+        step.push_back(v);
+      }
     }
-    for (std::uint32_t u : step) done[u] = true;
-    for (std::uint32_t u : step)
-      for (std::uint32_t v : next[u]) --waits[v];
-    left -= static_cast<std::uint32_t>(step.size());
+    for (std::uint32_t v : step) done[v] = true;
+    for (std::uint32_t v : step)
+      for (std::uint32_t w : next[v]) --waits[w];
     table = table || step.size() > 1;
     steps.push_back(std::move(step));
   }
@@ -502,12 +503,6 @@ Status CpuBackend::memory_use(void* self, const exec::ExecutionPlan& plan, exec:
       use.library_only[c] = true;
     }
   for (std::uint32_t t : plan.results) use.untouched[plan.tensors[t].slot] = false;
-  for (std::uint32_t k = 0; k < plan.kernels.size(); ++k) {  // Note [Launch tables]: reordered
-    if (!b->prepared_[k] || b->prepared_[k]->steps.empty()) continue;
-    const exec::Kernel& kn = plan.kernels[k];
-    for (std::uint32_t c = kn.call_begin; c < kn.call_begin + kn.call_count; ++c)
-      use.spans[c] = {kn.call_begin, kn.call_begin + kn.call_count - 1};
-  }
   return ok_status();
 }
 
