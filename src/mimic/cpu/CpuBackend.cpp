@@ -756,9 +756,12 @@ bool CpuBackend::bound_memory_apart(Prepared& pr, const exec::KernelLaunch& laun
   }
   if (same) return true;
   std::ranges::sort(pr.ranges);
-  for (std::size_t i = 1; i < m; ++i)
-    if (pr.ranges[i - 1].second > pr.ranges[i].first && pr.ranges[i].second > pr.ranges[i].first)
-      return false;
+  const char* end = nullptr;  // the furthest end of the non-empty ranges so far
+  for (const auto& [first, last] : pr.ranges) {
+    if (last == first) continue;
+    if (end != nullptr && end > first) return false;
+    if (end == nullptr || last > end) end = last;
+  }
   pr.bound_seen.resize(m);
   for (std::size_t i = 0; i < m; ++i) {
     const exec::TensorRef& t = plan.tensors[pr.bound_tensors[i]];
