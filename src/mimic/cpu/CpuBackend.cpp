@@ -375,6 +375,18 @@ void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Ke
                                  Prepared& pr) const {
   const auto n = static_cast<std::uint32_t>(pr.runs.size());
   if (n < 2) return;
+  // What a run launches with in a table: its program's contiguous loop; null: alone.
+  auto program = [&](std::uint32_t u) -> const void* {
+    const Generated* g = pr.runs[u].gen.get();
+    return g != nullptr && g->contig && !g->reduction ? g->fns.get() : nullptr;
+  };
+  {  // most kernels hold no two runs of one program: nothing to schedule
+    std::vector<const void*> programs;
+    for (std::uint32_t u = 0; u < n; ++u)
+      if (const void* p = program(u)) programs.push_back(p);
+    std::ranges::sort(programs);
+    if (std::adjacent_find(programs.begin(), programs.end()) == programs.end()) return;
+  }
   // Constant slots a call of the kernel writes are slots like any other.
   std::vector<bool> read_only(plan.slots.size(), false);
   for (std::uint32_t s = 0; s < plan.slots.size(); ++s)
@@ -417,11 +429,6 @@ void CpuBackend::schedule_tables(const exec::ExecutionPlan& plan, const exec::Ke
     for (std::uint32_t b : before) next[b].push_back(u);
     waits[u] = static_cast<std::uint32_t>(before.size());
   }
-  // What a run launches with in a table: its program's contiguous loop; null: alone.
-  auto program = [&](std::uint32_t u) -> const void* {
-    const Generated* g = pr.runs[u].gen.get();
-    return g != nullptr && g->contig && !g->reduction ? g->fns.get() : nullptr;
-  };
   // Whether a run may launch before its place: it stores no Arena slot (so no value lives longer
   // than in call order) and always runs its own code (never its calls through the provider).
   auto movable = [&](std::uint32_t u) {
