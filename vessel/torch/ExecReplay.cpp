@@ -474,7 +474,10 @@ namespace {
 // tensors' sizes, strides and offsets, and integer scalars. Each such integer is evaluated at the
 // new sizes by the fits of the argument sizes that differ (size_at, as the binding's integers
 // are); a Double scalar that differs must be a patch point. Slots' bytes follow from the tensors
-// in them (the rule is checked to give both recorded plans' bytes), the arena is placed again,
+// in them (the rule is checked to give both recorded plans' bytes, or less for an Arena or
+// Output slot whose storage is larger than its tensors reach, as the 0-d result of mse_loss,
+// smooth_l1_loss, soft_margin_loss and binary_cross_entropy keeps the unreduced loss's), the
+// arena is placed again,
 // the Runner made over it checks it (verify_plan) and prepares the backend's kernels (generated
 // code depends on no size: the JIT's cache serves them). The bound plan's outputs and .grad
 // fields are taken from the exec plan's memory as for any plan, at their sizes here.
@@ -644,8 +647,19 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
           return "the exec stages of the two recorded sizes bind other tensors";
       }
       const std::vector<std::uint64_t> ra = slot_bytes_rule(a), rb = slot_bytes_rule(b);
+      // A storage larger than its tensors reach (the 0-d result of mse_loss keeps the unreduced
+      // loss's): the plan reads and writes an Arena or Output slot only through its tensors, so
+      // at the new sizes it gets their extent (an output's storage the caller gets is the bound
+      // form's, of eager's size)
+      auto fits = [](const exec::ExecutionPlan& q, const std::vector<std::uint64_t>& rule,
+                     std::uint32_t s) {
+        const exec::Slot& x = q.slots[s];
+        return rule[s] == x.bytes ||
+               ((x.kind == exec::SlotKind::Arena || x.kind == exec::SlotKind::Output) &&
+                rule[s] != UINT64_MAX && rule[s] < x.bytes);
+      };
       for (std::uint32_t s = 0; s < a.slots.size(); ++s)
-        if (ra[s] != a.slots[s].bytes || rb[s] != b.slots[s].bytes)
+        if (!fits(a, ra, s) || !fits(b, rb, s))
           return "slot " + std::to_string(s) +
                  "'s bytes are not its tensors' extent in a recorded exec plan";
       eb->paired_with = xa;

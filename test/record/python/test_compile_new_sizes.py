@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import crucible_native as crucible
 ccompile = importlib.import_module("crucible_native.compile")   # the module, not crucible.compile
@@ -430,6 +431,47 @@ def test_later_sizes_are_bound_without_a_recorded_call(name):
     # Note [Bound exec plans]: from its second call, a bound size runs on the exec stage too, its
     # exec plan made from the two recorded sizes' (Mimic's generated kernels where they were there)
     assert all(p["exec"] == "cpu" and p["exec_note"] == "" for p in plans), [(p["sizes"], p["exec_note"]) for p in plans]
+
+
+@pytest.mark.parametrize("returned", [True, False])
+@pytest.mark.parametrize("loss", ["mse", "smooth_l1"])
+def test_a_regression_loss_binds_its_exec_stage_with_a_short_last_batch(loss, returned):
+    # Note [Bound exec plans]: the 0-d result of mse_loss and smooth_l1_loss keeps the unreduced
+    # loss's storage (batch x 4 x 4 bytes), more than its tensor reaches. Its exec slot (Arena, or
+    # Output when returned) gets the tensor's extent at a bound size, so the bound sizes run on
+    # the exec stage; the loss the caller gets still has eager's storage size.
+    fn = {"mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}[loss]
+    twins = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        twins.append((m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)))
+
+    def step_for(m, o):
+        def step(x, y):
+            o.zero_grad()
+            value = fn(m(x), y)
+            value.backward()
+            o.step()
+            return value if returned else None
+        return step
+    step, eager = crucible.compile(step_for(*twins[0]), new_sizes="compile"), step_for(*twins[1])
+    g = torch.Generator().manual_seed(1)
+    sizes = [32] * 3 + [20] * 2 + [7] * 3 + [13] * 3 + [32] * 2 + [7, 13]   # 7 and 13 bound
+    for i, n in enumerate(sizes):
+        x, y = torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+        got, want = step(x, y), eager(x.clone(), y.clone())
+        if returned:
+            assert torch.equal(got, want), f"call {i} (batch {n})"
+            assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes() == n * 16, i
+    for a, b in zip(twins[0][0].parameters(), twins[1][0].parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad)
+    st = step.stats()
+    assert st["sizes_bound"] == 2 and st["captures"] == 3, (st, step.last_bind_miss)
+    plans = step.plans()
+    assert sum(p["bound"] for p in plans) == 2
+    assert all(p["exec"] == "cpu" and p["exec_note"] == "" for p in plans), \
+        [(p["sizes"], p["exec_note"]) for p in plans]
 
 
 def test_two_first_sizes_recorded_once_each_give_a_plan_and_bind_the_rest():
