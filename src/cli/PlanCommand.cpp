@@ -207,7 +207,8 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
     text += "  " + std::to_string(generated) + " kernels generated, " + std::to_string(library) +
             " not (or partly); " + std::to_string(generated_calls) + " of " +
             std::to_string(calls) + " calls generated; " + std::to_string(table_runs) +
-            " runs in " + std::to_string(tables) + " launch tables\n";
+            " runs in " + std::to_string(tables) +
+            (tables == 1 ? " launch table\n" : " launch tables\n");
     j = {{"backend", "cpu"},         {"generated", generated},
          {"library", library},       {"generated_calls", generated_calls},
          {"calls", calls},           {"kernels", kernels},

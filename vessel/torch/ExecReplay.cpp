@@ -324,7 +324,8 @@ class ExecReplayImpl final : public replay::ExecReplay {
       for (const mimic::CpuKernelState& k : step->cpu->kernels())
         tables += k.table_launches, rows += k.table_runs;
       if (tables > 0)
-        s += ", " + std::to_string(rows) + " runs in " + std::to_string(tables) + " launch tables";
+        s += ", " + std::to_string(rows) + " runs in " + std::to_string(tables) +
+             (tables == 1 ? " launch table" : " launch tables");
     }
     const AtenProviderStats& a = step->provider.stats();
     s += "; ATen calls " + std::to_string(a.calls) + " (out= " + std::to_string(a.out_variant) +
