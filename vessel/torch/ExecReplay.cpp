@@ -31,7 +31,10 @@
 namespace crucible::vessel {
 
 // The backend (null, or Mimic's CPU backend as `fast` says) and the Runner over h.sp.plan.
-Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache);
+// check_args: the provider checks every call's non-tensor arguments first (false: a plan whose
+// calls' arguments differ from a checked plan's only in integer values, Note [Bound exec plans]).
+Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache,
+                    bool check_args = true);
 
 std::uint32_t ExecStep::generated_calls() const {
   std::uint32_t n = 0;
@@ -126,7 +129,8 @@ Result<std::unique_ptr<ExecStep>> plan_exec_step(const record::Trace& t, std::sp
   return h;
 }
 
-Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache) {
+Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool memory_only_cache,
+                    bool check_args) {
   exec::Backend b = exec::null_backend();
   if (backend == "cpu") {
     mimic::CpuBackendOptions co = memory_only_cache ? mimic::CpuBackendOptions::memory_only()
@@ -148,7 +152,7 @@ Status start_runner(ExecStep& h, const std::string& backend, bool fast, bool mem
     b = h.cpu->backend();
   }
   // an argument the provider cannot give back refuses the stage now, not at the first run
-  CRUCIBLE_RETURN_IF_ERROR(h.provider.check_arguments(h.sp.plan));
+  if (check_args) CRUCIBLE_RETURN_IF_ERROR(h.provider.check_arguments(h.sp.plan));
   auto r = exec::Runner::make(h.sp.plan, b, h.provider.provider());
   if (!r.ok()) return r.status();
   h.runner = std::move(*r);
@@ -721,7 +725,9 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
   p.arena_bytes = layout->arena_bytes;
   h->recomputed = eb->step->recomputed;
   // Runner::make verifies the plan (verify_plan) before anything runs on it
-  if (Status st = start_runner(*h, eb->backend_name, eb->fast, false); !st.ok())
+  // b's arguments were checked when its stage was made; these differ from them in integer values
+  // only (same_tables: the same scalar kinds and positions)
+  if (Status st = start_runner(*h, eb->backend_name, eb->fast, false, /*check_args=*/false); !st.ok())
     return "the bound exec plan: " + std::string(st.message());
   auto impl = std::make_shared<ExecReplayImpl>();
   impl->backend_name = eb->backend_name;
