@@ -165,6 +165,15 @@ void expect_same(const RunBuffers& a, const RunBuffers& b, const Dtypes& dts, co
         << what << ", output " << i;
 }
 
+// `got` against the reference run from `initial` (its recorded scalars, ATen's alpha rounded once).
+void expect_reference(const ChainSpec& spec, const BuiltPlan& bp, const RunBuffers& initial,
+                      const RunBuffers& got, const Dtypes& dts) {
+  RunBuffers expect = initial;
+  const Patches p = patches_for(spec, bp, false);
+  reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
+  expect_same(got, expect, dts, "against the reference");
+}
+
 // An optimizer group's runs of one program launch as tables of at most 2^18 elements, split over
 // threads when large (5 x 30000 values: parts end inside rows), and leave the bits of each run
 // launched alone in call order — bit-exact, the reference's. AdamW makes two tables: the steps'
@@ -192,11 +201,7 @@ TEST(LaunchTables, RunsOfOneProgramLaunchTogether) {
     EXPECT_EQ(r.state.table_runs, c.rows);
     EXPECT_EQ(r.call_order, 0u);
     expect_same(r.tables, r.alone, dts, "tables against call order");
-    if (c.fast) continue;
-    RunBuffers expect = initial;
-    const Patches p = patches_for(spec, bp, false);
-    reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
-    expect_same(r.tables, expect, dts, "tables against the reference");
+    if (!c.fast) expect_reference(spec, bp, initial, r.tables, dts);
   }
 }
 
@@ -214,10 +219,7 @@ TEST(LaunchTables, ARunWaitsForTheCallsItDependsOn) {
   EXPECT_EQ(r.state.table_launches, 2u);
   EXPECT_EQ(r.state.table_runs, 9u);
   expect_same(r.tables, r.alone, dts, "tables against call order");
-  RunBuffers expect = initial;
-  const Patches p = patches_for(spec, bp, false);
-  reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
-  expect_same(r.tables, expect, dts, "tables against the reference");
+  expect_reference(spec, bp, initial, r.tables, dts);
 }
 
 // A run that stores an Arena value a later library call reads keeps its place: launched early in
@@ -244,10 +246,7 @@ TEST(LaunchTables, ARunThatStoresAnArenaValueKeepsItsPlace) {
   const RunBuffers initial = initial_buffers(bp, dts, rng);
   const TableRuns r = run_with_and_without_tables(spec, bp, false, initial);
   EXPECT_EQ(r.state.table_launches, 0u);
-  RunBuffers expect = initial;
-  const Patches p = patches_for(spec, bp, false);
-  reference_run(spec, bp, expect, p.scalars, p.numbers, AlphaRounding::Once);
-  expect_same(r.tables, expect, dts, "against the reference");
+  expect_reference(spec, bp, initial, r.tables, dts);
 }
 
 // Two parameters bound to one buffer (a caller passing one tensor twice): the tables' order
