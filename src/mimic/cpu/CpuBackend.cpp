@@ -128,6 +128,7 @@ struct CpuBackend::Prepared {
   // started at the last launch that followed `steps` (unchanged: no overlap to look for).
   std::vector<std::uint32_t> bound_slots, bound_tensors;
   std::vector<const char*> bound_seen;
+  std::vector<const char*> bound_now;                       // scratch: this launch's
   std::vector<std::pair<const char*, const char*>> ranges;  // scratch
 };
 
@@ -364,10 +365,9 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   return ok_status();
 }
 
-// Note [Launch tables]: a table holds at most this many elements, so a group of large
-// parameters keeps each one's runs close together (its values still in cache from one run to
-// the next, the intermediates between them not all live at once): AdamW over 4 x 1 M values
-// ran at 0.90x of call order as one table per program, at 1.50x over 24 x 26 K values.
+// Note [Launch tables]: a table holds at most this many elements (1 MB of float32 per operand),
+// so a group of large parameters keeps each one's runs close together, its values still in
+// cache from one run to the next (bench/PERFLOG.md, "launch tables").
 constexpr std::int64_t kTableElements = std::int64_t{1} << 18;
 
 // Note [Launch tables]: the steps of a kernel's runs, or none (call order).
@@ -752,16 +752,16 @@ Status CpuBackend::launch_run(Run& r, const exec::KernelLaunch& launch) {
 bool CpuBackend::bound_memory_apart(Prepared& pr, const exec::KernelLaunch& launch) {
   const exec::ExecutionPlan& plan = *launch.plan;
   const std::size_t m = pr.bound_slots.size();
-  bool same = pr.bound_seen.size() == m;
-  pr.ranges.clear();
+  pr.bound_now.resize(m);
   for (std::size_t i = 0; i < m; ++i) {
     const exec::TensorRef& t = plan.tensors[pr.bound_tensors[i]];
-    const auto* data = static_cast<const char*>(launch.tensor_data[pr.bound_tensors[i]]);
-    const char* start = data - t.offset * static_cast<std::int64_t>(*element_size(t.dtype));
-    same = same && pr.bound_seen[i] == start;
-    pr.ranges.emplace_back(start, start + plan.slots[pr.bound_slots[i]].bytes);
+    pr.bound_now[i] = static_cast<const char*>(launch.tensor_data[pr.bound_tensors[i]]) -
+                      t.offset * static_cast<std::int64_t>(*element_size(t.dtype));
   }
-  if (same) return true;
+  if (pr.bound_now == pr.bound_seen) return true;
+  pr.ranges.clear();
+  for (std::size_t i = 0; i < m; ++i)
+    pr.ranges.emplace_back(pr.bound_now[i], pr.bound_now[i] + plan.slots[pr.bound_slots[i]].bytes);
   std::ranges::sort(pr.ranges);
   const char* end = nullptr;  // the furthest end of the non-empty ranges so far
   for (const auto& [first, last] : pr.ranges) {
@@ -769,12 +769,7 @@ bool CpuBackend::bound_memory_apart(Prepared& pr, const exec::KernelLaunch& laun
     if (end != nullptr && end > first) return false;
     if (end == nullptr || last > end) end = last;
   }
-  pr.bound_seen.resize(m);
-  for (std::size_t i = 0; i < m; ++i) {
-    const exec::TensorRef& t = plan.tensors[pr.bound_tensors[i]];
-    pr.bound_seen[i] = static_cast<const char*>(launch.tensor_data[pr.bound_tensors[i]]) -
-                       t.offset * static_cast<std::int64_t>(*element_size(t.dtype));
-  }
+  pr.bound_seen = pr.bound_now;
   return true;
 }
 
