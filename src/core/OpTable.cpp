@@ -147,6 +147,9 @@ constexpr OpTableEntry kByKind[] = {
     k("aten::sigmoid", CKernel::PointwiseUnary),
     k("aten::sigmoid_", CKernel::PointwiseUnary),
     k("aten::sign", CKernel::PointwiseUnary),
+    k("aten::sign_", CKernel::PointwiseUnary),
+    k("aten::sgn", CKernel::PointwiseUnary),
+    k("aten::sgn_", CKernel::PointwiseUnary),
     k("aten::silu", CKernel::PointwiseUnary),
     k("aten::silu_", CKernel::PointwiseUnary),
     k("aten::sin", CKernel::PointwiseUnary),
@@ -571,7 +574,7 @@ constexpr OpTableEntry kByKind[] = {
 };
 
 // Rows in the table. A change here is a deliberate edit of the registry (see ckernel_test).
-constexpr std::size_t kOpCount = 477;
+constexpr std::size_t kOpCount = 480;
 static_assert(std::size(kByKind) == kOpCount, "update kOpCount with the rows you add or remove");
 
 constexpr bool by_name(const OpTableEntry& a, const OpTableEntry& b) { return a.name < b.name; }

@@ -267,6 +267,40 @@ TEST(AtenReductions, RefusedSumsRunAsLibraryCalls) {
   run_row(middle, 10);
 }
 
+// aten::sum or aten::mean of every element (`Tensor.mean()`), dtype not given.
+Row full_row(const std::string& op, std::int8_t dt, Sizes sizes) {
+  Row r;
+  r.op = op;
+  r.name = op + (dt == kF64 ? " f64 [" : " f32 [");
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name += "]";
+  r.ins = {Tensor{0, dt, sizes, {}}};
+  r.outs = {Tensor{0, dt, {}, {}}};
+  r.scalars.push_back(scalar_record(K::None, 1, 0));
+  return r;
+}
+
+// Tensor.mean() and sum(): ATen's mean is its sum over the element count (both dtypes, rows of
+// 1 to 32768 elements, any rank); a float32 one of more than 32768 elements ATen reduces over
+// its threads: a library call, as the sum's.
+TEST(AtenReductions, FullMeansAndSums) {
+  std::uint64_t seed = 300;
+  for (std::int8_t dt : {kF32, kF64})
+    for (const char* op : {"aten::mean", "aten::sum"})
+      for (const Sizes& s :
+           {Sizes{3}, Sizes{17}, Sizes{1000}, Sizes{3, 17}, Sizes{7, 1, 9, 11}, Sizes{32768}})
+        run_row(full_row(op, dt, s), seed++);
+  Row big = full_row("aten::mean", kF32, {100003});
+  big.generated = false;
+  big.why = "more than 32768 elements";
+  run_row(big, seed++);
+  Row strided = full_row("aten::mean", kF64, {9, 17});
+  strided.ins[0].strides = {1, 9};
+  strided.generated = false;
+  strided.why = "not dense in row-major order";
+  run_row(strided, seed++);
+}
+
 std::string dt_text(std::int8_t dt) { return dt == kF64 ? " f64 [" : " f32 ["; }
 
 Row softmax_row(const std::string& op, std::int8_t dt, Sizes sizes, std::int64_t dim) {

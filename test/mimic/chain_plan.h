@@ -109,6 +109,7 @@ enum class Fn {
   Div,
   Neg,
   Abs,
+  Sign,
   Relu,
   Sqrt,
   Exp,
@@ -148,6 +149,7 @@ inline bool op_info(std::string name, OpInfo* info) {
                       {"aten::mul", Fn::Mul, 2, false},   {"aten::div", Fn::Div, 2, false},
                       {"aten::neg", Fn::Neg, 1, false},   {"aten::abs", Fn::Abs, 1, false},
                       {"aten::relu", Fn::Relu, 1, false}, {"aten::sqrt", Fn::Sqrt, 1, false},
+                      {"aten::sign", Fn::Sign, 1, false}, {"aten::sgn", Fn::Sign, 1, false},
                       {"aten::exp", Fn::Exp, 1, false}};
   if (base == "aten::threshold_backward") {  // (grad_output, self, threshold)
     *info = OpInfo{Fn::ThresholdBackward, 2, 2, -1};
@@ -203,6 +205,8 @@ T apply(Fn f, T a, T b) {
       return -a;
     case Fn::Abs:
       return std::fabs(a);
+    case Fn::Sign:  // +0 for NaN and -0
+      return a > T(0) ? T(1) : a < T(0) ? T(-1) : T(0);
     case Fn::Relu:
       return a < T(0) ? T(0) : a;  // NaN and -0 pass through (clamp_min)
     case Fn::Sqrt:

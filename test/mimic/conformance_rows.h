@@ -317,7 +317,7 @@ inline std::vector<ChainSpec> random_rows(int count, std::uint64_t seed) {
   const std::int64_t dims[] = {1, 2, 3, 5, 7, 17};
   const char* binary[] = {"aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
                           "aten::div.Tensor"};
-  const char* unary[] = {"aten::neg", "aten::abs", "aten::relu", "aten::sqrt"};
+  const char* unary[] = {"aten::neg", "aten::abs", "aten::relu", "aten::sqrt", "aten::sgn"};
   auto permuted = [&](const std::vector<std::int64_t>& sizes, bool gap) {
     std::vector<std::size_t> order(sizes.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -368,7 +368,7 @@ inline std::vector<ChainSpec> random_rows(int count, std::uint64_t seed) {
           s > 0 && coin(70) ? prev(static_cast<int>(s) - 1) : static_cast<int>(pick(ninputs));
       StepSpec st;
       if (coin(45)) {
-        st.op = unary[pick(4)];
+        st.op = unary[pick(5)];
         st.in = {first};
       } else {
         st.op = binary[pick(4)];

@@ -69,15 +69,16 @@ enum class PwOp : std::uint8_t {
   Div = 6,  // a, b = instructions
   Neg = 7,
   Abs = 8,
-  Relu = 9,    // a = instruction
-  Store = 10,      // a = instruction, b = operand
-  AddScaled = 11,  // a + c*b: a, b, c = instructions (c: alpha), rounded as the loop says
-  SubScaled = 12,  // a - c*b, as a + (-c)*b
+  Relu = 9,           // a = instruction
+  Store = 10,         // a = instruction, b = operand
+  AddScaled = 11,     // a + c*b: a, b, c = instructions (c: alpha), rounded as the loop says
+  SubScaled = 12,     // a - c*b, as a + (-c)*b
   ThresholdBwd = 13,  // a <= c ? +0 : b (threshold_backward: a = self, b = grad, c = threshold)
-  Lerp = 14,  // lerp(a, b, c): |c| < 0.5 ? a + c*(b-a) : b + (c-1)*(b-a), rounded as the loop says
-  Sqrt = 15,  // IEEE sqrt (numerics="fast" only: not ATen's bits)
+  Lerp = 14,   // lerp(a, b, c): |c| < 0.5 ? a + c*(b-a) : b + (c-1)*(b-a), rounded as the loop says
+  Sqrt = 15,   // IEEE sqrt (numerics="fast" only: not ATen's bits)
   Const = 16,  // the number `a` (a small non-negative integer: zero_, zeros_like, ones_like)
-  kCount = 17,
+  Sign = 17,   // a > 0 ? 1 : a < 0 ? -1 : +0 (sign and sgn of a real tensor; NaN and -0 give +0)
+  kCount = 18,
 };
 const char* pw_op_name(PwOp op) noexcept;
 
@@ -93,12 +94,12 @@ struct PwOperand {
   bool read = false, write = false;
 };
 
-// Note [Generated sums]: sum.dim_IntList, sum and mean.dim over a dense float32/float64 tensor
-// whose reduced dims (those of size > 1) are all its innermost ones (Inner: rows of C elements,
-// one result per row; a full reduction is one row) or all its outermost ones (Outer: N rows of C
-// columns, one result per column) are one program with no instructions: operand 0 the input,
-// operand 1 the output, and the order of ATen's cascade_sum (misc/ATEN_ORDER.md section 2: its
-// AVX2 kernel's 32-byte vectors even on AVX-512 hosts, a 4-level cascade, four interleaved
+// Note [Generated sums]: sum.dim_IntList, sum, mean.dim and mean over a dense float32/float64
+// tensor whose reduced dims (those of size > 1) are all its innermost ones (Inner: rows of C
+// elements, one result per row; a full reduction is one row) or all its outermost ones (Outer: N
+// rows of C columns, one result per column) are one program with no instructions: operand 0 the
+// input, operand 1 the output, and the order of ATen's cascade_sum (misc/ATEN_ORDER.md section 2:
+// its AVX2 kernel's 32-byte vectors even on AVX-512 hosts, a 4-level cascade, four interleaved
 // accumulators, the tail and lanes added in ATen's order; a mean divides the sum by the reduced
 // element count), so the result is ATen's bits. ATen splits a full reduction of more than 32768
 // elements over its threads, which changes the order: such a sum is not generated; nor a float32

@@ -203,6 +203,12 @@ class LoopEmitter {
         llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
         return b_.CreateSelect(b_.CreateFCmpOLT(a, zero), zero, a);
       }
+      case PwOp::Sign: {  // ATen's sign_kernel: (0 < a) - (a < 0), each a 1 or a +0
+        llvm::Value* zero = llvm::ConstantFP::get(type(in.dtype), 0.0);
+        llvm::Value* one = llvm::ConstantFP::get(type(in.dtype), 1.0);
+        return b_.CreateFSub(b_.CreateSelect(b_.CreateFCmpOGT(a, zero), one, zero),
+                             b_.CreateSelect(b_.CreateFCmpOLT(a, zero), one, zero));
+      }
       case PwOp::AddScaled:
       case PwOp::SubScaled: {
         llvm::Value* alpha = vals_[in.c];

@@ -15,9 +15,9 @@ namespace crucible::mimic {
 namespace {
 
 constexpr std::array<const char*, static_cast<std::size_t>(PwOp::kCount)> kOpNames{
-    "load", "param", "convert", "add", "sub", "mul", "div", "neg", "abs", "relu", "store", "addscaled", "subscaled",
-    "thresholdbwd", "lerp", "sqrt", "const"};
-static_assert(kOpNames.size() == 17, "one name per PwOp");
+    "load", "param", "convert",   "add",       "sub",          "mul",  "div",  "neg",   "abs",
+    "relu", "store", "addscaled", "subscaled", "thresholdbwd", "lerp", "sqrt", "const", "sign"};
+static_assert(kOpNames.size() == 18, "one name per PwOp");
 
 // The covered ops: what each computes, how many tensor inputs it has, and where its scalar
 // arguments sit in the schema (other: the second operand of a .Scalar overload,
@@ -35,10 +35,14 @@ struct OpRow {
   Form form = Form::One;
   bool fast = false;
 };
-constexpr std::array<OpRow, 41> kOps{{
+constexpr std::array<OpRow, 45> kOps{{
     {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
+    {"aten::sign", PwOp::Sign, 1, -1, -1},
+    {"aten::sign_", PwOp::Sign, 1, -1, -1},
+    {"aten::sgn", PwOp::Sign, 1, -1, -1},
+    {"aten::sgn_", PwOp::Sign, 1, -1, -1},
     {"aten::add.Scalar", PwOp::Add, 1, 1, 2},
     {"aten::add.Tensor", PwOp::Add, 2, -1, 2},
     {"aten::add_.Scalar", PwOp::Add, 1, 1, 2},
@@ -78,7 +82,7 @@ constexpr std::array<OpRow, 41> kOps{{
     {"aten::ones_like", PwOp::Const, 1, -1, -1, Form::Ones},
     {"aten::mse_loss_backward", PwOp::Mul, 3, -1, -1, Form::MseBwd},
 }};
-static_assert(kOps.size() == 41, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 45, "the covered-op table is data: update the count");
 
 const OpRow* find_op(std::string_view name, bool fast) {
   for (const OpRow& r : kOps)
@@ -606,7 +610,8 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
 }
 
 bool is_reduction_op(std::string_view op) {
-  return op == "aten::sum.dim_IntList" || op == "aten::sum" || op == "aten::mean.dim";
+  return op == "aten::sum.dim_IntList" || op == "aten::sum" || op == "aten::mean.dim" ||
+         op == "aten::mean";
 }
 
 namespace {
@@ -699,9 +704,10 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
     return refuse("its input and result are not both float32 or both float64");
   const auto nd = static_cast<std::int64_t>(p.sizes(in).size());
   // The reduced dims: `dim` (schema position 1 of sum.dim_IntList and mean.dim); none given,
-  // or aten::sum, reduces every dim. dtype (position 3, or 1 of aten::sum) must not be given.
+  // or aten::sum and aten::mean, reduces every dim. dtype (position 3, or 1 of aten::sum and
+  // aten::mean) must not be given.
   std::vector<bool> reduced(static_cast<std::size_t>(nd), true);
-  const bool has_dim = name != "aten::sum";
+  const bool has_dim = name != "aten::sum" && name != "aten::mean";
   for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
     if (p.scalars[i].arg_index == (has_dim ? 3 : 1) &&
         p.scalars[i].kind != record::ScalarKind::None)
@@ -738,7 +744,7 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
   if (out_n != kept_n) return refuse("its result has another element count than its kept dims");
   PointwiseKernel k;
   k.program.reduce = inner ? ReduceKind::SumInner : ReduceKind::SumOuter;
-  k.program.mean = name == "aten::mean.dim";
+  k.program.mean = name == "aten::mean.dim" || name == "aten::mean";
   k.program.operands = {PwOperand{in.dtype, false, true, false}, PwOperand{in.dtype, false, false, true}};
   k.operand_tensor = {in_t, out_t};
   k.reduce_rows = inner ? kept_n : reduced_n;
