@@ -301,6 +301,49 @@ TEST(AtenReductions, FullMeansAndSums) {
   run_row(strided, seed++);
 }
 
+// mse_loss(self, target, reduction): 1 mean, 2 sum, 0 none.
+Row mse_row(std::int8_t dt, Sizes sizes, std::int64_t reduction) {
+  Row r;
+  r.op = "aten::mse_loss";
+  r.name = std::string("aten::mse_loss") + (dt == kF64 ? " f64 [" : " f32 [");
+  for (std::int64_t s : sizes) r.name += std::to_string(s) + ",";
+  r.name += "] reduction " + std::to_string(reduction);
+  r.ins = {Tensor{0, dt, sizes, {}}, Tensor{1, dt, sizes, {}}};
+  r.outs = {Tensor{0, dt, reduction == 0 ? sizes : Sizes{}, {}}};
+  r.scalars.push_back(scalar_int(2, reduction));
+  return r;
+}
+
+// Note [Sum prologues]: mse_loss's mean and sum are (self - target)^2 computed as the sum reads
+// each element, with the bits of ATen's mse_kernel and cascade_sum; past 32768 elements, with
+// reduction none, a broadcast target or a strided self, a library call that says why.
+TEST(AtenReductions, MseLossSumsItsSquaresAsItReadsThem) {
+  std::uint64_t seed = 400;
+  for (std::int8_t dt : {kF32, kF64})
+    for (std::int64_t reduction : {1, 2})
+      for (const Sizes& s : {Sizes{2}, Sizes{3}, Sizes{17}, Sizes{1000}, Sizes{6, 4},
+                             Sizes{7, 1, 9, 11}, Sizes{32768}})
+        run_row(mse_row(dt, s, reduction), seed++);
+  Row big = mse_row(kF32, {100003}, 1);
+  big.generated = false;
+  big.why = "more than 32768 elements";
+  run_row(big, seed++);
+  Row none = mse_row(kF64, {5, 3}, 0);
+  none.generated = false;
+  none.why = "not mean or sum";
+  run_row(none, seed++);
+  Row strided = mse_row(kF32, {9, 17}, 2);
+  strided.ins[0].strides = {1, 9};
+  strided.generated = false;
+  strided.why = "not dense in row-major order";
+  run_row(strided, seed++);
+  Row broadcast = mse_row(kF32, {9, 17}, 1);
+  broadcast.ins[1].sizes = {17};
+  broadcast.generated = false;
+  broadcast.why = "other sizes than its self";
+  run_row(broadcast, seed++);
+}
+
 std::string dt_text(std::int8_t dt) { return dt == kF64 ? " f64 [" : " f32 ["; }
 
 Row softmax_row(const std::string& op, std::int8_t dt, Sizes sizes, std::int64_t dim) {

@@ -717,7 +717,19 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
   if (!why.empty()) return why;
   {
     const std::vector<std::uint64_t> rp = slot_bytes_rule(p);
-    for (std::uint32_t s = 0; s < p.slots.size(); ++s) p.slots[s].bytes = rp[s];
+    std::vector<std::uint32_t> from_a(b.slots.size(), exec::kNone);
+    for (std::uint32_t s = 0; s < perm.size(); ++s) from_a[perm[s]] = s;
+    for (std::uint32_t s = 0; s < p.slots.size(); ++s) {
+      p.slots[s].bytes = rp[s];
+      // An Output larger than its tensors reach (mse_loss's 0-d loss keeps the unreduced loss's
+      // storage) keeps eager's storage size where it is one integer of these sizes: the caller's
+      // tensor is eager's, whether ATen or generated code wrote it
+      if (p.slots[s].kind != exec::SlotKind::Output || from_a[s] == exec::kNone) continue;
+      const auto eager = value(static_cast<std::int64_t>(a.slots[from_a[s]].bytes),
+                               static_cast<std::int64_t>(b.slots[s].bytes));
+      if (eager && *eager > static_cast<std::int64_t>(rp[s]))
+        p.slots[s].bytes = static_cast<std::uint64_t>(*eager);
+    }
   }
   auto layout = exec::place_arena(p, exec::plan_memory_use(p));
   if (!layout.ok()) return "the bound exec plan's arena: " + std::string(layout.status().message());

@@ -249,7 +249,10 @@ struct PointwiseProgram {
   std::vector<PwInst> insts;
   std::vector<PwOperand> operands;
   std::vector<std::int8_t> params;  // the dtype each parameter is passed in
-  ReduceKind reduce = ReduceKind::None;  // Note [Generated sums]: no instructions
+  // Note [Generated sums]: no instructions, or (SumInner, SumOuter) a prologue (Note [Sum
+  // prologues])
+  ReduceKind reduce = ReduceKind::None;
+  std::uint16_t reduced = 0;             // a prologue's instruction whose values are summed
   bool mean = false;                     // a reduction's sum divided by its element count
   bool affine = false;                   // LayerNorm, BatchNorm: weight and bias given
                                          // (BatchNormBwd, LayerNormBwd: weight given)
@@ -319,6 +322,20 @@ Result<PointwiseKernel> lower_pointwise_calls(const exec::ExecutionPlan& plan,
 // splits over threads).
 Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& plan, std::uint32_t call);
 bool is_reduction_op(std::string_view op);
+// Note [Sum prologues]: a sum (SumInner or SumOuter) may compute the elements it adds instead
+// of loading them: its instructions are a pointwise program over one element (Load, Param,
+// Const, Add, Sub, Mul, Div, Neg, Abs, Relu, Sign, ThresholdBwd, every one in the sum's dtype),
+// evaluated at each element the sum reads, in its order, and instruction `reduced` is the
+// element added. Operands: the prologue's loads (each dense in the sum's row-major order, or
+// broadcast: one element for all), then the output. ATen computes such an element into a tensor
+// first, one IEEE operation per instruction, and sums that tensor in cascade_sum's order; the
+// sum adds the same values in the same order, so its bits are ATen's, and the tensor is never
+// written. mse_loss with reduction mean or sum is one: (self - target) * (self - target), summed
+// over every element (ATen's mse_kernel, then its mean or sum; not generated past 32768
+// elements, which ATen's sum splits over its threads).
+Result<PointwiseKernel> lower_mse_loss(const exec::ExecutionPlan& plan, std::uint32_t call);
+// Whether a program's instructions are a prologue the sum's code generator takes.
+bool sum_prologue_ok(const PointwiseProgram& program);
 // Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.
 // reduce_rows is the rows, reduce_cols the normalized elements; eps_scalar the plan scalar.
 Result<PointwiseKernel> lower_layer_norm(const exec::ExecutionPlan& plan, std::uint32_t call);

@@ -95,6 +95,8 @@ struct Generated {
   std::vector<std::int64_t> inner, index;
   std::vector<std::uint64_t> params;
   bool reduction = false;  // Note [Generated sums]: contig(base, rows, {cols})
+  // Note [Sum prologues]: params[1 + j] is parameter j, passed as a pointwise program's are
+  bool prologue = false;
   std::int64_t rows = 0;
   // Note [Split rows]: per operand, its elements per row (0: read whole by every row); empty
   // for a reduction whose rows are not independent (column sums).
@@ -272,8 +274,9 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const bool arg_extreme = is_arg_extreme_op(plan.op_names[call.op]);
     const bool variance = is_variance_op(plan.op_names[call.op]);
     const bool extreme = is_extreme_values_op(plan.op_names[call.op]);
+    const bool mse = plan.op_names[call.op] == "aten::mse_loss";
     if (is_reduction_op(plan.op_names[call.op]) || layer_norm || layer_norm_bwd || softmax || nll ||
-        batch_norm || arg_extreme || variance || extreme) {
+        batch_norm || arg_extreme || variance || extreme || mse) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
       // its own. ATen's order is the one of its x86 kernels; elsewhere (16-byte NEON) it differs.
       auto lower = [&]() -> Result<PointwiseKernel> {
@@ -284,6 +287,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
         if (arg_extreme) return lower_arg_extreme(plan, c);
         if (variance) return lower_variance(plan, c);
         if (extreme) return lower_extreme_values(plan, c);
+        if (mse) return lower_mse_loss(plan, c);
         if (!softmax) return lower_reduction(plan, c);
         const std::optional<VectorMath> vm = vector_math();
         if (!vm) return lower_softmax(plan, c, 0, "", no_vector_math());
@@ -528,6 +532,11 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
   bool any_f64 = false;
   for (const PwOperand& o : pk.program.operands) any_f64 |= o.dtype == dtype::kFloat64;
   const bool reduction = pk.program.reduce != ReduceKind::None;
+  if (reduction && !pk.program.insts.empty() && !sum_prologue_ok(pk.program))
+    return unsupported(
+        "a reduction's prologue holds an instruction the sum's code generator does not "
+        "take (Note [Sum prologues])",
+        "it runs as a library call");
   const forge::NumericalRecipe* recipe =
       pinned_recipe(any_f64 ? dtype::kFloat64 : dtype::kFloat32, fast_, reduction);
   const CacheStats before = stats_;
@@ -558,6 +567,8 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
     p->rows = pk.reduce_rows;
     p->numel = pk.reduce_rows * pk.reduce_cols;
     p->params = {static_cast<std::uint64_t>(pk.reduce_cols), 0};
+    p->prologue = !pk.program.insts.empty();
+    if (p->prologue) p->params.resize(std::max<std::size_t>(2, 1 + pk.param_scalar.size()));
     // params[1 + j] is param_scalar[j]'s value, read each launch
     if (pk.program.reduce == ReduceKind::LayerNorm) p->param_scalar = {pk.eps_scalar};
     const bool batch_norm =
@@ -588,6 +599,12 @@ Result<std::unique_ptr<CpuBackend::GeneratedRun>> CpuBackend::generate_lowered(c
       case ReduceKind::SumInner:
       case ReduceKind::ExtremeInner:
         p->row_elems = {cols, 1};
+        if (p->prologue) {  // Note [Sum prologues]: the loads, then the output
+          p->row_elems.clear();
+          for (std::size_t o = 0; o + 1 < pk.program.operands.size(); ++o)
+            p->row_elems.push_back(pk.program.operands[o].broadcast ? 0 : cols);
+          p->row_elems.push_back(1);
+        }
         break;
       case ReduceKind::Softmax:
       case ReduceKind::LogSoftmax: p->row_elems = {cols, cols}; break;
@@ -960,8 +977,22 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
-    for (std::size_t j = 0; j < p->param_scalar.size(); ++j)  // eps, ignore_index, momentum
-      p->params[1 + j] = launch.scalars[p->param_scalar[j]].bits;
+    if (p->prologue) {  // Note [Sum prologues]: a pointwise program's parameters
+      for (const auto& [scalar, bits] : p->fixed_from)
+        if (launch.scalars[scalar].bits != bits) {  // a value fixed at lowering no longer holds
+          ++library_launches_;
+          return false;
+        }
+      for (std::size_t j = 0; j < p->param_scalar.size(); ++j)
+        p->params[1 + j] =
+            param_bits((p->param_scalar[j] & PointwiseKernel::kFixedScalar) != 0
+                           ? p->fixed_scalars[p->param_scalar[j] & ~PointwiseKernel::kFixedScalar]
+                           : launch.scalars[p->param_scalar[j]],
+                       p->param_dtype[j]);
+    } else {
+      for (std::size_t j = 0; j < p->param_scalar.size(); ++j)  // eps, ignore_index, momentum
+        p->params[1 + j] = launch.scalars[p->param_scalar[j]].bits;
+    }
     if (p->tail_flag) {  // ATen's loop over rows runs inline for one row or on one thread
       const unsigned now = current_threads_ != nullptr ? current_threads_() : threads_;
       p->params[1] = p->rows == 1 || now <= 1 ? 1 : 0;

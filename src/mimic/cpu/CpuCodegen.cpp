@@ -296,6 +296,16 @@ class ReduceEmitter {
       return b_.CreateBitCast(b_.CreateLoad(bytes_ptr, b_.CreateConstInBoundsGEP1_64(bytes_ptr, ptrs, k)),
                               elem_->getPointerTo());
     };
+    if (!p_.insts.empty()) {  // Note [Sum prologues]: the loads' operands, then the output
+      const std::size_t nops = p_.operands.size();
+      x_ = nullptr;
+      out_ = operand(nops - 1);
+      for (std::size_t k = 0; k + 1 < nops; ++k) pro_base_.push_back(operand(k));
+      for (std::size_t j = 0; j < p_.params.size(); ++j)
+        pro_param_.push_back(b_.CreateLoad(
+            elem_, b_.CreateBitCast(b_.CreateConstInBoundsGEP1_64(i64_, params, 1 + j),
+                                    elem_->getPointerTo())));
+    }
     if (p_.reduce == ReduceKind::LayerNorm) {
       const bool aff = p_.affine;
       llvm::Value* eps = b_.CreateLoad(llvm::Type::getDoubleTy(ctx_),
@@ -366,6 +376,67 @@ class ReduceEmitter {
     b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, iv), step), iv);
     b_.CreateBr(head);
     b_.SetInsertPoint(done);
+  }
+
+  // Element i of the sum's input (W elements from i for a vector type t): loaded, or computed by
+  // the prologue (Note [Sum prologues]), one IEEE operation per instruction as ATen's kernels
+  // computed the tensor it sums.
+  llvm::Value* src(llvm::Type* t, llvm::Value* i) {
+    if (p_.insts.empty()) return load(t, x_, i);
+    const bool vec = t != elem_;
+    auto widen = [&](llvm::Value* s) { return vec ? splat(s) : s; };
+    llvm::Value* zero_t = zero(t);
+    std::vector<llvm::Value*> v(p_.insts.size(), nullptr);
+    for (std::size_t k = 0; k < p_.insts.size(); ++k) {
+      const PwInst& in = p_.insts[k];
+      switch (in.op) {
+        case PwOp::Load:
+          v[k] = p_.operands[in.a].broadcast
+                     ? widen(b_.CreateAlignedLoad(elem_, pro_base_[in.a], align()))
+                     : load(t, pro_base_[in.a], i);
+          break;
+        case PwOp::Param:
+          v[k] = widen(pro_param_[in.a]);
+          break;
+        case PwOp::Const:
+          v[k] = llvm::ConstantFP::get(t, static_cast<double>(in.a));
+          break;
+        case PwOp::Add:
+          v[k] = b_.CreateFAdd(v[in.a], v[in.b]);
+          break;
+        case PwOp::Sub:
+          v[k] = b_.CreateFSub(v[in.a], v[in.b]);
+          break;
+        case PwOp::Mul:
+          v[k] = b_.CreateFMul(v[in.a], v[in.b]);
+          break;
+        case PwOp::Div:
+          v[k] = b_.CreateFDiv(v[in.a], v[in.b]);
+          break;
+        case PwOp::Neg:
+          v[k] = b_.CreateFNeg(v[in.a]);
+          break;
+        case PwOp::Abs:
+          v[k] = b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, v[in.a]);
+          break;
+        case PwOp::Relu:
+          v[k] = b_.CreateSelect(b_.CreateFCmpOLT(v[in.a], zero_t), zero_t, v[in.a]);
+          break;
+        case PwOp::Sign: {
+          llvm::Value* one = llvm::ConstantFP::get(t, 1.0);
+          v[k] = b_.CreateFSub(b_.CreateSelect(b_.CreateFCmpOGT(v[in.a], zero_t), one, zero_t),
+                               b_.CreateSelect(b_.CreateFCmpOLT(v[in.a], zero_t), one, zero_t));
+          break;
+        }
+        case PwOp::ThresholdBwd:
+          v[k] = b_.CreateSelect(b_.CreateFCmpOLE(v[in.a], v[in.c]), zero_t, v[in.b]);
+          break;
+        default:  // never: sum_prologue_ok admits the cases above only
+          v[k] = zero_t;
+          break;
+      }
+    }
+    return v[p_.reduced];
   }
 
   // ATen's multi_row_sum: k interleaved accumulators (load(i) gives element i of each), each a
@@ -556,11 +627,12 @@ class ReduceEmitter {
       {
         llvm::Value* nv = b_.CreateSDiv(cols_, c64(w_));
         llvm::Value* v = row_sum(vec_, nv, [&](llvm::Value* i) {
-          return load(vec_, x_, b_.CreateAdd(row, b_.CreateMul(i, c64(w_))));
+          return src(vec_, b_.CreateAdd(row, b_.CreateMul(i, c64(w_))));
         });
         b_.CreateStore(zero(elem_), f);
         loop(b_.CreateMul(nv, c64(w_)), cols_, [&](llvm::Value* i) {
-          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, f), load(elem_, x_, b_.CreateAdd(row, i))), f);
+          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, f), src(elem_, b_.CreateAdd(row, i))),
+                         f);
         });
         llvm::Value* acc = b_.CreateLoad(elem_, f);
         for (std::int64_t lane = 0; lane < w_; ++lane)
@@ -569,7 +641,9 @@ class ReduceEmitter {
         b_.CreateBr(join);
       }
       b_.SetInsertPoint(scal);  // scalar_inner_sum
-      b_.CreateStore(row_sum(elem_, cols_, [&](llvm::Value* i) { return load(elem_, x_, b_.CreateAdd(row, i)); }), f);
+      b_.CreateStore(
+          row_sum(elem_, cols_, [&](llvm::Value* i) { return src(elem_, b_.CreateAdd(row, i)); }),
+          f);
       b_.CreateBr(join);
       b_.SetInsertPoint(join);
       store(finish(b_.CreateLoad(elem_, f), cols_), r);
@@ -583,7 +657,7 @@ class ReduceEmitter {
     llvm::Value* nb = b_.CreateSelect(wide, b_.CreateMul(b_.CreateSDiv(cols_, c64(4 * w_)), c64(4 * w_)),
                                       b_.CreateMul(b_.CreateSDiv(cols_, c64(4)), c64(4)));
     auto column_block = [&](llvm::Type* t, llvm::Value* c, bool cascade_only) {
-      auto ld = [&](llvm::Value* i) { return load(t, x_, b_.CreateAdd(b_.CreateMul(i, cols_), c)); };
+      auto ld = [&](llvm::Value* i) { return src(t, b_.CreateAdd(b_.CreateMul(i, cols_), c)); };
       llvm::Value* s = cascade_only
                            ? multi_row_sum(t, 1, rows, [&](llvm::Value* i) { return std::vector<llvm::Value*>{ld(i)}; })[0]
                            : row_sum(t, rows, ld);
@@ -1433,6 +1507,8 @@ class ReduceEmitter {
   std::int64_t w_ = 8;
   llvm::Function* fn_ = nullptr;
   llvm::Value *x_ = nullptr, *out_ = nullptr, *cols_ = nullptr;
+  std::vector<llvm::Value*> pro_base_,
+      pro_param_;  // Note [Sum prologues]: loads' operands, parameters
 };
 
 // Note [CRUCIBLE_DUMP]: with CRUCIBLE_DUMP=DIR, each kernel the backend compiles (not one

@@ -462,6 +462,7 @@ ContentHash PointwiseProgram::hash() const {
   if (reduce != ReduceKind::None) {  // Note [Generated sums]
     h.update_string("reduce.sum.v1");
     h.update_u8(static_cast<std::uint8_t>(reduce));
+    if (!insts.empty()) h.update_u64(reduced);  // Note [Sum prologues]
     h.update_u8(mean ? 1 : 0);
     h.update_u8(affine ? 1 : 0);
     if (reduce == ReduceKind::ArgExtreme || reduce == ReduceKind::ExtremeInner ||
@@ -528,8 +529,12 @@ std::string PointwiseProgram::text() const {
          " " + std::string(scalar_type_info(operands[0].dtype).name) + " " + std::to_string(vec_bytes) + "-byte " +
          math + (operands.size() == 3 ? ": op0, op1 -> op2\n" : ": op0 -> op1\n");
   else if (reduce != ReduceKind::None)
-    s += std::string(mean ? "mean" : "sum") + (reduce == ReduceKind::SumInner ? " inner" : " outer") + " " +
-         std::string(scalar_type_info(operands[0].dtype).name) + ": op0 -> op1\n";
+    s += std::string(mean ? "mean" : "sum") +
+         (reduce == ReduceKind::SumInner ? " inner" : " outer") + " " +
+         std::string(scalar_type_info(operands[0].dtype).name) +
+         (insts.empty() ? std::string(": op0 -> op1\n")
+                        : " of %" + std::to_string(reduced) + " -> op" +
+                              std::to_string(operands.size() - 1) + "\n");
   for (std::size_t i = 0; i < insts.size(); ++i) {
     const PwInst& in = insts[i];
     s += "%" + std::to_string(i) + " = " + pw_op_name(in.op) + "." +
@@ -749,6 +754,102 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& p, std::uint3
   k.operand_tensor = {in_t, out_t};
   k.reduce_rows = inner ? kept_n : reduced_n;
   k.reduce_cols = inner ? reduced_n : kept_n;
+  return k;
+}
+
+bool sum_prologue_ok(const PointwiseProgram& pg) {
+  if (pg.reduce != ReduceKind::SumInner && pg.reduce != ReduceKind::SumOuter) return false;
+  if (pg.insts.empty() || pg.reduced >= pg.insts.size() || pg.operands.size() < 2) return false;
+  const std::int8_t dt = pg.operands.back().dtype;
+  for (std::size_t o = 0; o + 1 < pg.operands.size(); ++o)
+    if (pg.operands[o].dtype != dt || pg.operands[o].write) return false;
+  if (!pg.operands.back().write || pg.operands.back().read || pg.operands.back().broadcast)
+    return false;
+  for (std::int8_t d : pg.params)
+    if (d != dt) return false;
+  for (std::size_t i = 0; i < pg.insts.size(); ++i) {
+    const PwInst& in = pg.insts[i];
+    if (in.dtype != dt) return false;
+    switch (in.op) {
+      case PwOp::Load:
+        if (in.a + 1u >= pg.operands.size()) return false;
+        break;
+      case PwOp::Param:
+        if (in.a >= pg.params.size()) return false;
+        break;
+      case PwOp::Const:
+        break;
+      case PwOp::Add:
+      case PwOp::Sub:
+      case PwOp::Mul:
+      case PwOp::Div:
+        if (in.a >= i || in.b >= i) return false;
+        break;
+      case PwOp::Neg:
+      case PwOp::Abs:
+      case PwOp::Relu:
+      case PwOp::Sign:
+        if (in.a >= i) return false;
+        break;
+      case PwOp::ThresholdBwd:
+        if (in.a >= i || in.b >= i || in.c >= i) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+// Note [Sum prologues].
+Result<PointwiseKernel> lower_mse_loss(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  auto refuse = [&](const std::string& why) { return not_generated(p, c, "an mse_loss", why); };
+  if (p.op_names[call.op] != "aten::mse_loss") return refuse("not mse_loss");
+  if (call.in_count != 2 || call.out_count != 1)
+    return refuse("it has other than two inputs and one output");
+  std::optional<std::uint32_t> self, target;
+  for (const exec::Arg& a : p.inputs_of(call)) (a.arg_index == 0 ? self : target) = a.tensor;
+  if (!self || !target) return refuse("its self or target was not recorded");
+  std::optional<std::int64_t> reduction;
+  std::uint32_t reduction_at = 0;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+    if (p.scalars[i].arg_index == 2 && p.scalars[i].kind == record::ScalarKind::Int) {
+      reduction = static_cast<std::int64_t>(p.scalars[i].bits);
+      reduction_at = i;
+    }
+  if (!reduction) return refuse("its reduction was not recorded");
+  if (*reduction != 1 && *reduction != 2) return refuse("its reduction is not mean or sum");
+  const exec::TensorRef& x = p.tensors[*self];
+  const exec::TensorRef& y = p.tensors[*target];
+  const std::uint32_t out_t = p.outputs_of(call)[0].tensor;
+  if (!is_float(x.dtype) || y.dtype != x.dtype || p.tensors[out_t].dtype != x.dtype)
+    return refuse("its self, target and result are not all float32 or all float64");
+  const auto xs = p.sizes(x), ys = p.sizes(y);
+  if (!std::equal(xs.begin(), xs.end(), ys.begin(), ys.end()))
+    return refuse("its target has other sizes than its self (broadcast)");
+  std::int64_t numel = 1;
+  for (std::int64_t d : xs) numel *= d;
+  if (numel < 2) return refuse("it has fewer than two elements");
+  if (numel > 32768)
+    return refuse(
+        "a full reduction of more than 32768 elements, which ATen splits over its threads");
+  if (dense_numel(p, *self) != numel || dense_numel(p, *target) != numel)
+    return refuse("its self or target is not dense in row-major order");
+  if (dense_numel(p, out_t) != 1) return refuse("its result is not one element");
+  PointwiseKernel k;
+  PointwiseProgram& pg = k.program;
+  pg.reduce = ReduceKind::SumInner;
+  pg.mean = *reduction == 1;
+  const PwOperand rd{x.dtype, false, true, false};
+  pg.operands = {rd, rd, PwOperand{x.dtype, false, false, true}};
+  k.operand_tensor = {*self, *target, out_t};
+  pg.insts = {PwInst{PwOp::Load, x.dtype, 0, 0, 0}, PwInst{PwOp::Load, x.dtype, 1, 0, 0},
+              PwInst{PwOp::Sub, x.dtype, 0, 1, 0}, PwInst{PwOp::Mul, x.dtype, 2, 2, 0}};
+  pg.reduced = 3;
+  k.fixed_from.emplace_back(reduction_at, p.scalars[reduction_at].bits);  // mean or sum, fixed here
+  k.reduce_rows = 1;
+  k.reduce_cols = numel;
   return k;
 }
 
