@@ -324,9 +324,12 @@ class ExecReplayImpl final : public replay::ExecReplay {
                     c.load_seconds * 1e3);
       s += " (compiled " + std::to_string(c.compiled) + ", from disk " + std::to_string(c.disk_hits) +
            ", from memory " + std::to_string(c.memory_hits) + secs + ")";
-      std::uint32_t tables = 0, rows = 0;  // Note [Launch tables] (CpuBackend.cpp)
+      std::uint32_t tables = 0, rows = 0, prologues = 0;  // Note [Launch tables] (CpuBackend.cpp)
       for (const mimic::CpuKernelState& k : step->cpu->kernels())
-        tables += k.table_launches, rows += k.table_runs;
+        tables += k.table_launches, rows += k.table_runs, prologues += k.prologue_sums;
+      if (prologues > 0)  // Note [Sum prologues] (PointwiseProgram.h)
+        s += ", " + std::to_string(prologues) + (prologues == 1 ? " sum" : " sums") +
+             " with a pointwise prologue";
       if (tables > 0)
         s += ", " + std::to_string(rows) + " runs in " + std::to_string(tables) +
              (tables == 1 ? " launch table" : " launch tables");

@@ -90,6 +90,9 @@ struct CpuKernelState {
   // Note [Launch tables] (CpuBackend.cpp): tables of two runs or more of one program, launched
   // as one, and the runs in them.
   std::uint32_t table_launches = 0, table_runs = 0;
+  // Note [Sum prologues] (PointwiseProgram.h): runs that are a pointwise chain and the sum it
+  // feeds, the chain's result never written.
+  std::uint32_t prologue_sums = 0;
   const forge::NumericalRecipe* recipe = nullptr;  // generated: the recipe the code realizes
   std::string why;  // not every call generated: why the first library call is not
   // generated: where its code came from — "memory" (this process had it), "disk" (the kernel

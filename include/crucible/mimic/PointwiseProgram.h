@@ -324,7 +324,9 @@ Result<PointwiseKernel> lower_reduction(const exec::ExecutionPlan& plan, std::ui
 bool is_reduction_op(std::string_view op);
 // Note [Sum prologues]: a sum (SumInner or SumOuter) may compute the elements it adds instead
 // of loading them: its instructions are a pointwise program over one element (Load, Param,
-// Const, Add, Sub, Mul, Div, Neg, Abs, Relu, Sign, ThresholdBwd, every one in the sum's dtype),
+// Const, Add, Sub, Mul, Div, Neg, Abs, Relu, Sign, ThresholdBwd, and AddScaled/SubScaled whose
+// alpha is 1 or -1 at each launch, else the calls run as library calls; every one in the sum's
+// dtype),
 // evaluated at each element the sum reads, in its order, and instruction `reduced` is the
 // element added. Operands: the prologue's loads (each dense in the sum's row-major order, or
 // broadcast: one element for all), then the output. ATen computes such an element into a tensor
@@ -334,6 +336,13 @@ bool is_reduction_op(std::string_view op);
 // over every element (ATen's mse_kernel, then its mean or sum; not generated past 32768
 // elements, which ATen's sum splits over its threads).
 Result<PointwiseKernel> lower_mse_loss(const exec::ExecutionPlan& plan, std::uint32_t call);
+// Calls [call_begin, call_begin + call_count) of kernel k, a pointwise chain, and the sum right
+// after them as one program, when the chain's only stored result is the sum's input, which
+// nothing after the sum reads (an Arena slot): the chain becomes the sum's prologue. Else
+// `unsupported` saying why (the chain and the sum then run as programs of their own).
+Result<PointwiseKernel> lower_sum_with_prologue(const exec::ExecutionPlan& plan,
+                                                std::uint32_t kernel, std::uint32_t call_begin,
+                                                std::uint32_t call_count, bool fast = false);
 // Whether a program's instructions are a prologue the sum's code generator takes.
 bool sum_prologue_ok(const PointwiseProgram& program);
 // Note [Generated layer norm]: call c (native_layer_norm) as a program, or `unsupported`.

@@ -340,6 +340,44 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
       hoisted.push_back(end++);
     }
     while (!hoisted.empty() && hoisted.back() == end - 1) hoisted.pop_back(), --end;  // none after
+    // Note [Sum prologues]: a chain whose one stored result only the sum right after it reads
+    // is that sum's prologue: one run, the result never written
+    if (hoisted.empty() && end < kn.call_begin + kn.call_count &&
+        is_reduction_op(plan.op_names[plan.calls[end].op]) &&
+        host_target().triple.rfind("x86_64", 0) == 0) {
+      auto merged = lower_sum_with_prologue(plan, k, c, end - c, fast_);
+      auto gen = merged.ok() ? generate_lowered(*merged, &cache)
+                             : Result<std::unique_ptr<GeneratedRun>>(merged.status());
+      if (gen.ok()) {
+        // An alpha no patch point reaches is what it is at every launch: 1 or -1, no check and no
+        // library calls to keep the chain's intermediates for (memory_use); else the chain and
+        // the sum run apart (the chain rounds its alpha as ATen, Note [ATen's alpha rounding])
+        Generated& g = *(*gen)->code;
+        bool fixed = true, unit = true;
+        for (std::uint32_t j : g.unit_params) {
+          const std::uint32_t s = g.param_scalar[j];
+          fixed = fixed && (s & PointwiseKernel::kFixedScalar) == 0 &&
+                  std::ranges::none_of(plan.patches, [&](const exec::PatchPoint& q) {
+                    return q.kind == exec::PatchKind::Scalar && q.index == s;
+                  });
+          unit = unit && (s & PointwiseKernel::kFixedScalar) == 0 &&
+                 is_unit(param_bits(plan.scalars[s], g.param_dtype[j]), g.param_dtype[j]);
+        }
+        if (fixed && unit) g.unit_params.clear();
+        if (fixed && !unit)
+          gen = Result<std::unique_ptr<GeneratedRun>>(unsupported("an alpha other than 1", ""));
+      }
+      if (gen.ok()) {
+        if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
+        state.generated_calls += end - c + 1;
+        ++state.generated_runs;
+        ++state.prologue_sums;
+        prepared->runs.push_back(Run{c, end - c + 1, std::move((*gen)->code), {}});
+        c = end + 1;
+        continue;
+      }
+      if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
+    }
     auto gen = generate(plan, k, c, end - c, hoisted, &cache);
     if (!gen.ok()) {
       if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
@@ -963,6 +1001,7 @@ void CpuBackend::run_parts(unsigned parts, const std::function<void(unsigned)>& 
 // an alpha is 1 is not known before a run).
 bool CpuBackend::may_run_library_calls(const Generated& g) const {
   if (g.may_refuse || g.dof_check || !g.fixed_from.empty()) return true;
+  if (g.prologue) return !g.unit_params.empty();  // Note [Sum prologues]: an alpha not 1 or -1
   if (fast_ || alpha_rounding_ == AlphaRounding::Twice) return false;
   if (!g.always_scaled && g.unit_params.empty()) return false;
   return !(alpha_rounding_ == AlphaRounding::Once && g.contig && g.scaled_unbroadcast);
@@ -989,6 +1028,11 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
                            ? p->fixed_scalars[p->param_scalar[j] & ~PointwiseKernel::kFixedScalar]
                            : launch.scalars[p->param_scalar[j]],
                        p->param_dtype[j]);
+      for (std::uint32_t j : p->unit_params)  // an alpha of 1 or -1 rounds as ATen's a ± b
+        if (!is_unit(p->params[1 + j], p->param_dtype[j])) {
+          ++library_launches_;
+          return false;
+        }
     } else {
       for (std::size_t j = 0; j < p->param_scalar.size(); ++j)  // eps, ignore_index, momentum
         p->params[1 + j] = launch.scalars[p->param_scalar[j]].bits;

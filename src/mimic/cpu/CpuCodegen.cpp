@@ -347,6 +347,10 @@ class ReduceEmitter {
  private:
   using Load = std::function<llvm::Value*(llvm::Value* i)>;
   llvm::Value* c64(std::int64_t v) { return b_.getInt64(static_cast<std::uint64_t>(v)); }
+  llvm::Type* scalar_type(std::int8_t dt) {
+    if (dt == dtype::kInt64) return i64_;
+    return dt == dtype::kFloat64 ? llvm::Type::getDoubleTy(ctx_) : llvm::Type::getFloatTy(ctx_);
+  }
   llvm::Value* zero(llvm::Type* t) { return llvm::Constant::getNullValue(t); }  // +0.0
   llvm::BasicBlock* block(const char* n) { return llvm::BasicBlock::Create(ctx_, n, fn_); }
   llvm::AllocaInst* slot(llvm::Type* t) {  // in the entry block, so SROA makes it a register
@@ -391,10 +395,28 @@ class ReduceEmitter {
       const PwInst& in = p_.insts[k];
       switch (in.op) {
         case PwOp::Load:
-          v[k] = p_.operands[in.a].broadcast
-                     ? widen(b_.CreateAlignedLoad(elem_, pro_base_[in.a], align()))
-                     : load(t, pro_base_[in.a], i);
+          if (p_.operands[in.a].broadcast) {  // one element, in its own dtype (a Python number's)
+            llvm::Type* et = scalar_type(p_.operands[in.a].dtype);
+            llvm::Value* s = b_.CreateAlignedLoad(
+                et, b_.CreateBitCast(pro_base_[in.a], et->getPointerTo()),
+                llvm::MaybeAlign(p_.operands[in.a].dtype == dtype::kFloat32 ? 4 : 8));
+            v[k] = vec ? b_.CreateVectorSplat(static_cast<unsigned>(w_), s) : s;
+          } else {
+            v[k] = load(t, pro_base_[in.a], i);
+          }
           break;
+        case PwOp::Convert: {  // to the sum's dtype: one rounding, as ATen converts
+          const std::int8_t from = p_.insts[in.a].dtype;
+          if (from == dtype::kInt64)
+            v[k] = b_.CreateSIToFP(v[in.a], t);
+          else if (from == dtype::kFloat64 && dt_ == dtype::kFloat32)
+            v[k] = b_.CreateFPTrunc(v[in.a], t);
+          else if (from == dtype::kFloat32 && dt_ == dtype::kFloat64)
+            v[k] = b_.CreateFPExt(v[in.a], t);
+          else
+            v[k] = v[in.a];
+          break;
+        }
         case PwOp::Param:
           v[k] = widen(pro_param_[in.a]);
           break;
@@ -431,6 +453,12 @@ class ReduceEmitter {
         case PwOp::ThresholdBwd:
           v[k] = b_.CreateSelect(b_.CreateFCmpOLE(v[in.a], v[in.c]), zero_t, v[in.b]);
           break;
+        case PwOp::AddScaled:  // a + alpha*b, alpha 1 or -1 (the launch checks): exact product
+        case PwOp::SubScaled: {
+          llvm::Value* alpha = in.op == PwOp::SubScaled ? b_.CreateFNeg(v[in.c]) : v[in.c];
+          v[k] = b_.CreateFAdd(v[in.a], b_.CreateFMul(alpha, v[in.b]));
+          break;
+        }
         default:  // never: sum_prologue_ok admits the cases above only
           v[k] = zero_t;
           break;

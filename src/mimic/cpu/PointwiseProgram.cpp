@@ -761,18 +761,26 @@ bool sum_prologue_ok(const PointwiseProgram& pg) {
   if (pg.reduce != ReduceKind::SumInner && pg.reduce != ReduceKind::SumOuter) return false;
   if (pg.insts.empty() || pg.reduced >= pg.insts.size() || pg.operands.size() < 2) return false;
   const std::int8_t dt = pg.operands.back().dtype;
-  for (std::size_t o = 0; o + 1 < pg.operands.size(); ++o)
-    if (pg.operands[o].dtype != dt || pg.operands[o].write) return false;
+  for (std::size_t o = 0; o + 1 < pg.operands.size(); ++o) {  // another dtype: a Python number
+    const PwOperand& op = pg.operands[o];
+    if (op.write ||
+        (op.dtype != dt && !(op.broadcast && (is_float(op.dtype) || op.dtype == dtype::kInt64))))
+      return false;
+  }
   if (!pg.operands.back().write || pg.operands.back().read || pg.operands.back().broadcast)
     return false;
   for (std::int8_t d : pg.params)
     if (d != dt) return false;
   for (std::size_t i = 0; i < pg.insts.size(); ++i) {
     const PwInst& in = pg.insts[i];
+    if (in.op == PwOp::Load) {  // in its operand's dtype
+      if (in.a + 1u >= pg.operands.size() || in.dtype != pg.operands[in.a].dtype) return false;
+      continue;
+    }
     if (in.dtype != dt) return false;
     switch (in.op) {
-      case PwOp::Load:
-        if (in.a + 1u >= pg.operands.size()) return false;
+      case PwOp::Convert:  // of a Python number's load
+        if (in.a >= i || pg.insts[in.a].op != PwOp::Load) return false;
         break;
       case PwOp::Param:
         if (in.a >= pg.params.size()) return false;
@@ -792,6 +800,8 @@ bool sum_prologue_ok(const PointwiseProgram& pg) {
         if (in.a >= i) return false;
         break;
       case PwOp::ThresholdBwd:
+      case PwOp::AddScaled:  // with an alpha of 1 or -1 (checked each launch): a ± b
+      case PwOp::SubScaled:
         if (in.a >= i || in.b >= i || in.c >= i) return false;
         break;
       default:
@@ -850,6 +860,89 @@ Result<PointwiseKernel> lower_mse_loss(const exec::ExecutionPlan& p, std::uint32
   k.fixed_from.emplace_back(reduction_at, p.scalars[reduction_at].bits);  // mean or sum, fixed here
   k.reduce_rows = 1;
   k.reduce_cols = numel;
+  return k;
+}
+
+Result<PointwiseKernel> lower_sum_with_prologue(const exec::ExecutionPlan& p, std::uint32_t kernel,
+                                                std::uint32_t begin, std::uint32_t count,
+                                                bool fast) {
+  const std::uint32_t sum_call = begin + count;
+  auto refuse = [&](const std::string& why) {
+    return unsupported("calls " + std::to_string(begin) + " to " + std::to_string(sum_call) +
+                           " are not a sum with a prologue the CPU backend generates: " + why,
+                       "the chain and the sum run as programs of their own");
+  };
+  if (count == 0 || sum_call >= p.calls.size()) return refuse("no chain before a call");
+  auto red = lower_reduction(p, sum_call);
+  if (!red.ok()) return red.status();
+  auto pw = lower_pointwise_calls(p, kernel, begin, count, fast);
+  if (!pw.ok()) return pw.status();
+  const std::uint32_t in_t = red->operand_tensor[0];
+  const exec::TensorRef& in = p.tensors[in_t];
+  const exec::Slot& slot = p.slots[in.slot];
+  if (slot.kind != exec::SlotKind::Arena || slot.last != sum_call ||
+      std::ranges::any_of(p.results, [&](std::uint32_t r) { return p.tensors[r].slot == in.slot; }))
+    return refuse("the sum's input is read after the sum or is a result");
+  const auto in_sizes = p.sizes(in);
+  if (!std::ranges::equal(in_sizes, pw->shape))
+    return refuse("the chain's shape is not the sum's input's");
+  // The dense row-major strides of the shape, 0 where a dim is 1 (as iteration strides are).
+  std::vector<std::int64_t> dense(pw->shape.size(), 0);
+  for (std::int64_t e = 1, d = static_cast<std::int64_t>(dense.size()); d-- > 0;) {
+    if (pw->shape[d] != 1) dense[d] = e;
+    e *= pw->shape[d];
+  }
+  PointwiseProgram& pg = pw->program;
+  std::optional<std::size_t> store;
+  for (std::size_t i = 0; i < pg.insts.size(); ++i) {
+    if (pg.insts[i].op != PwOp::Store) continue;
+    const std::uint32_t t = pw->operand_tensor[pg.insts[i].b];
+    if (store || p.tensors[t].slot != in.slot || p.tensors[t].offset != in.offset ||
+        pw->strides[pg.insts[i].b] != dense)
+      return refuse("the chain stores a result other than the sum's input");
+    store = i;
+  }
+  if (!store) return refuse("the chain does not make the sum's input");
+  const std::uint16_t written = pg.insts[*store].b;
+  pg.reduced = pg.insts[*store].a;
+  pg.insts[*store] =
+      PwInst{PwOp::Const, pg.insts[pg.reduced].dtype, 0, 0, 0};  // dead: never stored
+  // The operands: the chain's loads (the sum's input dropped where only written), then the output.
+  PointwiseKernel k;
+  std::vector<std::uint16_t> renumber(pg.operands.size(), 0);
+  for (std::size_t o = 0; o < pg.operands.size(); ++o) {
+    PwOperand op = pg.operands[o];
+    if (o == written) {
+      if (!op.read) continue;
+      op.write = false;
+    }
+    if (!op.broadcast && pw->strides[o] != dense)
+      return refuse("an operand of the chain is not dense in the sum's order");
+    renumber[o] = static_cast<std::uint16_t>(k.program.operands.size());
+    k.program.operands.push_back(op);
+    k.operand_tensor.push_back(pw->operand_tensor[o]);
+  }
+  for (PwInst& i : pg.insts)
+    if (i.op == PwOp::Load) i.a = renumber[i.a];
+  k.program.operands.push_back(red->program.operands[1]);
+  k.operand_tensor.push_back(red->operand_tensor[1]);
+  k.program.insts = std::move(pg.insts);
+  k.program.params = std::move(pg.params);
+  k.program.reduced = pg.reduced;
+  k.program.reduce = red->program.reduce;
+  k.program.mean = red->program.mean;
+  k.param_scalar = std::move(pw->param_scalar);
+  k.fixed_scalars = std::move(pw->fixed_scalars);
+  k.fixed_from = std::move(pw->fixed_from);
+  k.unit_params = std::move(pw->unit_params);
+  k.fast = pw->fast;
+  k.reduce_rows = red->reduce_rows;
+  k.reduce_cols = red->reduce_cols;
+  if (pw->always_scaled || !sum_prologue_ok(k.program))
+    return refuse(
+        "the chain holds an operation a sum's prologue does not take (a conversion of a tensor, "
+        "sqrt, "
+        "addcmul, lerp)");
   return k;
 }
 
