@@ -9,22 +9,10 @@ import torch.nn.functional as F
 
 import crucible_native as crucible
 from crucible_native._native import build_info
+from test_generated_mse_loss import same_bits, twins
 
 pytestmark = pytest.mark.skipif(build_info.get("exec") is False,
                                 reason="built with -DCRUCIBLE_LLVM=OFF: no exec stage")
-
-
-def same_bits(a, b):
-    ints = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
-    return a.shape == b.shape and torch.equal(a.view(ints), b.view(ints))
-
-
-def twins(features, outputs, dtype):
-    torch.manual_seed(0)
-    made = [torch.nn.Sequential(torch.nn.Linear(features, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, outputs)).to(dtype) for _ in range(2)]
-    made[1].load_state_dict(made[0].state_dict())
-    return [(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)) for m in made]
 
 
 def step_of(model, opt, reduction):
