@@ -148,6 +148,8 @@ class CpuBackend {
   Status launch_table(Prepared& pr, std::span<const std::uint32_t> step,
                       const exec::KernelLaunch& launch);
   bool pointwise_launch(Generated& g, const exec::KernelLaunch& launch, ContigFn* fn);
+  static bool program_params(const Generated& g, const exec::KernelLaunch& launch,
+                             std::uint64_t* out);
   bool launch_generated(Generated& g, const exec::KernelLaunch& launch);
   void run_contig(Generated& g, ContigFn fn);
   void run_rows(Generated& g);

@@ -1016,23 +1016,14 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
   for (std::size_t o = 0; o < nops; ++o)
     p->base[o] = static_cast<char*>(launch.tensor_data[p->operand_tensor[o]]);
   if (p->reduction) {  // Note [Generated sums], Note [Generated layer norm], Note [Split rows]
-    if (p->prologue) {  // Note [Sum prologues]: a pointwise program's parameters
-      for (const auto& [scalar, bits] : p->fixed_from)
-        if (launch.scalars[scalar].bits != bits) {  // a value fixed at lowering no longer holds
-          ++library_launches_;
-          return false;
-        }
-      for (std::size_t j = 0; j < p->param_scalar.size(); ++j)
-        p->params[1 + j] =
-            param_bits((p->param_scalar[j] & PointwiseKernel::kFixedScalar) != 0
-                           ? p->fixed_scalars[p->param_scalar[j] & ~PointwiseKernel::kFixedScalar]
-                           : launch.scalars[p->param_scalar[j]],
-                       p->param_dtype[j]);
+    if (p->prologue) {  // Note [Sum prologues]: a pointwise program's parameters, after cols
+      bool ok = program_params(*p, launch, p->params.data() + 1);
       for (std::uint32_t j : p->unit_params)  // an alpha of 1 or -1 rounds as ATen's a ± b
-        if (!is_unit(p->params[1 + j], p->param_dtype[j])) {
-          ++library_launches_;
-          return false;
-        }
+        ok = ok && is_unit(p->params[1 + j], p->param_dtype[j]);
+      if (!ok) {
+        ++library_launches_;
+        return false;
+      }
     } else {
       for (std::size_t j = 0; j < p->param_scalar.size(); ++j)  // eps, ignore_index, momentum
         p->params[1 + j] = launch.scalars[p->param_scalar[j]].bits;
@@ -1091,17 +1082,10 @@ bool CpuBackend::launch_generated(Generated& g, const exec::KernelLaunch& launch
 // when its calls must run as library calls instead: an alpha that is not 1 (Note [ATen's alpha
 // rounding]) or a scalar a parameter was fixed from that was patched.
 bool CpuBackend::pointwise_launch(Generated& g, const exec::KernelLaunch& launch, ContigFn* fn) {
-  for (const auto& [scalar, bits] : g.fixed_from)
-    if (launch.scalars[scalar].bits != bits) {  // a value fixed at lowering no longer holds
-      ++library_launches_;
-      return false;
-    }
-  for (std::size_t j = 0; j < g.params.size(); ++j)
-    g.params[j] =
-        param_bits((g.param_scalar[j] & PointwiseKernel::kFixedScalar) != 0
-                       ? g.fixed_scalars[g.param_scalar[j] & ~PointwiseKernel::kFixedScalar]
-                       : launch.scalars[g.param_scalar[j]],
-                   g.param_dtype[j]);
+  if (!program_params(g, launch, g.params.data())) {
+    ++library_launches_;
+    return false;
+  }
   bool unit = !g.always_scaled && !fast_;
   for (std::uint32_t j : g.unit_params) unit = unit && is_unit(g.params[j], g.param_dtype[j]);
   if (fast_ && g.contig) {  // Note [Fast numerics]
@@ -1117,6 +1101,20 @@ bool CpuBackend::pointwise_launch(Generated& g, const exec::KernelLaunch& launch
     return false;
   }
   if (g.contig) *fn = g.fns->contig;
+  return true;
+}
+
+// A pointwise program's parameters for this launch into out[0 .. param_scalar.size()), or false
+// when a scalar a value was fixed from at lowering was patched to another value.
+bool CpuBackend::program_params(const Generated& g, const exec::KernelLaunch& launch,
+                                std::uint64_t* out) {
+  for (const auto& [scalar, bits] : g.fixed_from)
+    if (launch.scalars[scalar].bits != bits) return false;
+  for (std::size_t j = 0; j < g.param_scalar.size(); ++j)
+    out[j] = param_bits((g.param_scalar[j] & PointwiseKernel::kFixedScalar) != 0
+                            ? g.fixed_scalars[g.param_scalar[j] & ~PointwiseKernel::kFixedScalar]
+                            : launch.scalars[g.param_scalar[j]],
+                        g.param_dtype[j]);
   return true;
 }
 
