@@ -315,8 +315,9 @@ Row mse_row(std::int8_t dt, Sizes sizes, std::int64_t reduction) {
 }
 
 // Note [Sum prologues]: mse_loss's mean and sum are (self - target)^2 computed as the sum reads
-// each element, with the bits of ATen's mse_kernel and cascade_sum; past 32768 elements, with
-// reduction none, a broadcast target or a strided self, a library call that says why.
+// each element, with the bits of ATen's mse_kernel and cascade_sum; past 32768 elements, with a
+// broadcast target or a strided self, a library call that says why. Reduction none is the
+// pointwise (self - target)^2 (Note [Pointwise programs]).
 TEST(AtenReductions, MseLossSumsItsSquaresAsItReadsThem) {
   std::uint64_t seed = 400;
   for (std::int8_t dt : {kF32, kF64})
@@ -328,10 +329,9 @@ TEST(AtenReductions, MseLossSumsItsSquaresAsItReadsThem) {
   big.generated = false;
   big.why = "more than 32768 elements";
   run_row(big, seed++);
-  Row none = mse_row(kF64, {5, 3}, 0);
-  none.generated = false;
-  none.why = "not mean or sum";
-  run_row(none, seed++);
+  // reduction none: the pointwise (self - target)^2, generated
+  run_row(mse_row(kF64, {5, 3}, 0), seed++);
+  run_row(mse_row(kF32, {7, 1000}, 0), seed++);
   Row strided = mse_row(kF32, {9, 17}, 2);
   strided.ins[0].strides = {1, 9};
   strided.generated = false;

@@ -120,7 +120,8 @@ enum class Fn {
   Copy,
   Zero,
   Ones,
-  MseBwd
+  MseBwd,
+  Mse
 };
 struct OpInfo {
   Fn fn;
@@ -171,6 +172,10 @@ inline bool op_info(std::string name, OpInfo* info) {
     *info = OpInfo{Fn::MseBwd, 3, -1, -1};
     return true;
   }
+  if (base == "aten::mse_loss") {  // (self, target, reduction): none, (self - target)^2
+    *info = OpInfo{Fn::Mse, 2, -1, -1};
+    return true;
+  }
   if (base == "aten::lerp" && scalar) {  // (self, end, weight)
     *info = OpInfo{Fn::Lerp, 2, 2, -1};
     return true;
@@ -207,6 +212,10 @@ T apply(Fn f, T a, T b) {
       return std::fabs(a);
     case Fn::Sign:  // +0 for NaN and -0
       return a > T(0) ? T(1) : a < T(0) ? T(-1) : T(0);
+    case Fn::Mse: {
+      const T d = a - b;
+      return d * d;
+    }
     case Fn::Relu:
       return a < T(0) ? T(0) : a;  // NaN and -0 pass through (clamp_min)
     case Fn::Sqrt:

@@ -294,6 +294,8 @@ inline std::vector<ChainSpec> one_op_rows() {
       s.scalars.push_back(scalar_double(2, 0.25));
     else if (info.fn == Fn::MseBwd)  // (grad, self [17] broadcast: norm 2/17, target), a mean
       s.in = {0, 1, 2}, s.scalars.push_back(scalar_int(3, 1));
+    else if (info.fn == Fn::Mse)  // reduction none: pointwise (a mean or sum is a sum)
+      s.scalars.push_back(scalar_int(2, 0));
     else if (info.other_arg >= 0)
       s.scalars.push_back(scalar_double(static_cast<std::uint16_t>(info.other_arg), 0.3));
     if (info.fn == Fn::AddCMul || info.fn == Fn::AddCDiv)
@@ -459,7 +461,16 @@ inline Patches patches_for(const ChainSpec& c, const BuiltPlan& bp, bool patch) 
   for (const TensorSpec& t : c.inputs)
     if (t.wrapped) p.numbers.push_back(t.value), is_int.push_back(t.dtype == dtype::kInt64);
   if (patch) {
-    for (record::ScalarRecord& s : p.scalars) s = patched(s), p.bits.push_back(s.bits);
+    // mse_loss's reduction stays: another is another result shape, which no plan can take
+    std::vector<bool> keep(p.scalars.size(), false);
+    for (const exec::Call& call : bp.plan.calls)
+      if (bp.plan.op_names[call.op] == "aten::mse_loss")
+        for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+          keep[i] = p.scalars[i].arg_index == 2;
+    for (std::size_t i = 0; i < p.scalars.size(); ++i) {
+      if (!keep[i]) p.scalars[i] = patched(p.scalars[i]);
+      p.bits.push_back(p.scalars[i].bits);
+    }
     for (std::size_t i = 0; i < p.numbers.size(); ++i) {
       double& x = p.numbers[i];
       x = x * -2.0 + (is_int[i] ? 1.0 : 0.5);  // an int stays an int

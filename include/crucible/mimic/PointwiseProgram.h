@@ -336,6 +336,9 @@ bool is_reduction_op(std::string_view op);
 // over every element (ATen's mse_kernel, then its mean or sum; not generated past 32768
 // elements, which ATen's sum splits over its threads).
 Result<PointwiseKernel> lower_mse_loss(const exec::ExecutionPlan& plan, std::uint32_t call);
+// Whether call c is mse_loss with reduction mean or sum (a sum; with reduction none it is the
+// pointwise op `(self - target) * (self - target)`).
+bool is_mse_loss_sum(const exec::ExecutionPlan& plan, std::uint32_t call);
 // Calls [call_begin, call_begin + call_count) of kernel k, a pointwise chain, and the sum right
 // after them as one program, when the chain's only stored result is the sum's input, which
 // nothing after the sum reads (an Arena slot): the chain becomes the sum's prologue. Else

@@ -274,7 +274,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     const bool arg_extreme = is_arg_extreme_op(plan.op_names[call.op]);
     const bool variance = is_variance_op(plan.op_names[call.op]);
     const bool extreme = is_extreme_values_op(plan.op_names[call.op]);
-    const bool mse = plan.op_names[call.op] == "aten::mse_loss";
+    const bool mse = is_mse_loss_sum(plan, c);  // reduction none: a pointwise op
     if (is_reduction_op(plan.op_names[call.op]) || layer_norm || layer_norm_bwd || softmax || nll ||
         batch_norm || arg_extreme || variance || extreme || mse) {
       // Note [Generated sums], Note [Generated layer norm], Note [Generated softmax]: a run of
@@ -327,7 +327,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     while (end < kn.call_begin + kn.call_count) {
       const exec::Call& e = plan.calls[end];
       if (covers_op(plan.op_names[e.op], fast_) && e.out_count == 1 &&
-          std::ranges::equal(sizes_of(end), sizes_of(c))) {
+          !is_mse_loss_sum(plan, end) && std::ranges::equal(sizes_of(end), sizes_of(c))) {
         write(end++);
         continue;
       }

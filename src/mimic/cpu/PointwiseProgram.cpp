@@ -25,7 +25,7 @@ static_assert(kOpNames.size() == 18, "one name per PwOp");
 // addcmul and addcdiv are several instructions (Note [Pointwise programs]); Copy is the last
 // tensor input's value (clone, copy_), Zero and Ones a constant (the inputs are not read);
 // `fast`: generated only for numerics="fast".
-enum class Form : std::uint8_t { One, AddCMul, AddCDiv, Copy, Zero, Ones, MseBwd };
+enum class Form : std::uint8_t { One, AddCMul, AddCDiv, Copy, Zero, Ones, MseBwd, Mse };
 struct OpRow {
   std::string_view name;
   PwOp op;
@@ -35,7 +35,7 @@ struct OpRow {
   Form form = Form::One;
   bool fast = false;
 };
-constexpr std::array<OpRow, 45> kOps{{
+constexpr std::array<OpRow, 46> kOps{{
     {"aten::threshold_backward", PwOp::ThresholdBwd, 2, 2, -1},
     {"aten::abs", PwOp::Abs, 1, -1, -1},
     {"aten::abs_", PwOp::Abs, 1, -1, -1},
@@ -81,8 +81,9 @@ constexpr std::array<OpRow, 45> kOps{{
     {"aten::zeros_like", PwOp::Const, 1, -1, -1, Form::Zero},
     {"aten::ones_like", PwOp::Const, 1, -1, -1, Form::Ones},
     {"aten::mse_loss_backward", PwOp::Mul, 3, -1, -1, Form::MseBwd},
+    {"aten::mse_loss", PwOp::Mul, 2, -1, -1, Form::Mse},  // reduction none (else a sum)
 }};
-static_assert(kOps.size() == 45, "the covered-op table is data: update the count");
+static_assert(kOps.size() == 46, "the covered-op table is data: update the count");
 
 const OpRow* find_op(std::string_view name, bool fast) {
   for (const OpRow& r : kOps)
@@ -279,6 +280,7 @@ class Lowering {
       vals.push_back(value_of(*key, a.tensor));
     }
     if (row->form == Form::MseBwd) return lower_mse_backward(c, call, vals);
+    if (row->form == Form::Mse) return lower_mse_none(c, call, vals);
     for (std::uint16_t& v : vals) v = convert(v, compute);
     if (row->other_arg >= 0) {
       auto other = scalar_at(call, row->other_arg);
@@ -356,6 +358,24 @@ class Lowering {
         emit(PwOp::Param, dt, static_cast<std::uint32_t>(out_.program.params.size() - 1));
     const std::uint16_t diff = emit(PwOp::Sub, dt, vals[1], vals[2]);
     return finish_call(c, call, emit(PwOp::Mul, dt, emit(PwOp::Mul, dt, n, diff), vals[0]));
+  }
+
+  // mse_loss(self, target, reduction none): (self - target) * (self - target), ATen's mse_kernel,
+  // in the tensors' one dtype. A mean or sum is a sum with a prologue (lower_mse_loss).
+  Status lower_mse_none(std::uint32_t c, const exec::Call& call,
+                        const std::vector<std::uint16_t>& vals) {
+    const std::int8_t dt = p_.tensors[p_.outputs_of(call)[0].tensor].dtype;
+    for (const exec::Arg& a : p_.inputs_of(call))
+      if (p_.tensors[a.tensor].dtype != dt || (p_.tensors[a.tensor].flags & exec::kWrappedNumber))
+        return refuse_call(c, "has tensors of more than one dtype");
+    if (is_mse_loss_sum(p_, c))
+      return refuse_call(c, "has reduction mean or sum: a sum, not a pointwise op");
+    // none, fixed here: a launch with another (a patch) runs ATen's call, which says the shapes
+    // differ
+    if (auto reduction = scalar_at(call, 2))
+      out_.fixed_from.emplace_back(*reduction, p_.scalars[*reduction].bits);
+    const std::uint16_t diff = emit(PwOp::Sub, dt, vals[0], vals[1]);
+    return finish_call(c, call, emit(PwOp::Mul, dt, diff, diff));
   }
 
   // The register holding what location `key` (of tensor ti) holds now: loaded on first use.
@@ -1577,6 +1597,15 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
 }
 
 bool covers_op(std::string_view op, bool fast) { return find_op(op, fast) != nullptr; }
+
+bool is_mse_loss_sum(const exec::ExecutionPlan& p, std::uint32_t c) {
+  const exec::Call& call = p.calls[c];
+  if (p.op_names[call.op] != "aten::mse_loss") return false;
+  for (std::uint32_t i = call.scalar_begin; i < call.scalar_begin + call.scalar_count; ++i)
+    if (p.scalars[i].arg_index == 2 && p.scalars[i].kind == record::ScalarKind::Int)
+      return p.scalars[i].bits != 0;
+  return true;  // no reduction recorded: its default, mean
+}
 
 std::vector<std::string> covered_pointwise_ops(bool fast) {
   std::vector<std::string> r;

@@ -1,7 +1,7 @@
 """Note [Pointwise programs] (PointwiseProgram.h): mse_loss_backward runs as generated code on the
 cpu backend, (norm * (self - target)) * grad_output with ATen's norm (2/numel for a mean, 2 for
 a sum or none), and (Note [Sum prologues]) mse_loss's mean or sum of up to 32768 elements as a
-sum that squares each difference as it reads it, so a step trained with nn.MSELoss keeps
+sum that squares each difference as it reads it (reduction none: that square, pointwise), so a step trained with nn.MSELoss keeps
 eager's bits: every reduction, float32 and float64, a loop split over threads, and sizes bound
 without a recorded call (the norm follows the batch)."""
 import pytest
@@ -65,8 +65,9 @@ def test_mse_loss_backward_generated_keeps_eager_bits(threads, n_threads, dtype,
                 torch.randn(batch, outputs, generator=g, dtype=dtype)) for _ in range(5)]
     run(step, step_of(m1, o1, reduction), (m0, m1), batches)
     assert generated_mse(step) == 1, step.plans()[0]["exec_summary"]
-    # the forward: a sum of squares, up to 32768 elements (more: ATen's threads split it)
-    forward = reduction != "none" and batch * outputs <= 32768
+    # the forward: a sum of squares, up to 32768 elements (more: ATen's threads split it); with
+    # reduction none the pointwise (self - target)^2, any size
+    forward = reduction == "none" or batch * outputs <= 32768
     assert generated_mse(step, "aten::mse_loss") == (1 if forward else 0), step.plans()[0]["exec_summary"]
 
 
