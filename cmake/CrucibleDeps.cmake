@@ -92,14 +92,6 @@ endif()
 crucible_require(_openblas_found "OpenBLAS (pthread)" libopenblas-pthread-dev)
 # (The runtime takes the header and dlopen()s the library: Note [Lazy OpenBLAS] in Linear.h.)
 
-if(CRUCIBLE_BUILD_TESTS)
-  find_package(GTest CONFIG QUIET)
-  crucible_require(GTest_FOUND "GoogleTest" "libgtest-dev libgmock-dev")
-endif()
-if(CRUCIBLE_BUILD_BENCH)
-  find_package(benchmark CONFIG QUIET)
-  crucible_require(benchmark_FOUND "Google Benchmark" libbenchmark-dev)
-endif()
 
 # PyTorch: optional for the torch-free stages, required for the PyTorch Vessel. Found from the
 # interpreter that runs it (CRUCIBLE_PYTHON, CrucibleOptions.cmake), never from a fixed path:
@@ -134,11 +126,7 @@ elseif(CRUCIBLE_PYTHON)
                           "CRUCIBLE_PYTHON at another interpreter.")
     endif()
     if(NOT CRUCIBLE_TORCH_CXX11_ABI STREQUAL "1")
-      # Every stage links Debian's Abseil, built with the new std::string ABI, into the same
-      # library as torch: a torch built with the old ABI cannot share those objects.
-      message(FATAL_ERROR "torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) was built with the pre-C++11 "
-                          "std::string ABI (_GLIBCXX_USE_CXX11_ABI=0), which Debian's C++ libraries cannot "
-                          "link beside. Use a torch built with the C++11 ABI (every pip wheel from 2.7 on).")
+      set(CRUCIBLE_TORCH_OLD_ABI ON)
     endif()
     message(STATUS "PyTorch ${CRUCIBLE_TORCH_VERSION} (CUDA: ${CRUCIBLE_TORCH_CUDA}) from ${CRUCIBLE_PYTHON}")
   else()
@@ -146,6 +134,41 @@ elseif(CRUCIBLE_PYTHON)
                     "Run utils/bin/setup, or point CRUCIBLE_PYTHON at an interpreter with torch 2.4 or newer.")
   endif()
 endif()
+# Note [Old std::string ABI]: the pip wheels of torch 2.4 to 2.6 are built with the pre-C++11
+# std::string ABI (_GLIBCXX_USE_CXX11_ABI=0). Code that passes strings to torch must use that
+# ABI, and the Vessel shares its types (names, plans, messages) with every stage, so with such a
+# torch the whole build uses it. Debian's compiled C++ libraries use the C++11 ABI: Abseil's parts
+# linked here take string_view and pointers only (what they need links either way), but
+# GoogleTest, Google Benchmark and LLVM pass std::string and objects holding one (llvm::Triple)
+# through their interfaces, which would mix the two layouts without a link error. So that build
+# leaves out the C++ tests, the benchmarks, the Mimic CPU backend and the `crucible` command,
+# and says so: recording, replay and plans of ATen calls work (plans()' exec_note says why no
+# kernel is generated), and the Python tests run.
+if(CRUCIBLE_TORCH_OLD_ABI)
+  set(_off "")
+  foreach(_opt CRUCIBLE_BUILD_TESTS CRUCIBLE_BUILD_BENCH CRUCIBLE_BUILD_FUZZ CRUCIBLE_LLVM)
+    if(NOT DEFINED ${_opt} OR ${_opt})
+      list(APPEND _off ${_opt})
+    endif()
+    set(${_opt} OFF)   # a normal variable: the cache keeps the user's choice for another torch
+  endforeach()
+  add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=0)
+  list(JOIN _off ", " _off)
+  message(WARNING "torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) is built with the pre-C++11 "
+                  "std::string ABI: the whole build uses that ABI, without what links Debian's C++ "
+                  "libraries that pass strings (turned off: ${_off}). Generated kernels and the C++ "
+                  "tests need a torch built with the C++11 ABI (every pip wheel from 2.7 on). "
+                  "Note [Old std::string ABI] in cmake/CrucibleDeps.cmake.")
+endif()
+if(CRUCIBLE_BUILD_TESTS)
+  find_package(GTest CONFIG QUIET)
+  crucible_require(GTest_FOUND "GoogleTest" "libgtest-dev libgmock-dev")
+endif()
+if(CRUCIBLE_BUILD_BENCH)
+  find_package(benchmark CONFIG QUIET)
+  crucible_require(benchmark_FOUND "Google Benchmark" libbenchmark-dev)
+endif()
+
 # Crucible's own code uses c10 and ATen's CPU API only, so it links libtorch, libtorch_cpu and
 # libc10 straight from the package (as torch.utils.cpp_extension does for a CPU extension), not
 # through TorchConfig.cmake: for a CUDA build of torch that file demands a CUDA toolkit of the
@@ -171,7 +194,7 @@ if(CRUCIBLE_TORCH_VERSION)
   set_target_properties(Crucible::torch PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}"
     INTERFACE_LINK_LIBRARIES "${_torch_libs}"
-    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1")
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${CRUCIBLE_TORCH_CXX11_ABI}")
   set(TORCH_LIBRARIES Crucible::torch)
   set(Torch_FOUND TRUE)
 endif()

@@ -82,13 +82,13 @@ int parse(std::string_view path, Args args, bool plan, PlanArgs& out) {
 int load_ir(const std::string& path, forge::ExprPool& pool, forge::Ir001* out) {
   auto trace = record::load_trace(path);
   if (!trace.ok()) {
-    std::fprintf(stderr, "crucible: %s: %s\n", path.c_str(), std::string(trace.status().message()).c_str());
+    std::fprintf(stderr, "crucible: %s: %s\n", path.c_str(), message_of(trace.status()).c_str());
     return trace.status().code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitRefused;
   }
   auto it = graph::analyze_latest_iteration(*trace, -1);
   if (!it.ok()) {
     std::fprintf(stderr, "crucible: %s: no iteration to plan: %s\n", path.c_str(),
-                 std::string(it.status().message()).c_str());
+                 message_of(it.status()).c_str());
     return kExitRefused;
   }
   if ((*it)->incomplete())
@@ -99,7 +99,7 @@ int load_ir(const std::string& path, forge::ExprPool& pool, forge::Ir001* out) {
                  path.c_str(), static_cast<unsigned long long>((*it)->analysis->ops_after_drop));
   auto ir = forge::build_ir001(*trace, (*it)->ops(), pool);
   if (!ir.ok()) {
-    std::fprintf(stderr, "crucible: %s\n", std::string(ir.status().message()).c_str());
+    std::fprintf(stderr, "crucible: %s\n", message_of(ir.status()).c_str());
     return kExitRefused;
   }
   *out = std::move(*ir);
@@ -122,13 +122,13 @@ int front_end(const PlanArgs& a, forge::ExprPool& pool, forge::RuleSet* rules,
   if (recorded != nullptr) *recorded = ir_value;
   auto rs = forge::load_rules_dir(a.rules_dir, a.hardware);
   if (!rs.ok()) {
-    std::fprintf(stderr, "crucible: rules: %s\n", std::string(rs.status().message()).c_str());
+    std::fprintf(stderr, "crucible: rules: %s\n", message_of(rs.status()).c_str());
     return kExitUsage;
   }
   *rules = std::move(*rs);
   auto fe = forge::run_front_end(std::move(ir_value), *rules, a.policy, a.budget_us);
   if (!fe.ok()) {
-    std::fprintf(stderr, "crucible: plan: %s\n", std::string(fe.status().message()).c_str());
+    std::fprintf(stderr, "crucible: plan: %s\n", message_of(fe.status()).c_str());
     return kExitRefused;
   }
   *out = std::move(*fe);
@@ -142,8 +142,8 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
   nlohmann::json j;
   std::string text = "\nMimic CPU backend (execution plan kernels):\n";
   auto fail = [&](const Status& st) {
-    j = {{"backend", "cpu"}, {"error", std::string(st.message())}};
-    text += "  not prepared: " + std::string(st.message()) + "\n";
+    j = {{"backend", "cpu"}, {"error", message_of(st)}};
+    text += "  not prepared: " + message_of(st) + "\n";
   };
   auto plan = exec::build_plan(fe.ir, fe.plan);
   auto cpu = plan.ok() ? mimic::CpuBackend::make() : Result<std::unique_ptr<mimic::CpuBackend>>(plan.status());
@@ -233,7 +233,7 @@ int add_symbolic_section(const PlanArgs& a, forge::ExprPool& pool, const forge::
   auto sym = forge::symbolize_sizes(here, other, pool, &found);
   if (!sym.ok()) {
     std::fprintf(stderr, "crucible: plan: --sizes-from %s: %s\n", a.sizes_from.c_str(),
-                 std::string(sym.status().message()).c_str());
+                 message_of(sym.status()).c_str());
     return kExitRefused;
   }
   std::string text = "\nsymbolic shapes (the sizes that differ in " + a.sizes_from + " named):\n";

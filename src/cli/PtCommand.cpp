@@ -197,7 +197,7 @@ std::string wrap(std::string_view text, std::size_t indent) {
 
 // The loader's message, then the class of refusal in plain words.
 void print_refusal(std::FILE* out, const Status& s) {
-  const std::string msg(s.message());
+  const std::string msg = message_of(s);
   const RefusalClass& c = classify_refusal(msg);
   std::fprintf(out, "REFUSED: %s\n\nWhat this means [%.*s: %.*s]:\n%s", msg.c_str(),
                static_cast<int>(c.id.size()), c.id.data(), static_cast<int>(c.title.size()),
@@ -205,7 +205,7 @@ void print_refusal(std::FILE* out, const Status& s) {
 }
 
 int refused_json(const Options& o, const Status& s) {
-  const std::string msg(s.message());
+  const std::string msg = message_of(s);
   const RefusalClass& c = classify_refusal(msg);
   const nlohmann::ordered_json j = {{"file", o.file},
                                     {"ok", false},

@@ -324,7 +324,7 @@ Result<ExecutionPlan> build_plan(const Ir001& ir, const forge::Ir002& ir2, const
     p.patches.push_back(PatchPoint{PatchKind::Constant, s, cp.name});
   }
   if (Status st = verify_plan(p); !st.ok())
-    return bad_state("build_plan made a plan that fails verification: " + std::string(st.message()),
+    return bad_state("build_plan made a plan that fails verification: " + message_of(st),
                      "this is a planner bug: report it with the step");
   return p;
 }

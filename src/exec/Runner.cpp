@@ -100,8 +100,8 @@ Result<std::unique_ptr<Runner>> Runner::make(const ExecutionPlan& plan, Backend 
   MemoryUse use;
   if (Status st = r->backend_.memory_use(r->backend_.self, plan, use); !st.ok()) return st;
   if (Status st = check_memory_use(plan, use); !st.ok())
-    return bad_state("backend '" + std::string(r->backend_.name) + "' reports a memory use that does not fit the plan: " +
-                         std::string(st.message()),
+    return bad_state("backend '" + std::string(r->backend_.name) +
+                         "' reports a memory use that does not fit the plan: " + message_of(st),
                      "this is a backend bug: report it");
   auto library_only = [&](std::uint32_t c) { return use.library_only.empty() || use.library_only[c]; };
   // Outputs a provider that allocates may adopt need no arena memory (Note [Adopted results]).
@@ -254,7 +254,7 @@ Status Runner::run(const RunArgs& args) {
     const Kernel& kern = p.kernels[k];
     if (at_call_ != nullptr && kern.call_count > 0)
       if (Status st = at_call_(observer_, kern.call_begin, true); !st.ok())
-        return Status(st.code(), "before kernel " + std::to_string(k) + ": " + std::string(st.message()));
+        return Status(st.code(), "before kernel " + std::to_string(k) + ": " + message_of(st));
     KernelLaunch launch;
     launch.plan = &p;
     launch.kernel = k;
@@ -265,8 +265,7 @@ Status Runner::run(const RunArgs& args) {
     if (Status st = backend_.run_kernel(backend_.self, launch); !st.ok())
       return Status(st.code(), "backend '" + std::string(backend_.name) + "', kernel " +
                                    std::to_string(k) + " (group " +
-                                   std::to_string(p.kernels[k].group) +
-                                   "): " + std::string(st.message()));
+                                   std::to_string(p.kernels[k].group) + "): " + message_of(st));
     if (at_call_ != nullptr && kern.call_count > 0)
       (void)at_call_(observer_, kern.call_begin + kern.call_count - 1, false);
     if (!release_after_.empty())
@@ -313,7 +312,7 @@ Status Runner::library_call(void* self, std::uint32_t c) {
   if (r->at_call_ != nullptr) (void)r->at_call_(r->observer_, c, false);
   if (Status st = r->provider_.call(r->provider_.self, lc); !st.ok())
     return Status(st.code(), "call " + std::to_string(c) + " (" + std::string(lc.op) + ", node " +
-                                 std::to_string(call.node) + "): " + std::string(st.message()));
+                                 std::to_string(call.node) + "): " + message_of(st));
   return ok_status();
 }
 

@@ -455,7 +455,7 @@ Result<RuleSet> parse_chain(std::string_view name,
     if (!text.ok()) {
       std::string what = "cannot read rules class \"" + current + "\"";
       if (!extended_by.empty()) what += " (extended by \"" + extended_by + "\")";
-      return invalid_input(what + ": " + std::string(text.status().message()),
+      return invalid_input(what + ": " + message_of(text.status()),
                            "check the class name and the rules directory");
     }
     auto f = parse_class(current, file_of(current), std::move(*text));

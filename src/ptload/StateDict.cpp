@@ -38,7 +38,7 @@ constexpr std::uint64_t kMaxByteorderBytes = 6;
 constexpr std::uint64_t kVisitsPerPickleByte = 16, kMinVisits = 4096;
 
 Status in_file(const Status& s, std::string_view path) {
-  return Status(s.code(), std::string(path) + ": " + std::string(s.message()));
+  return Status(s.code(), std::string(path) + ": " + message_of(s));
 }
 
 void swap_bytes(std::vector<std::byte>& v, std::uint32_t item) {

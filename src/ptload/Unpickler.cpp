@@ -1029,7 +1029,7 @@ Result<std::uint32_t> Vm::rebuild_tensor(std::span<const std::uint32_t> a) {
         "_rebuild_tensor_v2 with tensor metadata (Python attributes on a tensor are not loaded)");
   auto view = TensorView::make(storage_list_[nodes_[a[0]].ref], *offset, std::move(*sizes),
                                std::move(*strides), nodes_[a[4]].flag);
-  if (!view.ok()) return corrupt(std::string(view.status().message()));
+  if (!view.ok()) return corrupt(message_of(view.status()));
   return add_tensor(std::move(*view));
 }
 
@@ -1075,7 +1075,7 @@ Status Vm::op_persid() {
     CRUCIBLE_RETURN_IF_ERROR(charge(kStorageBytes + 2 * key.size() + location.size()));
     CRUCIBLE_RETURN_IF_ERROR(grow(storage_list_, 1));
     auto r = resolver_(StorageRequest{key, location, cls.dtype, numel});
-    if (!r.ok()) return corrupt(std::string(r.status().message()));
+    if (!r.ok()) return corrupt(message_of(r.status()));
     CRUCIBLE_ASSERT(*r && (*r)->numel == numel && (*r)->dtype == cls.dtype,
                     "resolver honours the request");
     index = static_cast<std::uint32_t>(storage_list_.size());

@@ -65,8 +65,7 @@ int crucible_ptload_open(const char* path, crucible_ptload** out) {
       return fail("crucible_ptload_open: path and out must not be NULL");
     auto sd = crucible::ptload::StateDict::open(path);
     if (!sd.ok()) {
-      const auto msg = sd.status().message();
-      return fail(std::string_view(msg.data(), msg.size()));
+      return fail(crucible::message_of(sd.status()));
     }
     *out = new crucible_ptload{std::move(*sd)};
     return 0;

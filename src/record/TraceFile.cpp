@@ -379,7 +379,7 @@ Result<Trace> load_trace(const std::string& path) {
   std::fclose(f);
   if (err) return os_error("crtrace: cannot read " + path, read_errno != 0 ? read_errno : EIO);
   auto r = decode_trace(bytes);
-  if (!r.ok()) return Status(r.status().code(), path + ": " + std::string(r.status().message()));
+  if (!r.ok()) return Status(r.status().code(), path + ": " + message_of(r.status()));
   return r;
 }
 

@@ -32,7 +32,7 @@ crucible_vessel* crucible_vessel_create(const crucible_vessel_config* c) {
   }
   auto r = crucible::record::Recorder::create(cfg);
   if (!r.ok()) {
-    t_error = std::string(r.status().message());
+    t_error = crucible::message_of(r.status());
     return nullptr;
   }
   return new crucible_vessel{std::move(*r)};
@@ -49,7 +49,7 @@ uint32_t crucible_vessel_module(crucible_vessel* v, const char* path) {
   if (v == nullptr || path == nullptr) return 0;
   auto id = v->rec->intern_module(path);
   if (!id.ok()) {
-    fail("crucible_vessel_module: " + std::string(id.status().message()));
+    fail("crucible_vessel_module: " + crucible::message_of(id.status()));
     return UINT32_MAX;
   }
   return *id;
@@ -147,7 +147,7 @@ int crucible_vessel_flush(crucible_vessel* v) {
 int crucible_vessel_export(crucible_vessel* v, const char* path) {
   if (v == nullptr || path == nullptr) return fail("crucible_vessel_export: vessel or path is NULL");
   auto st = crucible::record::save_trace(v->rec->snapshot(), path);
-  if (!st.ok()) return fail(std::string(st.message()));
+  if (!st.ok()) return fail(crucible::message_of(st));
   return 0;
 }
 

@@ -129,7 +129,7 @@ struct Net::Impl {
     if (error.ok()) {
       const std::string where = name ? "node #" + std::to_string(nodes.size()) + " (" + name + ")"
                                      : label(nodes.size(), k);
-      error = Status(s.code(), where + ": " + std::string(s.message()));
+      error = Status(s.code(), where + ": " + message_of(s));
     }
     return {};
   }

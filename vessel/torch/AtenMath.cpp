@@ -32,7 +32,7 @@ std::string find_and_give() {
   if (m.exp_f32 == nullptr || m.exp_f64 == nullptr || m.log_f32 == nullptr || m.log_f64 == nullptr)
     return "this libtorch_cpu.so does not export SLEEF's " + std::string(isa) + " exp and log";
   const Status st = mimic::set_vector_math(m);
-  return st.ok() ? std::string() : std::string(st.message());
+  return st.ok() ? std::string() : message_of(st);
 }
 
 }  // namespace

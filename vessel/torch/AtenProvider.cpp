@@ -108,6 +108,10 @@ struct AtenProvider::CallCache {
 
 namespace {
 
+// A plan's sizes or strides as ATen's array reference (c10::ArrayRef takes a std::span itself
+// only from torch 2.6 on).
+c10::IntArrayRef ints(std::span<const std::int64_t> v) { return {v.data(), v.size()}; }
+
 // Whether `out` is `functional`'s out= overload: the same arguments (name and type) followed by
 // one out argument per result.
 bool is_out_overload(const c10::FunctionSchema& functional, const c10::FunctionSchema& out) {
@@ -258,8 +262,7 @@ Result<c10::IValue> value_of(const c10::TypePtr& t, const ScalarRecord* r,
 
 at::Tensor wrap(const exec::TensorArg& t) {
   const auto dtype = static_cast<c10::ScalarType>(t.dtype);
-  at::Tensor x = at::from_blob(t.data, c10::IntArrayRef(t.sizes.data(), t.sizes.size()),
-                               c10::IntArrayRef(t.strides.data(), t.strides.size()),
+  at::Tensor x = at::from_blob(t.data, ints(t.sizes), ints(t.strides),
                                at::TensorOptions().dtype(dtype).device(at::kCPU));
   if (t.wrapped_number) x.unsafeGetTensorImpl()->set_wrapped_number(true);
   return x;
@@ -691,12 +694,12 @@ Status AtenProvider::invoke(const exec::LibraryCall& c, const Resolved& rop, tor
         // each goes back to the geometry the plan placed.
         for (std::size_t k = 0; k < c.outputs.size() && k < placed.size(); ++k)
           if (placed[k].defined())
-            placed[k].unsafeGetTensorImpl()->set_sizes_and_strides(c.outputs[k].sizes,
-                                                                   c.outputs[k].strides);
+            placed[k].unsafeGetTensorImpl()->set_sizes_and_strides(ints(c.outputs[k].sizes),
+                                                                   ints(c.outputs[k].strides));
         for (std::size_t k = 0; k < outs.size(); ++k)
           if (const exec::TensorArg* o = find_tensor(c.outputs, static_cast<std::uint32_t>(k), 0);
               o != nullptr && outs[k].defined())
-            outs[k].unsafeGetTensorImpl()->set_sizes_and_strides(o->sizes, o->strides);
+            outs[k].unsafeGetTensorImpl()->set_sizes_and_strides(ints(o->sizes), ints(o->strides));
         rop.out_failed = true;
         --stats_.calls;  // counted again by the functional run
         const Status functional = invoke(c, rop, std::move(args), outs, placed, keep, nullptr);

@@ -24,8 +24,8 @@ namespace {
 
 void check(const Status& s) {
   if (s.ok()) return;
-  if (s.code() == absl::StatusCode::kInvalidArgument) throw py::value_error(std::string(s.message()));
-  throw std::runtime_error(std::string(s.message()));
+  if (s.code() == absl::StatusCode::kInvalidArgument) throw py::value_error(message_of(s));
+  throw std::runtime_error(message_of(s));
 }
 
 using ExecPlanHandle = vessel::ExecStep;

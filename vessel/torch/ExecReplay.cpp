@@ -244,7 +244,8 @@ class ExecReplayImpl final : public replay::ExecReplay {
     const Status st = step->runner->run(ra);
     if (!st.ok())  // ATen's own error (an index out of range) reaches Python as eager raises it
       if (std::exception_ptr e = step->provider.take_error()) std::rethrow_exception(e);
-    TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name, " backend): ", std::string(st.message()));
+    TORCH_CHECK(st.ok(), "crucible plan (exec stage, ", backend_name,
+                " backend): ", message_of(st));
     result.assign(out_storage.begin(), out_storage.end());
     for (std::uint32_t b = 0; b < plan.outputs.size(); ++b) {
       void* at = step->runner->output_data(b);
@@ -300,7 +301,7 @@ class ExecReplayImpl final : public replay::ExecReplay {
 
   void renew_arena() override {
     const Status st = step->runner->renew_arena();
-    TORCH_CHECK(st.ok(), std::string(st.message()));
+    TORCH_CHECK(st.ok(), message_of(st));
   }
 
   // Note [Run position]: the Runner says where it is; the replay arena's scope notes it.
@@ -427,7 +428,7 @@ std::string attach(replay::Plan& p, const Form& call, const record::Trace& t, st
   std::vector<bool> constant_patched;
   std::vector<std::uint32_t> scalar_patch_of;
   auto step = plan_exec_step(t, ops, o, &constant_patched, &scalar_patch_of);
-  if (!step.ok()) return "the exec stage could not plan the step: " + std::string(step.status().message());
+  if (!step.ok()) return "the exec stage could not plan the step: " + message_of(step.status());
   auto impl = std::make_shared<ExecReplayImpl>();
   impl->backend_name = options.backend;
   impl->fast = options.fast;
@@ -735,7 +736,7 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
     }
   }
   auto layout = exec::place_arena(p, exec::plan_memory_use(p));
-  if (!layout.ok()) return "the bound exec plan's arena: " + std::string(layout.status().message());
+  if (!layout.ok()) return "the bound exec plan's arena: " + message_of(layout.status());
   for (std::size_t s = 0; s < p.slots.size(); ++s) p.slots[s].offset = layout->offsets[s];
   p.arena_bytes = layout->arena_bytes;
   h->recomputed = eb->step->recomputed;
@@ -743,7 +744,7 @@ std::string bind_exec(std::int64_t bound, std::int64_t plan_a, std::int64_t plan
   // b's arguments were checked when its stage was made; these differ from them in integer values
   // only (same_tables: the same scalar kinds and positions)
   if (Status st = start_runner(*h, eb->backend_name, eb->fast, false, /*check_args=*/false); !st.ok())
-    return "the bound exec plan: " + std::string(st.message());
+    return "the bound exec plan: " + message_of(st);
   auto impl = std::make_shared<ExecReplayImpl>();
   impl->backend_name = eb->backend_name;
   impl->fast = eb->fast;

@@ -46,10 +46,13 @@ struct ArgumentError : std::runtime_error {
 void check(const Status& s) {
   if (s.ok()) return;
   switch (s.code()) {
-    case absl::StatusCode::kFailedPrecondition: throw StateError(std::string(s.message()));
+    case absl::StatusCode::kFailedPrecondition:
+      throw StateError(message_of(s));
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: throw ArgumentError(std::string(s.message()));
-    default: throw std::runtime_error(std::string(s.message()));
+    case absl::StatusCode::kOutOfRange:
+      throw ArgumentError(message_of(s));
+    default:
+      throw std::runtime_error(message_of(s));
   }
 }
 
@@ -232,7 +235,7 @@ py::dict iteration_dict(const graph::Iteration& it) {
       d["plan_ok"] = plan_ok_of(it);
       d["plan_error"] = py::none();
     } else {
-      d["plan_error"] = std::string(it.plan_status().message());
+      d["plan_error"] = message_of(it.plan_status());
     }
   return d;
 }
@@ -470,7 +473,7 @@ PYBIND11_MODULE(_crucible_ext, m) {
   m.def("intern_module",
         [](const std::string& path) {
           auto id = recorder().intern_module(path);
-          if (!id.ok()) throw std::invalid_argument(std::string(id.status().message()));
+          if (!id.ok()) throw std::invalid_argument(message_of(id.status()));
           return *id;
         });
   m.def("push_module_id", [](std::uint32_t id) {

@@ -260,7 +260,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
   auto refusal = [&](std::uint32_t c) -> std::string {
     if (!state.why.empty()) return {};
     auto refused = lower_pointwise_calls(plan, k, c, 1, fast_);
-    return refused.ok() ? std::string() : std::string(refused.status().message());
+    return refused.ok() ? std::string() : message_of(refused.status());
   };
   std::string_view cache;
   auto sizes_of = [&](std::uint32_t c) { return plan.sizes(plan.tensors[plan.outputs_of(plan.calls[c])[0].tensor]); };
@@ -302,7 +302,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
       auto gen = lowered.ok() ? generate_lowered(*lowered, &cache) : Result<std::unique_ptr<GeneratedRun>>(lowered.status());
       if (!gen.ok()) {
         if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
-        library(c, 1, std::string(gen.status().message()));
+        library(c, 1, message_of(gen.status()));
       } else {
         if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
         ++state.generated_calls;
@@ -381,7 +381,7 @@ Status CpuBackend::prepare_kernel(const exec::ExecutionPlan& plan, std::uint32_t
     auto gen = generate(plan, k, c, end - c, hoisted, &cache);
     if (!gen.ok()) {
       if (gen.status().code() != absl::StatusCode::kUnimplemented) return gen.status();
-      library(c, end - c, std::string(gen.status().message()));
+      library(c, end - c, message_of(gen.status()));
     } else {
       if (state.recipe == nullptr) state.recipe = (*gen)->recipe;
       for (std::uint32_t h : hoisted) {

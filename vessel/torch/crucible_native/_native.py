@@ -88,7 +88,8 @@ def check_build(info: dict, d: str, torch_version: str) -> None:
 
 
 # The loaded build's crucible_build.json (CMakeLists.txt): its torch, sanitizer, and whether
-# it has the exec stage ("exec": false where configured with -DCRUCIBLE_LLVM=OFF).
+# it has the exec stage ("exec": false where configured with -DCRUCIBLE_LLVM=OFF or built for a torch
+# of the old std::string ABI; "exec_off" says which).
 build_info = {}
 
 
@@ -110,9 +111,8 @@ def load(module="_crucible_ext"):
     import torch  # loads libtorch first, with the symbols the extension needs
     check_build(info, d, torch.__version__)
     if info.get("exec") is False and module == "_crucible_exec":
-        raise ImportError(f"the build in {d} has no exec stage: it was configured with -DCRUCIBLE_LLVM=OFF "
-                          "(no LLVM, so no Mimic CPU backend); reconfigure without it, with LLVM installed "
-                          "(utils/bin/setup), to run compiled steps through the exec stage")
+        why = info.get("exec_off") or "it was configured with -DCRUCIBLE_LLVM=OFF"
+        raise ImportError(f"the build in {d} has no exec stage: {why}")
     import importlib
     try:
         if installed:
