@@ -760,16 +760,21 @@ TEST(AtenReductions, VarStdVarMeanStdMean) {
       // n <= correction: ATen's call at launch (it warns); a NaN correction: m2 / 0
       run_row(var_row(op, dt, {300, 4}, Sizes{0}, 400.0), seed++);
       run_row(var_row(op, dt, {5, 17}, Sizes{1}, std::nan("")), seed++);
-      const bool one_path = op.find("_mean") == std::string::npos;
-      Row whole = var_row(op, dt, {9, 13}, std::nullopt, 1.0, false, true);
-      if (one_path) {  // one result: ATen's two-pass path
-        whole.generated = false;
-        whole.why = "result is one element";
-      }
-      run_row(whole, seed++);
+      // One result (var and std: ATen's two passes about torch.mean's value): every dim, a
+      // dim list that leaves only dims of size 1, keepdim, corrections 0, 1, 2, 0.5 and NaN, one
+      // to 32768 elements; past that ATen's threads split it: its call.
+      run_row(var_row(op, dt, {9, 13}, std::nullopt, 1.0, false, true), seed++);
+      run_row(var_row(op, dt, {1, 5000}, Sizes{1}, 0.0, true, true), seed++);
+      run_row(var_row(op, dt, {3, 1, 7}, Sizes{0, 2}, 2.0, false, true), seed++);
+      run_row(var_row(op, dt, {6, 7}, std::nullopt, 0.5), seed++);
+      run_row(var_row(op, dt, {17}, Sizes{0}, std::nan("")), seed++);
+      run_row(var_row(op, dt, {1}, std::nullopt, 0.0), seed++);
+      run_row(var_row(op, dt, {2}, Sizes{0}, 2.0), seed++);  // n <= correction: ATen's call
+      for (std::int64_t n : {7, 8, 31, 1003, 32768})
+        run_row(var_row(op, dt, {n}, std::nullopt, std::nullopt), seed++);
       Row big = var_row(op, dt, {40000}, Sizes{0}, std::nullopt);
       big.generated = false;
-      big.why = one_path ? "result is one element" : "more than 32768 elements";
+      big.why = "more than 32768 elements";
       run_row(big, seed++);
     }
   Row blocks = var_row("aten::var.correction", kF32, {4, 6, 5}, Sizes{0, 2}, std::nullopt);

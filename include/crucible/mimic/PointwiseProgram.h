@@ -169,11 +169,13 @@ enum class ReduceKind : std::uint8_t {
 // n - correction : 0), std its square root in double, each rounded once to the dtype, and the
 // mean Welford's (not torch.mean's). The correction is parameter 1, read each launch; a launch
 // whose reduced count minus the correction is <= 0 runs ATen's call (for its warning). A var or
-// std whose result is one element takes ATen's other path (a two-pass all-reduce around
-// torch.mean, split over its threads): not generated; nor a var_mean of one result over more
-// than 32768 elements, whose Welford states ATen splits over its threads and merges with fmas
-// (whatever the thread count, which may change between launches); nor an input not dense in
-// row-major order.
+// std whose result is one element takes ATen's other path (`two_pass`): the mean as torch.mean
+// computes it (the sum of Note [Generated sums] over the count, in the dtype), then the squares
+// of (double(x) - mean) added in memory order in double (no fma), divided as above. ATen splits
+// that second pass over its threads past 32768 elements: such a var or std is not generated;
+// nor a var_mean of one result over more than 32768 elements, whose Welford states ATen splits
+// over its threads and merges with fmas (whatever the thread count, which may change between
+// launches); nor an input not dense in row-major order.
 
 // Note [Generated max and argmax]: max.dim, min.dim, argmax and argmin over a dense
 // float32/float64 input are one program each: operands input, [values,] indices (int64); rows
@@ -260,6 +262,7 @@ struct PointwiseProgram {
   std::uint8_t outputs = 0;              // BatchNormBwd, LayerNormBwd: output mask, bit i result i
   bool smallest = false;                 // ArgExtreme: min.dim, argmin
   bool root = false;                     // Variance: std, std_mean (the square root)
+  bool two_pass = false;                 // Variance: one result, about torch.mean's value
   bool int_param = false;                // Variance: the correction is an int64 parameter (or bool)
   bool safe = false;                     // Softmax: a row all -inf gives +0 (_safe_softmax)
   std::uint8_t vec_bytes = 0;            // Softmax, LogSoftmax and backwards: ATen's vector width

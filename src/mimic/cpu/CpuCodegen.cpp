@@ -646,36 +646,38 @@ class ReduceEmitter {
   }
 
   void inner(llvm::Value* rows) {
-    loop(c64(0), rows, [&](llvm::Value* r) {
-      llvm::Value* row = b_.CreateMul(r, cols_);
-      llvm::AllocaInst* f = slot(elem_);
-      llvm::BasicBlock *vec = block("vector_row"), *scal = block("scalar_row"), *join = block("row_done");
-      b_.CreateCondBr(b_.CreateICmpSGE(cols_, c64(w_)), vec, scal);
-      b_.SetInsertPoint(vec);  // vectorized_inner_sum: vectors, then the tail, then the lanes
-      {
-        llvm::Value* nv = b_.CreateSDiv(cols_, c64(w_));
-        llvm::Value* v = row_sum(vec_, nv, [&](llvm::Value* i) {
-          return src(vec_, b_.CreateAdd(row, b_.CreateMul(i, c64(w_))));
-        });
-        b_.CreateStore(zero(elem_), f);
-        loop(b_.CreateMul(nv, c64(w_)), cols_, [&](llvm::Value* i) {
-          b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, f), src(elem_, b_.CreateAdd(row, i))),
-                         f);
-        });
-        llvm::Value* acc = b_.CreateLoad(elem_, f);
-        for (std::int64_t lane = 0; lane < w_; ++lane)
-          acc = b_.CreateFAdd(acc, b_.CreateExtractElement(v, static_cast<std::uint64_t>(lane)));
-        b_.CreateStore(acc, f);
-        b_.CreateBr(join);
-      }
-      b_.SetInsertPoint(scal);  // scalar_inner_sum
-      b_.CreateStore(
-          row_sum(elem_, cols_, [&](llvm::Value* i) { return src(elem_, b_.CreateAdd(row, i)); }),
-          f);
+    loop(c64(0), rows,
+         [&](llvm::Value* r) { store(finish(row_total(b_.CreateMul(r, cols_)), cols_), r); });
+  }
+  // ATen's sum of the cols_ elements from element `row` on (vectorized_inner_sum or
+  // scalar_inner_sum), in the dtype.
+  llvm::Value* row_total(llvm::Value* row) {
+    llvm::AllocaInst* f = slot(elem_);
+    llvm::BasicBlock *vec = block("vector_row"), *scal = block("scalar_row"),
+                     *join = block("row_done");
+    b_.CreateCondBr(b_.CreateICmpSGE(cols_, c64(w_)), vec, scal);
+    b_.SetInsertPoint(vec);  // vectorized_inner_sum: vectors, then the tail, then the lanes
+    {
+      llvm::Value* nv = b_.CreateSDiv(cols_, c64(w_));
+      llvm::Value* v = row_sum(vec_, nv, [&](llvm::Value* i) {
+        return src(vec_, b_.CreateAdd(row, b_.CreateMul(i, c64(w_))));
+      });
+      b_.CreateStore(zero(elem_), f);
+      loop(b_.CreateMul(nv, c64(w_)), cols_, [&](llvm::Value* i) {
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(elem_, f), src(elem_, b_.CreateAdd(row, i))), f);
+      });
+      llvm::Value* acc = b_.CreateLoad(elem_, f);
+      for (std::int64_t lane = 0; lane < w_; ++lane)
+        acc = b_.CreateFAdd(acc, b_.CreateExtractElement(v, static_cast<std::uint64_t>(lane)));
+      b_.CreateStore(acc, f);
       b_.CreateBr(join);
-      b_.SetInsertPoint(join);
-      store(finish(b_.CreateLoad(elem_, f), cols_), r);
-    });
+    }
+    b_.SetInsertPoint(scal);  // scalar_inner_sum
+    b_.CreateStore(
+        row_sum(elem_, cols_, [&](llvm::Value* i) { return src(elem_, b_.CreateAdd(row, i)); }), f);
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
+    return b_.CreateLoad(elem_, f);
   }
 
   void outer(llvm::Value* rows) {
@@ -1270,6 +1272,26 @@ class ReduceEmitter {
     llvm::Value* inner = b_.CreateLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, params, 2));
     llvm::Value* slab = b_.CreateMul(cols_, inner);
     llvm::Value* zero = llvm::ConstantFP::get(f64, 0.0);
+    auto divided = [&](llvm::Value* m2) {  // m2 / max(0, n - correction), std's square root
+      llvm::Value* nf = b_.CreateSIToFP(cols_, f64);
+      llvm::Value* divisor =
+          b_.CreateSelect(b_.CreateFCmpOGT(nf, correction), b_.CreateFSub(nf, correction), zero);
+      llvm::Value* var = b_.CreateFDiv(m2, divisor);
+      return p_.root ? b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, var) : var;
+    };
+    if (p_.two_pass) {  // one result: torch.mean's value, then the squares about it in double
+      llvm::Value* sum = row_total(c64(0));
+      llvm::Value* mean = widen(
+          b_.CreateFDiv(b_.CreateFAdd(this->zero(elem_), sum), b_.CreateSIToFP(cols_, elem_)));
+      llvm::AllocaInst* m2 = slot(f64);
+      b_.CreateStore(zero, m2);
+      loop(c64(0), cols_, [&](llvm::Value* j) {
+        llvm::Value* dx = b_.CreateFSub(widen(load(elem_, x_, j)), mean);
+        b_.CreateStore(b_.CreateFAdd(b_.CreateLoad(f64, m2), b_.CreateFMul(dx, dx)), m2);
+      });
+      store(narrow(divided(b_.CreateLoad(f64, m2))), c64(0), result);
+      return;
+    }
     loop(c64(0), rows, [&](llvm::Value* o) {
       loop(c64(0), inner, [&](llvm::Value* i) {
         llvm::Value* base = b_.CreateAdd(b_.CreateMul(o, slab), i);
@@ -1286,13 +1308,8 @@ class ReduceEmitter {
           b_.CreateStore(
               b_.CreateFAdd(b_.CreateLoad(f64, m2), b_.CreateFMul(delta, b_.CreateFSub(x, m))), m2);
         });
-        llvm::Value* nf = b_.CreateSIToFP(cols_, f64);
-        llvm::Value* divisor =
-            b_.CreateSelect(b_.CreateFCmpOGT(nf, correction), b_.CreateFSub(nf, correction), zero);
-        llvm::Value* var = b_.CreateFDiv(b_.CreateLoad(f64, m2), divisor);
-        if (p_.root) var = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, var);
         llvm::Value* out = b_.CreateAdd(b_.CreateMul(o, inner), i);
-        store(narrow(var), out, result);
+        store(narrow(divided(b_.CreateLoad(f64, m2))), out, result);
         if (mean_out != nullptr) store(narrow(b_.CreateLoad(f64, mean)), out, mean_out);
       });
     });

@@ -327,15 +327,21 @@ class Lowering {
     return finish_call(c, call, r);
   }
 
+  // Whether every input of `call` is a tensor of dtype dt (no Python number among them).
+  bool one_dtype(const exec::Call& call, std::int8_t dt) const {
+    for (const exec::Arg& a : p_.inputs_of(call))
+      if (p_.tensors[a.tensor].dtype != dt || (p_.tensors[a.tensor].flags & exec::kWrappedNumber))
+        return false;
+    return true;
+  }
+
   // Note [Pointwise programs]: mse_loss_backward(grad_output, self, target, reduction) is
   // (norm * (self - target)) * grad_output in the tensors' one dtype, norm fixed here from
   // self's size (2/numel for a mean, else 2).
   Status lower_mse_backward(std::uint32_t c, const exec::Call& call,
                             const std::vector<std::uint16_t>& vals) {
     const std::int8_t dt = p_.tensors[p_.outputs_of(call)[0].tensor].dtype;
-    for (const exec::Arg& a : p_.inputs_of(call))
-      if (p_.tensors[a.tensor].dtype != dt || (p_.tensors[a.tensor].flags & exec::kWrappedNumber))
-        return refuse_call(c, "has tensors of more than one dtype");
+    if (!one_dtype(call, dt)) return refuse_call(c, "has tensors of more than one dtype");
     auto reduction = scalar_at(call, 3);
     if (!reduction || p_.scalars[*reduction].kind != record::ScalarKind::Int)
       return refuse_call(c, "has no recorded reduction");
@@ -365,9 +371,7 @@ class Lowering {
   Status lower_mse_none(std::uint32_t c, const exec::Call& call,
                         const std::vector<std::uint16_t>& vals) {
     const std::int8_t dt = p_.tensors[p_.outputs_of(call)[0].tensor].dtype;
-    for (const exec::Arg& a : p_.inputs_of(call))
-      if (p_.tensors[a.tensor].dtype != dt || (p_.tensors[a.tensor].flags & exec::kWrappedNumber))
-        return refuse_call(c, "has tensors of more than one dtype");
+    if (!one_dtype(call, dt)) return refuse_call(c, "has tensors of more than one dtype");
     if (is_mse_loss_sum(p_, c))
       return refuse_call(c, "has reduction mean or sum: a sum, not a pointwise op");
     // none, fixed here: a launch with another (a patch) runs ATen's call, which says the shapes
@@ -491,6 +495,7 @@ ContentHash PointwiseProgram::hash() const {
     if (reduce == ReduceKind::Variance) {  // Note [Generated var and std]
       h.update_u8(root ? 1 : 0);
       h.update_u8(int_param ? 1 : 0);
+      h.update_u8(two_pass ? 1 : 0);
     }
     // Note [Generated batch norm], Note [Generated layer norm backward]
     if (reduce == ReduceKind::BatchNorm || reduce == ReduceKind::BatchNormBwd ||
@@ -512,7 +517,7 @@ std::string PointwiseProgram::text() const {
   if (reduce == ReduceKind::Variance) {
     s += std::string(root ? "std" : "var") + (operands.size() == 3 ? "_mean " : " ") +
          std::string(scalar_type_info(operands[0].dtype).name) +
-         (int_param ? " int correction" : " correction") +
+         (int_param ? " int correction" : " correction") + (two_pass ? " about the mean" : "") +
          (operands.size() == 3 ? ": op0 -> op1, op2\n" : ": op0 -> op1\n");
   } else if (reduce == ReduceKind::ExtremeInner || reduce == ReduceKind::ExtremeOuter) {
     s += std::string(smallest ? "amin " : "amax ") +
@@ -1557,16 +1562,11 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
   if (first_r != std::string::npos && pattern.find('k', first_r) != std::string::npos &&
       pattern.find('r', pattern.find('k', first_r)) != std::string::npos)
     return refuse("its reduced dims are not one block of adjacent dims");
-  if (outer * inner == 1) {
-    if (!with_mean)
-      return refuse(
-          "its result is one element, which ATen computes by another path (a "
-          "two-pass sum around torch.mean, split over its threads)");
-    if (numel > 32768)
-      return refuse(
-          "one result over more than 32768 elements, whose Welford states ATen "
-          "splits over its threads");
-  }
+  if (outer * inner == 1 && numel > 32768)
+    return refuse(with_mean ? "one result over more than 32768 elements, whose Welford states "
+                              "ATen splits over its threads"
+                            : "one result over more than 32768 elements, whose squares about "
+                              "the mean ATen adds in parts over its threads");
   std::vector<std::uint32_t> results(call.out_count);
   for (const exec::Arg& a : p.outputs_of(call)) {
     if (a.arg_index >= results.size()) return refuse("it has other results than ATen's");
@@ -1578,6 +1578,7 @@ Result<PointwiseKernel> lower_variance(const exec::ExecutionPlan& p, std::uint32
   PointwiseKernel k;
   k.program.reduce = ReduceKind::Variance;
   k.program.root = name.starts_with("aten::std");
+  k.program.two_pass = !with_mean && outer * inner == 1;  // ATen's all-reduce path
   k.program.operands = {PwOperand{xt.dtype, false, true, false}};
   k.operand_tensor = {x};
   for (std::uint32_t t : results) {

@@ -1,9 +1,10 @@
 """Note [Generated var and std] (PointwiseProgram.h): var, std, var_mean and std_mean over a dense
 float tensor run as generated code on the cpu backend with eager's bits: ATen's Welford loop in
-double per result. Inputs with a large mean and a small spread (where another order or an fma
-changes the last bits), rows of 1 to 5000 elements, the last, first, a middle and a block of
-dims, keepdim, corrections 0, 1, 2 and 0.5, NaN and inf; the forms ATen computes by another
-path (one result of var or std, a var_mean of one result over more than 32768 elements) and
+double per result, or (one result of var or std) ATen's two passes about torch.mean's value.
+Inputs with a large mean and a small spread (where another order or an fma changes the last
+bits), rows of 1 to 5000 elements, the last, first, a middle and a block of dims, keepdim,
+corrections 0, 1, 2 and 0.5, NaN and inf; one result of up to 32768 elements on one and two
+threads; the forms ATen splits over its threads (one result over more than 32768 elements) and
 inputs the backend does not take run as ATen's calls, with eager's results."""
 import platform
 import warnings
@@ -57,8 +58,46 @@ def test_generated_var_and_std_give_eager_bits(dtype, n):
                                        torch.utils._pytree.tree_leaves(want))):
             assert same(a, b), (seed, k, a, b)
     p = step.plans()[0]
-    # n == 1: x.std(0) is one result, ATen's other path
-    assert p["exec_calls"] == 12 and p["exec_generated_calls"] == 12 - (n == 1), p["exec_summary"]
+    # n == 1: x.std(0) is one result, ATen's two-pass path, generated too
+    assert p["exec_calls"] == 12 and p["exec_generated_calls"] == 12, p["exec_summary"]
+
+
+def one_result(x, c):
+    return (x.var(), x.std(dim=None, correction=c), torch.var(x, dim=list(range(x.dim())), keepdim=True),
+            x.std(correction=0) * 2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1,), (2,), (7,), (3, 5), (1, 1000), (4, 1, 33), (31, 1057), (32768,)])
+def test_one_result_of_var_and_std_gives_eager_bits(shape, dtype, threads):
+    # ATen's all-reduce path: torch.mean's value, then the squares about it added in order in
+    # double; a large mean and a small spread, where another order or an fma changes the bits.
+    # Up to 32768 elements the order is the same on any thread count.
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        step = crucible.compile(one_result, backend="cpu", guard=())
+        n = 1
+        for s in shape:
+            n *= s
+        for seed in range(9):   # calls 1 to 3 record the plan; it runs from the 4th
+            g = torch.Generator().manual_seed(seed)
+            x = (1000 + torch.randn(shape, generator=g, dtype=torch.float64) * 1e-3).to(dtype)
+            if seed == 7 and n > 2:
+                x.view(-1)[n // 2] = float("nan")
+            if seed == 8 and n > 2:
+                x.view(-1)[1] = float("inf")
+            c = 0 if n == 1 else 1   # a count at or below the correction: ATen's call (it warns)
+            got, want = step(x, c), one_result(x, c)
+            for k, (a, b) in enumerate(zip(got, want)):
+                assert same(a, b), (seed, k, a, b)
+        p = step.plans()[0]
+        assert step.stats()["plan_runs"] == 6, step.stats()
+        assert p["exec_generated_calls"] == 4 + 1, p["exec_summary"]   # the mul too
+        assert "aten::var.correction" in p["exec_generated_ops"], p["exec_generated_ops"]
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_each_correction_passed_to_the_step_gives_eager_bits():
@@ -135,10 +174,9 @@ def test_a_warning_made_an_error_raises_it_after_the_plan_run(backend):
 
 def test_forms_aten_computes_otherwise_run_as_library_calls_with_eager_results():
     def f(x, big):
-        # one result of var and std (ATen's two-pass path), a var_mean of one result over
-        # 40000 elements (split over ATen's threads), dims that are not one block, a transposed
-        # input
-        return x.var(), x.std(dim=None), torch.var_mean(big), x.var(dim=(0, 2)), x.transpose(1, 2).std(1)
+        # one result of var, std and var_mean over 40000 elements (ATen splits each over its
+        # threads), dims that are not one block, a transposed input
+        return big.var(), big.std(dim=None), torch.var_mean(big), x.var(dim=(0, 2)), x.transpose(1, 2).std(1)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 5, 6, generator=g) + 100
     big = torch.randn(40000, generator=g, dtype=torch.float64)
