@@ -138,12 +138,14 @@ endif()
 # std::string ABI (_GLIBCXX_USE_CXX11_ABI=0). Code that passes strings to torch must use that
 # ABI, and the Vessel shares its types (names, plans, messages) with every stage, so with such a
 # torch the whole build uses it. Debian's compiled C++ libraries use the C++11 ABI: Abseil's parts
-# linked here take string_view and pointers only (what they need links either way), but
+# linked here take string_view and pointers only (what they need links either way; its one inline
+# accessor that reads a std::string its compiled code wrote, Status::message(), is read through
+# crucible::message_of instead, src/core/Status.cpp), but
 # GoogleTest, Google Benchmark and LLVM pass std::string and objects holding one (llvm::Triple)
 # through their interfaces, which would mix the two layouts without a link error. So that build
-# leaves out the C++ tests, the benchmarks, the Mimic CPU backend and the `crucible` command,
-# and says so: recording, replay and plans of ATen calls work (plans()' exec_note says why no
-# kernel is generated), and the Python tests run.
+# leaves out the C++ tests, the benchmarks and the Mimic CPU backend, and says so: recording,
+# replay and plans of ATen calls work (plans()' exec_note says why no kernel is generated), the
+# `crucible` command too (its `plan` without the CPU backend section), and the Python tests run.
 if(CRUCIBLE_TORCH_OLD_ABI)
   set(_off "")
   foreach(_opt CRUCIBLE_BUILD_TESTS CRUCIBLE_BUILD_BENCH CRUCIBLE_BUILD_FUZZ CRUCIBLE_LLVM)
@@ -201,7 +203,7 @@ endif()
 
 # CRUCIBLE_LLVM=OFF builds everything that does not generate code: no mimic stage, no
 # _crucible_exec module (crucible.compile then replays ATen ops, its plans()' exec_note says
-# why), no `crucible` command. For a machine that cannot have LLVM's packages, such as the GPU
+# why), a `crucible` command whose `plan` has no CPU backend section. For a machine that cannot have LLVM's packages, such as the GPU
 # machine utils/bin/device-check builds on (LLVM 14 and what it loads are 40 MB of packages,
 # over what can travel there beside the rest).
 option(CRUCIBLE_LLVM "Build Mimic's CPU backend (LLVM) and what uses it" ON)
@@ -246,5 +248,5 @@ if(CRUCIBLE_LLVM)
   endif()
   message(STATUS "LLVM ${LLVM_PACKAGE_VERSION} from ${LLVM_DIR}")
 else()
-  message(STATUS "CRUCIBLE_LLVM=OFF: no Mimic CPU backend, no _crucible_exec module, no crucible command")
+  message(STATUS "CRUCIBLE_LLVM=OFF: no Mimic CPU backend, no _crucible_exec module (crucible plan: no CPU backend section)")
 endif()

@@ -20,7 +20,9 @@
 #include "crucible/forge/Passes.h"
 #include "crucible/forge/Report.h"
 #include "crucible/graph/Analysis.h"
+#if CRUCIBLE_CLI_MIMIC
 #include "crucible/mimic/CpuBackend.h"
+#endif
 #include "crucible/record/TraceFile.h"
 
 namespace crucible::cli {
@@ -145,6 +147,13 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
     j = {{"backend", "cpu"}, {"error", message_of(st)}};
     text += "  not prepared: " + message_of(st) + "\n";
   };
+#if !CRUCIBLE_CLI_MIMIC
+  (void)fe;
+  fail(
+      unsupported("this crucible was built without the Mimic CPU backend (-DCRUCIBLE_LLVM=OFF, "
+                  "or a torch of the old std::string ABI: Note [Old std::string ABI])",
+                  "build with LLVM installed (utils/bin/setup) to see the CPU backend's kernels"));
+#else
   auto plan = exec::build_plan(fe.ir, fe.plan);
   auto cpu = plan.ok() ? mimic::CpuBackend::make() : Result<std::unique_ptr<mimic::CpuBackend>>(plan.status());
   Status st = cpu.ok() ? ok_status() : cpu.status();
@@ -214,6 +223,7 @@ void add_backend_section(const forge::FrontEndResult& fe, forge::PlanReport* r) 
          {"calls", calls},           {"kernels", kernels},
          {"table_launches", tables}, {"table_runs", table_runs}};
   }
+#endif
   r->text += text;
   if (!r->json.empty()) {
     nlohmann::json report = nlohmann::json::parse(r->json);

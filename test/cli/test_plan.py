@@ -170,6 +170,10 @@ def test_plan_shows_each_kernel_generated_or_a_library_call_and_its_cache_state(
         return json.loads(r.stdout)["mimic"]
 
     first, second = mimic(), mimic()
+    if os.environ.get("CRUCIBLE_CLI_MIMIC") == "0":   # built without LLVM: the section says so
+        assert first == second == {"backend": "cpu", "error": first["error"]}, first
+        assert "built without the Mimic CPU backend" in first["error"], first
+        return
     assert first["backend"] == "cpu"
     ks = first["kernels"]
     assert first["generated"] == sum(k["generated"] for k in ks) > 0
