@@ -92,7 +92,6 @@ endif()
 crucible_require(_openblas_found "OpenBLAS (pthread)" libopenblas-pthread-dev)
 # (The runtime takes the header and dlopen()s the library: Note [Lazy OpenBLAS] in Linear.h.)
 
-
 # PyTorch: optional for the torch-free stages, required for the PyTorch Vessel. Found from the
 # interpreter that runs it (CRUCIBLE_PYTHON, CrucibleOptions.cmake), never from a fixed path:
 # torch.utils.cmake_prefix_path holds its TorchConfig.cmake. What it reports is written into
@@ -137,12 +136,13 @@ endif()
 # Note [Old std::string ABI]: the pip wheels of torch 2.4 to 2.6 are built with the pre-C++11
 # std::string ABI (_GLIBCXX_USE_CXX11_ABI=0). Code that passes strings to torch must use that
 # ABI, and the Vessel shares its types (names, plans, messages) with every stage, so with such a
-# torch the whole build uses it. Debian's compiled C++ libraries use the C++11 ABI: Abseil's parts
-# linked here take string_view and pointers only (what they need links either way; its one inline
-# accessor that reads a std::string its compiled code wrote, Status::message(), is read through
-# crucible::message_of instead, src/core/Status.cpp), but
-# GoogleTest, Google Benchmark and LLVM pass std::string and objects holding one (llvm::Triple)
-# through their interfaces, which would mix the two layouts without a link error. So that build
+# torch the whole build uses it. Debian's compiled C++ libraries use the C++11 ABI, and a type
+# holding a std::string (llvm::Triple, a toml++ table) crosses between the ABIs through symbols
+# that carry no ABI tag: the two layouts mix without a link error. Abseil's parts linked here take
+# string_view and pointers only (its one inline accessor that reads a std::string its compiled
+# code wrote, Status::message(), is read through crucible::message_of, src/core/Status.cpp);
+# toml++ is compiled from its headers (src/forge/CMakeLists.txt); GoogleTest, Google Benchmark
+# and LLVM pass std::strings through their interfaces. So that build
 # leaves out the C++ tests, the benchmarks and the Mimic CPU backend, and says so: recording,
 # replay and plans of ATen calls work (plans()' exec_note says why no kernel is generated), the
 # `crucible` command too (its `plan` without the CPU backend section), and the Python tests run.
@@ -203,9 +203,9 @@ endif()
 
 # CRUCIBLE_LLVM=OFF builds everything that does not generate code: no mimic stage, no
 # _crucible_exec module (crucible.compile then replays ATen ops, its plans()' exec_note says
-# why), a `crucible` command whose `plan` has no CPU backend section. For a machine that cannot have LLVM's packages, such as the GPU
-# machine utils/bin/device-check builds on (LLVM 14 and what it loads are 40 MB of packages,
-# over what can travel there beside the rest).
+# why), a `crucible` command whose `plan` has no CPU backend section. For a machine that cannot
+# have LLVM's packages, such as the GPU machine utils/bin/device-check builds on (LLVM 14 and what
+# it loads are 40 MB of packages, over what can travel there beside the rest).
 option(CRUCIBLE_LLVM "Build Mimic's CPU backend (LLVM) and what uses it" ON)
 if(CRUCIBLE_LLVM)
   # LLVM, for the mimic stage's CPU code generator: 19 (what utils/bin/setup installs on Debian

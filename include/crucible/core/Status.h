@@ -32,7 +32,7 @@ inline Status ok_status() { return absl::OkStatus(); }
 // A status's message. Every source reads it through this, never through Status::message():
 // that accessor is inline and reads the std::string Abseil's compiled code wrote, which a build
 // for a torch of the old std::string ABI would read with the other layout (Note [Old
-// std::string ABI] in cmake/CrucibleDeps.cmake). The lint test status_message_lint checks.
+// std::string ABI] in cmake/CrucibleDeps.cmake). The test core_status_message_lint checks.
 std::string message_of(const Status& s);
 
 // Input the caller gave is malformed or out of range (a corrupt file, a bad argument).
