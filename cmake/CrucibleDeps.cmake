@@ -133,6 +133,17 @@ elseif(CRUCIBLE_PYTHON)
                     "Run utils/bin/setup, or point CRUCIBLE_PYTHON at an interpreter with torch 2.4 or newer.")
   endif()
 endif()
+# CI builds the torch-free stages and the `crucible` command this way (CRUCIBLE_OLD_ABI=ON with
+# CRUCIBLE_WITH_TORCH=OFF, utils/bin/test) and runs test/cli on it: a Debian C++ library that
+# starts to share a std::string with the stages shows there.
+option(CRUCIBLE_OLD_ABI "Build with the pre-C++11 std::string ABI without torch (Note [Old std::string ABI])" OFF)
+if(CRUCIBLE_OLD_ABI)
+  if(CRUCIBLE_TORCH_VERSION AND NOT CRUCIBLE_TORCH_OLD_ABI)
+    message(FATAL_ERROR "CRUCIBLE_OLD_ABI=ON, but torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) is built "
+                        "with the C++11 ABI: configure with -DCRUCIBLE_WITH_TORCH=OFF, or without CRUCIBLE_OLD_ABI")
+  endif()
+  set(CRUCIBLE_TORCH_OLD_ABI ON)
+endif()
 # Note [Old std::string ABI]: the pip wheels of torch 2.4 to 2.6 are built with the pre-C++11
 # std::string ABI (_GLIBCXX_USE_CXX11_ABI=0). Code that passes strings to torch must use that
 # ABI, and the Vessel shares its types (names, plans, messages) with every stage, so with such a
@@ -156,8 +167,12 @@ if(CRUCIBLE_TORCH_OLD_ABI)
   endforeach()
   add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=0)
   list(JOIN _off ", " _off)
-  message(WARNING "torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) is built with the pre-C++11 "
-                  "std::string ABI: the whole build uses that ABI, without what links Debian's C++ "
+  if(CRUCIBLE_OLD_ABI)
+    set(_why "CRUCIBLE_OLD_ABI=ON asks for the pre-C++11 std::string ABI")
+  else()
+    set(_why "torch ${CRUCIBLE_TORCH_VERSION} (${CRUCIBLE_PYTHON}) is built with the pre-C++11 std::string ABI")
+  endif()
+  message(WARNING "${_why}: the whole build uses that ABI, without what links Debian's C++ "
                   "libraries that pass strings (turned off: ${_off}). Generated kernels and the C++ "
                   "tests need a torch built with the C++11 ABI (every pip wheel from 2.7 on). "
                   "Note [Old std::string ABI] in cmake/CrucibleDeps.cmake.")
