@@ -900,14 +900,16 @@ Result<PointwiseKernel> lower_sum_with_prologue(const exec::ExecutionPlan& p, st
   if (count == 0 || sum_call >= p.calls.size()) return refuse("no chain before a call");
   auto red = lower_reduction(p, sum_call);
   if (!red.ok()) return red.status();
-  auto pw = lower_pointwise_calls(p, kernel, begin, count, fast);
-  if (!pw.ok()) return pw.status();
   const std::uint32_t in_t = red->operand_tensor[0];
   const exec::TensorRef& in = p.tensors[in_t];
   const exec::Slot& slot = p.slots[in.slot];
+  // Checked before the chain is lowered: the usual refusal (a training step's chains also feed
+  // its backward), and the caller lowers the chain again on its own then.
   if (slot.kind != exec::SlotKind::Arena || slot.last != sum_call ||
       std::ranges::any_of(p.results, [&](std::uint32_t r) { return p.tensors[r].slot == in.slot; }))
     return refuse("the sum's input is read after the sum or is a result");
+  auto pw = lower_pointwise_calls(p, kernel, begin, count, fast);
+  if (!pw.ok()) return pw.status();
   const auto in_sizes = p.sizes(in);
   if (!std::ranges::equal(in_sizes, pw->shape))
     return refuse("the chain's shape is not the sum's input's");
