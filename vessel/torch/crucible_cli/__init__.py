@@ -2,7 +2,6 @@
 installed inside the crucible_native package (crucible pt ls|check, plan, venn; misc/CLI.md).
 A package of its own, so that the command starts without importing torch."""
 import importlib.util
-import json
 import os
 import sys
 
@@ -16,14 +15,6 @@ def binary() -> str:
         exe = os.path.join(place, "bin", "crucible")
         if os.access(exe, os.X_OK):
             return exe
-    for place in places:  # installed without the command: the build says why (crucible_build.json)
-        try:
-            with open(os.path.join(place, "crucible_build.json")) as f:
-                why = json.load(f).get("exec_off")
-        except (OSError, ValueError):
-            continue
-        if why:
-            raise SystemExit(f"crucible: this installation of crucible_native has no native command: {why}")
     raise SystemExit("crucible: the native command is not installed with crucible_native; install the "
                      "package with: pip install --no-build-isolation <crucible source>")
 
